@@ -1,0 +1,1 @@
+"""Baselines and the benchmark harness; results in bench/RESULTS.md."""

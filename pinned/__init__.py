@@ -1,0 +1,1 @@
+"""Pinned host memory: the host KV store and numba CPU kernels (offload issue)."""

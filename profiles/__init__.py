@@ -1,0 +1,1 @@
+"""Named memory profiles as TOML files, read by triforce.offload (offload issue)."""

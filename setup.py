@@ -1,0 +1,52 @@
+"""One distribution, `triforce`, mapping the fixed top-level folders onto one import namespace."""
+import re
+from pathlib import Path
+
+from setuptools import setup
+
+version = re.search(r'__version__ = "([^"]+)"', Path("triforce_core/__init__.py").read_text()).group(1)
+
+setup(
+    name="triforce",
+    version=version,
+    description="Lossless hierarchical speculative decoding for long-context LLMs on consumer GPUs",
+    long_description=Path("README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    package_dir={
+        "triforce": "triforce_core",
+        "triforce.cli": "triforce_core/cli",
+        "triforce.offload": "offload",
+        "triforce.pinned": "pinned",
+        "triforce.kernels": "kernels",
+        "triforce.bench": "bench",
+        "triforce.profiles": "profiles",
+    },
+    packages=[
+        "triforce",
+        "triforce.cli",
+        "triforce.offload",
+        "triforce.pinned",
+        "triforce.kernels",
+        "triforce.bench",
+        "triforce.profiles",
+    ],
+    package_data={"triforce.profiles": ["*.toml"]},
+    install_requires=[
+        "torch>=2.5",
+        "transformers>=4.56",
+        "safetensors",
+        "gguf>=0.10",
+        "accelerate",
+        "numba",
+        "psutil",
+        "nvidia-ml-py",
+        "click>=8",
+        "tqdm",
+    ],
+    extras_require={
+        "flash": ["flash-attn"],
+        "test": ["pytest", "scipy"],
+    },
+    entry_points={"console_scripts": ["triforce=triforce.cli.main:main"]},
+)

@@ -1,0 +1,91 @@
+"""Multi-turn chat over one Session: the conversation is re-rendered with the chat template
+each turn and only the tokens past the longest common prefix are prefilled."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from triforce.config import SamplingParams
+from triforce.errors import UserError
+from triforce.loading import LoadedModel
+from triforce.session import DecodeResult, Session
+
+PLAIN_TEMPLATE_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+
+
+class Chat:
+    def __init__(self, lm: LoadedModel, max_len: int, system: str | None = None):
+        self.lm = lm
+        self.session = Session(lm, max_len)
+        self.system = system
+        self.messages: list[dict] = self._initial_messages()
+        self.has_template = bool(getattr(lm.tokenizer, "chat_template", None))
+        self.last_answer: DecodeResult | None = None
+        self.last_prefill_tokens = 0
+
+    def _initial_messages(self) -> list[dict]:
+        return [{"role": "system", "content": self.system}] if self.system else []
+
+    def render(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+        tok = self.lm.tokenizer
+        if self.has_template:
+            text = tok.apply_chat_template(messages, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt)
+        else:  # base models: a plain transcript
+            text = "".join(f"{PLAIN_TEMPLATE_ROLES[m['role']]}: {m['content']}\n\n" for m in messages)
+            if add_generation_prompt:
+                text += "Assistant:"
+        return tok(text, add_special_tokens=False).input_ids
+
+    def _sync(self, messages: list[dict], add_generation_prompt: bool,
+              progress: Callable[[int], None] | None, on_total: Callable[[int], None] | None) -> None:
+        ids = self.render(messages, add_generation_prompt)
+        if len(ids) >= self.session.max_len:
+            raise UserError(f"the conversation is {len(ids)} tokens but the context holds "
+                            f"{self.session.max_len}; /reset to start over")
+        if on_total is not None:
+            on_total(len(ids) - self.session.reusable_prefix(ids))
+        self.last_prefill_tokens = self.session.sync_to(ids, progress)
+
+    def load_document(self, path: Path, progress=None, on_total=None) -> int:
+        """Put a document into the context now, so the next question starts fast."""
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            raise UserError(f"cannot read {path}: {e.strerror}") from None
+        message = {"role": "user", "content": f"Here is the document {path.name}:\n\n{text}"}
+        candidate = self.messages + [message]
+        self._sync(candidate, False, progress, on_total)
+        self.messages = candidate
+        return len(self.session.tokens)
+
+    def ask(self, question: str, params: SamplingParams, max_new_tokens: int,
+            on_token: Callable[[int], None] | None = None, progress=None, on_total=None) -> DecodeResult:
+        candidate = self.messages + [{"role": "user", "content": question}]
+        self._sync(candidate, True, progress, on_total)
+        self.messages = candidate
+        room = self.session.max_len - len(self.session.tokens)
+        result = self.session.decode_ar(min(max_new_tokens, room), params, self.lm.eos_ids, on_token)
+        answer = self.lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
+        self.messages.append({"role": "assistant", "content": answer})
+        self.last_answer = result
+        return result
+
+    def reset(self) -> None:
+        self.messages = self._initial_messages()
+        self.session.truncate(0)
+
+    def stats(self) -> dict:
+        s = self.session.stats
+        last = self.last_answer
+        return {
+            "context_tokens": len(self.session.tokens),
+            "context_capacity": self.session.max_len,
+            "turns": sum(m["role"] == "assistant" for m in self.messages),
+            "last_answer_tokens": len(last.tokens) if last else 0,
+            "last_answer_tokens_per_s": round(len(last.tokens) / last.time_s, 2) if last and last.time_s else None,
+            "last_prefill_tokens": self.last_prefill_tokens,
+            "prefill_tokens_per_s": round(s.prefill_tokens / s.prefill_s, 1) if s.prefill_s else None,
+            "decode_tokens_per_s": round(s.decode_tokens / s.decode_s, 2) if s.decode_s else None,
+            "kv_cache_bytes": self.session.cache.nbytes,
+        }

@@ -1,0 +1,1 @@
+"""The `triforce` command line (click): flag parsing only; work happens in triforce.*."""

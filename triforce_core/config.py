@@ -1,0 +1,97 @@
+"""Small frozen configuration objects, validated when built."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from triforce.errors import UserError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    qkv_bias: bool  # Qwen2 has q/k/v biases but no o_proj bias
+    o_bias: bool
+    mlp_bias: bool
+    tie_word_embeddings: bool
+    sliding_windows: tuple[int | None, ...]  # per layer; None = full attention
+
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise UserError(f"unsupported architecture '{self.model_type}' "
+                            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        if self.num_heads % self.num_kv_heads:
+            raise UserError(f"num_attention_heads ({self.num_heads}) is not a multiple of "
+                            f"num_key_value_heads ({self.num_kv_heads})")
+        if len(self.sliding_windows) != self.num_layers:
+            raise UserError("sliding window list does not match the number of layers")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V per token over all layers, per element byte (multiply by dtype size)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf(cls, hf) -> "ModelConfig":
+        """Build from a transformers PretrainedConfig."""
+        model_type = getattr(hf, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UserError(f"unsupported architecture '{model_type}' "
+                            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        num_heads = hf.num_attention_heads
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
+        num_layers = hf.num_hidden_layers
+        window = getattr(hf, "sliding_window", None)
+        layer_types = getattr(hf, "layer_types", None)
+        if model_type == "mistral" or not layer_types:
+            windows = (window,) * num_layers if model_type == "mistral" else (None,) * num_layers
+        else:
+            windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
+        return cls(
+            model_type=model_type,
+            vocab_size=hf.vocab_size,
+            hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(hf, "num_key_value_heads", None) or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=hf.rms_norm_eps,
+            max_position_embeddings=hf.max_position_embeddings,
+            qkv_bias=model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
+            o_bias=model_type != "qwen2" and bool(getattr(hf, "attention_bias", False)),
+            mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            sliding_windows=windows,
+        )
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy (argmax); top_k 0 and top_p 1 disable those filters."""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise UserError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise UserError(f"top-k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

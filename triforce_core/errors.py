@@ -1,0 +1,5 @@
+"""Errors meant for the person at the keyboard: the CLI prints them as one line, no traceback."""
+
+
+class UserError(Exception):
+    """Bad input or an unmet precondition the user can fix; the message says how."""

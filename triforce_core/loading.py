@@ -1,0 +1,138 @@
+"""Resolve `--model` (default | HF folder | .gguf file) and load model plus tokenizer."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from triforce.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from triforce.errors import UserError
+from triforce.model import CausalLM
+from triforce.rope import RotaryEmbedding
+from triforce.weights import load_into, weight_files
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64,
+          "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    tokenizer: object
+    path: Path
+    dtype: torch.dtype
+    device: torch.device
+    eos_ids: frozenset[int]  # generation stops at any of these
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise UserError(f"unknown dtype '{name}' (choose from auto, {', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA device is available")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown device '{name}' (use cpu, cuda or cuda:N)") from None
+
+
+def resolve_model_dir(spec: str) -> Path:
+    """A Hugging Face folder with config.json for `spec`, converting GGUF files once."""
+    from triforce.default_model import default_model_dir
+    from triforce.gguf_convert import convert_gguf, converted_dir_for
+
+    if spec == "default":
+        return default_model_dir()
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise UserError(f"model path '{spec}' does not exist (give a local Hugging Face folder, "
+                        "a .gguf file, or 'default'; triforce never downloads from a hub)")
+    if path.is_dir() and (path / "config.json").exists():
+        return path
+    ggufs = [path] if path.is_file() and path.suffix == ".gguf" else sorted(path.glob("*.gguf")) if path.is_dir() else []
+    if len(ggufs) == 1:
+        return convert_gguf(ggufs[0], converted_dir_for(ggufs[0]))
+    if len(ggufs) > 1:
+        raise UserError(f"{path} holds several .gguf files; name one of them")
+    raise UserError(f"'{spec}' is neither a Hugging Face model folder (no config.json) nor a .gguf file")
+
+
+def read_hf_config(folder: Path):
+    from transformers import AutoConfig
+
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except ValueError as e:
+        raise UserError(f"{folder / 'config.json'} is not valid JSON: {e}") from None
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UserError(f"unsupported architecture '{model_type}' in {folder} "
+                        f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    return AutoConfig.from_pretrained(str(folder))
+
+
+def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.device) -> CausalLM:
+    cfg = ModelConfig.from_hf(hf_config)
+    rope = RotaryEmbedding(hf_config)  # outside the meta context: it holds real frequencies
+    with torch.device("meta"):
+        model = CausalLM(cfg, rope)
+    load_into(model, files, dtype, device)
+    return model.eval()
+
+
+def load_model(spec: str, *, dtype: str = "auto", device: str = "auto") -> LoadedModel:
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    folder = resolve_model_dir(spec)
+    hf_config = read_hf_config(folder)
+    model = build_model(hf_config, weight_files(folder), torch_dtype, torch_device)
+    tokenizer = load_tokenizer(folder)
+    eos_ids = _eos_ids(_generation_eos(folder, hf_config), tokenizer.eos_token_id)
+    return LoadedModel(model, tokenizer, folder, torch_dtype, torch_device, eos_ids)
+
+
+def _eos_ids(*sources) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in sources:
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    return frozenset(ids)
+
+
+def load_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"cannot load the tokenizer from {folder}: {msg}") from None
+
+
+def _generation_eos(folder: Path, hf_config):
+    gen = folder / "generation_config.json"
+    if gen.exists():
+        try:
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            if eos is not None:
+                return eos
+        except ValueError:
+            print(f"warning: ignoring unreadable {gen}", file=sys.stderr)
+    return getattr(hf_config, "eos_token_id", None)

@@ -1,0 +1,75 @@
+"""Rotary position embeddings. Inverse frequencies and attention scaling come from transformers'
+rope utilities, so every scaling type (default, linear, dynamic, yarn, llama3, ...) matches it."""
+from __future__ import annotations
+
+import torch
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from triforce.errors import UserError
+
+
+def _rope_params(hf_config) -> dict:
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    return dict(params)
+
+
+def _default_inv_freq(hf_config) -> torch.Tensor:
+    base = _rope_params(hf_config).get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    dim = int(dim * _rope_params(hf_config).get("partial_rotary_factor", 1.0))
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+class RotaryEmbedding:
+    """Maps positions to (cos, sin). Pure function of positions; dynamic NTK scaling, as in
+    transformers, widens the frequencies once a forward pass reaches past the original length."""
+
+    def __init__(self, hf_config):
+        params = _rope_params(hf_config)
+        self.rope_type = params.get("rope_type", params.get("type", "default"))
+        self._hf_config = hf_config
+        if self.rope_type == "default":
+            inv_freq, scaling = _default_inv_freq(hf_config), 1.0
+        elif self.rope_type in ROPE_INIT_FUNCTIONS:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](hf_config, "cpu")
+        else:
+            raise UserError(f"unsupported RoPE scaling type '{self.rope_type}'")
+        self.original_max = hf_config.max_position_embeddings
+        self.inv_freq = inv_freq.float()
+        self.attention_scaling = float(scaling)
+        self._dynamic_cache: dict[int, tuple[torch.Tensor, float]] = {}
+        self._placed: dict[tuple, torch.Tensor] = {}
+
+    def _frequencies(self, max_position: int) -> tuple[torch.Tensor, float]:
+        if self.rope_type != "dynamic" or max_position + 1 <= self.original_max:
+            return self.inv_freq, self.attention_scaling
+        seq_len = max_position + 1
+        if seq_len not in self._dynamic_cache:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS["dynamic"](self._hf_config, "cpu", seq_len=seq_len)
+            self._dynamic_cache = {seq_len: (inv_freq.float(), float(scaling))}
+            self._placed.clear()
+        return self._dynamic_cache[seq_len]
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [B, T] int64. Returns cos, sin: [B, 1, T, head_dim] in `dtype`.
+
+        Angles are computed in float32 like transformers (float64 when the model runs in float64)."""
+        max_position = int(positions.max()) if self.rope_type == "dynamic" else 0
+        inv_freq, scaling = self._frequencies(max_position)
+        calc_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        key = (id(inv_freq), positions.device, calc_dtype)
+        if key not in self._placed:  # one copy per device and precision, not one per step
+            self._placed[key] = inv_freq.to(device=positions.device, dtype=calc_dtype)
+        inv_freq = self._placed[key]
+        freqs = positions[..., None].to(calc_dtype) * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * scaling).to(dtype)
+        sin = (emb.sin() * scaling).to(dtype)
+        return cos[:, None], sin[:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, H, T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,83 @@
+"""Build a model on the meta device and fill it tensor by tensor from a Hugging Face folder
+(safetensors or PyTorch .bin, single file or sharded), so no second copy is ever held."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from triforce.errors import UserError
+
+# Buffers some checkpoints carry that the model recomputes.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = folder / index_name
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError) as e:
+                raise UserError(f"cannot read shard index {index}: {e}") from None
+            files = sorted({folder / name for name in weight_map.values()})
+            missing = [f.name for f in files if not f.exists()]
+            if missing:
+                raise UserError(f"{index} names shards that are missing: {', '.join(missing)}")
+            return files
+    for single in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / single).exists():
+            return [folder / single]
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    raise UserError(f"no weights in {folder} (looked for *.safetensors and pytorch_model.bin)")
+
+
+def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) one at a time; a damaged file becomes a UserError."""
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        else:
+            state = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
+            for name in list(state):
+                yield name, state.pop(name)
+    except UserError:
+        raise
+    except Exception as e:  # safetensors, pickle and zip errors have no common base
+        raise UserError(f"cannot read weights file {path} (corrupt or truncated?): "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device) -> None:
+    """Assign every checkpoint tensor to the meta-built `model`, cast to dtype on `device`."""
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for path in files:
+        for name, tensor in iter_tensors(path):
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if name not in params:
+                raise UserError(f"{path.name} holds an unexpected tensor '{name}' "
+                                "(is this a supported Llama/Mistral/Qwen2 checkpoint?)")
+            target = params[name]
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise UserError(f"tensor '{name}' in {path.name} has shape {tuple(tensor.shape)}, "
+                                f"the config implies {tuple(target.shape)}")
+            module_name, _, attr = name.rpartition(".")
+            module = model.get_submodule(module_name)
+            value = tensor.to(device=device, dtype=dtype)
+            setattr(module, attr, nn.Parameter(value, requires_grad=False))
+            loaded.add(name)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise UserError(f"checkpoint lacks {len(missing)} tensors, e.g. '{missing[0]}' "
+                        "(truncated or incomplete download?)")

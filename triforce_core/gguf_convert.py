@@ -28,6 +28,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
 
     if (out_dir / "config.json").exists():
         return out_dir
+    _check_readable(gguf_path)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     print(f"converting {gguf_path.name} to safetensors (one time; cached in {out_dir})", file=sys.stderr)
     folder, name = str(gguf_path.parent), gguf_path.name
@@ -37,8 +38,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
             tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         except Exception as e:
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise UserError(f"cannot read GGUF file {gguf_path} (corrupt, truncated or unsupported?): {msg}") from None
+            raise _unreadable(gguf_path, e) from None
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         if model.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
@@ -57,3 +57,17 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _unreadable(gguf_path: Path, error: Exception) -> UserError:
+    msg = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return UserError(f"cannot read GGUF file {gguf_path} (corrupt, truncated or unsupported?): {msg}")
+
+
+def _check_readable(gguf_path: Path) -> None:
+    """Parse the header and tensor table (memory-mapped, cheap) before any slow work."""
+    from gguf import GGUFReader
+    try:
+        GGUFReader(str(gguf_path))
+    except Exception as e:
+        raise _unreadable(gguf_path, e) from None

@@ -1,0 +1,39 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_models import make_tiny_model  # noqa: E402
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """tiny_model_dir(family, **kw) -> folder of a random tiny checkpoint, cached per session."""
+    made: dict = {}
+
+    def get(family: str, **kw) -> Path:
+        key = (family, tuple(sorted(kw.items())))
+        if key not in made:
+            folder = tmp_path_factory.mktemp(family)
+            made[key] = make_tiny_model(folder, family, **kw)
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    """The real default model (SmolLM2-135M-Instruct), fetched and converted once."""
+    from triforce.default_model import default_model_dir as resolve
+    return resolve()
+
+
+@pytest.fixture(scope="session")
+def default_lm(default_model_dir):
+    from triforce.loading import load_model
+    return load_model(str(default_model_dir), dtype="float32", device="cpu")

@@ -1,0 +1,83 @@
+"""Our model against transformers' own: logits within 1e-4 (float32), greedy continuations equal."""
+import pytest
+import torch
+
+from triforce.config import SamplingParams
+from triforce.loading import load_model
+from triforce.session import Session
+from tiny_models import FAMILIES
+
+SEQ_LEN = 72  # past the 32-token original length of the scaled-RoPE families and the 24-token window
+
+
+def hf_model(folder):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+def our_logits(lm, ids):
+    session = Session(lm, len(ids))
+    return session.forward(ids)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_logits_match_transformers(tiny_model_dir, family):
+    folder = tiny_model_dir(family)
+    lm = load_model(str(folder), dtype="float32", device="cpu")
+    ref = hf_model(folder)
+    ids = torch.randint(3, lm.config.vocab_size, (SEQ_LEN,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids])).logits[0]
+    got = our_logits(lm, ids)
+    assert (got - expected).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_continuation_matches_transformers(tiny_model_dir, family):
+    folder = tiny_model_dir(family)
+    lm = load_model(str(folder), dtype="float32", device="cpu")
+    ref = hf_model(folder)
+    prompt = lm.tokenizer("hello world, this is a test").input_ids
+    with torch.no_grad():
+        hf_out = ref.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    session = Session(lm, len(prompt) + 64)
+    session.prefill(prompt)
+    ours = session.decode_ar(64, SamplingParams(), frozenset()).tokens
+    assert ours == hf_out
+
+
+def test_default_model_logits_match_transformers(default_lm, default_model_dir):
+    ref = hf_model(default_model_dir)
+    ids = default_lm.tokenizer("The quick brown fox jumps over the lazy dog. " * 6).input_ids
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids])).logits[0]
+    assert (our_logits(default_lm, ids) - expected).abs().max().item() < 1e-4
+
+
+def test_default_model_greedy_matches_transformers(default_lm, default_model_dir):
+    ref = hf_model(default_model_dir)
+    prompt = default_lm.tokenizer("Write a short story about a robot who learns to paint.").input_ids
+    with torch.no_grad():
+        hf_out = ref.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    session = Session(default_lm, len(prompt) + 64)
+    session.prefill(prompt)
+    assert session.decode_ar(64, SamplingParams(), frozenset()).tokens == hf_out
+
+
+def test_default_model_says_paris(default_lm):
+    prompt = default_lm.tokenizer("The capital of France is").input_ids
+    session = Session(default_lm, len(prompt) + 8)
+    session.prefill(prompt)
+    tokens = session.decode_ar(8, SamplingParams(), default_lm.eos_ids).tokens
+    assert "Paris" in default_lm.tokenizer.decode(tokens)
+
+
+def test_dynamic_rope_past_original_length_matches_transformers(tiny_model_dir):
+    folder = tiny_model_dir("llama-dynamic", max_position_embeddings=40)
+    lm = load_model(str(folder), dtype="float32", device="cpu")
+    ids = torch.randint(3, lm.config.vocab_size, (SEQ_LEN,), generator=torch.Generator().manual_seed(2)).tolist()
+    with torch.no_grad():
+        expected = hf_model(folder)(torch.tensor([ids])).logits[0]
+    assert (our_logits(lm, ids) - expected).abs().max().item() < 1e-4

@@ -1,0 +1,68 @@
+"""Tiny random checkpoints of each supported family, written as real Hugging Face folders
+(config, safetensors, a small character-level tokenizer) so the real loaders read them."""
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+
+ALPHABET = string.ascii_lowercase + string.digits + " .,!?\n"
+
+FAMILIES = {
+    "llama-mha": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=4),
+    "llama-gqa": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2),
+    "mistral": dict(model_type="mistral", num_attention_heads=4, num_key_value_heads=2, sliding_window=24),
+    "qwen2": dict(model_type="qwen2", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "llama-yarn": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2,
+                       rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                        "original_max_position_embeddings": 32}),
+    "llama-linear": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=4,
+                         rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}),
+    "llama-dynamic": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2,
+                          rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
+    "llama3-rope": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2,
+                        rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 32}),
+}
+
+
+def char_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for ch in ALPHABET:
+        vocab[ch] = len(vocab)
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>")
+
+
+def make_tiny_model(folder: Path, family: str, *, seed: int = 0, hidden_size: int = 64,
+                    num_layers: int = 2, max_position_embeddings: int = 128) -> Path:
+    """Write a random tiny model of `family` to `folder` and return it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(FAMILIES[family])
+    model_type = spec.pop("model_type")
+    tokenizer = char_tokenizer()
+    config = AutoConfig.for_model(
+        model_type, vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, max_position_embeddings=max_position_embeddings,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, **spec)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # wider weights than the default init, so logits are far from uniform
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.15)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.05)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

@@ -46,7 +46,7 @@ setup(
     ],
     extras_require={
         "flash": ["flash-attn"],
-        "test": ["pytest", "scipy"],
+        "test": ["pytest", "scipy", "pexpect"],
     },
     entry_points={"console_scripts": ["triforce=triforce.cli.main:main"]},
 )

@@ -28,7 +28,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     window_binds = sliding_window is not None and num_keys > sliding_window
     gqa = q.shape[1] != k.shape[1]
     if num_queries == 1 and not window_binds:
-        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
+        # One query sees every key: fold the query heads sharing a KV head into rows, so the
+        # kernel reads each K/V head once instead of expanding it per query head.
+        batch, heads, _, dim = q.shape
+        folded = q.reshape(batch, k.shape[1], heads // k.shape[1], dim)
+        return F.scaled_dot_product_attention(folded, k, v, scale=scale).reshape(batch, heads, 1, dim)
     if num_queries == num_keys and not window_binds:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     mask = causal_mask(num_queries, num_keys, q.device, sliding_window if window_binds else None)

@@ -40,15 +40,15 @@ def time_transformers(hf_model, ids: list[int], new_tokens: int) -> dict:
 
 
 def time_triforce(lm, ids: list[int], new_tokens: int) -> dict:
-    from triforce.config import SamplingParams
-    from triforce.session import Session
+    from triforce.config import SamplingParams, SpecParams
+    from triforce.engine import Engine
 
     stamps: list[float] = []
     started = time.perf_counter()
-    session = Session(lm, len(ids) + new_tokens)
-    session.prefill(ids)
-    result = session.decode_ar(new_tokens, SamplingParams(), frozenset(),
-                               on_token=lambda _: stamps.append(time.perf_counter()))
+    engine = Engine(lm, SpecParams(method="ar"), len(ids) + new_tokens)
+    engine.sync(ids)
+    result = engine.generate(new_tokens, SamplingParams(), frozenset(),
+                             on_token=lambda _: stamps.append(time.perf_counter()))
     total = time.perf_counter() - started
     decode_s = stamps[-1] - stamps[0]
     return {"tokens": result.tokens, "total_s": total, "prefill_s": stamps[0] - started,

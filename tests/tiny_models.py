@@ -28,12 +28,12 @@ FAMILIES = {
 }
 
 
-def char_tokenizer():
+def char_tokenizer(alphabet: str = ALPHABET):
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for ch in ALPHABET:
+    for ch in alphabet:
         vocab[ch] = len(vocab)
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
@@ -43,23 +43,28 @@ def char_tokenizer():
 
 
 def make_tiny_model(folder: Path, family: str, *, seed: int = 0, hidden_size: int = 64,
-                    num_layers: int = 2, max_position_embeddings: int = 128) -> Path:
-    """Write a random tiny model of `family` to `folder` and return it."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+                    num_layers: int = 2, max_position_embeddings: int = 128, alphabet: str = ALPHABET,
+                    weight_std: float = 0.15, tokenizer=None) -> Path:
+    """Write a random tiny model of `family` to `folder` and return it. `tokenizer` (a folder or
+    tokenizer object) replaces the character tokenizer, e.g. to make a draft for a real model."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     spec = dict(FAMILIES[family])
     model_type = spec.pop("model_type")
-    tokenizer = char_tokenizer()
+    if tokenizer is None:
+        tokenizer = char_tokenizer(alphabet)
+    elif isinstance(tokenizer, (str, Path)):
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
     config = AutoConfig.for_model(
         model_type, vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, max_position_embeddings=max_position_embeddings,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, **spec)
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=0, **spec)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # wider weights than the default init, so logits are far from uniform
         for name, p in model.named_parameters():
             if p.dim() == 2:
-                p.normal_(0, 0.15)
+                p.normal_(0, weight_std)
             elif name.endswith("bias"):
                 p.normal_(0, 0.05)
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,26 +1,28 @@
-"""Multi-turn chat over one Session: the conversation is re-rendered with the chat template
+"""Multi-turn chat over one Engine: the conversation is re-rendered with the chat template
 each turn and only the tokens past the longest common prefix are prefilled."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
-from triforce.config import SamplingParams
+from triforce.config import SamplingParams, SpecParams
+from triforce.engine import Engine, GenerationResult
 from triforce.errors import UserError
 from triforce.loading import LoadedModel
-from triforce.session import DecodeResult, Session
 
 PLAIN_TEMPLATE_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
 class Chat:
-    def __init__(self, lm: LoadedModel, max_len: int, system: str | None = None):
+    def __init__(self, lm: LoadedModel, max_len: int, system: str | None = None,
+                 spec: SpecParams = SpecParams(), draft=None):
         self.lm = lm
-        self.session = Session(lm, max_len)
+        self.engine = Engine(lm, spec, max_len, draft)
+        self.session = self.engine.session
         self.system = system
         self.messages: list[dict] = self._initial_messages()
         self.has_template = bool(getattr(lm.tokenizer, "chat_template", None))
-        self.last_answer: DecodeResult | None = None
+        self.last_answer: GenerationResult | None = None
         self.last_prefill_tokens = 0
 
     def _initial_messages(self) -> list[dict]:
@@ -44,8 +46,8 @@ class Chat:
             raise UserError(f"the conversation is {len(ids)} tokens but the context holds "
                             f"{self.session.max_len}; /reset to start over")
         if on_total is not None:
-            on_total(len(ids) - self.session.reusable_prefix(ids))
-        self.last_prefill_tokens = self.session.sync_to(ids, progress)
+            on_total(len(ids) - 1 - self.session.reusable_prefix(ids[:-1]))
+        self.last_prefill_tokens = self.engine.sync(ids, progress)
 
     def load_document(self, path: Path, progress=None, on_total=None) -> int:
         """Put a document into the context now, so the next question starts fast."""
@@ -60,12 +62,11 @@ class Chat:
         return len(self.session.tokens)
 
     def ask(self, question: str, params: SamplingParams, max_new_tokens: int,
-            on_token: Callable[[int], None] | None = None, progress=None, on_total=None) -> DecodeResult:
+            on_token: Callable[[int], None] | None = None, progress=None, on_total=None) -> GenerationResult:
         candidate = self.messages + [{"role": "user", "content": question}]
         self._sync(candidate, True, progress, on_total)
         self.messages = candidate
-        room = self.session.max_len - len(self.session.tokens)
-        result = self.session.decode_ar(min(max_new_tokens, room), params, self.lm.eos_ids, on_token)
+        result = self.engine.generate(max_new_tokens, params, self.lm.eos_ids, on_token)
         answer = self.lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
         self.messages.append({"role": "assistant", "content": answer})
         self.last_answer = result
@@ -74,18 +75,23 @@ class Chat:
     def reset(self) -> None:
         self.messages = self._initial_messages()
         self.session.truncate(0)
+        self.engine.seq = []
 
     def stats(self) -> dict:
-        s = self.session.stats
+        s = self.session
         last = self.last_answer
+        speculation = last.stats if last else {}
         return {
-            "context_tokens": len(self.session.tokens),
+            "context_tokens": len(self.engine.seq),
             "context_capacity": self.session.max_len,
             "turns": sum(m["role"] == "assistant" for m in self.messages),
             "last_answer_tokens": len(last.tokens) if last else 0,
             "last_answer_tokens_per_s": round(len(last.tokens) / last.time_s, 2) if last and last.time_s else None,
             "last_prefill_tokens": self.last_prefill_tokens,
             "prefill_tokens_per_s": round(s.prefill_tokens / s.prefill_s, 1) if s.prefill_s else None,
-            "decode_tokens_per_s": round(s.decode_tokens / s.decode_s, 2) if s.decode_s else None,
+            "tiers": self.engine.describe(),
+            "acceptance_rates": speculation.get("acceptance_rates"),
+            "mean_tokens_per_full_verify": speculation.get("mean_tokens_per_full_verify"),
+            "tier_time_s": speculation.get("tier_time_s"),
             "kv_cache_bytes": self.session.cache.nbytes,
         }

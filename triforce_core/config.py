@@ -95,3 +95,47 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+METHODS = ("ar", "triforce", "retrieval", "streaming", "naive")
+
+
+@dataclass(frozen=True)
+class SpecParams:
+    """How to speculate.
+
+    method: ar | triforce (draft -> retrieval -> full) | retrieval (retrieval -> full) |
+    streaming (target with a StreamingLLM cache -> full) | naive (draft -> full).
+    gamma2: tokens proposed to each full verify; gamma1: drafts per retrieval-tier check
+    (triforce only). budget: tokens in the retrieval/streaming cache. The retrieval cache is
+    rebuilt every rebuild_stride tokens, or sooner when the full tier's rolling acceptance of its
+    proposals falls below rebuild_threshold."""
+    method: str = "ar"
+    gamma1: int = 4
+    gamma2: int = 8
+    budget: int = 1024
+    chunk_size: int = 8
+    rebuild_stride: int = 256
+    rebuild_threshold: float = 0.5
+    sink_tokens: int = 16
+    draft_window: int = 256
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise UserError(f"unknown method '{self.method}' (choose from {', '.join(METHODS)})")
+        for name in ("gamma1", "gamma2", "chunk_size", "rebuild_stride", "draft_window"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.sink_tokens < 0:
+            raise UserError(f"sink tokens must be >= 0, got {self.sink_tokens}")
+        if self.budget < 2 * self.chunk_size:
+            raise UserError(f"--budget ({self.budget}) must hold at least two chunks "
+                            f"(2 x --chunk-size = {2 * self.chunk_size})")
+        if self.budget <= self.sink_tokens:
+            raise UserError(f"--budget ({self.budget}) must exceed the {self.sink_tokens} sink tokens")
+        if not 0 <= self.rebuild_threshold <= 1:
+            raise UserError(f"rebuild threshold must be in [0, 1], got {self.rebuild_threshold}")
+
+    @property
+    def uses_draft(self) -> bool:
+        return self.method in ("triforce", "naive")

@@ -50,12 +50,16 @@ class RotaryEmbedding:
             self._placed.clear()
         return self._dynamic_cache[seq_len]
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
+                unscaled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [B, T] int64. Returns cos, sin: [B, 1, T, head_dim] in `dtype`.
 
-        Angles are computed in float32 like transformers (float64 when the model runs in float64)."""
+        Angles are computed in float32 like transformers (float64 when the model runs in float64).
+        `unscaled` leaves out the attention scaling: a pure rotation, for re-positioning keys."""
         max_position = int(positions.max()) if self.rope_type == "dynamic" else 0
         inv_freq, scaling = self._frequencies(max_position)
+        if unscaled:
+            scaling = 1.0
         calc_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         key = (id(inv_freq), positions.device, calc_dtype)
         if key not in self._placed:  # one copy per device and precision, not one per step

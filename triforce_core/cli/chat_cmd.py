@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from triforce.cli.options import (build_sampling, check_non_negative, device_option, dtype_option,
-                                  model_option, sampling_options)
+from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option,
+                                  dtype_option, model_option, resolve_draft, sampling_options,
+                                  speculation_options)
 from triforce.errors import UserError
 
 HELP_TEXT = """commands:
@@ -77,10 +78,12 @@ def run_command(chat, line: str) -> bool:
 @click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Longest answer, in tokens.")
 @click.option("--max-context", type=int, default=None,
               help="Context size in tokens (default: the model's own maximum).")
+@speculation_options(default_method="ar")
 @sampling_options(default_temperature=0.7)
 @dtype_option
 @device_option
-def chat(model, system, max_new_tokens, max_context, temperature, top_p, top_k, seed, dtype, device):
+def chat(model, system, max_new_tokens, max_context, method, draft, budget, chunk_size, gamma1, gamma2,
+         rebuild_stride, rebuild_threshold, temperature, top_p, top_k, seed, dtype, device):
     """Chat with a model in the terminal.
 
     The KV of earlier turns is kept, so each turn prefills only what is new. Type /help for
@@ -92,17 +95,20 @@ def chat(model, system, max_new_tokens, max_context, temperature, top_p, top_k, 
 
     check_non_negative("--max-new-tokens", max_new_tokens)
     params = build_sampling(temperature, top_p, top_k, seed)
+    spec = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     lm = load_model(model, dtype=dtype, device=device)
+    drafter = resolve_draft(draft, spec, dtype, device)
     context = lm.config.max_position_embeddings
     if max_context is not None and not 1 < max_context <= context:
         raise UserError(f"--max-context must be in 2..{context} (the model's context), got {max_context}")
-    session = Chat(lm, max_context or context, system=system)
+    session = Chat(lm, max_context or context, system=system, spec=spec, draft=drafter)
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
     print(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}), "
-          f"{session.session.max_len}-token context. /help for commands, Ctrl-D to leave.")
+          f"{session.session.max_len}-token context, {session.engine.describe()}. "
+          "/help for commands, Ctrl-D to leave.")
     while True:
         try:
             line = input(">>> ")

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import click
 
-from triforce.cli.options import (build_sampling, check_non_negative, device_option, dtype_option,
-                                  model_option, sampling_options)
+from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option,
+                                  dtype_option, model_option, resolve_draft, sampling_options,
+                                  speculation_options)
 from triforce.errors import UserError
-
-METHODS = ("ar", "triforce", "retrieval", "streaming", "naive")
-IMPLEMENTED_METHODS = ("ar",)
 
 
 def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
@@ -47,8 +45,7 @@ def encode_prompt(lm, text: str, as_chat: bool) -> list[int]:
 @model_option
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", default=None, help="Read the prompt from this file ('-' = stdin).")
-@click.option("--method", type=click.Choice(METHODS), default="ar", show_default=True,
-              help="Decoding method; ar = plain autoregressive.")
+@speculation_options(default_method="ar")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Tokens to generate at most.")
 @sampling_options(default_temperature=0.0)
 @dtype_option
@@ -56,26 +53,27 @@ def encode_prompt(lm, text: str, as_chat: bool) -> list[int]:
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streamed text.")
-def generate(model, prompt, prompt_file, method, max_new_tokens, temperature, top_p, top_k, seed,
-             dtype, device, as_chat, ignore_eos, as_json):
+def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
+             rebuild_threshold, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, as_chat,
+             ignore_eos, as_json):
     """Generate a continuation of a prompt.
 
     The raw prompt is tokenised exactly as the model's transformers tokenizer does by default;
     --chat applies the chat template instead. Text streams to stdout and a summary goes to
     stderr; --json prints text, tokens, prompt_tokens, method, time_s, tokens_per_s and more.
     """
+    from triforce.engine import Engine
     from triforce.loading import load_model
-    from triforce.session import Session
     from triforce.textstream import TextStream
 
     check_non_negative("--max-new-tokens", max_new_tokens)
     params = build_sampling(temperature, top_p, top_k, seed)
-    if method not in IMPLEMENTED_METHODS:
-        raise UserError(f"--method {method} is not available yet (available: {', '.join(IMPLEMENTED_METHODS)})")
+    spec = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     text = read_prompt(prompt, prompt_file)
 
     started = time.perf_counter()
     lm = load_model(model, dtype=dtype, device=device)
+    drafter = resolve_draft(draft, spec, dtype, device)
     load_s = time.perf_counter() - started
     ids = encode_prompt(lm, text, as_chat)
     context = lm.config.max_position_embeddings
@@ -88,7 +86,7 @@ def generate(model, prompt, prompt_file, method, max_new_tokens, temperature, to
         print(f"note: generating at most {max_new_tokens} tokens to stay within the "
               f"{context}-token context", file=sys.stderr)
 
-    session = Session(lm, len(ids) + max(max_new_tokens, 1))
+    engine = Engine(lm, spec, len(ids) + max(max_new_tokens, 1), drafter)
     stream = TextStream(lm.tokenizer)
 
     def show(token: int) -> None:
@@ -97,9 +95,10 @@ def generate(model, prompt, prompt_file, method, max_new_tokens, temperature, to
             sys.stdout.flush()
 
     run_started = time.perf_counter()
-    session.prefill(ids)
+    engine.sync(ids)
+    prefill_s = time.perf_counter() - run_started
     stop_ids = frozenset() if ignore_eos else lm.eos_ids
-    result = session.decode_ar(max_new_tokens, params, stop_ids, on_token=show)
+    result = engine.generate(max_new_tokens, params, stop_ids, on_token=show)
     time_s = time.perf_counter() - run_started
     summary = {
         "text": lm.tokenizer.decode(result.tokens, skip_special_tokens=True),
@@ -108,7 +107,7 @@ def generate(model, prompt, prompt_file, method, max_new_tokens, temperature, to
         "new_tokens": len(result.tokens),
         "method": method,
         "time_s": round(time_s, 4),
-        "prefill_s": round(session.stats.prefill_s, 4),
+        "prefill_s": round(prefill_s, 4),
         "decode_s": round(result.time_s, 4),
         "tokens_per_s": round(len(result.tokens) / result.time_s, 3) if result.time_s else None,
         "stopped_by": result.stopped_by,
@@ -116,11 +115,16 @@ def generate(model, prompt, prompt_file, method, max_new_tokens, temperature, to
         "dtype": str(lm.dtype).removeprefix("torch."),
         "device": str(lm.device),
         "load_s": round(load_s, 3),
+        **result.stats,
     }
     if as_json:
         print(json.dumps(summary))
     else:
         print()
+        speculation = ""
+        if method != "ar":
+            speculation = (f", {engine.describe()}, acceptance {result.stats['acceptance_rates']}, "
+                           f"{result.stats['mean_tokens_per_full_verify']} tokens per full verify")
         print(f"[{summary['new_tokens']} tokens, {summary['tokens_per_s']} tok/s decode, "
-              f"prompt {len(ids)} tokens in {summary['prefill_s']} s, stopped by {result.stopped_by}]",
-              file=sys.stderr)
+              f"prompt {len(ids)} tokens in {summary['prefill_s']} s, stopped by {result.stopped_by}"
+              f"{speculation}]", file=sys.stderr)

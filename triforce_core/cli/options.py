@@ -35,3 +35,55 @@ def build_sampling(temperature: float, top_p: float, top_k: int, seed: int | Non
 def check_non_negative(name: str, value: int) -> None:
     if value < 0:
         raise UserError(f"{name} must be >= 0, got {value}")
+
+
+def speculation_options(default_method: str):
+    """--method, --draft and the speculation parameters (see SpecParams)."""
+    from triforce.config import METHODS, SpecParams
+
+    d = SpecParams()
+
+    def decorate(f):
+        opts = [
+            click.option("--method", type=click.Choice(METHODS), default=default_method, show_default=True,
+                         help="ar: plain decoding; triforce: draft -> retrieval cache -> full cache; "
+                              "retrieval: retrieval -> full; streaming: StreamingLLM cache -> full; "
+                              "naive: draft -> full."),
+            click.option("--draft", default=None,
+                         help="Tier-0 drafter: a model path (same tokenizer as the target), 'lookup' "
+                              "(prompt n-gram lookup, the default) or 'none' (triforce with two tiers)."),
+            click.option("--budget", type=int, default=d.budget, show_default=True,
+                         help="Tokens in the retrieval / streaming cache."),
+            click.option("--chunk-size", type=int, default=d.chunk_size, show_default=True,
+                         help="Retrieval chunk size in tokens."),
+            click.option("--gamma1", type=int, default=d.gamma1, show_default=True,
+                         help="Drafts per retrieval-tier check (triforce)."),
+            click.option("--gamma2", type=int, default=d.gamma2, show_default=True,
+                         help="Tokens proposed to each full-cache verify."),
+            click.option("--rebuild-stride", type=int, default=d.rebuild_stride, show_default=True,
+                         help="Rebuild the retrieval cache every N generated tokens."),
+            click.option("--rebuild-threshold", type=float, default=d.rebuild_threshold, show_default=True,
+                         help="Rebuild sooner when the full tier's rolling acceptance falls below this."),
+        ]
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+    return decorate
+
+
+def build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold):
+    from triforce.config import SpecParams
+    return SpecParams(method=method, budget=budget, chunk_size=chunk_size, gamma1=gamma1, gamma2=gamma2,
+                      rebuild_stride=rebuild_stride, rebuild_threshold=rebuild_threshold)
+
+
+def resolve_draft(draft: str | None, spec, dtype: str, device: str):
+    """'lookup' / 'none' stay strings; anything else is loaded as a model."""
+    if not spec.uses_draft:
+        if draft not in (None, "none", "lookup"):
+            raise UserError(f"--draft is only used by --method triforce and naive, not {spec.method}")
+        return None
+    if draft in (None, "lookup", "none"):
+        return draft or "lookup"
+    from triforce.loading import load_model
+    return load_model(draft, dtype=dtype, device=device)

@@ -1,0 +1,117 @@
+"""Sparse KV cache for a drafting tier of the target model: entries selected from the full
+cache by a policy (retrieval chunks, StreamingLLM sink + window, oracle top-k), followed by the
+KV of tokens appended since the last selection."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from triforce.config import ModelConfig
+from triforce.kernels import attention
+from triforce.kv_cache import FullKVCache
+from triforce.selection import select_retrieval, select_streaming, select_topk
+
+
+@dataclass(frozen=True)
+class SelectionPolicy:
+    """kind: retrieval | streaming | topk; budget in tokens."""
+    kind: str
+    budget: int
+    chunk_size: int = 8
+    sink_tokens: int = 16
+
+    def __post_init__(self):
+        if self.kind not in ("retrieval", "streaming", "topk"):
+            raise ValueError(f"unknown selection policy '{self.kind}'")
+        if self.kind == "retrieval" and self.budget < 2 * self.chunk_size:
+            raise ValueError(f"a retrieval budget must hold at least two chunks ({2 * self.chunk_size} tokens)")
+        if self.budget < 1:
+            raise ValueError("the budget must be at least one token")
+
+    def select(self, query: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
+        """query: [B, H, D] post-RoPE (unused by streaming); keys: [B, Hkv, S, D] -> [B, Hkv, N]."""
+        if self.kind == "retrieval":
+            return select_retrieval(query, keys, self.budget, self.chunk_size)
+        if self.kind == "streaming":
+            return select_streaming(keys, self.budget, self.sink_tokens)
+        return select_topk(query, keys, self.budget)
+
+
+class SparseKVCache:
+    """k_buf, v_buf: [num_layers, B, Hkv, capacity, D]; entries [0, num_selected) come from the
+    last selection, then one entry per token appended since (logical positions build_point..)."""
+
+    def __init__(self, cfg: ModelConfig, policy: SelectionPolicy, max_appended: int, *, batch: int = 1,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        self.policy = policy
+        self.capacity = policy.budget + max_appended
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, self.capacity, cfg.head_dim)
+        self.k_buf = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_buf = torch.zeros(shape, dtype=dtype, device=device)
+        self.scale = cfg.head_dim ** -0.5
+        self.num_selected = 0
+        self.build_point = 0  # logical length covered by the selection
+        self.length = 0       # logical length covered in all
+
+    @property
+    def end(self) -> int:
+        """Physical entries in use."""
+        return self.num_selected + self.length - self.build_point
+
+    @property
+    def room(self) -> int:
+        """Tokens that can still be appended before a rebuild is needed."""
+        return self.capacity - self.end
+
+    @property
+    def appended(self) -> int:
+        return self.length - self.build_point
+
+    def rebuild(self, full: FullKVCache, queries: list[torch.Tensor] | None) -> None:
+        """Select from the whole full cache. queries: per layer [B, H, D] (None for streaming)."""
+        for layer in range(self.k_buf.shape[0]):
+            keys, values = full.keys(layer), full.values(layer)
+            index = self.policy.select(None if queries is None else queries[layer], keys)
+            n = index.shape[-1]
+            gather_index = index[..., None].expand(-1, -1, -1, keys.shape[-1])
+            self.k_buf[layer, :, :, :n] = torch.gather(keys, 2, gather_index)
+            self.v_buf[layer, :, :, :n] = torch.gather(values, 2, gather_index)
+        self.num_selected = n
+        self.build_point = self.length = full.length
+
+    def append_from(self, full: FullKVCache, start: int, end: int) -> None:
+        """Append the full cache's (exact) KV of tokens [start, end)."""
+        if start != self.length:
+            raise ValueError(f"append_from({start}) but the sparse cache covers {self.length}")
+        count = end - start
+        if count > self.room:
+            raise ValueError("sparse cache overflow: rebuild first")
+        at = self.end
+        self.k_buf[:, :, :, at:at + count] = full.k_buf[:, :, :, start:end]
+        self.v_buf[:, :, :, at:at + count] = full.v_buf[:, :, :, start:end]
+        self.length = end
+
+    def step(self, num_new: int) -> "SparseCacheStep":
+        if num_new > self.room:
+            raise ValueError("sparse cache overflow: rebuild first")
+        start = self.end
+        positions = torch.arange(self.length, self.length + num_new, device=self.k_buf.device)[None]
+        self.length += num_new
+        return SparseCacheStep(self, start, start + num_new, positions)
+
+    def rollback(self, length: int) -> None:
+        if not self.build_point <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length}: covers {self.build_point}..{self.length}")
+        self.length = length
+
+
+class SparseCacheStep:
+    def __init__(self, cache: SparseKVCache, start: int, end: int, positions: torch.Tensor):
+        self.cache, self.start, self.end, self.positions = cache, start, end, positions
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        c = self.cache
+        c.k_buf[layer, :, :, self.start:self.end] = k
+        c.v_buf[layer, :, :, self.start:self.end] = v
+        return attention(q, c.k_buf[layer, :, :, :self.end], c.v_buf[layer, :, :, :self.end], scale=c.scale)

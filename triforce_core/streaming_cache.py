@@ -1,0 +1,82 @@
+"""StreamingLLM cache for a separate draft model: a few sink tokens plus a recent window of its
+own KV. Positions are cache slots (as in StreamingLLM), so a small draft model never sees a
+position beyond its own training length; when the window slides, the kept keys are rotated back
+by the shift, which keeps every relative distance right."""
+from __future__ import annotations
+
+import torch
+
+from triforce.config import ModelConfig
+from triforce.kernels import attention
+from triforce.rope import RotaryEmbedding, apply_rope
+
+
+class StreamingKVCache:
+    """k_buf, v_buf: [num_layers, B, Hkv, sinks + window + slack, D].
+
+    `length` counts the sequence tokens the cache stands for; `end` the physical entries held."""
+
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, sink_tokens: int, window: int,
+                 slack: int, *, batch: int = 1, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
+        if window < slack:
+            raise ValueError("the window must be at least as long as the longest rollback (slack)")
+        self.sink_tokens, self.window, self.slack = sink_tokens, window, slack
+        self.capacity = sink_tokens + window + slack
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, self.capacity, cfg.head_dim)
+        self.k_buf = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_buf = torch.zeros(shape, dtype=dtype, device=device)
+        self.scale = cfg.head_dim ** -0.5
+        self.rope = rope
+        self.length = 0
+        self.end = 0
+
+    def reset(self) -> None:
+        self.length = self.end = 0
+
+    def skip_to(self, length: int) -> None:
+        """Stand for `length` tokens without holding the ones in between (after the sinks)."""
+        if length < self.length:
+            raise ValueError("skip_to cannot go back")
+        self.length = length
+
+    def _evict(self, needed: int) -> None:
+        keep = min(self.window, self.end - self.sink_tokens)
+        source = self.end - keep
+        shift = source - self.sink_tokens
+        if shift <= 0 or self.sink_tokens + keep + needed > self.capacity:
+            raise ValueError(f"cannot fit {needed} new tokens in the streaming cache")
+        cos, sin = self.rope.cos_sin(torch.tensor([[-shift]], device=self.k_buf.device),
+                                     self.k_buf.dtype, unscaled=True)
+        dst = slice(self.sink_tokens, self.sink_tokens + keep)
+        # clone: source and destination ranges may overlap
+        self.k_buf[:, :, :, dst] = apply_rope(self.k_buf[:, :, :, source:self.end].clone(), cos, sin)
+        self.v_buf[:, :, :, dst] = self.v_buf[:, :, :, source:self.end].clone()
+        self.end = self.sink_tokens + keep
+
+    def step(self, num_new: int) -> "StreamingCacheStep":
+        if self.end + num_new > self.capacity:
+            self._evict(num_new)
+        start = self.end
+        self.end += num_new
+        self.length += num_new
+        positions = torch.arange(start, self.end, device=self.k_buf.device)[None]
+        return StreamingCacheStep(self, start, self.end, positions)
+
+    def rollback(self, length: int) -> None:
+        drop = self.length - length
+        if drop < 0 or drop > self.end - self.sink_tokens:
+            raise ValueError(f"cannot roll back {drop} tokens")
+        self.length = length
+        self.end -= drop
+
+
+class StreamingCacheStep:
+    def __init__(self, cache: StreamingKVCache, start: int, end: int, positions: torch.Tensor):
+        self.cache, self.start, self.end, self.positions = cache, start, end, positions
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        c = self.cache
+        c.k_buf[layer, :, :, self.start:self.end] = k
+        c.v_buf[layer, :, :, self.start:self.end] = v
+        return attention(q, c.k_buf[layer, :, :, :self.end], c.v_buf[layer, :, :, :self.end], scale=c.scale)

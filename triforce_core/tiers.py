@@ -1,0 +1,127 @@
+"""Drafting tiers below the full cache. Each covers a prefix of the shared sequence with its
+own cache, feeds the rest on `logits(seq)`, and rolls back on `truncate(n)`."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from triforce.errors import UserError
+from triforce.kv_cache import FullKVCache
+from triforce.loading import LoadedModel
+from triforce.sparse_cache import SelectionPolicy, SparseKVCache
+from triforce.streaming_cache import StreamingKVCache
+
+
+class ModelTier:
+    """A model over some cache; `logits(seq)` feeds seq[cache.length:]."""
+
+    def __init__(self, name: str, lm: LoadedModel, cache, vocab_size: int):
+        self.name, self.lm, self.model, self.cache = name, lm, lm.model, cache
+        self.vocab_size = vocab_size  # the target's: drafts live in the target's vocabulary
+        self.time_s = 0.0
+
+    def logits(self, seq: list[int]) -> torch.Tensor:
+        started = time.perf_counter()
+        start = self.cache.length
+        tokens = torch.tensor([seq[start:]], dtype=torch.long, device=self.lm.device)
+        step = self.cache.step(tokens.shape[1])
+        try:
+            logits = self.model(tokens, step.positions, step)[0]
+        except BaseException:
+            self.cache.rollback(start)
+            raise
+        self.time_s += time.perf_counter() - started
+        return _fit_vocab(logits, self.vocab_size)
+
+    def truncate(self, length: int) -> None:
+        if self.cache.length > length:
+            self.cache.rollback(length)
+
+
+def _fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A draft model's logits in the target's vocabulary (padded ids can never be drafted)."""
+    extra = vocab_size - logits.shape[-1]
+    if extra > 0:
+        return torch.nn.functional.pad(logits, (0, extra), value=float("-inf"))
+    return logits[..., :vocab_size] if extra < 0 else logits
+
+
+class SparseTier(ModelTier):
+    """The target model over a sparse cache selected from the full cache (retrieval or
+    StreamingLLM). After each full verify it takes the exact KV of the accepted tokens."""
+
+    def __init__(self, name: str, lm: LoadedModel, policy: SelectionPolicy, max_appended: int):
+        cache = SparseKVCache(lm.config, policy, max_appended, dtype=lm.dtype, device=lm.device)
+        super().__init__(name, lm, cache, lm.config.vocab_size)
+        self.rebuilds = 0
+
+    def rebuild(self, full: FullKVCache, queries: list[torch.Tensor] | None) -> None:
+        self.cache.rebuild(full, queries)
+        self.rebuilds += 1
+
+    def commit(self, full: FullKVCache, start: int, end: int) -> None:
+        """Replace what this tier computed for tokens [start, end) with the full cache's KV."""
+        self.cache.rollback(start)
+        self.cache.append_from(full, start, end)
+
+
+class DraftModelTier(ModelTier):
+    """A separate small model with a StreamingLLM cache of its own."""
+
+    def __init__(self, draft: LoadedModel, target: LoadedModel, sink_tokens: int, window: int, slack: int):
+        check_same_tokenizer(draft, target)
+        cache = StreamingKVCache(draft.config, draft.model.rope, sink_tokens, window, slack,
+                                 dtype=draft.dtype, device=draft.device)
+        super().__init__("draft", draft, cache, target.config.vocab_size)
+
+    def sync(self, seq: list[int]) -> None:
+        """Cover seq[:-1] by prefilling only the sink tokens and the most recent window."""
+        cache = self.cache
+        cache.reset()
+        covered = len(seq) - 1
+        sinks = min(cache.sink_tokens, covered)
+        recent = min(cache.window, covered - sinks)
+        if sinks:
+            self.logits(seq[:sinks])
+        cache.skip_to(covered - recent)
+        if recent:
+            self.logits(seq[:covered])
+
+
+def check_same_tokenizer(draft: LoadedModel, target: LoadedModel) -> None:
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise UserError(f"the draft model's tokenizer ({draft.path}) differs from the target's "
+                        f"({target.path}); speculative decoding needs the same vocabulary")
+
+
+class LookupDrafter:
+    """Prompt-lookup drafting: find the latest earlier occurrence of the sequence's last n-gram
+    (longest n first) and propose the tokens that followed it. Deterministic (one-hot q)."""
+
+    name = "lookup"
+
+    def __init__(self, max_ngram: int = 3):
+        self.max_ngram = max_ngram
+        self.time_s = 0.0
+
+    def propose(self, seq: list[int], count: int) -> list[int]:
+        started = time.perf_counter()
+        try:
+            return self._propose(np.asarray(seq, dtype=np.int64), count)
+        finally:
+            self.time_s += time.perf_counter() - started
+
+    def _propose(self, arr: np.ndarray, count: int) -> list[int]:
+        for n in range(min(self.max_ngram, len(arr) - 1), 0, -1):
+            pattern = arr[-n:]
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+            hits = np.flatnonzero((windows == pattern).all(axis=1))
+            if len(hits):
+                start = int(hits[-1]) + n
+                return arr[start:start + count].tolist()
+        return []
+
+    def truncate(self, length: int) -> None:
+        pass

@@ -27,6 +27,9 @@ class Session:
         self.cache = FullKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device)
         self.tokens: list[int] = []
         self.last_queries: list[torch.Tensor] | None = None  # per layer [B, H, T, D], last recorded forward
+        # queries of the last token of a prefill, by cache length, so a re-sync to the same prefix
+        # needs no re-run; dropped when the cache is truncated below that length
+        self._query_memo: dict[int, list[torch.Tensor]] = {}
         self.prefill_tokens = 0
         self.prefill_s = 0.0
         self.time_s = 0.0  # in forward passes
@@ -75,6 +78,7 @@ class Session:
                 progress(len(piece))
         if record_queries:
             self.last_queries = [q[:, :, -1] for q in self.last_queries]
+            self._query_memo = {len(self.tokens): self.last_queries}
         self.prefill_tokens += len(ids)
         self.prefill_s += time.perf_counter() - started
         return logits
@@ -84,6 +88,7 @@ class Session:
         if length < len(self.tokens):
             self.cache.rollback(length)
             del self.tokens[length:]
+            self._query_memo = {n: q for n, q in self._query_memo.items() if n <= length}
 
     def reusable_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of `ids` already have their KV cached."""
@@ -100,6 +105,10 @@ class Session:
         Returns the number of tokens prefilled."""
         keep = self.reusable_prefix(ids)
         if record_queries and keep == len(ids) and keep > 0:
+            self.truncate(keep)
+            if keep in self._query_memo:
+                self.last_queries = self._query_memo[keep]
+                return 0
             keep -= 1  # re-run the last token so its queries are recorded
         self.truncate(keep)
         self.prefill(ids[keep:], progress, record_queries=record_queries)

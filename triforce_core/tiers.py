@@ -75,17 +75,35 @@ class DraftModelTier(ModelTier):
         cache = StreamingKVCache(draft.config, draft.model.rope, sink_tokens, window, slack,
                                  dtype=draft.dtype, device=draft.device)
         super().__init__("draft", draft, cache, target.config.vocab_size)
+        self.tokens: list[int] = []  # the sequence prefix the cache stands for
+
+    def logits(self, seq: list[int]) -> torch.Tensor:
+        start = self.cache.length
+        logits = super().logits(seq)
+        self.tokens[start:] = seq[start:]
+        return logits
+
+    def truncate(self, length: int) -> None:
+        super().truncate(length)
+        del self.tokens[length:]
 
     def sync(self, seq: list[int]) -> None:
-        """Cover seq[:-1] by prefilling only the sink tokens and the most recent window."""
+        """Cover seq[:-1]: roll back if the cache already stands for it (within the window),
+        else prefill only the sink tokens and the most recent window."""
         cache = self.cache
-        cache.reset()
         covered = len(seq) - 1
+        if cache.length >= covered and self.tokens[:covered] == seq[:covered] \
+                and cache.length - covered <= cache.end - cache.sink_tokens:
+            self.truncate(covered)
+            return
+        cache.reset()
+        self.tokens = []
         sinks = min(cache.sink_tokens, covered)
         recent = min(cache.window, covered - sinks)
         if sinks:
             self.logits(seq[:sinks])
         cache.skip_to(covered - recent)
+        self.tokens = list(seq[:covered - recent])
         if recent:
             self.logits(seq[:covered])
 

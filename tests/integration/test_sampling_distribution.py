@@ -1,0 +1,100 @@
+"""Lossless when sampling: the first three tokens of every method follow the target's exact
+distribution (chi-square, >= 20k fixed-seed samples), and a broken verifier is caught by the
+same test."""
+import pytest
+from scipy.stats import chisquare
+
+from sampling_helpers import sample_counts
+from triforce.config import SamplingParams
+from triforce.loading import load_model
+from triforce.sampling import probabilities
+from triforce.session import Session
+
+SAMPLES = 20_000
+NEW_TOKENS = 3
+PROMPT = "abcdeabcdaabbe"
+PARAMS = SamplingParams(temperature=1.0, seed=0)
+SPEC = dict(gamma1=2, gamma2=3, budget=6, chunk_size=2, sink_tokens=2, rebuild_stride=4, draft_window=8)
+
+
+@pytest.fixture(scope="module")
+def folders(tiny_model_dir):
+    """Target and draft over an 8-token vocabulary (3 special + 'abcde')."""
+    target = tiny_model_dir("llama-gqa", alphabet="abcde", seed=11, num_layers=1, hidden_size=32,
+                            weight_std=0.35)
+    draft = tiny_model_dir("llama-gqa", alphabet="abcde", seed=12, num_layers=1, hidden_size=32,
+                           weight_std=0.35)
+    return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def target(folders):
+    return load_model(folders[0], dtype="float32", device="cpu")
+
+
+def exact_distribution(lm, prompt_ids, params):
+    """p(x1, x2, x3) from the target's own conditionals, by enumeration."""
+    def next_probs(ids):
+        return probabilities(Session(lm, len(ids)).forward(ids)[-1], params)
+
+    table = {}
+    p1 = next_probs(prompt_ids)
+    for x1 in p1.nonzero().flatten().tolist():
+        p2 = next_probs(prompt_ids + [x1])
+        for x2 in p2.nonzero().flatten().tolist():
+            p3 = next_probs(prompt_ids + [x1, x2])
+            for x3 in p3.nonzero().flatten().tolist():
+                table[(x1, x2, x3)] = float(p1[x1] * p2[x2] * p3[x3])
+    return table
+
+
+def chi_square_p(counts, exact):
+    """Goodness of fit against the exact table; cells expected below 5 are pooled."""
+    samples = sum(counts.values())
+    observed, expected, pooled_obs, pooled_exp = [], [], 0, 0.0
+    for cell, prob in exact.items():
+        if prob * samples >= 5:
+            observed.append(counts.get(cell, 0))
+            expected.append(prob * samples)
+        else:
+            pooled_obs += counts.get(cell, 0)
+            pooled_exp += prob * samples
+    impossible = sum(n for cell, n in counts.items() if cell not in exact)
+    if impossible:
+        return 0.0  # a sequence the target can never produce (e.g. outside top-k / top-p)
+    if pooled_exp > 0:
+        observed.append(pooled_obs)
+        expected.append(pooled_exp)
+    expected = [e * samples / sum(expected) for e in expected]
+    return chisquare(observed, expected).pvalue
+
+
+def run(folders, target, method, drafter=None, params=PARAMS, samples=SAMPLES, broken_level=None):
+    prompt = target.tokenizer(PROMPT).input_ids
+    counts = sample_counts(folders[0], folders[1], dict(method=method, **SPEC), drafter, params, prompt,
+                           NEW_TOKENS, samples, broken_level)
+    assert sum(counts.values()) == samples
+    return chi_square_p(counts, exact_distribution(target, prompt, params))
+
+
+@pytest.mark.parametrize("method,drafter", [("ar", None), ("triforce", "model"), ("retrieval", None),
+                                            ("streaming", None), ("naive", "model")])
+def test_every_method_follows_the_target_distribution(folders, target, method, drafter):
+    assert run(folders, target, method, drafter) > 0.001
+
+
+def test_p_direct_shortcut_at_the_middle_tier_fails_the_same_test(folders, target):
+    assert run(folders, target, "triforce", "model", broken_level="retrieval") < 0.001
+
+
+def test_p_direct_shortcut_at_the_full_tier_is_caught(folders, target):
+    assert run(folders, target, "naive", "model", samples=5000, broken_level="full") < 0.001
+
+
+def test_lookup_drafter_is_exact(folders, target):
+    assert run(folders, target, "triforce", "lookup", samples=5000) > 0.001
+
+
+def test_top_k_and_top_p_are_applied_to_both_sides(folders, target):
+    params = SamplingParams(temperature=0.8, top_k=4, top_p=0.9, seed=0)
+    assert run(folders, target, "triforce", "model", params=params, samples=5000) > 0.001

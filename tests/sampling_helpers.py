@@ -1,0 +1,58 @@
+"""Sampling the first tokens of a method many times, split over worker processes.
+
+Each worker loads the models itself (spawned, so no state is shared) and seeds its own
+generator, so the counts are deterministic whatever the scheduling."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+
+import torch
+
+from triforce.config import SamplingParams, SpecParams
+from triforce.engine import Engine
+from triforce.loading import load_model
+from triforce.speculative import Verdict
+
+
+def p_direct_shortcut(drafts, draft_probs, target_probs, generator):
+    """The known bug: after a rejection, sample from p instead of the residual max(0, p - q)."""
+    for i, token in enumerate(drafts):
+        q = draft_probs[i]
+        q_token = 1.0 if q is None else float(q[token])
+        if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(target_probs[i][token]) / q_token:
+            continue
+        return Verdict(i, int(torch.multinomial(target_probs[i], 1, generator=generator)))
+    return Verdict(len(drafts), int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator)))
+
+
+def _worker(job) -> dict:
+    target_dir, draft_dir, spec_kwargs, drafter, params, prompt_ids, new_tokens, samples, seed, broken_level = job
+    torch.set_num_threads(1)
+    target = load_model(target_dir, dtype="float32", device="cpu")
+    draft = load_model(draft_dir, dtype="float32", device="cpu") if drafter == "model" else drafter
+    engine = Engine(target, SpecParams(**spec_kwargs), len(prompt_ids) + new_tokens + 2, draft)
+    if broken_level:
+        engine.verifiers[broken_level] = p_direct_shortcut
+    generator = torch.Generator().manual_seed(seed)
+    counts: dict = {}
+    for _ in range(samples):
+        engine.sync(prompt_ids)
+        tokens = tuple(engine.generate(new_tokens, params, generator=generator).tokens)
+        counts[tokens] = counts.get(tokens, 0) + 1
+    return counts
+
+
+def sample_counts(target_dir: str, draft_dir: str, spec_kwargs: dict, drafter, params: SamplingParams,
+                  prompt_ids: list[int], new_tokens: int, samples: int, broken_level: str | None = None,
+                  workers: int = min(2, os.cpu_count() or 1)) -> dict:
+    share = [samples // workers + (i < samples % workers) for i in range(workers)]
+    jobs = [(target_dir, draft_dir, spec_kwargs, drafter, params, prompt_ids, new_tokens, n, 1234 + i,
+             broken_level) for i, n in enumerate(share)]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        parts = pool.map(_worker, jobs)
+    total: dict = {}
+    for part in parts:
+        for cell, n in part.items():
+            total[cell] = total.get(cell, 0) + n
+    return total

@@ -136,6 +136,7 @@ class Engine:
                 new = self.seq[base:]
                 stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
                 if stop_at is not None:
+                    self.stats[-1].emitted -= len(new) - (stop_at + 1)
                     del self.seq[base + stop_at + 1:]
                     self._truncate_all(len(self.seq) - 1)
                 self._after_full_verify(base - 1)

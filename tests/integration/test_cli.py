@@ -64,7 +64,10 @@ BAD_FLAGS = [
     (["--top-k", "-1"], "top-k"),
     (["--max-new-tokens", "many"], "many"),
     (["--method", "magic"], "magic"),
-    (["--method", "triforce"], "not available"),
+    (["--method", "naive", "--draft", "none"], "needs a draft"),
+    (["--method", "triforce", "--budget", "8"], "--budget"),
+    (["--method", "triforce", "--gamma2", "0"], "--gamma2"),
+    (["--method", "ar", "--draft", "/some/model"], "--draft"),
 ]
 
 

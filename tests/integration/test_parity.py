@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from triforce.config import SamplingParams
+from triforce.config import SamplingParams, SpecParams
+from triforce.engine import Engine
 from triforce.loading import load_model
 from triforce.session import Session
 from tiny_models import FAMILIES
@@ -13,6 +14,12 @@ SEQ_LEN = 72  # past the 32-token original length of the scaled-RoPE families an
 def hf_model(folder):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+def greedy(lm, prompt, new_tokens):
+    engine = Engine(lm, SpecParams(method="ar"), len(prompt) + new_tokens)
+    engine.sync(prompt)
+    return engine.generate(new_tokens, SamplingParams()).tokens
 
 
 def our_logits(lm, ids):
@@ -41,10 +48,7 @@ def test_greedy_continuation_matches_transformers(tiny_model_dir, family):
     with torch.no_grad():
         hf_out = ref.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False,
                               eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    session = Session(lm, len(prompt) + 64)
-    session.prefill(prompt)
-    ours = session.decode_ar(64, SamplingParams(), frozenset()).tokens
-    assert ours == hf_out
+    assert greedy(lm, prompt, 64) == hf_out
 
 
 def test_default_model_logits_match_transformers(default_lm, default_model_dir):
@@ -61,17 +65,12 @@ def test_default_model_greedy_matches_transformers(default_lm, default_model_dir
     with torch.no_grad():
         hf_out = ref.generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False,
                               eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    session = Session(default_lm, len(prompt) + 64)
-    session.prefill(prompt)
-    assert session.decode_ar(64, SamplingParams(), frozenset()).tokens == hf_out
+    assert greedy(default_lm, prompt, 64) == hf_out
 
 
 def test_default_model_says_paris(default_lm):
     prompt = default_lm.tokenizer("The capital of France is").input_ids
-    session = Session(default_lm, len(prompt) + 8)
-    session.prefill(prompt)
-    tokens = session.decode_ar(8, SamplingParams(), default_lm.eos_ids).tokens
-    assert "Paris" in default_lm.tokenizer.decode(tokens)
+    assert "Paris" in default_lm.tokenizer.decode(greedy(default_lm, prompt, 8))
 
 
 def test_dynamic_rope_past_original_length_matches_transformers(tiny_model_dir):

@@ -1,8 +1,10 @@
-"""Cache bookkeeping on a real (tiny) model: chunked prefill, rollback, prefix reuse."""
+"""Full-cache bookkeeping on a real (tiny) model: chunked prefill, rollback, prefix reuse, and
+AR decoding through the engine."""
 import pytest
 import torch
 
-from triforce.config import SamplingParams
+from triforce.config import SamplingParams, SpecParams
+from triforce.engine import Engine
 from triforce.errors import UserError
 from triforce.loading import load_model
 from triforce.session import Session
@@ -20,22 +22,18 @@ def ids_of(n, seed=0):
 def test_chunked_prefill_equals_one_shot(lm):
     ids = ids_of(50)
     one = Session(lm, 64)
-    one.prefill(ids, chunk=1000)
     chunked = Session(lm, 64)
-    chunked.prefill(ids, chunk=7)
-    assert torch.allclose(one.last_logits, chunked.last_logits, atol=1e-10)
+    assert torch.allclose(one.prefill(ids, chunk=1000), chunked.prefill(ids, chunk=7), atol=1e-10)
     assert torch.allclose(one.cache.keys(1), chunked.cache.keys(1), atol=1e-10)
 
 
 def test_rollback_then_recompute_gives_same_logits(lm):
     ids = ids_of(30)
     s = Session(lm, 40)
-    s.prefill(ids)
-    expected = s.last_logits.clone()
+    expected = s.prefill(ids)
     s.prefill(ids_of(5, seed=9))  # tokens to be rejected
     s.truncate(29)
-    s.prefill(ids[29:])
-    assert torch.allclose(s.last_logits, expected, atol=1e-12)
+    assert torch.allclose(s.prefill(ids[29:]), expected, atol=1e-12)
     assert len(s.tokens) == s.cache.length == 30
 
 
@@ -47,29 +45,44 @@ def test_sync_to_reuses_common_prefix(lm):
     assert s.sync_to(second) == 10  # only the tokens after the common prefix are prefilled
     fresh = Session(lm, 64)
     fresh.prefill(second)
-    assert torch.allclose(s.last_logits, fresh.last_logits, atol=1e-12)
+    assert torch.allclose(s.cache.keys(1), fresh.cache.keys(1), atol=1e-12)
     assert s.sync_to(second) == 0
 
 
-def test_decode_stops_at_eos_and_respects_length(lm):
+def test_recorded_queries_are_reused_on_resync(lm):
     s = Session(lm, 64)
-    s.prefill(ids_of(10))
-    greedy = s.decode_ar(20, SamplingParams(), frozenset())
+    s.sync_to(ids_of(20), record_queries=True)
+    first = s.last_queries
+    assert s.sync_to(ids_of(20), record_queries=True) == 0 and s.last_queries is first
+    s.truncate(10)
+    assert s.sync_to(ids_of(20), record_queries=True) == 10
+
+
+def generate(lm, prompt, n, params=SamplingParams(), stop=frozenset()):
+    engine = Engine(lm, SpecParams(method="ar"), len(prompt) + n)
+    engine.sync(prompt)
+    return engine.generate(n, params, stop)
+
+
+def test_decode_stops_at_eos_and_respects_length(lm):
+    greedy = generate(lm, ids_of(10), 20)
     assert len(greedy.tokens) == 20 and greedy.stopped_by == "length"
-    s2 = Session(lm, 64)
-    s2.prefill(ids_of(10))
     stop = greedy.tokens[3]
     first_stop = greedy.tokens.index(stop)
-    result = s2.decode_ar(20, SamplingParams(), frozenset({stop}))
+    result = generate(lm, ids_of(10), 20, stop=frozenset({stop}))
     assert result.tokens == greedy.tokens[:first_stop + 1] and result.stopped_by == "eos"
 
 
+def test_decode_stops_when_the_context_is_full(lm):
+    engine = Engine(lm, SpecParams(method="triforce", budget=16, chunk_size=4, sink_tokens=4), 14)
+    engine.sync(ids_of(10))
+    result = engine.generate(50, SamplingParams())
+    assert result.stopped_by == "context" and len(engine.seq) == 15
+
+
 def test_sampling_is_reproducible_with_seed(lm):
-    def run():
-        s = Session(lm, 64)
-        s.prefill(ids_of(10))
-        return s.decode_ar(30, SamplingParams(temperature=0.8, top_p=0.9, seed=5), frozenset()).tokens
-    assert run() == run()
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=5)
+    assert generate(lm, ids_of(10), 30, params).tokens == generate(lm, ids_of(10), 30, params).tokens
 
 
 def test_overflowing_the_cache_is_a_clear_error(lm):
@@ -83,6 +96,4 @@ def test_overflowing_the_cache_is_a_clear_error(lm):
 def test_every_dtype_generates(tiny_model_dir, dtype):
     lm16 = load_model(str(tiny_model_dir("llama-gqa")), dtype=dtype, device="cpu")
     assert lm16.model.lm_head.weight.dtype == lm16.dtype
-    s = Session(lm16, 32)
-    s.prefill(ids_of(8))
-    assert len(s.decode_ar(8, SamplingParams(), frozenset()).tokens) == 8
+    assert len(generate(lm16, ids_of(8), 8).tokens) == 8

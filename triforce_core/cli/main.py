@@ -22,10 +22,12 @@ def cli():
 
 def _register():
     from triforce.cli.chat_cmd import chat
+    from triforce.cli.eval_cmd import eval_group
     from triforce.cli.generate_cmd import generate
 
     cli.add_command(generate)
     cli.add_command(chat)
+    cli.add_command(eval_group)
 
 
 _register()

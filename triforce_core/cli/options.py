@@ -83,6 +83,8 @@ def resolve_draft(draft: str | None, spec, dtype: str, device: str):
         if draft not in (None, "none", "lookup"):
             raise UserError(f"--draft is only used by --method triforce and naive, not {spec.method}")
         return None
+    if draft == "none" and spec.method == "naive":
+        raise UserError("--method naive needs a draft (a model path or 'lookup')")
     if draft in (None, "lookup", "none"):
         return draft or "lookup"
     from triforce.loading import load_model

@@ -1,0 +1,74 @@
+"""Evaluation commands and the long-prompt acceptance check on the real default model."""
+import json
+
+import pytest
+
+from triforce.cli.main import main
+from triforce.evaluation import evaluate_acceptance, needle_prompt
+
+
+def run_cli(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def test_needle_prompt_hides_the_key_at_the_depth(default_lm):
+    prompt = needle_prompt(default_lm.tokenizer, 2000, depth=0.25, seed=3)
+    assert abs(prompt.tokens - 2000) < 60
+    position = prompt.text.index(prompt.key) / len(prompt.text)
+    assert 0.2 < position < 0.3 and prompt.text.endswith("The pass key is")
+
+
+def test_needle_triforce_equals_ar_and_finds_the_key(capsys, default_model_dir, tmp_path):
+    """The issue's acceptance check: ~6K-token needle prompt, triforce with lookup drafts."""
+    path = tmp_path / "needle.txt"
+    code, out, _ = run_cli(capsys, "eval", "needle", "--context", "6000", "--depth", "0.9", "--out", str(path))
+    assert code == 0
+    key = json.loads(out)["key"]
+    results = {}
+    for method in ("ar", "triforce"):
+        code, out, _ = run_cli(capsys, "generate", "--prompt-file", str(path), "--method", method, "--draft",
+                               "lookup", "--temperature", "0", "--max-new-tokens", "10", "--json")
+        assert code == 0
+        results[method] = json.loads(out)
+    assert results["triforce"]["tokens"] == results["ar"]["tokens"]
+    assert key in results["ar"]["text"]
+    assert results["triforce"]["prompt_tokens"] > 5800
+    assert results["triforce"]["mean_tokens_per_full_verify"] > 1
+
+
+def test_acceptance_figures_are_sane_and_retrieval_beats_streaming_on_a_needle(default_lm):
+    prompt = needle_prompt(default_lm.tokenizer, 1500, depth=0.3, seed=1)
+    ids = default_lm.tokenizer(prompt.text).input_ids
+    results = evaluate_acceptance(default_lm, ids, [64, 256], ["streaming", "retrieval", "topk"], gen=8)
+    assert len(results) == 6
+    by = {(r["policy"], r["budget"]): r for r in results}
+    for r in results:
+        assert 0 <= r["greedy_match"] <= 1 and 0 < r["expected_accept"] <= 1 + 1e-6
+    # the key sits far outside a 64-token streaming window: retrieval must find it, streaming cannot
+    assert by[("retrieval", 256)]["greedy_match"] > by[("streaming", 64)]["greedy_match"]
+
+
+def test_acceptance_command_json(capsys, tiny_model_dir, tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("abc def ghi " * 8)
+    code, out, _ = run_cli(capsys, "eval", "acceptance", "--model", str(tiny_model_dir("llama-gqa")),
+                           "--prompt-file", str(prompt), "--budgets", "20,40", "--policies", "streaming,retrieval",
+                           "--gen", "6", "--chunk-size", "4", "--sink-tokens", "4", "--json")
+    assert code == 0
+    results = json.loads(out)["results"]
+    assert {(r["policy"], r["budget"]) for r in results} == {("streaming", 20), ("streaming", 40),
+                                                              ("retrieval", 20), ("retrieval", 40)}
+    assert all(set(r) == {"policy", "budget", "greedy_match", "expected_accept"} for r in results)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--budgets", "abc"], "--budgets"), (["--policies", "magic"], "magic"), (["--gen", "0"], "--gen")])
+def test_acceptance_bad_flags(capsys, tiny_model_dir, tmp_path, args, fragment):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("abc def")
+    code, _, err = run_cli(capsys, "eval", "acceptance", "--model", str(tiny_model_dir("llama-gqa")),
+                           "--prompt-file", str(prompt), *args)
+    assert code != 0 and fragment in err and len(err.strip().splitlines()) == 1

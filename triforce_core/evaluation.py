@@ -1,0 +1,89 @@
+"""Evaluation: how well sparse caches stand in for the full cache, and needle prompts."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from triforce.errors import UserError
+from triforce.loading import LoadedModel
+from triforce.sampling import probabilities
+from triforce.config import SamplingParams
+from triforce.session import Session
+from triforce.sparse_cache import SelectionPolicy
+from triforce.tiers import SparseTier
+
+NEEDLE_INTRO = ("There is an important pass key hidden inside a lot of irrelevant text. "
+                "Find it and memorize it. I will quiz you about the pass key.\n\n")
+NEEDLE_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+NEEDLE_QUESTION = "\n\nWhat is the pass key? The pass key is"
+
+
+@dataclass(frozen=True)
+class NeedlePrompt:
+    text: str
+    key: str
+    tokens: int
+
+
+def needle_prompt(tokenizer, context: int, depth: float = 0.5, seed: int = 0) -> NeedlePrompt:
+    """A pass key hidden at `depth` (0 = start, 1 = end) of filler text, about `context` tokens."""
+    if not 0 <= depth <= 1:
+        raise UserError(f"--depth must be in [0, 1], got {depth}")
+    key = str(random.Random(seed).randint(10000, 99999))
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
+    fixed = len(tokenizer(NEEDLE_INTRO + needle + NEEDLE_QUESTION).input_ids)
+    per_filler = len(tokenizer(NEEDLE_FILLER * 20, add_special_tokens=False).input_ids) / 20
+    repeats = int((context - fixed) / per_filler)
+    if repeats < 1:
+        raise UserError(f"--context {context} is too short for a needle prompt (needs > {fixed + per_filler:.0f})")
+    before = int(repeats * depth)
+    text = NEEDLE_INTRO + NEEDLE_FILLER * before + needle + NEEDLE_FILLER * (repeats - before) + NEEDLE_QUESTION
+    return NeedlePrompt(text, key, len(tokenizer(text).input_ids))
+
+
+def evaluate_acceptance(lm: LoadedModel, prompt_ids: list[int], budgets: list[int], policies: list[str],
+                        gen: int, chunk_size: int = 8, sink_tokens: int = 16,
+                        temperature: float = 0.6, progress=None) -> list[dict]:
+    """Along the full cache's greedy continuation, how often the target over each sparse cache
+    picks the same token, and its expected acceptance sum(min(p, q)) at `temperature`.
+
+    Each sparse cache is selected once from the prompt (by the last prompt token's query) and,
+    as in the engine, holds the exact KV of the continuation's earlier tokens."""
+    if len(prompt_ids) < 2:
+        raise UserError("the prompt must have at least two tokens")
+    params = SamplingParams(temperature=temperature)
+    full = Session(lm, len(prompt_ids) + gen)
+    full.prefill(prompt_ids[:-1], record_queries=True)
+    queries = full.last_queries
+    configs = [(kind, budget) for kind in policies for budget in budgets]
+    tiers = {}
+    for kind, budget in configs:
+        tier = SparseTier(kind, lm, SelectionPolicy(kind, budget, chunk_size, sink_tokens), gen + 1)
+        tier.rebuild(full.cache, queries)
+        tiers[(kind, budget)] = tier
+    # the full cache's greedy continuation, one row of logits per predicted token
+    seq = list(prompt_ids)
+    full_rows = []
+    for _ in range(gen):
+        row = full.logits(seq)[-1]
+        full_rows.append(row)
+        seq.append(int(torch.argmax(row)))
+        if progress:
+            progress(1)
+    results = []
+    for (kind, budget), tier in tiers.items():
+        matches, accept = 0, 0.0
+        for i in range(gen):
+            position = len(prompt_ids) - 1 + i
+            row = tier.logits(seq[:position + 1])[-1]
+            tier.commit(full.cache, position, position + 1)  # exact KV, as after a verify
+            matches += int(torch.argmax(row)) == seq[position + 1]
+            p, q = probabilities(full_rows[i], params), probabilities(row, params)
+            accept += float(torch.minimum(p, q).sum())
+        results.append({"policy": kind, "budget": budget, "greedy_match": round(matches / gen, 4),
+                        "expected_accept": round(accept / gen, 4)})
+        if progress:
+            progress(gen)
+    return results

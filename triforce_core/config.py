@@ -139,3 +139,21 @@ class SpecParams:
     @property
     def uses_draft(self) -> bool:
         return self.method in ("triforce", "naive")
+
+    @property
+    def uses_sparse_cache(self) -> bool:
+        return self.method in ("triforce", "retrieval", "streaming")
+
+    @property
+    def sparse_append_slots(self) -> int:
+        """Tokens a sparse cache may take after a selection before it must be rebuilt."""
+        return self.rebuild_stride + 2 * (self.gamma1 + self.gamma2) + 4
+
+    @property
+    def draft_slack(self) -> int:
+        """The longest rollback of the draft model's streaming cache."""
+        return self.gamma1 + self.gamma2 + 2
+
+    @property
+    def draft_window_tokens(self) -> int:
+        return max(self.draft_window, self.draft_slack)

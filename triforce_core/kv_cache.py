@@ -9,7 +9,7 @@ import torch
 
 from triforce.config import ModelConfig
 from triforce.errors import UserError
-from triforce.kernels import attention
+from triforce.kernels import attention, chunk_mean_keys, grouped_scores
 
 
 class FullKVCache:
@@ -47,26 +47,64 @@ class FullKVCache:
             raise ValueError(f"cannot roll back to {length}: cache holds {self.length}")
         self.length = length
 
+    @property
+    def batch(self) -> int:
+        return self.k_buf.shape[1]
+
+    @property
+    def kv_heads(self) -> int:
+        return self.k_buf.shape[2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.k_buf.device
+
     def keys(self, layer: int) -> torch.Tensor:
         return self.k_buf[layer, :, :, :self.length]
 
     def values(self, layer: int) -> torch.Tensor:
         return self.v_buf[layer, :, :, :self.length]
 
+    # ---- the read interface sparse caches use (shared with the offloaded cache) ------------
+    def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
+        """query [B, H, D] -> [B, Hkv, length // chunk_size]: q . mean key of each complete chunk."""
+        return grouped_scores(query, chunk_mean_keys(self.keys(layer), chunk_size))
+
+    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """index [B, Hkv, N] -> keys and values [B, Hkv, N, D] of those tokens."""
+        expanded = index[..., None].expand(-1, -1, -1, self.k_buf.shape[-1])
+        return torch.gather(self.keys(layer), 2, expanded), torch.gather(self.values(layer), 2, expanded)
+
+    def kv_range(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [L, B, Hkv, end - start, D] of tokens [start, end), every layer."""
+        return self.k_buf[:, :, :, start:end], self.v_buf[:, :, :, start:end]
+
+    def prepare_verify(self) -> None:
+        """Nothing to fetch: every entry is resident."""
+
 
 class FullCacheStep:
-    """Writes one forward pass's new K/V into slots [start, end) and attends over [0, end)."""
+    """Writes one forward pass's new K/V into slots [start, end) and attends over what precedes
+    each query. The model may call attend once per layer with all new tokens or, layer-major,
+    once per chunk of them in order."""
 
     def __init__(self, cache: FullKVCache, start: int, end: int, record_queries: bool):
         self.cache, self.start, self.end = cache, start, end
         self.positions = torch.arange(start, end, device=cache.k_buf.device)[None]
         self.queries: list[torch.Tensor] | None = [] if record_queries else None  # per layer [B, H, T, D]
+        self._filled = [0] * cache.k_buf.shape[0]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         c = self.cache
-        c.k_buf[layer, :, :, self.start:self.end] = k
-        c.v_buf[layer, :, :, self.start:self.end] = v
+        lo = self.start + self._filled[layer]
+        hi = lo + q.shape[2]
+        self._filled[layer] += q.shape[2]
+        c.k_buf[layer, :, :, lo:hi] = k
+        c.v_buf[layer, :, :, lo:hi] = v
         if self.queries is not None:
-            self.queries.append(q)
-        return attention(q, c.k_buf[layer, :, :, :self.end], c.v_buf[layer, :, :, :self.end],
+            if len(self.queries) == layer:
+                self.queries.append(q)
+            else:
+                self.queries[layer] = q  # layer-major: keep the latest chunk's queries
+        return attention(q, c.k_buf[layer, :, :, :hi], c.v_buf[layer, :, :, :hi],
                          scale=c.scale, sliding_window=c.sliding_windows[layer])

@@ -7,7 +7,7 @@ Parameter names follow transformers' so checkpoints load without renaming.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -113,3 +113,22 @@ class CausalLM(nn.Module):
         if num_logits is not None:
             x = x[:, -num_logits:]
         return self.lm_head(self.model.norm(x))
+
+    @torch.inference_mode()
+    def forward_layer_major(self, tokens: torch.Tensor, positions: torch.Tensor, cache_view: CacheView,
+                            chunk_tokens: int, num_logits: int = 1,
+                            on_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+        """The same logits as forward, computed one layer at a time over all tokens (in chunks of
+        `chunk_tokens`, in order), so a cache can finish each layer's KV before the next layer
+        starts. on_layer(i) runs after layer i."""
+        x = self.model.embed_tokens(tokens)
+        cos, sin = self.rope.cos_sin(positions, x.dtype)
+        length = tokens.shape[1]
+        for index, layer in enumerate(self.model.layers):
+            for start in range(0, length, chunk_tokens):
+                end = min(length, start + chunk_tokens)
+                x[:, start:end] = layer(x[:, start:end], cos[:, :, start:end], sin[:, :, start:end], index,
+                                        cache_view)
+            if on_layer is not None:
+                on_layer(index)
+        return self.lm_head(self.model.norm(x[:, -num_logits:]))

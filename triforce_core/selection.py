@@ -7,51 +7,46 @@ from __future__ import annotations
 
 import torch
 
-
-def grouped_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """query: [B, H, D], keys: [B, Hkv, N, D] -> [B, Hkv, N]: q.k summed over the query heads
-    that share each KV head (GQA)."""
-    batch, heads, dim = query.shape
-    groups = heads // keys.shape[1]
-    q = query.reshape(batch, keys.shape[1], groups, dim).to(keys.dtype)
-    return torch.einsum("bhgd,bhnd->bhn", q, keys)
-
-
-def chunk_mean_keys(keys: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """keys: [B, Hkv, S, D] -> mean key of each complete chunk [B, Hkv, S // chunk_size, D]."""
-    batch, kv_heads, length, dim = keys.shape
-    num_chunks = length // chunk_size
-    return keys[:, :, :num_chunks * chunk_size].reshape(batch, kv_heads, num_chunks, chunk_size, dim).mean(-2)
+from triforce.kernels import chunk_mean_keys, grouped_scores
 
 
 def select_retrieval(query: torch.Tensor, keys: torch.Tensor, budget: int, chunk_size: int) -> torch.Tensor:
-    """TriForce retrieval: always the first chunk (attention sink) and the trailing partial chunk,
-    then the complete chunks whose mean key scores highest, up to `budget` tokens."""
-    batch, kv_heads, length, _ = keys.shape
+    """TriForce retrieval over resident keys: see select_by_chunk_scores."""
+    scores = grouped_scores(query, chunk_mean_keys(keys, chunk_size))
+    return select_by_chunk_scores(scores, keys.shape[2], budget, chunk_size)
+
+
+def select_by_chunk_scores(scores: torch.Tensor, length: int, budget: int, chunk_size: int) -> torch.Tensor:
+    """Always the first chunk (attention sink) and the trailing partial chunk, then the complete
+    chunks that score highest, up to `budget` tokens. scores: [B, Hkv, length // chunk_size], one
+    per complete chunk (the query's dot product with the chunk's mean key, summed over a KV head's
+    query heads)."""
+    batch, kv_heads = scores.shape[:2]
+    device = scores.device
     if length <= budget:
-        return _all(batch, kv_heads, length, keys.device)
+        return _all(batch, kv_heads, length, device)
     num_chunks = length // chunk_size
     tail = length - num_chunks * chunk_size
     picks = (budget - tail) // chunk_size - 1  # chunks besides the first
     if picks < 0:
         raise ValueError(f"budget {budget} cannot hold the first chunk ({chunk_size}) and the tail ({tail})")
-    scores = grouped_scores(query, chunk_mean_keys(keys, chunk_size))[..., 1:]  # [B, Hkv, C-1]
-    top = torch.topk(scores, min(picks, scores.shape[-1]), dim=-1).indices + 1
-    first = torch.zeros(batch, kv_heads, 1, dtype=torch.long, device=keys.device)
+    rest = scores[..., 1:num_chunks]  # [B, Hkv, C-1]
+    top = torch.topk(rest, min(picks, rest.shape[-1]), dim=-1).indices + 1
+    first = torch.zeros(batch, kv_heads, 1, dtype=torch.long, device=device)
     chunks = torch.sort(torch.cat([first, top], -1), dim=-1).values  # [B, Hkv, picks + 1]
-    offsets = torch.arange(chunk_size, device=keys.device)
+    offsets = torch.arange(chunk_size, device=device)
     tokens = (chunks[..., None] * chunk_size + offsets).flatten(-2)
-    tail_idx = torch.arange(num_chunks * chunk_size, length, device=keys.device).expand(batch, kv_heads, tail)
+    tail_idx = torch.arange(num_chunks * chunk_size, length, device=device).expand(batch, kv_heads, tail)
     return torch.cat([tokens, tail_idx], -1)
 
 
-def select_streaming(keys: torch.Tensor, budget: int, sink_tokens: int) -> torch.Tensor:
+def select_streaming(batch: int, kv_heads: int, length: int, budget: int, sink_tokens: int,
+                     device=None) -> torch.Tensor:
     """StreamingLLM: the first `sink_tokens` and the most recent tokens, `budget` in all."""
-    batch, kv_heads, length, _ = keys.shape
     if length <= budget:
-        return _all(batch, kv_heads, length, keys.device)
+        return _all(batch, kv_heads, length, device)
     sinks = min(sink_tokens, budget)
-    idx = torch.cat([torch.arange(sinks), torch.arange(length - (budget - sinks), length)]).to(keys.device)
+    idx = torch.cat([torch.arange(sinks), torch.arange(length - (budget - sinks), length)]).to(device)
     return idx.expand(batch, kv_heads, budget)
 
 

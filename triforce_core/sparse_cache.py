@@ -10,7 +10,7 @@ import torch
 from triforce.config import ModelConfig
 from triforce.kernels import attention
 from triforce.kv_cache import FullKVCache
-from triforce.selection import select_retrieval, select_streaming, select_topk
+from triforce.selection import select_by_chunk_scores, select_retrieval, select_streaming, select_topk
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,20 @@ class SelectionPolicy:
         if self.kind == "retrieval":
             return select_retrieval(query, keys, self.budget, self.chunk_size)
         if self.kind == "streaming":
-            return select_streaming(keys, self.budget, self.sink_tokens)
+            batch, kv_heads, length, _ = keys.shape
+            return select_streaming(batch, kv_heads, length, self.budget, self.sink_tokens, keys.device)
         return select_topk(query, keys, self.budget)
+
+    def select_from(self, full, layer: int, query: torch.Tensor | None) -> torch.Tensor:
+        """The same choice made through a full cache's read interface (chunk_scores, keys), so
+        caches that keep part of their KV off the device need not materialise a whole layer."""
+        if self.kind == "retrieval":
+            scores = full.chunk_scores(layer, query, self.chunk_size)
+            return select_by_chunk_scores(scores, full.length, self.budget, self.chunk_size)
+        if self.kind == "streaming":
+            return select_streaming(full.batch, full.kv_heads, full.length, self.budget, self.sink_tokens,
+                                    full.device)
+        return select_topk(query, full.keys(layer), self.budget)
 
 
 class SparseKVCache:
@@ -70,13 +82,11 @@ class SparseKVCache:
 
     def rebuild(self, full: FullKVCache, queries: list[torch.Tensor] | None) -> None:
         """Select from the whole full cache. queries: per layer [B, H, D] (None for streaming)."""
+        n = 0
         for layer in range(self.k_buf.shape[0]):
-            keys, values = full.keys(layer), full.values(layer)
-            index = self.policy.select(None if queries is None else queries[layer], keys)
+            index = self.policy.select_from(full, layer, None if queries is None else queries[layer])
             n = index.shape[-1]
-            gather_index = index[..., None].expand(-1, -1, -1, keys.shape[-1])
-            self.k_buf[layer, :, :, :n] = torch.gather(keys, 2, gather_index)
-            self.v_buf[layer, :, :, :n] = torch.gather(values, 2, gather_index)
+            self.k_buf[layer, :, :, :n], self.v_buf[layer, :, :, :n] = full.gather(layer, index)
         self.num_selected = n
         self.build_point = self.length = full.length
 
@@ -88,8 +98,7 @@ class SparseKVCache:
         if count > self.room:
             raise ValueError("sparse cache overflow: rebuild first")
         at = self.end
-        self.k_buf[:, :, :, at:at + count] = full.k_buf[:, :, :, start:end]
-        self.v_buf[:, :, :, at:at + count] = full.v_buf[:, :, :, start:end]
+        self.k_buf[:, :, :, at:at + count], self.v_buf[:, :, :, at:at + count] = full.kv_range(start, end)
         self.length = end
 
     def step(self, num_new: int) -> "SparseCacheStep":

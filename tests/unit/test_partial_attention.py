@@ -1,0 +1,68 @@
+"""Partial attention over key blocks merged by log-sum-exp equals one-shot attention."""
+import pytest
+import torch
+
+from triforce.kernels import PartialAccumulator, attention, merge_partials, partial_attention
+from test_attention import reference_attention
+
+
+def random_qkv(T, S, seed=0, heads=4, kv_heads=2, dim=8):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, heads, T, dim, generator=g, dtype=torch.float64),
+            torch.randn(1, kv_heads, S, dim, generator=g, dtype=torch.float64),
+            torch.randn(1, kv_heads, S, dim, generator=g, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("T,S,window,cuts", [
+    (1, 40, None, [0, 16, 32, 40]),       # one decode query, three streamed blocks
+    (9, 64, None, [0, 8, 24, 55, 64]),    # a verify pass: the last block holds the new tokens
+    (12, 50, 7, [0, 10, 20, 30, 50]),     # sliding window hides whole blocks from some queries
+    (30, 30, None, [0, 30]),              # a prefill chunk with nothing before it
+])
+def test_merged_blocks_equal_one_shot_attention(T, S, window, cuts):
+    q, k, v = random_qkv(T, S)
+    parts = [partial_attention(q, k[:, :, a:b], v[:, :, a:b], scale=0.3, q_start=S - T, k_start=a,
+                               sliding_window=window) for a, b in zip(cuts, cuts[1:])]
+    got = merge_partials(parts, q.dtype)
+    assert torch.allclose(got, reference_attention(q, k, v, 0.3, window), atol=1e-12)
+    assert torch.allclose(got, attention(q, k, v, scale=0.3, sliding_window=window), atol=1e-12)
+
+
+def test_tiling_does_not_change_the_result():
+    q, k, v = random_qkv(20, 90, seed=1)
+    whole = partial_attention(q, k, v, scale=0.2, q_start=70, k_start=0)
+    tiled = partial_attention(q, k, v, scale=0.2, q_start=70, k_start=0, max_score_elements=64)
+    assert torch.allclose(whole[0], tiled[0], atol=1e-12) and torch.allclose(whole[1], tiled[1], atol=1e-12)
+
+
+def test_a_block_no_query_can_see_weighs_nothing():
+    q, k, v = random_qkv(3, 20, seed=2)
+    hidden = partial_attention(q, k[:, :, 15:], v[:, :, 15:], scale=0.3, q_start=5, k_start=15)
+    assert torch.equal(hidden[0], torch.zeros_like(hidden[0])) and torch.isinf(hidden[1]).all()
+    visible = partial_attention(q, k[:, :, :8], v[:, :, :8], scale=0.3, q_start=5, k_start=0)
+    assert torch.allclose(merge_partials([visible, hidden], q.dtype),
+                          reference_attention(q, k[:, :, :8], v[:, :, :8], 0.3), atol=1e-12)
+
+
+def test_running_accumulator_equals_merging_at_once():
+    q, k, v = random_qkv(4, 30, seed=3)
+    parts = [partial_attention(q, k[:, :, a:a + 10], v[:, :, a:a + 10], scale=0.3, q_start=26, k_start=a)
+             for a in (0, 10, 20)]
+    acc = PartialAccumulator()
+    for part in parts:
+        acc.add(*part)
+    assert torch.allclose(acc.result(q.dtype), merge_partials(parts, q.dtype), atol=1e-14)
+
+
+def test_half_precision_inputs_merge_in_float32():
+    q, k, v = (t.to(torch.bfloat16) for t in random_qkv(2, 24, seed=4))
+    out, lse = partial_attention(q, k, v, scale=0.3, q_start=22, k_start=0)
+    assert out.dtype == torch.float32 and lse.dtype == torch.float32
+    ref = reference_attention(q.double(), k.double(), v.double(), 0.3)
+    assert torch.allclose(out.double(), ref, atol=1e-2)
+
+
+def test_planner_tile_constant_matches_the_kernel():
+    from triforce.kernels.partial import MAX_SCORE_ELEMENTS
+    from triforce.offload.planner import MAX_SCORE_ELEMENTS as planned
+    assert planned == MAX_SCORE_ELEMENTS

@@ -1,1 +1,8 @@
-"""Pinned host memory: the host KV store and numba CPU kernels (offload issue)."""
+"""Pinned host memory: allocation with capacity checks, the host KV store, numba CPU kernels
+(gather of selected tokens, CPU attention)."""
+from triforce.pinned.cpu_kernels import cpu_attention, gather_blocked
+from triforce.pinned.host_kv_store import HostKVStore
+from triforce.pinned.host_memory import HostCapacityError, allocate_host, can_pin, host_available_bytes
+
+__all__ = ["HostKVStore", "HostCapacityError", "allocate_host", "can_pin", "host_available_bytes",
+           "cpu_attention", "gather_blocked"]

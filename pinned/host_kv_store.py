@@ -1,0 +1,79 @@
+"""The host KV store: keys and values of the offloaded token range of every layer.
+
+Block-major layout, data: [num_layers, num_blocks, 2 (K, V), B, Hkv, block_tokens, D], so one
+block of one layer (its keys and values) is one contiguous copy over PCIe. Slot i of the store
+holds the token at position `first_position + i`. The store only holds data; the prefetcher
+decides when copies run and on which stream."""
+from __future__ import annotations
+
+import torch
+
+from triforce.pinned.cpu_kernels import gather_blocked
+from triforce.pinned.host_memory import allocate_host
+
+
+class HostKVStore:
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, capacity: int, block_tokens: int, *,
+                 first_position: int, dtype: torch.dtype, batch: int = 1, pin: bool = True,
+                 budget_bytes: int | None = None):
+        if block_tokens < 1:
+            raise ValueError("block_tokens must be >= 1")
+        self.num_blocks = max(1, -(-capacity // block_tokens))
+        shape = (num_layers, self.num_blocks, 2, batch, kv_heads, block_tokens, head_dim)
+        (self.data,) = allocate_host([shape], dtype, pin=pin, budget_bytes=budget_bytes,
+                                     what="the host KV store")
+        self.block_tokens = block_tokens
+        self.capacity = self.num_blocks * block_tokens
+        self.first_position = first_position
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    @property
+    def pinned(self) -> bool:
+        return self.data.is_pinned()
+
+    def block(self, layer: int, index: int) -> torch.Tensor:
+        """Block `index` of `layer`: [2, B, Hkv, block_tokens, D], contiguous."""
+        return self.data[layer, index]
+
+    def block_start(self, index: int) -> int:
+        """Position of the first token of block `index`."""
+        return self.first_position + index * self.block_tokens
+
+    def _pieces(self, start: int, end: int):
+        """(block, first slot, last slot, offset into [start, end)) for each block the range touches."""
+        lo, hi = start - self.first_position, end - self.first_position
+        if lo < 0 or hi > self.capacity or lo > hi:
+            raise IndexError(f"positions {start}..{end} are outside the host store "
+                             f"({self.first_position}..{self.first_position + self.capacity})")
+        at = lo
+        while at < hi:
+            b, o = divmod(at, self.block_tokens)
+            n = min(self.block_tokens - o, hi - at)
+            yield b, o, o + n, at - lo
+            at += n
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, non_blocking: bool = False) -> None:
+        """Store k, v ([B, Hkv, n, D], any device) at positions [start, start + n) of `layer`."""
+        for b, s0, s1, at in self._pieces(start, start + k.shape[2]):
+            self.data[layer, b, 0, :, :, s0:s1].copy_(k[:, :, at:at + s1 - s0], non_blocking=non_blocking)
+            self.data[layer, b, 1, :, :, s0:s1].copy_(v[:, :, at:at + s1 - s0], non_blocking=non_blocking)
+
+    def read(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies [L, B, Hkv, end - start, D] of positions [start, end) in every layer."""
+        pieces = list(self._pieces(start, end))
+        k = torch.cat([self.data[:, b, 0, :, :, s0:s1] for b, s0, s1, _ in pieces], dim=3)
+        v = torch.cat([self.data[:, b, 1, :, :, s0:s1] for b, s0, s1, _ in pieces], dim=3)
+        return k, v
+
+    def keys_of_block(self, layer: int, index: int) -> torch.Tensor:
+        """[B, Hkv, block_tokens, D] view."""
+        return self.data[layer, index, 0]
+
+    def gather(self, layer: int, index: torch.Tensor, out_k: torch.Tensor, out_v: torch.Tensor) -> None:
+        """out[b, h, n] = entry at position index[b, h, n] for positions inside the store; other
+        entries of out are left as they are. index: [B, Hkv, N] int64 on the CPU; out_*: host
+        tensors [B, Hkv, N, D] of the store's dtype. Runs the parallel numba kernel."""
+        gather_blocked(self.data[layer], index, self.first_position, out_k, out_v)

@@ -1,1 +1,4 @@
-"""Memory profiles, the memory planner, the prefetcher and tensor-parallel setup (offload issue)."""
+"""Offloading: memory profiles, the memory planner and its cost model, the prefetcher (streams,
+events, staging buffers), the offloaded KV cache, tensor-parallel setup.
+
+Import the submodules you need; planning (profiles, planner, cost_model) needs no torch."""

@@ -1,0 +1,242 @@
+"""The full KV cache split between the device and the host.
+
+Tokens [0, resident_tokens) of every layer stay in device buffers (k_res, v_res); later tokens
+live in the host KV store. Attention of new queries is merged by log-sum-exp from three parts:
+the resident keys, the host blocks streamed by the prefetcher, and the new tokens themselves.
+New tokens' KV goes to its home once its layer is done. The interface is the full cache's
+(step / rollback / chunk_scores / gather / kv_range), so the engine does not know the difference.
+
+Prefill runs layer-major (`layer_major`): one layer over all new tokens before the next, so the
+host-bound KV of a layer is written once, not re-streamed for every prefill chunk."""
+from __future__ import annotations
+
+import torch
+
+from triforce.kernels import (PartialAccumulator, attention, block_visible, chunk_mean_keys, grouped_scores,
+                              partial_attention)
+from triforce.offload.errors import OffloadError
+from triforce.offload.prefetcher import Prefetcher
+from triforce.pinned import HostKVStore, allocate_host
+
+
+class OffloadedKVCache:
+    layer_major = True
+
+    def __init__(self, cfg, max_len: int, resident_tokens: int, block_tokens: int, *,
+                 dtype: torch.dtype, device: torch.device | str, batch: int = 1, overlap: bool = True,
+                 pin: bool = True, host_budget_bytes: int | None = None):
+        if not 0 <= resident_tokens < max_len:
+            raise OffloadError(f"resident tokens ({resident_tokens}) must be below the context ({max_len})")
+        self.device = torch.device(device)
+        self.max_len, self.length = max_len, 0
+        self.resident_tokens = resident_tokens
+        self.num_layers, self.batch, self.kv_heads = cfg.num_layers, batch, cfg.num_kv_heads
+        self.scale = cfg.head_dim ** -0.5
+        self.sliding_windows = cfg.sliding_windows
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, resident_tokens, cfg.head_dim)
+        self.k_res = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.v_res = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.store = HostKVStore(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_len - resident_tokens,
+                                 block_tokens, first_position=resident_tokens, dtype=dtype, batch=batch,
+                                 pin=pin, budget_bytes=host_budget_bytes)
+        self.prefetcher = Prefetcher(self.store, self.device, overlap=overlap)
+        self.prefetcher.schedule = self._host_blocks
+        self._read_end = 0       # host blocks are read up to this position (the old tokens of a pass)
+        self._query_start = 0    # the earliest query position of the pass (for sliding windows)
+        self._means: dict[int, tuple[torch.Tensor, list[int]]] = {}  # chunk size -> (host means, valid chunks)
+        self._gather_staging: list[torch.Tensor] = []  # flat host buffers for retrieval gathers
+
+    # ---- bookkeeping --------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Device bytes: resident KV plus staging buffers."""
+        return self.k_res.nbytes + self.v_res.nbytes + self.prefetcher.staging_bytes
+
+    @property
+    def host_nbytes(self) -> int:
+        means = sum(m.nbytes for m, _ in self._means.values())
+        staging = sum(t.nbytes for t in self._gather_staging)
+        return self.store.nbytes + means + staging
+
+    def step(self, num_new: int, record_queries: bool = False) -> "OffloadedCacheStep":
+        if self.length + num_new > self.max_len:
+            raise OffloadError(f"context full: {self.length} + {num_new} tokens exceed the cache's "
+                               f"{self.max_len} slots")
+        start = self.length
+        self.length += num_new
+        self._read_end = self._query_start = start
+        return OffloadedCacheStep(self, start, self.length, record_queries)
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length}: cache holds {self.length}")
+        self.length = length
+        for chunk, (_, valid) in self._means.items():
+            complete = max(0, length - self.resident_tokens) // chunk
+            valid[:] = [min(v, complete) for v in valid]
+
+    def prepare_verify(self) -> None:
+        """Start copying the first host blocks of the next pass while the drafting tiers run."""
+        self._read_end = self._query_start = self.length
+        self.prefetcher.prefetch()
+
+    def _host_blocks(self, layer: int) -> list[int]:
+        """Host blocks holding old tokens [resident, read_end) some query of the pass may see."""
+        start = self.resident_tokens
+        window = self.sliding_windows[layer]
+        if window is not None:
+            start = max(start, self._query_start - window + 1)
+        if self._read_end <= start:
+            return []
+        bt = self.store.block_tokens
+        first = (start - self.resident_tokens) // bt
+        last = (self._read_end - 1 - self.resident_tokens) // bt
+        return list(range(first, last + 1))
+
+    # ---- the read interface of sparse caches --------------------------------------------
+    def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
+        """query [B, H, D] -> [B, Hkv, length // chunk_size]. Resident chunks are scored on the
+        device; host chunks on the CPU from mean keys kept on the host and updated only for chunks
+        completed since the last call."""
+        if self.resident_tokens % chunk_size or self.store.block_tokens % chunk_size:
+            raise OffloadError(f"--chunk-size {chunk_size} must divide the offload alignment "
+                               f"({self.store.block_tokens} tokens); use a power of two up to 256")
+        num_chunks = self.length // chunk_size
+        resident_chunks = min(num_chunks, self.resident_tokens // chunk_size)
+        scores = [grouped_scores(query, chunk_mean_keys(self.k_res[layer, :, :, :resident_chunks * chunk_size],
+                                                        chunk_size))]
+        host_chunks = num_chunks - resident_chunks
+        if host_chunks > 0:
+            means = self._host_means(layer, chunk_size, host_chunks)
+            scores.append(grouped_scores(query.to("cpu"), means).to(self.device))
+        return torch.cat(scores, dim=-1)
+
+    def _host_means(self, layer: int, chunk_size: int, count: int) -> torch.Tensor:
+        """Mean keys [B, Hkv, count, D] of the first `count` host chunks of `layer`."""
+        if chunk_size not in self._means:
+            shape = (self.num_layers, self.batch, self.kv_heads, self.store.capacity // chunk_size,
+                     self.k_res.shape[-1])
+            (means,) = allocate_host([shape], self.k_res.dtype, pin=False, what="host chunk means")
+            self._means[chunk_size] = (means, [0] * self.num_layers)
+        means, valid = self._means[chunk_size]
+        if valid[layer] < count:
+            self.prefetcher.synchronize()  # host writes of recent tokens must have landed
+            per_block = self.store.block_tokens // chunk_size
+            for block in range(valid[layer] // per_block, (count - 1) // per_block + 1):
+                first = block * per_block
+                block_means = chunk_mean_keys(self.store.keys_of_block(layer, block), chunk_size)
+                take = min(per_block, count - first)
+                means[layer, :, :, first:first + take] = block_means[:, :, :take]
+            valid[layer] = count
+        return means[layer, :, :, :count]
+
+    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """index [B, Hkv, N] (device) -> keys and values [B, Hkv, N, D] on the device. Host
+        entries are gathered by the numba kernel into a host staging buffer, then copied over."""
+        resident = self.resident_tokens
+        expanded = index.clamp(max=max(resident - 1, 0))[..., None].expand(-1, -1, -1, self.k_res.shape[-1])
+        if resident:
+            k = torch.gather(self.k_res[layer], 2, expanded)
+            v = torch.gather(self.v_res[layer], 2, expanded)
+        else:
+            k = v = None
+        if int(index.max()) < resident:
+            return k, v
+        self.prefetcher.synchronize()
+        shape = (self.batch, self.kv_heads, index.shape[-1], self.k_res.shape[-1])
+        numel = shape[0] * shape[1] * shape[2] * shape[3]
+        if not self._gather_staging or self._gather_staging[0].numel() < numel:
+            self._gather_staging = allocate_host([(numel,), (numel,)], self.k_res.dtype,
+                                                 what="the retrieval staging buffer")
+        host_k, host_v = (t[:numel].view(shape) for t in self._gather_staging)
+        self.store.gather(layer, index.to("cpu"), host_k, host_v)
+        host_k, host_v = host_k.to(self.device), host_v.to(self.device)
+        if k is None:
+            return host_k, host_v
+        on_host = (index >= resident)[..., None]
+        return torch.where(on_host, host_k, k), torch.where(on_host, host_v, v)
+
+    def kv_range(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [L, B, Hkv, end - start, D] of tokens [start, end) on the device."""
+        split = min(max(start, self.resident_tokens), end)
+        parts_k, parts_v = [self.k_res[:, :, :, start:split]], [self.v_res[:, :, :, start:split]]
+        if end > split:
+            self.prefetcher.synchronize()
+            host_k, host_v = self.store.read(split, end)
+            parts_k.append(host_k.to(self.device))
+            parts_v.append(host_v.to(self.device))
+        return torch.cat(parts_k, dim=3), torch.cat(parts_v, dim=3)
+
+
+class OffloadedCacheStep:
+    """One forward pass over new tokens [start, end). The model may call attend once per layer
+    (all new tokens) or, layer-major, once per chunk of them in order."""
+
+    def __init__(self, cache: OffloadedKVCache, start: int, end: int, record_queries: bool):
+        self.cache, self.start, self.end = cache, start, end
+        self.positions = torch.arange(start, end, device=cache.device)[None]
+        self.queries: list[torch.Tensor] | None = [] if record_queries else None  # per layer [B, H, T, D]
+        self._filled = [0] * cache.num_layers
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # this layer's host-bound new KV
+        self._scratch_layer = -1
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        c = self.cache
+        resident = c.resident_tokens
+        window = c.sliding_windows[layer]
+        q_start = self.start + self._filled[layer]
+        q_end = q_start + q.shape[2]
+        self._filled[layer] += q.shape[2]
+        if self.queries is not None:
+            if len(self.queries) == layer:
+                self.queries.append(q)
+            else:
+                self.queries[layer] = q  # layer-major: keep the latest chunk's queries
+        if q_start < resident:
+            split = min(q_end, resident)
+            c.k_res[layer, :, :, q_start:split] = k[:, :, :split - q_start]
+            c.v_res[layer, :, :, q_start:split] = v[:, :, :split - q_start]
+        host_new_start = max(self.start, resident)
+        if q_end > host_new_start:
+            self._stage(layer, q_start, k, v, host_new_start)
+
+        if self.start <= resident and q_end <= resident:  # everything resident: one-shot attention
+            return attention(q, c.k_res[layer, :, :, :q_end], c.v_res[layer, :, :, :q_end], scale=c.scale,
+                             sliding_window=window)
+        acc = PartialAccumulator()
+        resident_end = min(q_end, resident)
+        if resident_end > 0 and block_visible(q_start, q.shape[2], 0, resident_end, window):
+            acc.add(*partial_attention(q, c.k_res[layer, :, :, :resident_end], c.v_res[layer, :, :, :resident_end],
+                                       scale=c.scale, q_start=q_start, k_start=0, sliding_window=window))
+        c._read_end, c._query_start = self.start, self.start
+        for block, staged in c.prefetcher.read(layer):
+            first = c.store.block_start(block)
+            count = min(c.store.block_tokens, self.start - first)
+            acc.add(*partial_attention(q, staged[0][:, :, :count], staged[1][:, :, :count], scale=c.scale,
+                                       q_start=q_start, k_start=first, sliding_window=window))
+        if q_end > host_new_start:
+            scratch_k, scratch_v = self._scratch
+            count = q_end - host_new_start
+            acc.add(*partial_attention(q, scratch_k[:, :, :count], scratch_v[:, :, :count], scale=c.scale,
+                                       q_start=q_start, k_start=host_new_start, sliding_window=window))
+            if self._filled[layer] == self.end - self.start:  # the layer is done: send its KV home
+                c.prefetcher.write(layer, host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
+                self._scratch = None
+        return acc.result(q.dtype)
+
+    def _stage(self, layer: int, q_start: int, k: torch.Tensor, v: torch.Tensor, host_new_start: int) -> None:
+        """Keep the host-bound part of the new k, v on the device until the layer is done."""
+        total = self.end - host_new_start
+        skip = max(host_new_start - q_start, 0)
+        at = max(q_start, host_new_start) - host_new_start
+        if q_start <= host_new_start and k.shape[2] - skip == total:  # one call covers all: no copy
+            self._scratch = (k[:, :, skip:], v[:, :, skip:])
+            return
+        if self._scratch is None or self._scratch_layer != layer:
+            shape = (k.shape[0], k.shape[1], total, k.shape[3])
+            # a fresh buffer per layer: the previous layer's may still be on its way to the host
+            self._scratch = (torch.empty(shape, dtype=k.dtype, device=k.device),
+                             torch.empty(shape, dtype=v.dtype, device=v.device))
+            self._scratch_layer = layer
+        self._scratch[0][:, :, at:at + k.shape[2] - skip] = k[:, :, skip:]
+        self._scratch[1][:, :, at:at + v.shape[2] - skip] = v[:, :, skip:]

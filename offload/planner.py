@@ -1,0 +1,273 @@
+"""The memory planner: pure arithmetic from model shapes, a memory profile and a context length
+to the bytes of every buffer on each GPU and on the host, and predicted ms/token.
+
+All GPU figures are per GPU, for the rank with the largest share under tensor parallelism. The
+KV of tokens [0, resident_tokens) of every layer stays on the GPU; the rest lives in the host KV
+store and is streamed through two staging buffers during each full verify."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from triforce.offload.cost_model import Acceptance, step_times, triforce_ms_per_token
+from triforce.offload.errors import OffloadError
+from triforce.offload.profiles import MemoryProfile, format_size
+
+ALIGN_TOKENS = 256             # resident and block sizes are multiples of this (chunk sizes divide it)
+DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): big copies, small footprint
+# Score elements of one partial-attention tile (kernels/partial.py MAX_SCORE_ELEMENTS; repeated
+# here so planning needs no torch import, and a test keeps the two equal).
+MAX_SCORE_ELEMENTS = 1 << 22
+PREFILL_CHUNKS = (1024, 512, 256, 128, 64)  # tokens per prefill forward, largest that fits
+
+
+class ModelShape(Protocol):
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    tie_word_embeddings: bool
+
+
+class SpecShape(Protocol):
+    method: str
+    budget: int
+    gamma1: int
+    gamma2: int
+    chunk_size: int
+    uses_sparse_cache: bool
+    sparse_append_slots: int
+    sink_tokens: int
+    draft_window_tokens: int
+    draft_slack: int
+
+
+def largest_share(n: int, tp: int) -> int:
+    return -(-n // tp)
+
+
+def kv_heads_share(m: ModelShape, tp: int) -> int:
+    return largest_share(m.num_kv_heads, tp)
+
+
+def weight_bytes(m: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
+    """Parameter bytes on the rank with the largest share: attention split by whole KV heads
+    (query heads follow their KV head), MLP by intermediate rows; embeddings, LM head and norms
+    replicated."""
+    kvh = kv_heads_share(m, tp)
+    qh = kvh * (m.num_heads // m.num_kv_heads)
+    inter = largest_share(m.intermediate_size, tp)
+    h, d = m.hidden_size, m.head_dim
+    attn = h * qh * d + 2 * h * kvh * d + qh * d * h
+    attn += (qh * d + 2 * kvh * d) * m.qkv_bias + h * m.o_bias
+    mlp = 3 * h * inter + (2 * inter + h) * m.mlp_bias
+    per_layer = attn + mlp + 2 * h
+    replicated = m.vocab_size * h * (1 if m.tie_word_embeddings else 2) + h
+    return (m.num_layers * per_layer + replicated) * dtype_bytes
+
+
+def kv_bytes_per_token_layer(m: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
+    """K and V of one token in one layer, on the rank with the most KV heads."""
+    return 2 * kv_heads_share(m, tp) * m.head_dim * dtype_bytes
+
+
+def choose_block_tokens(per_token_layer: int, staging_bytes: int, host_tokens: int) -> int:
+    """Tokens per streamed block: about `staging_bytes` per block, a multiple of ALIGN_TOKENS,
+    no longer than needed for the host range."""
+    block = max(ALIGN_TOKENS, staging_bytes // per_token_layer // ALIGN_TOKENS * ALIGN_TOKENS)
+    return min(block, _align_up(max(host_tokens, 1)))
+
+
+def _align_up(n: int) -> int:
+    return -(-n // ALIGN_TOKENS) * ALIGN_TOKENS
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    feasible: bool
+    reason: str                       # why not, and what to change ("" when feasible)
+    profile: str
+    context: int
+    tp: int
+    gpu_budget_bytes: int             # per GPU
+    breakdown: dict                   # per GPU, bytes by category
+    resident_tokens: int
+    host_breakdown: dict              # host bytes by category (all ranks)
+    host_budget_bytes: int
+    block_tokens: int                 # 0 when nothing is offloaded
+    prefill_chunk: int                # tokens per prefill forward (bounds activation memory)
+    predictions: dict = field(default_factory=dict)
+
+    @property
+    def gpu_bytes_total(self) -> int:
+        return sum(self.breakdown.values())
+
+    @property
+    def resident_kv_bytes(self) -> int:
+        return self.breakdown.get("resident_kv", 0)
+
+    @property
+    def host_kv_bytes(self) -> int:
+        return self.host_breakdown.get("host_kv", 0)
+
+    @property
+    def host_bytes_total(self) -> int:
+        return sum(self.host_breakdown.values())
+
+    @property
+    def offloaded(self) -> bool:
+        return self.resident_tokens < self.context
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out.update(gpu_bytes_total=self.gpu_bytes_total, resident_kv_bytes=self.resident_kv_bytes,
+                   host_kv_bytes=self.host_kv_bytes, host_bytes_total=self.host_bytes_total,
+                   offloaded=self.offloaded)
+        return out
+
+
+def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: SpecShape, *,
+                dtype_bytes: int, draft: ModelShape | None = None, draft_dtype_bytes: int | None = None,
+                tp: int = 1, graphs: bool | None = None,
+                acceptance: Acceptance = Acceptance()) -> MemoryPlan:
+    """Place weights, caches and as much KV as fits on each GPU; the rest of the KV on the host."""
+    if context < 1:
+        raise OffloadError("the context must be at least one token")
+    if tp < 1:
+        raise OffloadError(f"--tp must be >= 1, got {tp}")
+    if tp > max(profile.num_gpus, 1) and profile.num_gpus > 0:
+        raise OffloadError(f"--tp {tp} needs {tp} GPUs but profile {profile.name} has {profile.num_gpus}")
+    graphs = profile.num_gpus > 0 if graphs is None else graphs
+    budget = profile.device_budget_bytes
+    per_token_layer = kv_bytes_per_token_layer(model, dtype_bytes, tp)
+    per_token = per_token_layer * model.num_layers
+    kvh, heads = kv_heads_share(model, tp), kv_heads_share(model, tp) * (model.num_heads // model.num_kv_heads)
+    fixed = {
+        "target_weights": weight_bytes(model, dtype_bytes, tp),
+        "draft_weights": 0,
+        "retrieval_cache": 0,
+        "streaming_cache": 0,
+    }
+    if spec.uses_sparse_cache:
+        fixed["retrieval_cache"] = per_token * (spec.budget + spec.sparse_append_slots)
+    if draft is not None:
+        d_bytes = draft_dtype_bytes or dtype_bytes
+        fixed["draft_weights"] = weight_bytes(draft, d_bytes)
+        slots = spec.sink_tokens + spec.draft_window_tokens + spec.draft_slack
+        fixed["streaming_cache"] = slots * kv_bytes_per_token_layer(draft, d_bytes) * draft.num_layers
+    verify_tokens = spec.gamma2 + 1
+    activation_per_token = (6 * model.hidden_size + 2 * heads * model.head_dim
+                            + 3 * largest_share(model.intermediate_size, tp)) * dtype_bytes
+    logits = 2 * max(verify_tokens, 1) * model.vocab_size * 4
+    gather = 2 * spec.budget * per_token_layer if spec.uses_sparse_cache else 0  # during a rebuild
+
+    def workspace(chunk: int) -> int:
+        return min(chunk, context) * activation_per_token + logits + gather
+
+    graph_pool = 2 * (spec.gamma1 + 1) * (activation_per_token + model.vocab_size * 4) if graphs else 0
+    resident_all = {**fixed, "workspace": workspace(PREFILL_CHUNKS[0]), "cuda_graph_pool": graph_pool,
+                    "staging_buffers": 0, "prefill_scratch": 0, "resident_kv": context * per_token}
+    common = dict(profile=profile.name, context=context, tp=tp, gpu_budget_bytes=budget,
+                  host_budget_bytes=profile.host_bytes)
+    if sum(resident_all.values()) <= budget:
+        plan = MemoryPlan(True, "", breakdown=resident_all, resident_tokens=context,
+                          host_breakdown={"host_kv": 0}, block_tokens=0, prefill_chunk=PREFILL_CHUNKS[0],
+                          **common)
+        return _with_predictions(plan, model, profile, spec, per_token, draft is not None, acceptance)
+
+    block = choose_block_tokens(per_token_layer, _staging_bytes(profile), context)
+    staging = 2 * block * per_token_layer
+    def tile_scores(chunk: int) -> int:  # the largest score tile partial attention makes
+        return min(MAX_SCORE_ELEMENTS, heads * min(chunk, context) * context) * (8 if dtype_bytes == 8 else 4)
+
+    # layer-major prefill: every prompt token's hidden state, its RoPE angles, one layer's new KV
+    prefill_scratch = context * (model.hidden_size + 2 * model.head_dim + per_token_layer // dtype_bytes) * dtype_bytes
+    for chunk in PREFILL_CHUNKS:
+        offload = {**fixed, "workspace": workspace(chunk) + tile_scores(chunk), "cuda_graph_pool": graph_pool,
+                   "staging_buffers": staging, "prefill_scratch": prefill_scratch}
+        room = budget - sum(offload.values())
+        if room >= 0:
+            break
+    if room < 0:
+        scratch_per_token = prefill_scratch / context
+        return MemoryPlan(False, _too_big_reason(offload, budget, profile, tp, scratch_per_token),
+                          breakdown={**offload, "resident_kv": 0},
+                          resident_tokens=0, host_breakdown={"host_kv": 0}, block_tokens=block,
+                          prefill_chunk=chunk, **common)
+    resident_tokens = min(context, room // per_token // ALIGN_TOKENS * ALIGN_TOKENS)
+    host_tokens = context - resident_tokens
+    block = min(block, _align_up(host_tokens))  # no block longer than the host range needs
+    offload["staging_buffers"] = 2 * block * per_token_layer
+    host = {"host_kv": host_tokens * model.num_layers * 2 * model.num_kv_heads * model.head_dim * dtype_bytes,
+            "host_staging": 0, "host_chunk_means": 0}
+    if spec.uses_sparse_cache:
+        host["host_staging"] = tp * 2 * spec.budget * per_token_layer
+        if spec.method != "streaming":
+            host["host_chunk_means"] = (host_tokens // spec.chunk_size) * model.num_layers \
+                * model.num_kv_heads * model.head_dim * dtype_bytes
+    breakdown = {**offload, "resident_kv": resident_tokens * per_token}
+    reason = ""
+    if sum(host.values()) > profile.host_bytes:
+        per_host_token = sum(host.values()) / max(host_tokens, 1)
+        fits = resident_tokens + int(profile.host_bytes / per_host_token)
+        reason = (f"the offloaded KV needs {format_size(sum(host.values()))} of host memory but profile "
+                  f"{profile.name} allows {format_size(profile.host_bytes)}: shorten the context to about "
+                  f"{fits} tokens or raise host_bytes")
+    plan = MemoryPlan(not reason, reason, breakdown=breakdown, resident_tokens=resident_tokens,
+                      host_breakdown=host, block_tokens=block, prefill_chunk=chunk, **common)
+    return _with_predictions(plan, model, profile, spec, per_token, draft is not None, acceptance)
+
+
+def _staging_bytes(profile: MemoryProfile) -> int:
+    value = dict(profile.extras).get("staging_block_bytes")
+    return int(value) if isinstance(value, int) and value > 0 else DEFAULT_STAGING_BYTES
+
+
+def _too_big_reason(parts: dict, budget: int, profile: MemoryProfile, tp: int, scratch_per_token: float) -> str:
+    need = sum(parts.values())
+    biggest = max(parts, key=parts.get)
+    hints = []
+    without_scratch = need - parts["prefill_scratch"]
+    if without_scratch < budget:  # only the context-sized prefill buffers do not fit
+        hints.append(f"a context of at most about {int((budget - without_scratch) / scratch_per_token)} tokens")
+    if profile.num_gpus > tp:
+        hints.append(f"--tp {profile.num_gpus}")
+    elif tp == 1:
+        hints.append("a two-GPU profile with --tp 2")
+    hints += ["a smaller --budget or draft model", "a larger --device-budget"]
+    return (f"weights and buffers need {format_size(need)} per GPU before any KV (largest: {biggest} "
+            f"{format_size(parts[biggest])}) but the budget is {format_size(budget)}: try " + ", ".join(hints))
+
+
+def _with_predictions(plan: MemoryPlan, model: ModelShape, profile: MemoryProfile, spec: SpecShape,
+                      per_token: int, has_draft_model: bool, acceptance: Acceptance) -> MemoryPlan:
+    b = plan.breakdown
+    host_per_link = (plan.context - plan.resident_tokens) * per_token
+    times = step_times(weights_bytes=b["target_weights"], resident_kv_bytes=b["resident_kv"],
+                       host_kv_bytes_per_link=host_per_link, retrieval_cache_bytes=b["retrieval_cache"],
+                       draft_bytes=b["draft_weights"] + b["streaming_cache"], hbm_gbps=profile.hbm_gbps,
+                       h2d_gbps=profile.pcie_h2d_gbps)
+    spec_part = triforce_ms_per_token(times, acceptance, spec.gamma1, spec.gamma2,
+                                      has_tier0=has_draft_model)
+    predictions = {
+        "ar_offload_ms_per_token": round(times.full_verify_ms, 3),
+        "triforce_ms_per_token": round(spec_part["triforce_ms_per_token"], 3),
+        "full_verify_ms": round(times.full_verify_ms, 3),
+        "tier1_step_ms": round(times.tier1_ms, 4),
+        "tier0_step_ms": round(times.tier0_ms, 4),
+        "drafting_ms_per_verify": round(spec_part["drafting_ms_per_verify"], 3),
+        "expected_tokens_per_full_verify": round(spec_part["expected_tokens_per_full_verify"], 3),
+        "pcie_bytes_per_full_verify": host_per_link,
+        "acceptance": {"full": acceptance.full, "retrieval": acceptance.retrieval,
+                       "measured": acceptance.measured},
+        "gamma1": spec.gamma1, "gamma2": spec.gamma2,
+    }
+    if predictions["triforce_ms_per_token"] > 0:
+        predictions["predicted_speedup"] = round(times.full_verify_ms / spec_part["triforce_ms_per_token"], 2)
+    return MemoryPlan(**{**plan.__dict__, "predictions": predictions})

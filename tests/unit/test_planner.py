@@ -1,0 +1,104 @@
+"""The memory planner and its cost model: pure arithmetic checked against hand computations."""
+import pytest
+
+from triforce.architectures import arch_config
+from triforce.config import SpecParams
+from triforce.offload.cost_model import Acceptance, expected_tokens, step_times, triforce_ms_per_token
+from triforce.offload.planner import kv_bytes_per_token_layer, plan_memory, weight_bytes
+from triforce.offload.profiles import load_profile
+
+GiB = 2**30
+TRIFORCE = SpecParams(method="triforce", budget=4096, gamma1=2, gamma2=6)
+
+
+def plan(arch, profile, context=130048, tp=1, spec=TRIFORCE, draft="llama-68m", **kw):
+    return plan_memory(arch_config(arch), load_profile(profile), context, spec, dtype_bytes=2,
+                       draft=arch_config(draft) if draft else None, tp=tp, **kw)
+
+
+def test_llama2_7b_128k_fits_one_4090_with_most_kv_on_the_host():
+    p = plan("llama2-7b-128k", "rtx4090-24g")
+    assert p.feasible and p.offloaded
+    assert p.host_kv_bytes >= 40 * GiB
+    assert p.gpu_bytes_total <= p.gpu_budget_bytes
+    assert p.resident_tokens % 256 == 0 and p.resident_tokens > 0
+    # the KV of every token is somewhere, exactly once
+    per_token = kv_bytes_per_token_layer(arch_config("llama2-7b-128k"), 2) * 32
+    assert p.resident_kv_bytes + p.host_kv_bytes == 130048 * per_token
+
+
+def test_llama2_13b_128k_needs_two_cards():
+    one = plan("llama2-13b-128k", "rtx4090-24g")
+    assert not one.feasible and "--tp 2" in one.reason
+    two = plan("llama2-13b-128k", "2x-rtx4090-24g", tp=2)
+    assert two.feasible and two.gpu_bytes_total <= two.gpu_budget_bytes
+
+
+@pytest.mark.parametrize("arch,profile,tp", [
+    ("llama2-7b-128k", "rtx4090-24g", 1), ("llama2-13b-128k", "2x-rtx4090-24g", 2),
+    ("lwm-text-chat-128k", "rtx3090-24g", 1), ("llama3.1-8b", "rtx4080-16g", 1), ("llama3.1-8b", "h100-80g", 1),
+    ("smollm2-135m", "cpu", 1),
+])
+def test_every_breakdown_sums_to_its_total(arch, profile, tp):
+    p = plan(arch, profile, tp=tp)
+    assert p.gpu_bytes_total == sum(p.breakdown.values())
+    assert p.host_bytes_total == sum(p.host_breakdown.values())
+    assert set(p.to_json()) >= {"feasible", "gpu_budget_bytes", "gpu_bytes_total", "resident_kv_bytes",
+                                "host_kv_bytes", "breakdown", "predictions"}
+
+
+def test_weight_bytes_by_hand():
+    cfg = arch_config("llama2-7b-128k")
+    per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096
+    assert weight_bytes(cfg, 2) == 2 * (32 * per_layer + 2 * 32000 * 4096 + 4096)
+    # tensor parallelism splits attention by whole heads and the MLP by rows; embeddings stay whole
+    half = 4 * 4096 * 2048 + 3 * 4096 * 5504 + 2 * 4096
+    assert weight_bytes(cfg, 2, tp=2) == 2 * (32 * half + 2 * 32000 * 4096 + 4096)
+
+
+def test_uneven_kv_head_split_plans_for_the_larger_share():
+    cfg = arch_config("smollm2-135m")  # 3 KV heads: 2 + 1 over two ranks
+    assert kv_bytes_per_token_layer(cfg, 4, tp=2) == 2 * 2 * 64 * 4
+
+
+def test_short_context_stays_resident_and_a_small_budget_offloads():
+    assert not plan("smollm2-135m", "cpu", context=4096, draft=None).offloaded
+    small = plan_memory(arch_config("smollm2-135m"), load_profile("cpu").with_device_budget(600 * 10**6), 5000,
+                        SpecParams(method="ar"), dtype_bytes=4)
+    assert small.feasible and small.host_kv_bytes > 0.9 * 5000 * 46080
+
+
+def test_host_that_is_too_small_says_how_long_a_context_fits():
+    p = plan("llama2-7b-128k", "rtx4090-24g", context=200000)
+    assert not p.feasible and "shorten the context to about" in p.reason
+    assert p.resident_kv_bytes > 0  # the GPU side was planned; only the host is short
+
+
+def test_prefill_buffers_too_big_for_the_card_say_how_long_a_context_fits():
+    p = plan("llama2-7b-128k", "rtx4090-24g", context=600000)
+    assert not p.feasible and "a context of at most about" in p.reason
+
+
+def test_expected_tokens_by_hand():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_cost_model_by_hand():
+    # 1 GB over PCIe at 10 GB/s = 100 ms; 2 GB of weights + 1 GB resident at 1000 GB/s = 3 ms
+    times = step_times(weights_bytes=2 * 10**9, resident_kv_bytes=10**9, host_kv_bytes_per_link=10**9,
+                       retrieval_cache_bytes=10**9, draft_bytes=10**8, hbm_gbps=1000, h2d_gbps=10)
+    assert times.full_verify_ms == pytest.approx(103.0)
+    assert times.tier1_ms == pytest.approx(3.0) and times.tier0_ms == pytest.approx(0.1)
+    two_tier = triforce_ms_per_token(times, Acceptance(full=0.5), gamma1=2, gamma2=2, has_tier0=False)
+    assert two_tier["triforce_ms_per_token"] == pytest.approx((103 + 2 * 3) / 1.75)
+    three = triforce_ms_per_token(times, Acceptance(full=0.5, retrieval=0.5), gamma1=2, gamma2=2, has_tier0=True)
+    checks = 2 / 1.75
+    assert three["triforce_ms_per_token"] == pytest.approx((103 + checks * (3 + 2 * 0.1)) / 1.75)
+
+
+def test_predictions_favour_triforce_at_long_context():
+    p = plan("llama2-7b-128k", "rtx4090-24g").predictions
+    assert p["triforce_ms_per_token"] < p["ar_offload_ms_per_token"]
+    assert p["pcie_bytes_per_full_verify"] > 40 * GiB

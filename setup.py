@@ -12,7 +12,7 @@ setup(
     description="Lossless hierarchical speculative decoding for long-context LLMs on consumer GPUs",
     long_description=Path("README.md").read_text(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # tomllib reads memory profiles
     package_dir={
         "triforce": "triforce_core",
         "triforce.cli": "triforce_core/cli",
@@ -46,7 +46,8 @@ setup(
     ],
     extras_require={
         "flash": ["flash-attn"],
-        "test": ["pytest", "scipy", "pexpect"],
+        "bench": ["matplotlib"],
+        "test": ["pytest", "scipy", "pexpect", "matplotlib"],
     },
     entry_points={"console_scripts": ["triforce=triforce.cli.main:main"]},
 )

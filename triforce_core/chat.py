@@ -15,9 +15,9 @@ PLAIN_TEMPLATE_ROLES = {"system": "System", "user": "User", "assistant": "Assist
 
 class Chat:
     def __init__(self, lm: LoadedModel, max_len: int, system: str | None = None,
-                 spec: SpecParams = SpecParams(), draft=None):
+                 spec: SpecParams = SpecParams(), draft=None, kv_cache=None):
         self.lm = lm
-        self.engine = Engine(lm, spec, max_len, draft)
+        self.engine = Engine(lm, spec, max_len, draft, kv_cache)
         self.session = self.engine.session
         self.system = system
         self.messages: list[dict] = self._initial_messages()
@@ -94,4 +94,5 @@ class Chat:
             "mean_tokens_per_full_verify": speculation.get("mean_tokens_per_full_verify"),
             "tier_time_s": speculation.get("tier_time_s"),
             "kv_cache_bytes": self.session.cache.nbytes,
+            "kv_host_bytes": getattr(self.session.cache, "host_nbytes", 0),
         }

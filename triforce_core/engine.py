@@ -47,19 +47,19 @@ class GenerationResult:
 
 class Engine:
     def __init__(self, lm: LoadedModel, spec: SpecParams, max_len: int,
-                 draft: LoadedModel | str | None = None):
+                 draft: LoadedModel | str | None = None, kv_cache=None):
+        """kv_cache: the full cache to use (see triforce.placement.build_kv_cache); default resident."""
         self.lm, self.spec = lm, spec
-        self.session = Session(lm, max_len)
+        self.session = Session(lm, max_len, kv_cache)
         self.levels: list = []
         if spec.method in ("triforce", "naive"):
             drafter = self._build_drafter(draft)
             if drafter is not None:
                 self.levels.append(drafter)
-        if spec.method in ("triforce", "retrieval", "streaming"):
+        if spec.uses_sparse_cache:
             kind = "streaming" if spec.method == "streaming" else "retrieval"
             policy = SelectionPolicy(kind, spec.budget, spec.chunk_size, spec.sink_tokens)
-            max_appended = spec.rebuild_stride + 2 * (spec.gamma1 + spec.gamma2) + 4
-            self.levels.append(SparseTier(kind, lm, policy, max_appended))
+            self.levels.append(SparseTier(kind, lm, policy, spec.sparse_append_slots))
         self.levels.append(self.session)
         self.sparse_tiers = [t for t in self.levels if isinstance(t, SparseTier)]
         # drafts each verifying level checks per round: the full tier gamma2, a middle one gamma1
@@ -71,6 +71,8 @@ class Engine:
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
         self.stats = [LevelStats() for _ in self.levels]
+        self.rounds: list[tuple[str, int, int]] = []  # (tier, proposed, accepted) of each check
+        self.replay = None  # a ReplayVerifier decides checks instead of the models (benchmarks)
 
     def _build_drafter(self, draft):
         spec = self.spec
@@ -80,8 +82,7 @@ class Engine:
             if spec.method == "naive":
                 raise UserError("--method naive needs a draft (a model path or 'lookup')")
             return None
-        slack = spec.gamma1 + spec.gamma2 + 2
-        return DraftModelTier(draft, self.lm, spec.sink_tokens, max(spec.draft_window, slack), slack)
+        return DraftModelTier(draft, self.lm, spec.sink_tokens, spec.draft_window_tokens, spec.draft_slack)
 
     @property
     def max_len(self) -> int:
@@ -118,6 +119,7 @@ class Engine:
         self.params = params
         self.generator = generator or make_generator(params, self.lm.device)
         self.stats = [LevelStats() for _ in self.levels]
+        self.rounds = []
         times_before = {t.name: t.time_s for t in self.levels}
         started = time.perf_counter()
         top = len(self.levels) - 1
@@ -132,6 +134,7 @@ class Engine:
                     stopped_by = "context"
                     break
                 self._ensure_sparse_room()
+                self.session.prepare_verify()  # offloaded KV starts streaming while tiers below draft
                 self._round(top, limit)
                 new = self.seq[base:]
                 stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
@@ -170,7 +173,9 @@ class Engine:
         else:
             logits = tier.logits(self.seq)
         rows = logits[-(len(drafts) + 1):]
-        if self.params.greedy:
+        if self.replay is not None:
+            verdict, probs = self.replay.verdict(tier.name, drafts, rows), None
+        elif self.params.greedy:
             verdict, probs = verify_greedy(drafts, rows), None
         else:
             probs = probabilities(rows, self.params)
@@ -179,6 +184,7 @@ class Engine:
         self.seq.append(verdict.token)
         for lower in self.levels[:level + 1]:
             lower.truncate(len(self.seq) - 1)
+        self.rounds.append((tier.name, len(drafts), verdict.accepted))
         stats = self.stats[level]
         stats.proposed += len(drafts)
         stats.accepted += verdict.accepted

@@ -19,12 +19,15 @@ class Session:
 
     name = "full"
 
-    def __init__(self, lm: LoadedModel, max_len: int):
+    def __init__(self, lm: LoadedModel, max_len: int, kv_cache=None):
+        """kv_cache: a prebuilt full cache (e.g. offloaded, see triforce.placement); default: a
+        FullKVCache of max_len tokens on the model's device."""
         if max_len < 1:
             raise UserError("the context must hold at least one token")
         self.lm = lm
         self.model = lm.model
-        self.cache = FullKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device)
+        self.cache = kv_cache if kv_cache is not None else \
+            FullKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device)
         self.tokens: list[int] = []
         self.last_queries: list[torch.Tensor] | None = None  # per layer [B, H, T, D], last recorded forward
         # queries of the last token of a prefill, by cache length, so a re-sync to the same prefix
@@ -60,28 +63,63 @@ class Session:
         return self.forward(seq[len(self.tokens):], record_queries=record_queries)
 
     def prefill(self, ids: list[int], progress: Callable[[int], None] | None = None,
-                chunk: int = PREFILL_CHUNK, record_queries: bool = False) -> torch.Tensor | None:
+                chunk: int | None = None, record_queries: bool = False) -> torch.Tensor | None:
         """Append `ids` in chunks; `progress(n)` after each chunk. Returns the last logits [V].
         With record_queries, last_queries holds each layer's query of the last token [B, H, D]."""
         if not ids:
             return None
+        chunk = chunk or getattr(self.cache, "prefill_chunk", PREFILL_CHUNK)
         if len(self.tokens) + len(ids) > self.max_len:
             raise UserError(f"input of {len(ids)} tokens does not fit: the context holds "
                             f"{len(self.tokens)} of {self.max_len} tokens")
         started = time.perf_counter()
-        logits = None
-        for begin in range(0, len(ids), chunk):
-            piece = ids[begin:begin + chunk]
-            last_chunk = begin + chunk >= len(ids)
-            logits = self.forward(piece, num_logits=1, record_queries=record_queries and last_chunk)[-1]
-            if progress is not None:
-                progress(len(piece))
+        if getattr(self.cache, "layer_major", False):
+            logits = self._prefill_layer_major(ids, progress, chunk, record_queries)
+        else:
+            logits = None
+            for begin in range(0, len(ids), chunk):
+                piece = ids[begin:begin + chunk]
+                last_chunk = begin + chunk >= len(ids)
+                logits = self.forward(piece, num_logits=1, record_queries=record_queries and last_chunk)[-1]
+                if progress is not None:
+                    progress(len(piece))
         if record_queries:
             self.last_queries = [q[:, :, -1] for q in self.last_queries]
             self._query_memo = {len(self.tokens): self.last_queries}
         self.prefill_tokens += len(ids)
         self.prefill_s += time.perf_counter() - started
         return logits
+
+    def _prefill_layer_major(self, ids: list[int], progress, chunk: int, record_queries: bool) -> torch.Tensor:
+        """One layer at a time over all of `ids` (caches that send each finished layer's KV to
+        the host); progress advances by a layer's share of the tokens."""
+        started = time.perf_counter()
+        start = len(self.tokens)
+        tokens = torch.tensor([ids], dtype=torch.long, device=self.lm.device)
+        step = self.cache.step(len(ids), record_queries)
+        layers = self.lm.config.num_layers
+        reported = [0]
+
+        def on_layer(index: int) -> None:
+            done = len(ids) * (index + 1) // layers
+            if progress is not None and done > reported[0]:
+                progress(done - reported[0])
+            reported[0] = done
+
+        try:
+            logits = self.model.forward_layer_major(tokens, step.positions, step, chunk, 1, on_layer)
+        except BaseException:
+            self.cache.rollback(start)
+            raise
+        self.tokens.extend(ids)
+        if record_queries:
+            self.last_queries = step.queries
+        self.time_s += time.perf_counter() - started
+        return logits[0, -1]
+
+    def prepare_verify(self) -> None:
+        """Let the cache fetch ahead what the coming full verify reads (offloaded caches)."""
+        self.cache.prepare_verify()
 
     def truncate(self, length: int) -> None:
         """Keep only the first `length` tokens (no-op if fewer are held)."""

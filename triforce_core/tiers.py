@@ -109,6 +109,8 @@ class DraftModelTier(ModelTier):
 
 
 def check_same_tokenizer(draft: LoadedModel, target: LoadedModel) -> None:
+    if draft.tokenizer is None or target.tokenizer is None:
+        return  # random-weight architectures (benchmarks) have no tokenizer; ids are all they share
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise UserError(f"the draft model's tokenizer ({draft.path}) differs from the target's "
                         f"({target.path}); speculative decoding needs the same vocabulary")

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option,
-                                  dtype_option, model_option, resolve_draft, sampling_options,
-                                  speculation_options)
+                                  dtype_option, model_option, offload_options, plan_for_run, resolve_draft,
+                                  sampling_options, speculation_options)
 from triforce.errors import UserError
 
 HELP_TEXT = """commands:
@@ -82,8 +82,9 @@ def run_command(chat, line: str) -> bool:
 @sampling_options(default_temperature=0.7)
 @dtype_option
 @device_option
+@offload_options
 def chat(model, system, max_new_tokens, max_context, method, draft, budget, chunk_size, gamma1, gamma2,
-         rebuild_stride, rebuild_threshold, temperature, top_p, top_k, seed, dtype, device):
+         rebuild_stride, rebuild_threshold, temperature, top_p, top_k, seed, dtype, device, profile, device_budget):
     """Chat with a model in the terminal.
 
     The KV of earlier turns is kept, so each turn prefills only what is new. Type /help for
@@ -101,13 +102,19 @@ def chat(model, system, max_new_tokens, max_context, method, draft, budget, chun
     context = lm.config.max_position_embeddings
     if max_context is not None and not 1 < max_context <= context:
         raise UserError(f"--max-context must be in 2..{context} (the model's context), got {max_context}")
-    session = Chat(lm, max_context or context, system=system, spec=spec, draft=drafter)
+    from triforce.placement import build_kv_cache
+
+    max_len = max_context or context
+    plan = plan_for_run(lm, spec, max_len, profile, device_budget, drafter)
+    session = Chat(lm, max_len, system=system, spec=spec, draft=drafter,
+                   kv_cache=build_kv_cache(lm, max_len, plan))
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
     print(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}), "
-          f"{session.session.max_len}-token context, {session.engine.describe()}. "
+          f"{session.session.max_len}-token context, {session.engine.describe()}"
+          f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}. "
           "/help for commands, Ctrl-D to leave.")
     while True:
         try:

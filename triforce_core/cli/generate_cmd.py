@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option,
-                                  dtype_option, model_option, resolve_draft, sampling_options,
-                                  speculation_options)
+                                  dtype_option, model_option, offload_options, plan_for_run, resolve_draft,
+                                  sampling_options, speculation_options)
 from triforce.errors import UserError
 
 
@@ -52,18 +52,25 @@ def encode_prompt(lm, text: str, as_chat: bool) -> list[int]:
 @device_option
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
+@offload_options
+@click.option("--no-overlap", is_flag=True, help="Copy offloaded KV with the plain schedule (no prefetch).")
+@click.option("--record-acceptance", default=None,
+              help="Write each check's proposed/accepted counts to this JSON file (for `bench offload`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streamed text.")
 def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
              rebuild_threshold, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, as_chat,
-             ignore_eos, as_json):
+             ignore_eos, profile, device_budget, no_overlap, record_acceptance, as_json):
     """Generate a continuation of a prompt.
 
     The raw prompt is tokenised exactly as the model's transformers tokenizer does by default;
     --chat applies the chat template instead. Text streams to stdout and a summary goes to
-    stderr; --json prints text, tokens, prompt_tokens, method, time_s, tokens_per_s and more.
+    stderr; --json prints text, tokens, prompt_tokens, method, time_s, tokens_per_s, the
+    speculation statistics and the memory plan. The plan (see `triforce plan`) decides how much
+    KV stays on the device; the rest is offloaded to host memory.
     """
     from triforce.engine import Engine
     from triforce.loading import load_model
+    from triforce.placement import build_kv_cache
     from triforce.textstream import TextStream
 
     check_non_negative("--max-new-tokens", max_new_tokens)
@@ -86,7 +93,10 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
         print(f"note: generating at most {max_new_tokens} tokens to stay within the "
               f"{context}-token context", file=sys.stderr)
 
-    engine = Engine(lm, spec, len(ids) + max(max_new_tokens, 1), drafter)
+    max_len = len(ids) + max(max_new_tokens, 1)
+    plan = plan_for_run(lm, spec, max_len, profile, device_budget, drafter)
+    kv_cache = build_kv_cache(lm, max_len, plan, overlap=not no_overlap)
+    engine = Engine(lm, spec, max_len, drafter, kv_cache=kv_cache)
     stream = TextStream(lm.tokenizer)
 
     def show(token: int) -> None:
@@ -116,7 +126,14 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
         "device": str(lm.device),
         "load_s": round(load_s, 3),
         **result.stats,
+        "plan": plan.to_json(),
     }
+    if record_acceptance:
+        from triforce.acceptance_trace import save_trace
+        save_trace(record_acceptance, engine.rounds, {
+            "model": str(lm.path), "method": method, "tiers": engine.describe(), "prompt_tokens": len(ids),
+            "budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
+            "temperature": temperature})
     if as_json:
         print(json.dumps(summary))
     else:
@@ -125,6 +142,10 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
         if method != "ar":
             speculation = (f", {engine.describe()}, acceptance {result.stats['acceptance_rates']}, "
                            f"{result.stats['mean_tokens_per_full_verify']} tokens per full verify")
+        offload = ""
+        if plan.offloaded:
+            offload = (f", KV of {plan.context - plan.resident_tokens} of {plan.context} tokens offloaded "
+                       f"to host memory")
         print(f"[{summary['new_tokens']} tokens, {summary['tokens_per_s']} tok/s decode, "
               f"prompt {len(ids)} tokens in {summary['prefill_s']} s, stopped by {result.stopped_by}"
-              f"{speculation}]", file=sys.stderr)
+              f"{speculation}{offload}]", file=sys.stderr)

@@ -7,6 +7,7 @@ import click
 
 from triforce import __version__
 from triforce.errors import UserError
+from triforce.offload.errors import OffloadError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,13 +22,19 @@ def cli():
 
 
 def _register():
+    from triforce.cli.bench_cmd import bench_group
     from triforce.cli.chat_cmd import chat
     from triforce.cli.eval_cmd import eval_group
     from triforce.cli.generate_cmd import generate
+    from triforce.cli.plan_cmd import plan
+    from triforce.cli.profile_cmd import profile_group
 
     cli.add_command(generate)
     cli.add_command(chat)
+    cli.add_command(plan)
+    cli.add_command(profile_group)
     cli.add_command(eval_group)
+    cli.add_command(bench_group)
 
 
 _register()
@@ -48,13 +55,13 @@ def main(argv: list[str] | None = None) -> None:
     except (click.Abort, KeyboardInterrupt):
         print("\naborted", file=sys.stderr)
         sys.exit(130)
-    except UserError as e:
+    except (UserError, OffloadError) as e:
         _fail(str(e), 1)
     except BrokenPipeError:
         sys.stderr.close()  # output was piped into something that stopped reading
         sys.exit(1)
-    except MemoryError:
-        _fail("out of memory (try a shorter context or a smaller dtype)", 1)
+    except MemoryError as e:  # includes the host store's capacity errors, which say what is missing
+        _fail(str(e) or "out of memory (try a shorter context or a smaller dtype)", 1)
     sys.exit(result if isinstance(result, int) else 0)
 
 

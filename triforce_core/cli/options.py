@@ -89,3 +89,27 @@ def resolve_draft(draft: str | None, spec, dtype: str, device: str):
         return draft or "lookup"
     from triforce.loading import load_model
     return load_model(draft, dtype=dtype, device=device)
+
+
+def offload_options(f):
+    """--profile and --device-budget: where the KV cache lives (see `triforce plan`)."""
+    f = click.option("--device-budget", default=None,
+                     help="Bytes the plan may use on each device, e.g. 600MB or 20GiB (replaces the "
+                          "profile's gpu_bytes minus reserved_bytes; MB = 10^6, MiB = 2^20).")(f)
+    f = click.option("--profile", default=None,
+                     help="Memory profile: a name from `triforce profile list` or a .toml file "
+                          "(default: cpu on a CPU, the detected card on CUDA).")(f)
+    return f
+
+
+def plan_for_run(lm, spec, context: int, profile_name, device_budget, draft=None):
+    """The memory plan of a generate/chat run; a plan that cannot fit is a UserError."""
+    from triforce.placement import make_plan, resolve_profile
+
+    profile = resolve_profile(profile_name, lm.device, device_budget)
+    draft_lm = draft if hasattr(draft, "config") else None
+    plan = make_plan(lm.config, profile, context, spec, lm.dtype,
+                     draft_lm.config if draft_lm else None, draft_lm.dtype if draft_lm else None)
+    if not plan.feasible:
+        raise UserError(f"the model does not fit profile {profile.name}: {plan.reason}")
+    return plan

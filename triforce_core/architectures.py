@@ -1,0 +1,88 @@
+"""Named architectures for `--arch`: real model shapes with random weights, for planning and
+timing only (random weights cannot accept drafts honestly; benchmarks replay recorded traces)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from triforce.config import ModelConfig
+from triforce.errors import UserError
+
+_LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, rms_norm_eps=1e-5)
+
+# transformers config fields of each architecture (Llama family)
+ARCHITECTURES = {
+    "llama2-7b-128k": dict(_LLAMA2_7B, max_position_embeddings=131072,  # Yarn-Llama-2-7b-128k
+                           rope_parameters={"rope_type": "yarn", "factor": 32.0, "rope_theta": 10000.0,
+                                            "original_max_position_embeddings": 4096}),
+    "llama2-13b-128k": dict(vocab_size=32000, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                            num_attention_heads=40, num_key_value_heads=40, rms_norm_eps=1e-5,
+                            max_position_embeddings=131072,
+                            rope_parameters={"rope_type": "yarn", "factor": 32.0, "rope_theta": 10000.0,
+                                             "original_max_position_embeddings": 4096}),
+    "lwm-text-chat-128k": dict(_LLAMA2_7B, max_position_embeddings=131072,
+                               rope_parameters={"rope_type": "default", "rope_theta": 10000000.0}),
+    "llama3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                        num_attention_heads=32, num_key_value_heads=8, rms_norm_eps=1e-5,
+                        max_position_embeddings=131072,
+                        rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 8192}),
+    "llama-68m": dict(vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
+                      num_attention_heads=12, num_key_value_heads=12, rms_norm_eps=1e-6,
+                      max_position_embeddings=2048),  # the paper's tier-0 draft
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5,
+                         max_position_embeddings=8192, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
+    "tiny-test": dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                      max_position_embeddings=4096),
+}
+
+
+def arch_hf_config(name: str):
+    if name not in ARCHITECTURES:
+        raise UserError(f"unknown architecture '{name}' (known: {', '.join(ARCHITECTURES)})")
+    from transformers import LlamaConfig
+    return LlamaConfig(**ARCHITECTURES[name])
+
+
+def arch_config(name: str) -> ModelConfig:
+    """Shapes only, without importing torch or transformers (so `triforce plan` starts fast)."""
+    if name not in ARCHITECTURES:
+        raise UserError(f"unknown architecture '{name}' (known: {', '.join(ARCHITECTURES)})")
+    fields = dict(model_type="llama", tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+    return ModelConfig.from_hf(SimpleNamespace(**{**fields, **ARCHITECTURES[name]}))
+
+
+def build_random_model(name: str, dtype: str = "auto", device: str = "auto", seed: int = 0):
+    """A LoadedModel of architecture `name` with random weights (std 0.02), made on `device`
+    directly. It has no tokenizer; its `path` says it is random."""
+    from pathlib import Path
+
+    import torch
+
+    from triforce.loading import LoadedModel, resolve_device, resolve_dtype
+    from triforce.model import CausalLM
+    from triforce.rope import RotaryEmbedding
+
+    hf = arch_hf_config(name)
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    cfg = ModelConfig.from_hf(hf)
+    rope = RotaryEmbedding(hf)
+    with torch.device("meta"):
+        model = CausalLM(cfg, rope)
+    model = model.to_empty(device=torch_device).to(torch_dtype)
+    generator = torch.Generator(device=torch_device).manual_seed(seed)
+    with torch.no_grad():
+        for param_name, p in model.named_parameters():
+            if param_name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif p.dim() == 2:
+                p.normal_(0, 0.02, generator=generator)
+            else:
+                p.zero_()
+    model.tie_weights()
+    return LoadedModel(model.eval(), None, Path(f"random:{name}"), torch_dtype, torch_device, frozenset())

@@ -1,0 +1,133 @@
+"""`triforce bench offload`: ar-offload vs zero-inference vs triforce, with the bandwidth
+measured in the same run."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from triforce.cli.options import device_option, dtype_option, offload_options
+from triforce.errors import UserError
+
+
+@click.group("bench")
+def bench_group():
+    """Benchmarks against baselines (results belong in bench/RESULTS.md)."""
+
+
+@bench_group.command("offload")
+@click.option("--arch", default=None, help="A named architecture with random weights (e.g. llama2-7b-128k).")
+@click.option("--model", default=None, help="A real model instead (folder, .gguf or 'default').")
+@click.option("--context", type=int, required=True, help="Tokens already in the KV cache when decoding starts.")
+@offload_options
+@click.option("--methods", default="ar-offload,zero-inference,triforce", show_default=True)
+@click.option("--acceptance-trace", default=None,
+              help="Accept/reject sequence to replay in the triforce row (from generate --record-acceptance); "
+                   "required with --arch: random weights cannot accept drafts honestly.")
+@click.option("--draft", default=None,
+              help="Tier-0 drafter: an architecture name, a model path or 'lookup' "
+                   "(default: llama-68m with --arch, lookup with --model).")
+@click.option("--new-tokens", type=int, default=16, show_default=True, help="Tokens timed per method.")
+@click.option("--budget", type=int, default=None, help="Retrieval budget (default: the trace's, else 4096).")
+@click.option("--gamma1", type=int, default=None, help="Default: the trace's, else 2.")
+@click.option("--gamma2", type=int, default=None, help="Default: the trace's, else 6.")
+@click.option("--no-overlap", is_flag=True, help="Use the plain (non-overlapped) copy schedule.")
+@click.option("--plot", "plot_path", default="offload-bench.png", show_default=True, help="PNG to write.")
+@dtype_option
+@device_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def offload(arch, model, context, profile, device_budget, methods, acceptance_trace, draft, new_tokens, budget,
+            gamma1, gamma2, no_overlap, plot_path, dtype, device, as_json):
+    """Time ms/token of offloaded decoding methods at a context length, on a budget.
+
+    On CUDA the card is emulated with set_per_process_memory_fraction (the profile's gpu_bytes);
+    peak GPU memory is reported against the plan and the budget.
+    """
+    import torch
+
+    from triforce.acceptance_trace import load_trace
+    from triforce.bench.offload_bench import METHODS, Setup, measure_h2d_gbps, run_method, write_plot
+    from triforce.config import SpecParams
+    from triforce.loading import resolve_device
+    from triforce.offload.profiles import format_size
+    from triforce.placement import resolve_profile
+
+    chosen = [m.strip() for m in methods.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in METHODS]
+    if unknown or not chosen:
+        raise UserError(f"unknown methods {unknown or methods!r} (choose from {', '.join(METHODS)})")
+    if (arch is None) == (model is None):
+        raise UserError("give exactly one of --arch and --model")
+    if context < 2 or new_tokens < 1:
+        raise UserError("--context must be >= 2 and --new-tokens >= 1")
+    trace = load_trace(acceptance_trace) if acceptance_trace else None
+    if arch is not None and "triforce" in chosen and trace is None:
+        raise UserError("random weights cannot accept drafts honestly: record a trace with "
+                        "`triforce generate --method triforce ... --record-acceptance FILE` and pass "
+                        "--acceptance-trace FILE")
+    meta = trace or {}
+    spec = SpecParams(method="triforce", budget=budget or meta.get("budget", 4096),
+                      gamma1=gamma1 or meta.get("gamma1", 2), gamma2=gamma2 or meta.get("gamma2", 6),
+                      chunk_size=meta.get("chunk_size", 8))
+    torch_device = resolve_device(device)
+    prof = resolve_profile(profile, torch_device, device_budget)
+    if torch_device.type == "cuda":
+        total = torch.cuda.get_device_properties(torch_device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, prof.gpu_bytes / total), torch_device)
+    lm, drafter, name = _load(arch, model, draft, dtype, device)
+    h2d = measure_h2d_gbps(lm.device)
+    setup = Setup(lm, drafter, prof, context, new_tokens, spec, trace, overlap=not no_overlap)
+    rows = []
+    for method in chosen:
+        print(f"timing {method} ...", file=sys.stderr)
+        rows.append(run_method(method, setup))
+    title = f"{name}, context {context}, {str(lm.dtype).removeprefix('torch.')} on {lm.device}, {prof.name}"
+    plotted = write_plot(rows, h2d, title, plot_path)
+    out = {"model": name, "context": context, "device": str(lm.device), "profile": prof.name,
+           "pinned_h2d_gbps": round(h2d, 2), "rows": rows, "replayed_trace": acceptance_trace,
+           "plot": plot_path if plotted else None, "spec": {"budget": spec.budget, "gamma1": spec.gamma1,
+                                                           "gamma2": spec.gamma2}}
+    if as_json:
+        print(json.dumps(out))
+        return
+    print(title)
+    print(f"pinned host-to-device bandwidth measured now: {h2d:.2f} GB/s")
+    print(f"{'method':15s} {'ms/token':>10s} {'PCIe MB/tok':>12s} {'H2D GB/s':>9s} {'peak GPU':>11s} "
+          f"{'plan':>11s} {'budget':>11s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['method']:15s} does not fit: {r['error']}")
+            continue
+        peak = format_size(r["peak_gpu_bytes"]) if r["peak_gpu_bytes"] is not None else "n/a (CPU)"
+        print(f"{r['method']:15s} {r['ms_per_token']:10.2f} {r['pcie_bytes_per_token'] / 1e6:12.3f} "
+              f"{r['achieved_h2d_gbps']:9.2f} {peak:>11s} {format_size(r['plan_gpu_bytes']):>11s} "
+              f"{format_size(r['budget_bytes']):>11s}")
+    tri = next((r for r in rows if r["method"] == "triforce" and "error" not in r), None)
+    if tri is not None:
+        source = f"replayed from {acceptance_trace}" if trace else "decided by the models themselves"
+        print(f"triforce: {tri['tiers']}, {tri['mean_tokens_per_full_verify']} tokens per full verify, "
+              f"accept/reject {source}")
+        for other in rows:
+            if other is not tri and "error" not in other:
+                print(f"  {other['ms_per_token'] / tri['ms_per_token']:.2f}x faster than {other['method']}")
+    print(f"plot: {plot_path}" if plotted else "plot skipped: install matplotlib (pip install 'triforce[bench]')")
+
+
+def _load(arch, model, draft, dtype, device):
+    """(target, drafter, display name)."""
+    from triforce.architectures import ARCHITECTURES, build_random_model
+    from triforce.loading import load_model
+
+    if arch is not None:
+        lm = build_random_model(arch, dtype, device)
+        name = f"{arch} (random weights)"
+    else:
+        lm = load_model(model, dtype=dtype, device=device)
+        name = str(lm.path)
+    draft = draft or ("llama-68m" if arch is not None else "lookup")
+    if draft in ("lookup", "none"):
+        return lm, draft, name
+    if draft in ARCHITECTURES:
+        return lm, build_random_model(draft, dtype, device, seed=1), name
+    return lm, load_model(draft, dtype=dtype, device=device), name

@@ -1,0 +1,121 @@
+"""`triforce plan`: where every byte goes for a model, a profile and a context length."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from triforce.cli.options import offload_options, speculation_options
+from triforce.errors import UserError
+
+
+def _model_shape(model: str | None, arch: str | None):
+    if (model is None) == (arch is None):
+        raise UserError("give exactly one of --model and --arch")
+    if arch is not None:
+        from triforce.architectures import arch_config
+        return arch_config(arch), f"{arch} (shapes only)"
+    from triforce.config import ModelConfig
+    from triforce.loading import read_hf_config, resolve_model_dir
+
+    folder = resolve_model_dir(model)
+    return ModelConfig.from_hf(read_hf_config(folder)), str(folder)
+
+
+def _draft_shape(draft: str | None):
+    if draft in (None, "lookup", "none"):
+        return None
+    from triforce.architectures import ARCHITECTURES
+    if draft in ARCHITECTURES:
+        return _model_shape(None, draft)[0]
+    return _model_shape(draft, None)[0]
+
+
+def _acceptance(text: str | None):
+    from triforce.offload.cost_model import Acceptance
+    if text is None:
+        return Acceptance()
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise UserError(f"--acceptance must be FULL[,RETRIEVAL] numbers in [0, 1], got '{text}'") from None
+    if len(values) not in (1, 2):
+        raise UserError(f"--acceptance must be FULL[,RETRIEVAL], got '{text}'")
+    return Acceptance(full=values[0], retrieval=values[-1] if len(values) == 2 else Acceptance().retrieval,
+                      measured=True)
+
+
+_DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+
+
+@click.command()
+@click.option("--model", default=None, help="A model folder, .gguf file or 'default' (reads its shapes only).")
+@click.option("--arch", default=None, help="A named architecture, e.g. llama2-7b-128k (shapes only).")
+@click.option("--context", type=int, required=True, help="Tokens the full KV cache must hold.")
+@offload_options
+@speculation_options(default_method="triforce")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel GPUs (the KV splits by heads).")
+@click.option("--dtype", type=click.Choice(["auto", *_DTYPE_BYTES]), default="auto", show_default=True,
+              help="auto = bfloat16 for GPU profiles, float32 for the cpu profile.")
+@click.option("--acceptance", default=None,
+              help="FULL[,RETRIEVAL] acceptance rates for the prediction (default 0.9,0.8, assumed).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+def plan(model, arch, context, profile, device_budget, method, draft, budget, chunk_size, gamma1, gamma2,
+         rebuild_stride, rebuild_threshold, tp, dtype, acceptance, as_json):
+    """Plan memory: weights, caches, staging buffers and how much KV stays on each GPU.
+
+    Pure arithmetic (no GPU needed). Exits non-zero, saying what to change, when the request
+    cannot fit. Predictions assume memory-bound steps at the profile's bandwidths.
+    """
+    from triforce.cli.options import build_spec
+    from triforce.offload.planner import plan_memory
+    from triforce.offload.profiles import load_profile, parse_size
+
+    if context < 1:
+        raise UserError(f"--context must be >= 1, got {context}")
+    shape, name = _model_shape(model, arch)
+    spec = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
+    prof = load_profile(profile or "cpu")
+    if device_budget is not None:
+        prof = prof.with_device_budget(parse_size(device_budget, "--device-budget"))
+    if dtype == "auto":
+        dtype = "bfloat16" if prof.num_gpus > 0 else "float32"
+    result = plan_memory(shape, prof, context, spec, dtype_bytes=_DTYPE_BYTES[dtype],
+                         draft=_draft_shape(draft) if spec.uses_draft else None, tp=tp,
+                         acceptance=_acceptance(acceptance))
+    if as_json:
+        print(json.dumps({"model": name, "dtype": dtype, "method": method, **result.to_json()}))
+    else:
+        print_plan(result, name, dtype, method)
+    if not result.feasible:
+        raise UserError(f"does not fit: {result.reason}")
+
+
+def print_plan(result, name: str, dtype: str, method: str) -> None:
+    from triforce.offload.profiles import format_size as fmt
+
+    print(f"plan: {name}, {dtype}, context {result.context} tokens, method {method}, tp {result.tp}, "
+          f"profile {result.profile}")
+    print(f"GPU memory per device (budget {fmt(result.gpu_budget_bytes)}):")
+    for key, value in result.breakdown.items():
+        print(f"  {key:18s} {fmt(value):>12s}")
+    print(f"  {'total':18s} {fmt(result.gpu_bytes_total):>12s}")
+    print("host memory:")
+    for key, value in result.host_breakdown.items():
+        print(f"  {key:18s} {fmt(value):>12s}")
+    print(f"  {'total':18s} {fmt(result.host_bytes_total):>12s} of {fmt(result.host_budget_bytes)}")
+    if not result.feasible:
+        return
+    if result.offloaded:
+        print(f"KV: tokens 0..{result.resident_tokens} of every layer stay on the GPU, the other "
+              f"{result.context - result.resident_tokens} stream from the host in blocks of "
+              f"{result.block_tokens} tokens through two staging buffers")
+    else:
+        print("KV: the whole cache stays on the device (nothing offloaded)")
+    p = result.predictions
+    acc = p["acceptance"]
+    print(f"predicted: ar-offload {p['ar_offload_ms_per_token']:.1f} ms/token, triforce "
+          f"{p['triforce_ms_per_token']:.1f} ms/token ({p['predicted_speedup']}x; "
+          f"{p['expected_tokens_per_full_verify']} tokens per full verify at "
+          f"{'measured' if acc['measured'] else 'assumed'} acceptance full {acc['full']}, "
+          f"retrieval {acc['retrieval']}; gamma1 {p['gamma1']}, gamma2 {p['gamma2']})")

@@ -1,0 +1,168 @@
+"""Offloaded decoding side by side: ar-offload (the planner's placement, autoregressive, the host
+KV streamed every token), zero-inference (all KV on the host, attention on the CPU) and triforce.
+
+Random-weight architectures time the real kernels; their KV is filled with random values instead
+of a real prefill (decode time does not depend on the values), and the triforce row replays the
+accept/reject sequence recorded from a real model (`generate --record-acceptance`)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from triforce.acceptance_trace import ReplayVerifier
+from triforce.config import SamplingParams, SpecParams
+from triforce.engine import Engine
+from triforce.kv_cache import FullKVCache
+from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.placement import build_kv_cache, make_plan
+from triforce.bench.zero_inference import HostAttentionKVCache
+
+METHODS = ("ar-offload", "zero-inference", "triforce")
+
+
+def measure_h2d_gbps(device: torch.device, num_bytes: int = 256 << 20, repeats: int = 3) -> float:
+    """Best of `repeats` copies of a pinned host buffer to the device (a memcpy on a CPU)."""
+    pin = device.type == "cuda"
+    src = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=pin)
+    dst = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        started = time.perf_counter()
+        dst.copy_(src, non_blocking=pin)
+        _sync(device)
+        best = min(best, time.perf_counter() - started)
+    return num_bytes / best / 1e9
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def fill_random_kv(cache, length: int, seed: int = 0) -> None:
+    """Make `cache` hold `length` tokens of random KV without a prefill (timing only). Host
+    blocks are copies of one random block, which fills tens of GiB at memcpy speed."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    if isinstance(cache, FullKVCache):
+        cache.k_buf[:, :, :, :length].normal_()
+        cache.v_buf[:, :, :, :length].normal_()
+    elif isinstance(cache, OffloadedKVCache):
+        cache.k_res.normal_()
+        cache.v_res.normal_()
+        template = torch.randn(cache.store.block(0, 0).shape, generator=g).to(cache.store.data.dtype)
+        for layer in range(cache.store.data.shape[0]):
+            for block in range(cache.store.num_blocks):
+                cache.store.block(layer, block).copy_(template)
+    elif isinstance(cache, HostAttentionKVCache):
+        template = torch.randn(cache.k_host.shape[1:3] + (1024, cache.k_host.shape[-1]), generator=g)
+        template = template.to(cache.k_host.dtype)
+        for start in range(0, length, 1024):
+            n = min(1024, length - start)
+            cache.k_host[:, :, :, start:start + n] = template[:, :, :n]
+            cache.v_host[:, :, :, start:start + n] = template[:, :, :n]
+    else:
+        raise TypeError(f"cannot fill {type(cache).__name__}")
+    cache.length = length
+
+
+@dataclass
+class Setup:
+    lm: object                 # the target (LoadedModel)
+    draft: object              # a LoadedModel, "lookup" or None
+    profile: object
+    context: int
+    new_tokens: int
+    spec: SpecParams
+    trace: dict | None
+    overlap: bool = True
+
+
+def run_method(method: str, s: Setup) -> dict:
+    """Decode `new_tokens` after a `context`-token cache; returns the row of the table."""
+    device = s.lm.device
+    spec = s.spec if method == "triforce" else SpecParams(method="ar")
+    max_len = s.context + s.new_tokens + 8
+    draft_cfg = s.draft.config if method == "triforce" and hasattr(s.draft, "config") else None
+    plan = make_plan(s.lm.config, s.profile, max_len, spec, s.lm.dtype, draft_cfg,
+                     s.draft.dtype if draft_cfg is not None else None)
+    if not plan.feasible:
+        return {"method": method, "error": plan.reason}
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    if method == "zero-inference":
+        cache = HostAttentionKVCache(s.lm.config, max_len, dtype=s.lm.dtype, device=device,
+                                     host_budget_bytes=s.profile.host_bytes)
+    else:
+        cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap)
+    engine = Engine(s.lm, spec, max_len, s.draft if method == "triforce" else None, kv_cache=cache)
+    vocab = min(s.lm.config.vocab_size, 32000)
+    ids = torch.randint(3, vocab, (s.context,), generator=torch.Generator().manual_seed(1)).tolist()
+    fill_random_kv(cache, s.context - 1)
+    engine.session.tokens = ids[:-1]
+    engine.sync(ids)
+    if method == "triforce":
+        if s.trace is not None:
+            engine.replay = ReplayVerifier(s.trace)
+    engine.generate(2, SamplingParams(), frozenset())  # warm-up: kernels, allocator, first copies
+    before = _transfer_bytes(cache)
+    _sync(device)
+    result = engine.generate(s.new_tokens, SamplingParams(), frozenset())
+    _sync(device)
+    h2d, d2h = (a - b for a, b in zip(_transfer_bytes(cache), before))
+    tokens = len(result.tokens)
+    ms = 1000 * result.time_s / tokens
+    row = {
+        "method": method, "tokens": tokens, "ms_per_token": round(ms, 2),
+        "pcie_bytes_per_token": int((h2d + d2h) / tokens),
+        "achieved_h2d_gbps": round(h2d / result.time_s / 1e9, 2),
+        "plan_gpu_bytes": plan.gpu_bytes_total, "budget_bytes": plan.gpu_budget_bytes,
+        "resident_tokens": plan.resident_tokens if method != "zero-inference" else 0,
+        "host_kv_bytes": plan.host_kv_bytes if method != "zero-inference" else cache.host_nbytes,
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+    }
+    if method == "triforce":
+        row.update(mean_tokens_per_full_verify=result.stats["mean_tokens_per_full_verify"],
+                   acceptance_rates=result.stats["acceptance_rates"],
+                   replayed=s.trace is not None, tiers=engine.describe())
+    del engine, cache
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        empty_host = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+        if empty_host is not None:
+            empty_host()  # give pinned memory back before the next method allocates its own
+    return row
+
+
+def _transfer_bytes(cache) -> tuple[int, int]:
+    if isinstance(cache, OffloadedKVCache):
+        return cache.prefetcher.stats.h2d_bytes, cache.prefetcher.stats.d2h_bytes
+    if isinstance(cache, HostAttentionKVCache):
+        return cache.h2d_bytes, cache.d2h_bytes
+    return 0, 0
+
+
+def write_plot(rows: list[dict], h2d_gbps: float, title: str, path: str) -> bool:
+    """Bar chart of ms/token; False when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    good = [r for r in rows if "ms_per_token" in r]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    bars = ax.bar([r["method"] for r in good], [r["ms_per_token"] for r in good],
+                  color=["#888888", "#bb8844", "#3366aa"][:len(good)])
+    for bar, r in zip(bars, good):
+        ax.annotate(f"{r['ms_per_token']:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("ms per token")
+    ax.set_title(f"{title}\npinned host-to-device {h2d_gbps:.1f} GB/s measured", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

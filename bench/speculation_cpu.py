@@ -1,0 +1,86 @@
+"""Speculation on CPU with the default model: the paper's Table 1 in miniature (how well each
+sparse cache stands in for the full cache) and decode speed of every method against `ar`.
+
+    python -m triforce.bench.speculation_cpu --table --speed
+"""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+
+import click
+import torch
+
+from triforce.config import SamplingParams, SpecParams
+from triforce.engine import Engine
+from triforce.evaluation import evaluate_acceptance, needle_prompt
+from triforce.loading import load_model
+from triforce.texts import prose_prompt
+
+
+def acceptance_table(lm, budgets: list[int], gen: int) -> list[dict]:
+
+    prompts = {
+        "needle ~6K": lm.tokenizer(needle_prompt(lm.tokenizer, 6000, depth=0.5).text).input_ids,
+        "prose ~7K": lm.tokenizer(prose_prompt(lm.tokenizer, 7000)).input_ids,
+    }
+    rows = []
+    for name, ids in prompts.items():
+        started = time.perf_counter()
+        results = evaluate_acceptance(lm, ids, budgets, ["streaming", "retrieval", "topk"], gen)
+        print(f"{name}: {len(ids)} tokens scored in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        rows += [{"prompt": name, "prompt_tokens": len(ids), **r} for r in results]
+    return rows
+
+
+def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int) -> list[dict]:
+
+    prompts = {
+        "prose": lm.tokenizer(prose_prompt(lm.tokenizer, prompt_tokens)).input_ids,
+        "needle": lm.tokenizer(needle_prompt(lm.tokenizer, prompt_tokens).text).input_ids,
+    }
+    rows = []
+    for name, ids in prompts.items():
+        reference = None
+        for method in ("ar", "triforce", "retrieval", "streaming", "naive"):
+            spec = SpecParams(method=method, budget=budget)
+            engine = Engine(lm, spec, len(ids) + new_tokens, "lookup" if spec.uses_draft else None)
+            engine.sync(ids)
+            result = engine.generate(new_tokens, SamplingParams(), frozenset())
+            if reference is None:
+                reference = result
+            rows.append({
+                "prompt": name, "prompt_tokens": len(ids), "method": method, "tiers": engine.describe(),
+                "decode_tok_s": round(len(result.tokens) / result.time_s, 2),
+                "speedup_vs_ar": round(reference.time_s / result.time_s, 2),
+                "mean_tokens_per_full_verify": result.stats["mean_tokens_per_full_verify"],
+                "acceptance_rates": result.stats["acceptance_rates"],
+                "same_tokens_as_ar": result.tokens == reference.tokens,
+            })
+            print(f"{name} {method}: {rows[-1]['decode_tok_s']} tok/s", file=sys.stderr)
+    return rows
+
+
+@click.command()
+@click.option("--table/--no-table", default=True, help="Acceptance of each sparse cache policy.")
+@click.option("--speed/--no-speed", default=True, help="Decode speed of each method.")
+@click.option("--budgets", default="256,512,1024", show_default=True)
+@click.option("--gen", type=int, default=64, show_default=True, help="Continuation tokens scored.")
+@click.option("--prompt-tokens", type=int, default=8000, show_default=True, help="Prompt length for --speed.")
+@click.option("--new-tokens", type=int, default=64, show_default=True)
+@click.option("--budget", type=int, default=1024, show_default=True, help="Sparse cache budget for --speed.")
+def main(table, speed, budgets, gen, prompt_tokens, new_tokens, budget):
+
+    lm = load_model("default", dtype="float32", device="cpu")
+    out = {"machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"}
+    if table:
+        out["acceptance"] = acceptance_table(lm, [int(b) for b in budgets.split(",")], gen)
+    if speed:
+        out["speed"] = method_speed(lm, prompt_tokens, new_tokens, budget)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

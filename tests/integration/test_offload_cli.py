@@ -1,0 +1,145 @@
+"""Offloading from the command line: plan, profile, generate on a device budget that forces
+offloading (the real default model), acceptance traces and `bench offload`."""
+import json
+
+import pytest
+
+from triforce.acceptance_trace import ReplayVerifier, load_trace
+from triforce.cli.main import main
+from triforce.config import SamplingParams, SpecParams
+from triforce.engine import Engine
+from triforce.loading import load_model
+from test_cli import assert_one_line_error, run_cli
+
+
+def test_plan_json_for_an_architecture(capsys):
+    code, out, _ = run_cli(capsys, "plan", "--arch", "llama2-7b-128k", "--profile", "rtx4090-24g",
+                           "--context", "130048", "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["feasible"] and plan["offloaded"]
+    assert plan["host_kv_bytes"] >= 40 * 2**30 and plan["gpu_bytes_total"] <= plan["gpu_budget_bytes"]
+    assert sum(plan["breakdown"].values()) == plan["gpu_bytes_total"]
+    assert plan["predictions"]["triforce_ms_per_token"] < plan["predictions"]["ar_offload_ms_per_token"]
+
+
+def test_plan_table_and_an_infeasible_request(capsys):
+    code, out, _ = run_cli(capsys, "plan", "--arch", "llama2-13b-128k", "--profile", "2x-rtx4090-24g", "--tp", "2",
+                           "--context", "130048")
+    assert code == 0 and "stream from the host" in out and "predicted:" in out
+    code, out, err = run_cli(capsys, "plan", "--arch", "llama2-13b-128k", "--profile", "rtx4090-24g",
+                             "--context", "130048")
+    assert "target_weights" in out
+    assert_one_line_error(code, err, "does not fit", "--tp 2")
+
+
+def test_plan_reads_a_real_models_shapes(capsys, default_model_dir):
+    code, out, _ = run_cli(capsys, "plan", "--model", "default", "--context", "8192", "--method", "ar", "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["feasible"] and not plan["offloaded"] and plan["profile"] == "cpu"
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--arch", "nope", "--context", "10"], "unknown architecture"),
+    (["--arch", "llama2-7b-128k", "--context", "0"], "--context"),
+    (["--arch", "llama2-7b-128k", "--context", "10", "--profile", "nope"], "unknown profile"),
+    (["--arch", "llama2-7b-128k", "--context", "10", "--device-budget", "lots"], "--device-budget"),
+    (["--context", "10"], "exactly one of --model and --arch"),
+])
+def test_plan_bad_input(capsys, args, fragment):
+    code, _, err = run_cli(capsys, "plan", *args)
+    assert_one_line_error(code, err, fragment)
+
+
+def test_profile_list_and_show(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "profile", "list")
+    assert code == 0 and "rtx4090-24g" in out and "2x-rtx4090-24g" in out
+    code, out, _ = run_cli(capsys, "profile", "show", "h100-80g", "--json")
+    assert code == 0 and json.loads(out)["num_gpus"] == 1
+    bad = tmp_path / "bad.toml"
+    bad.write_text('num_gpus = 1\ngpu_bytes = "lots"\nhost_bytes = 1\npcie_h2d_gbps = 1.0\nhbm_gbps = 1.0\n')
+    code, _, err = run_cli(capsys, "profile", "show", str(bad))
+    assert_one_line_error(code, err, "'gpu_bytes'")
+
+
+@pytest.fixture(scope="module")
+def needle_5k(tmp_path_factory, default_model_dir):
+    path = tmp_path_factory.mktemp("needle") / "needle.txt"
+    with pytest.raises(SystemExit):
+        main(["eval", "needle", "--context", "5000", "--depth", "0.7", "--out", str(path)])
+    return str(path)
+
+
+def generate_json(capsys, *args):
+    code, out, err = run_cli(capsys, "generate", "--max-new-tokens", "10", "--temperature", "0", "--json", *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_default_model_on_a_600mb_budget_keeps_most_kv_on_the_host(capsys, needle_5k):
+    resident = generate_json(capsys, "--prompt-file", needle_5k)
+    assert not resident["plan"]["offloaded"]
+    small = generate_json(capsys, "--prompt-file", needle_5k, "--device-budget", "600MB")
+    plan = small["plan"]
+    assert plan["offloaded"] and plan["gpu_bytes_total"] <= 600 * 10**6
+    assert plan["host_kv_bytes"] > 0.9 * (plan["host_kv_bytes"] + plan["resident_kv_bytes"])
+    assert small["tokens"] == resident["tokens"]
+    tri = generate_json(capsys, "--prompt-file", needle_5k, "--device-budget", "700MB", "--method", "triforce",
+                        "--budget", "256")
+    assert tri["plan"]["offloaded"] and tri["tokens"] == resident["tokens"]
+    assert tri["mean_tokens_per_full_verify"] > 1
+
+
+def test_a_budget_below_the_weights_is_a_clear_error(capsys, needle_5k):
+    code, _, err = run_cli(capsys, "generate", "--prompt-file", needle_5k, "--device-budget", "100MB")
+    assert_one_line_error(code, err, "does not fit", "target_weights")
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory, tiny_model_dir):
+    """A trace recorded from a tiny real model's triforce run, and that run's JSON."""
+    folder = tiny_model_dir("llama-gqa", max_position_embeddings=512)
+    trace = tmp_path_factory.mktemp("trace") / "trace.json"
+    prompt = "the cat sat on the mat. the cat sat on the hat. the cat and the dog. the cat"
+    with pytest.raises(SystemExit):
+        main(["generate", "--model", str(folder), "--prompt", prompt, "--method", "triforce", "--budget", "24",
+              "--chunk-size", "4", "--gamma1", "3", "--gamma2", "5", "--max-new-tokens", "40", "--ignore-eos",
+              "--record-acceptance", str(trace), "--json"])
+    return folder, trace, prompt
+
+
+def test_recorded_trace_matches_the_runs_statistics(recorded, capsys):
+    folder, trace_path, prompt = recorded
+    trace = load_trace(trace_path)
+    assert trace["gamma2"] == 5 and set(trace["levels"]) == {"retrieval", "full"}
+    full = trace["levels"]["full"]
+    assert all(0 <= a <= p <= 5 for p, a in full)
+    # replaying the trace reproduces the run's accept/reject sequence
+    lm = load_model(str(folder), dtype="float32", device="cpu")
+    spec = SpecParams(method="triforce", budget=24, chunk_size=4, gamma1=3, gamma2=5)
+    ids = lm.tokenizer(prompt).input_ids
+    engine = Engine(lm, spec, len(ids) + 40, "lookup")
+    engine.sync(ids)
+    engine.replay = ReplayVerifier(trace)
+    engine.generate(40, SamplingParams(), frozenset())
+    assert [a for name, _, a in engine.rounds if name == "full"] == [a for _, a in full]
+
+
+def test_bench_offload_on_a_tiny_architecture(recorded, capsys, tmp_path):
+    _, trace, _ = recorded
+    plot = tmp_path / "bench.png"
+    code, out, err = run_cli(capsys, "bench", "offload", "--arch", "tiny-test", "--context", "600",
+                             "--device-budget", "2.2MB", "--acceptance-trace", str(trace), "--draft", "lookup",
+                             "--new-tokens", "6", "--budget", "64", "--plot", str(plot), "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"ar-offload", "zero-inference", "triforce"}
+    assert all(r["ms_per_token"] > 0 for r in rows.values())
+    assert rows["ar-offload"]["resident_tokens"] < 600 and rows["ar-offload"]["pcie_bytes_per_token"] > 0
+    assert rows["triforce"]["replayed"] and result["pinned_h2d_gbps"] > 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_offload_refuses_random_weights_without_a_trace(capsys):
+    code, _, err = run_cli(capsys, "bench", "offload", "--arch", "tiny-test", "--context", "100")
+    assert_one_line_error(code, err, "--acceptance-trace")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from triforce.kernels import attention
 from triforce.pinned import allocate_host, cpu_attention
 
 
@@ -17,7 +18,8 @@ class HostAttentionKVCache:
     def __init__(self, cfg, max_len: int, *, dtype: torch.dtype, device: torch.device | str, batch: int = 1,
                  host_budget_bytes: int | None = None):
         shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
-        self.k_host, self.v_host = allocate_host([shape, shape], dtype, budget_bytes=host_budget_bytes,
+        # pageable: the CPU computes on it, nothing is copied from it to the device
+        self.k_host, self.v_host = allocate_host([shape, shape], dtype, pin=False, budget_bytes=host_budget_bytes,
                                                  what="the host KV cache")
         self.device = torch.device(device)
         self.max_len, self.length = max_len, 0
@@ -62,8 +64,13 @@ class HostAttentionStep:
         c.v_host[layer, :, :, self.start:self.end] = v.to("cpu")
         q_host = q.to("cpu")
         c.d2h_bytes += k.nbytes + v.nbytes + q.nbytes
-        out = cpu_attention(q_host, c.k_host[layer], c.v_host[layer], scale=c.scale, q_start=self.start,
-                            num_keys=self.end, sliding_window=c.sliding_windows[layer])
+        window = c.sliding_windows[layer]
+        if q.shape[2] > 1:  # prefill: torch's vectorised CPU attention (the baseline times decoding)
+            out = attention(q_host, c.k_host[layer, :, :, :self.end], c.v_host[layer, :, :, :self.end],
+                            scale=c.scale, sliding_window=window)
+        else:
+            out = cpu_attention(q_host, c.k_host[layer], c.v_host[layer], scale=c.scale, q_start=self.start,
+                                num_keys=self.end, sliding_window=window)
         out = out.to(device=c.device, dtype=q.dtype)
         c.h2d_bytes += out.nbytes
         return out

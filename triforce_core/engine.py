@@ -23,7 +23,7 @@ from triforce.loading import LoadedModel
 from triforce.sampling import make_generator, probabilities, sample
 from triforce.session import Session
 from triforce.sparse_cache import SelectionPolicy
-from triforce.speculative import verify_greedy, verify_sampled
+from triforce.speculative import Verdict, verify_greedy, verify_sampled
 from triforce.tiers import DraftModelTier, LookupDrafter, SparseTier
 
 ROLLING_ROUNDS = 8  # full verifies in the rolling acceptance that can trigger a rebuild
@@ -73,6 +73,9 @@ class Engine:
         self.stats = [LevelStats() for _ in self.levels]
         self.rounds: list[tuple[str, int, int]] = []  # (tier, proposed, accepted) of each check
         self.replay = None  # a ReplayVerifier decides checks instead of the models (benchmarks)
+        # tensor parallelism: every decision passes through agree (rank 0's values win)
+        self.agree: Callable[[list[int]], list[int]] | None = None
+        self.stop_requested: Callable[[], bool] | None = None  # asked before each round (TP chat's Ctrl-C)
 
     def _build_drafter(self, draft):
         spec = self.spec
@@ -121,6 +124,7 @@ class Engine:
         self.stats = [LevelStats() for _ in self.levels]
         self.rounds = []
         times_before = {t.name: t.time_s for t in self.levels}
+        rebuilds_before = sum(t.rebuilds for t in self.sparse_tiers)
         started = time.perf_counter()
         top = len(self.levels) - 1
         out: list[int] = []
@@ -132,6 +136,9 @@ class Engine:
                 limit = min(max_new_tokens - len(out), self.max_len - base + 1)
                 if limit <= 0:
                     stopped_by = "context"
+                    break
+                if self.stop_requested is not None and self.stop_requested():
+                    stopped_by = "interrupt"
                     break
                 self._ensure_sparse_room()
                 self.session.prepare_verify()  # offloaded KV starts streaming while tiers below draft
@@ -156,7 +163,8 @@ class Engine:
             self._truncate_all(len(self.seq) - 1)
         elapsed = time.perf_counter() - started
         tier_time = {t.name: round(t.time_s - times_before[t.name], 4) for t in self.levels}
-        return GenerationResult(out, stopped_by, elapsed, self._stats(tier_time))
+        rebuilds = sum(t.rebuilds for t in self.sparse_tiers) - rebuilds_before
+        return GenerationResult(out, stopped_by, elapsed, self._stats(tier_time, rebuilds))
 
     def _round(self, level: int, limit: int) -> list[torch.Tensor | None]:
         """One check at `level` (level 0: one sampled token). Appends the emitted tokens to seq
@@ -180,6 +188,8 @@ class Engine:
         else:
             probs = probabilities(rows, self.params)
             verdict = self.verifiers[tier.name](drafts, draft_dists, probs, self.generator)
+        if self.agree is not None:
+            verdict = Verdict(*self.agree([verdict.accepted, verdict.token]))
         del self.seq[base + verdict.accepted:]
         self.seq.append(verdict.token)
         for lower in self.levels[:level + 1]:
@@ -218,6 +228,8 @@ class Engine:
             else:
                 dist = probabilities(logits, self.params)
                 token = sample(dist, self.generator)
+            if self.agree is not None:
+                token = self.agree([token])[0]
             self.seq.append(token)
             dists.append(dist)
         if tier is self.session:
@@ -256,7 +268,7 @@ class Engine:
             if tier.cache.room < need:
                 tier.rebuild(self.session.cache, self.latest_queries)
 
-    def _stats(self, tier_time: dict) -> dict:
+    def _stats(self, tier_time: dict, rebuilds: int) -> dict:
         top = self.stats[-1]
         acceptance = {self.levels[i].name: round(s.accepted / s.proposed, 4)
                       for i, s in enumerate(self.stats) if i > 0 and s.proposed}
@@ -268,5 +280,5 @@ class Engine:
             "full_verifies": top.rounds,
             "mean_tokens_per_full_verify": round(top.emitted / top.rounds, 4) if top.rounds else None,
             "tier_time_s": tier_time,
-            "rebuilds": sum(t.rebuilds for t in self.sparse_tiers),
+            "rebuilds": rebuilds,  # during this call (the rebuild at sync time is not counted)
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 
 import click
 
@@ -19,7 +20,8 @@ def bench_group():
 @bench_group.command("offload")
 @click.option("--arch", default=None, help="A named architecture with random weights (e.g. llama2-7b-128k).")
 @click.option("--model", default=None, help="A real model instead (folder, .gguf or 'default').")
-@click.option("--context", type=int, required=True, help="Tokens already in the KV cache when decoding starts.")
+@click.option("--context", type=int, required=True,
+              help="Tokens already in the KV cache when decoding starts (with --model: a needle prompt this long).")
 @offload_options
 @click.option("--methods", default="ar-offload,zero-inference,triforce", show_default=True)
 @click.option("--acceptance-trace", default=None,
@@ -36,31 +38,28 @@ def bench_group():
 @click.option("--plot", "plot_path", default="offload-bench.png", show_default=True, help="PNG to write.")
 @dtype_option
 @device_option
+@click.option("--tp", type=int, default=1, show_default=True,
+              help="Tensor-parallel ranks: each GPU streams its own heads' KV over its own link.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def offload(arch, model, context, profile, device_budget, methods, acceptance_trace, draft, new_tokens, budget,
-            gamma1, gamma2, no_overlap, plot_path, dtype, device, as_json):
+            gamma1, gamma2, no_overlap, plot_path, dtype, device, tp, as_json):
     """Time ms/token of offloaded decoding methods at a context length, on a budget.
 
     On CUDA the card is emulated with set_per_process_memory_fraction (the profile's gpu_bytes);
     peak GPU memory is reported against the plan and the budget.
     """
-    import torch
-
     from triforce.acceptance_trace import load_trace
-    from triforce.bench.offload_bench import METHODS, Setup, measure_h2d_gbps, run_method, write_plot
+    from triforce.bench.offload_bench import METHODS
     from triforce.config import SpecParams
-    from triforce.loading import resolve_device
-    from triforce.offload.profiles import format_size
-    from triforce.placement import resolve_profile
 
-    chosen = [m.strip() for m in methods.split(",") if m.strip()]
+    chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
     unknown = [m for m in chosen if m not in METHODS]
     if unknown or not chosen:
         raise UserError(f"unknown methods {unknown or methods!r} (choose from {', '.join(METHODS)})")
     if (arch is None) == (model is None):
         raise UserError("give exactly one of --arch and --model")
-    if context < 2 or new_tokens < 1:
-        raise UserError("--context must be >= 2 and --new-tokens >= 1")
+    if context < 2 or new_tokens < 1 or tp < 1:
+        raise UserError("--context must be >= 2, --new-tokens >= 1 and --tp >= 1")
     trace = load_trace(acceptance_trace) if acceptance_trace else None
     if arch is not None and "triforce" in chosen and trace is None:
         raise UserError("random weights cannot accept drafts honestly: record a trace with "
@@ -70,29 +69,102 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     spec = SpecParams(method="triforce", budget=budget or meta.get("budget", 4096),
                       gamma1=gamma1 or meta.get("gamma1", 2), gamma2=gamma2 or meta.get("gamma2", 6),
                       chunk_size=meta.get("chunk_size", 8))
+    request = BenchRequest(arch, model, context, profile, device_budget, chosen, trace, acceptance_trace, draft,
+                           new_tokens, spec, not no_overlap, plot_path, dtype, device, as_json)
+    if tp == 1:
+        run_bench(request)
+        return
+    from triforce.offload.tp import RankFailed, launch
+    try:
+        launch(tp, bench_rank, (request,))
+    except RankFailed as e:
+        raise UserError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    arch: str | None
+    model: str | None
+    context: int
+    profile: str | None
+    device_budget: str | None
+    methods: tuple
+    trace: dict | None
+    trace_path: str | None
+    draft: str | None
+    new_tokens: int
+    spec: object
+    overlap: bool
+    plot_path: str
+    dtype: str
+    device: str
+    as_json: bool
+
+
+def bench_rank(rank: int, world: int, request: BenchRequest) -> None:
+    run_bench(request, rank, world)
+
+
+def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
+    """Every rank times the same steps in lockstep; rank 0 reports."""
+    import torch
+
+    from triforce.bench.offload_bench import Setup, measure_h2d_gbps, run_method, write_plot
+    from triforce.loading import resolve_device
+    from triforce.parallel import rank_device, shard_loaded_model, share_threads
+
+    device = r.device
+    if world > 1:
+        device = rank_device(r.device, rank)
+        share_threads(world)
     torch_device = resolve_device(device)
-    prof = resolve_profile(profile, torch_device, device_budget)
+    prof = resolve_profile_for(r, torch_device)
     if torch_device.type == "cuda":
         total = torch.cuda.get_device_properties(torch_device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, prof.gpu_bytes / total), torch_device)
-    lm, drafter, name = _load(arch, model, draft, dtype, device)
+    lm, drafter, name = _load(r.arch, r.model, r.draft, r.dtype, device)
+    if world > 1:
+        shard_loaded_model(lm, rank, world)
     h2d = measure_h2d_gbps(lm.device)
-    setup = Setup(lm, drafter, prof, context, new_tokens, spec, trace, overlap=not no_overlap)
+    prompt_ids = None
+    if r.model is not None:  # a real model decodes after a real prompt, with its own acceptance
+        from triforce.evaluation import needle_prompt
+        prompt_ids = lm.tokenizer(needle_prompt(lm.tokenizer, r.context).text).input_ids
+    setup = Setup(lm, drafter, prof, len(prompt_ids) if prompt_ids else r.context, r.new_tokens, r.spec, r.trace,
+                  overlap=r.overlap, prompt_ids=prompt_ids)
     rows = []
-    for method in chosen:
-        print(f"timing {method} ...", file=sys.stderr)
+    for method in r.methods:
+        if rank == 0:
+            print(f"timing {method} ...", file=sys.stderr)
         rows.append(run_method(method, setup))
-    title = f"{name}, context {context}, {str(lm.dtype).removeprefix('torch.')} on {lm.device}, {prof.name}"
-    plotted = write_plot(rows, h2d, title, plot_path)
-    out = {"model": name, "context": context, "device": str(lm.device), "profile": prof.name,
-           "pinned_h2d_gbps": round(h2d, 2), "rows": rows, "replayed_trace": acceptance_trace,
-           "plot": plot_path if plotted else None, "spec": {"budget": spec.budget, "gamma1": spec.gamma1,
-                                                           "gamma2": spec.gamma2}}
-    if as_json:
+    if rank != 0:
+        return
+    title = (f"{name}, context {r.context}, {str(lm.dtype).removeprefix('torch.')} on {lm.device}, {prof.name}"
+             f"{', tp %d' % world if world > 1 else ''}")
+    plotted = write_plot(rows, h2d, title, r.plot_path)
+    out = {"model": name, "context": r.context, "device": str(lm.device), "profile": prof.name, "tp": world,
+           "pinned_h2d_gbps": round(h2d, 2), "rows": rows, "replayed_trace": r.trace_path,
+           "plot": r.plot_path if plotted else None,
+           "spec": {"budget": r.spec.budget, "gamma1": r.spec.gamma1, "gamma2": r.spec.gamma2}}
+    if r.as_json:
         print(json.dumps(out))
         return
+    print_table(out, title, lm.device.type, plotted)
+
+
+def resolve_profile_for(r: BenchRequest, device):
+    from triforce.placement import resolve_profile
+    return resolve_profile(r.profile, device, r.device_budget)
+
+
+def print_table(out: dict, title: str, device_type: str, plotted: bool) -> None:
+    from triforce.offload.profiles import format_size
+
+    rows = out["rows"]
     print(title)
-    print(f"pinned host-to-device bandwidth measured now: {h2d:.2f} GB/s")
+    kind = "pinned host-to-device" if device_type == "cuda" else "host-to-'device' (a memcpy: no GPU)"
+    print(f"{kind} bandwidth measured now: {out['pinned_h2d_gbps']:.2f} GB/s"
+          f"{' (rank 0; each rank has its own link)' if out['tp'] > 1 else ''}")
     print(f"{'method':15s} {'ms/token':>10s} {'PCIe MB/tok':>12s} {'H2D GB/s':>9s} {'peak GPU':>11s} "
           f"{'plan':>11s} {'budget':>11s}")
     for r in rows:
@@ -105,13 +177,13 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
               f"{format_size(r['budget_bytes']):>11s}")
     tri = next((r for r in rows if r["method"] == "triforce" and "error" not in r), None)
     if tri is not None:
-        source = f"replayed from {acceptance_trace}" if trace else "decided by the models themselves"
+        source = f"replayed from {out['replayed_trace']}" if out["replayed_trace"] else "decided by the models themselves"
         print(f"triforce: {tri['tiers']}, {tri['mean_tokens_per_full_verify']} tokens per full verify, "
               f"accept/reject {source}")
         for other in rows:
             if other is not tri and "error" not in other:
                 print(f"  {other['ms_per_token'] / tri['ms_per_token']:.2f}x faster than {other['method']}")
-    print(f"plot: {plot_path}" if plotted else "plot skipped: install matplotlib (pip install 'triforce[bench]')")
+    print(f"plot: {out['plot']}" if plotted else "plot skipped: install matplotlib (pip install 'triforce[bench]')")
 
 
 def _load(arch, model, draft, dtype, device):
@@ -124,7 +196,7 @@ def _load(arch, model, draft, dtype, device):
         name = f"{arch} (random weights)"
     else:
         lm = load_model(model, dtype=dtype, device=device)
-        name = str(lm.path)
+        name = lm.path.name
     draft = draft or ("llama-68m" if arch is not None else "lookup")
     if draft in ("lookup", "none"):
         return lm, draft, name

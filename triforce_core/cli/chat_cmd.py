@@ -1,7 +1,9 @@
 """`triforce chat`: interactive multi-turn chat with streamed answers."""
 from __future__ import annotations
 
+import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -23,11 +25,11 @@ Ctrl-C stops the current answer and keeps the session."""
 class ProgressBar:
     """tqdm on stderr, created once the number of tokens to prefill is known."""
 
-    def __init__(self, desc: str, min_tokens: int = 256):
-        self.desc, self.min_tokens, self.bar = desc, min_tokens, None
+    def __init__(self, desc: str, min_tokens: int = 256, enabled: bool = True):
+        self.desc, self.min_tokens, self.enabled, self.bar = desc, min_tokens, enabled, None
 
     def total(self, n: int) -> None:
-        if n >= self.min_tokens:
+        if self.enabled and n >= self.min_tokens:
             from tqdm import tqdm
             self.bar = tqdm(total=n, desc=self.desc, unit="tok", file=sys.stderr, leave=False)
 
@@ -40,35 +42,35 @@ class ProgressBar:
             self.bar.close()
 
 
-def _print_stats(stats: dict) -> None:
+def _print_stats(stats: dict, say) -> None:
     for key, value in stats.items():
-        print(f"  {key:26s} {value}")
+        say(f"  {key:26s} {value}")
 
 
-def run_command(chat, line: str) -> bool:
+def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
     """Handle a /command; returns False when the user wants to leave."""
     name, _, arg = line.partition(" ")
     if name in ("/quit", "/exit"):
         return False
     if name == "/help":
-        print(HELP_TEXT)
+        say(HELP_TEXT)
     elif name == "/stats":
-        _print_stats(chat.stats())
+        _print_stats(chat.stats(), say)
     elif name == "/reset":
         chat.reset()
-        print("(conversation cleared)")
+        say("(conversation cleared)")
     elif name == "/load":
         if not arg.strip():
-            print("usage: /load FILE")
+            say("usage: /load FILE")
             return True
-        bar = ProgressBar("prefill", min_tokens=0)
+        bar = ProgressBar("prefill", min_tokens=0, enabled=show_progress)
         try:
             total = chat.load_document(Path(arg.strip()).expanduser(), bar.update, bar.total)
         finally:
             bar.close()
-        print(f"(loaded {arg.strip()}; the context now holds {total} tokens)")
+        say(f"(loaded {arg.strip()}; the context now holds {total} tokens)")
     else:
-        print(f"unknown command {name}; /help lists them")
+        say(f"unknown command {name}; /help lists them")
     return True
 
 
@@ -83,71 +85,167 @@ def run_command(chat, line: str) -> bool:
 @dtype_option
 @device_option
 @offload_options
+@click.option("--tp", type=int, default=1, show_default=True,
+              help="Tensor-parallel ranks (GPUs; gloo processes on a CPU). Rank 0 talks to the terminal.")
 def chat(model, system, max_new_tokens, max_context, method, draft, budget, chunk_size, gamma1, gamma2,
-         rebuild_stride, rebuild_threshold, temperature, top_p, top_k, seed, dtype, device, profile, device_budget):
+         rebuild_stride, rebuild_threshold, temperature, top_p, top_k, seed, dtype, device, profile, device_budget,
+         tp):
     """Chat with a model in the terminal.
 
     The KV of earlier turns is kept, so each turn prefills only what is new. Type /help for
     the commands (/load FILE, /stats, /reset, /quit). Ctrl-C stops an answer; Ctrl-D leaves.
     """
+    check_non_negative("--max-new-tokens", max_new_tokens)
+    if tp < 1:
+        raise UserError(f"--tp must be >= 1, got {tp}")
+    request = ChatRequest(model=model, system=system, max_new_tokens=max_new_tokens, max_context=max_context,
+                          spec=build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride,
+                                          rebuild_threshold),
+                          params=build_sampling(temperature, top_p, top_k, seed), draft=draft, dtype=dtype,
+                          device=device, profile=profile, device_budget=device_budget)
+    if tp == 1:
+        run_chat(request)
+        return
+    from triforce.loading import resolve_model_dir
+    from triforce.offload.tp import RankFailed, launch
+
+    resolve_model_dir(model)
+    try:
+        launch(tp, chat_rank, (request,))
+    except RankFailed as e:
+        raise UserError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    system: str | None
+    max_new_tokens: int
+    max_context: int | None
+    spec: object
+    params: object
+    draft: str | None
+    dtype: str
+    device: str
+    profile: str | None
+    device_budget: str | None
+
+
+def chat_rank(rank: int, world: int, request: ChatRequest) -> None:
+    """One tensor-parallel rank: rank 0 talks to the terminal and hands every line to the others."""
+    if rank != 0:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 decides when an answer stops
+    run_chat(request, rank, world)
+
+
+class Console:
+    """The terminal as rank 0 sees it; other ranks receive rank 0's lines and print nothing."""
+
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+        self.interrupted = False
+
+    def say(self, *args, **kwargs) -> None:
+        if self.rank == 0:
+            print(*args, **kwargs)
+
+    def read(self) -> str | None:
+        """The next line (None at end of input); shared with every rank."""
+        line = None
+        if self.rank == 0:
+            while True:
+                try:
+                    line = input(">>> ").strip()
+                except EOFError:
+                    print()
+                    break
+                except KeyboardInterrupt:
+                    print()
+                    continue
+                if line:
+                    break
+        if self.world > 1:
+            import torch.distributed as dist
+            box = [line]
+            dist.broadcast_object_list(box, src=0)
+            line = box[0]
+        return line
+
+    def stop_requested(self, agree) -> bool:
+        """Whether rank 0 saw Ctrl-C since the answer began (asked once per round by every rank)."""
+        return bool(agree([int(self.interrupted)])[0])
+
+    def on_sigint(self, signum, frame) -> None:
+        self.interrupted = True
+
+
+def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     from triforce.chat import Chat
     from triforce.loading import load_model
+    from triforce.parallel import agree_across_ranks, rank_device, shard_loaded_model, share_threads
+    from triforce.placement import build_kv_cache
     from triforce.textstream import TextStream
 
-    check_non_negative("--max-new-tokens", max_new_tokens)
-    params = build_sampling(temperature, top_p, top_k, seed)
-    spec = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    lm = load_model(model, dtype=dtype, device=device)
-    drafter = resolve_draft(draft, spec, dtype, device)
+    console = Console(rank, world)
+    device = r.device
+    if world > 1:
+        device = rank_device(r.device, rank)
+        share_threads(world)
+    lm = load_model(r.model, dtype=r.dtype, device=device)
+    if world > 1:
+        shard_loaded_model(lm, rank, world)
+    drafter = resolve_draft(r.draft, r.spec, r.dtype, device)
     context = lm.config.max_position_embeddings
-    if max_context is not None and not 1 < max_context <= context:
-        raise UserError(f"--max-context must be in 2..{context} (the model's context), got {max_context}")
-    from triforce.placement import build_kv_cache
-
-    max_len = max_context or context
-    plan = plan_for_run(lm, spec, max_len, profile, device_budget, drafter)
-    session = Chat(lm, max_len, system=system, spec=spec, draft=drafter,
+    if r.max_context is not None and not 1 < r.max_context <= context:
+        raise UserError(f"--max-context must be in 2..{context} (the model's context), got {r.max_context}")
+    max_len = r.max_context or context
+    plan = plan_for_run(lm, r.spec, max_len, r.profile, r.device_budget, drafter)
+    session = Chat(lm, max_len, system=r.system, spec=r.spec, draft=drafter,
                    kv_cache=build_kv_cache(lm, max_len, plan))
+    if world > 1:
+        agree_across_ranks(session.engine, lm.device if lm.device.type == "cuda" else "cpu")
+        session.engine.stop_requested = lambda: console.stop_requested(session.engine.agree)
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
-    print(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}), "
-          f"{session.session.max_len}-token context, {session.engine.describe()}"
-          f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}. "
-          "/help for commands, Ctrl-D to leave.")
+    console.say(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}), "
+                f"{session.session.max_len}-token context, {session.engine.describe()}"
+                f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}"
+                f"{', tensor-parallel over %d ranks' % world if world > 1 else ''}. "
+                "/help for commands, Ctrl-D to leave.")
     while True:
-        try:
-            line = input(">>> ")
-        except EOFError:
-            print()
+        line = console.read()
+        if line is None:
             return
-        except KeyboardInterrupt:
-            print()
-            continue
-        line = line.strip()
-        if not line:
-            continue
         try:
             if line.startswith("/"):
-                if not run_command(session, line):
+                if not run_command(session, line, console.say, show_progress=rank == 0):
                     return
                 continue
             stream = TextStream(lm.tokenizer)
 
             def show(token: int) -> None:
-                sys.stdout.write(stream.push(token))
-                sys.stdout.flush()
+                if rank == 0:
+                    sys.stdout.write(stream.push(token))
+                    sys.stdout.flush()
 
-            bar = ProgressBar("prefill")
+            bar = ProgressBar("prefill", enabled=rank == 0)
+            previous = None
+            if world > 1 and rank == 0:  # Ctrl-C sets a flag all ranks read each round
+                console.interrupted = False
+                previous = signal.signal(signal.SIGINT, console.on_sigint)
             try:
-                result = session.ask(line, params, max_new_tokens, show, bar.update, bar.total)
+                result = session.ask(line, r.params, r.max_new_tokens, show, bar.update, bar.total)
             finally:
                 bar.close()
+                if previous is not None:
+                    signal.signal(signal.SIGINT, previous)
             note = {"interrupt": " [stopped]", "length": " [answer cut at --max-new-tokens]",
                     "context": " [context full: /reset]"}.get(result.stopped_by, "")
-            print(note)
+            console.say(note)
         except UserError as e:
-            print(f"error: {e}", file=sys.stderr)
+            if rank == 0:
+                print(f"error: {e}", file=sys.stderr)
         except KeyboardInterrupt:
-            print("\n[stopped]")
+            console.say("\n[stopped]")

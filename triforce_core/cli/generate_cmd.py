@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -56,10 +57,12 @@ def encode_prompt(lm, text: str, as_chat: bool) -> list[int]:
 @click.option("--no-overlap", is_flag=True, help="Copy offloaded KV with the plain schedule (no prefetch).")
 @click.option("--record-acceptance", default=None,
               help="Write each check's proposed/accepted counts to this JSON file (for `bench offload`).")
+@click.option("--tp", type=int, default=1, show_default=True,
+              help="Tensor-parallel ranks: the verifier's heads and KV split over N GPUs (gloo processes on a CPU).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streamed text.")
 def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
              rebuild_threshold, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, as_chat,
-             ignore_eos, profile, device_budget, no_overlap, record_acceptance, as_json):
+             ignore_eos, profile, device_budget, no_overlap, record_acceptance, tp, as_json):
     """Generate a continuation of a prompt.
 
     The raw prompt is tokenised exactly as the model's transformers tokenizer does by default;
@@ -68,48 +71,107 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
     speculation statistics and the memory plan. The plan (see `triforce plan`) decides how much
     KV stays on the device; the rest is offloaded to host memory.
     """
+    check_non_negative("--max-new-tokens", max_new_tokens)
+    if tp < 1:
+        raise UserError(f"--tp must be >= 1, got {tp}")
+    request = GenerateRequest(
+        model=model, text=read_prompt(prompt, prompt_file), as_chat=as_chat, draft=draft,
+        spec=build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold),
+        params=build_sampling(temperature, top_p, top_k, seed), max_new_tokens=max_new_tokens,
+        ignore_eos=ignore_eos, dtype=dtype, device=device, profile=profile, device_budget=device_budget,
+        overlap=not no_overlap, record_acceptance=record_acceptance, as_json=as_json)
+    if tp == 1:
+        run_generate(request)
+        return
+    from triforce.loading import resolve_model_dir
+    from triforce.offload.tp import RankFailed, launch
+
+    resolve_model_dir(model)  # fetch or convert once, before the ranks start
+    try:
+        launch(tp, generate_rank, (request,))
+    except RankFailed as e:
+        raise UserError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """Everything a generate run needs, picklable so tensor-parallel ranks can receive it."""
+    model: str
+    text: str
+    as_chat: bool
+    draft: str | None
+    spec: object
+    params: object
+    max_new_tokens: int
+    ignore_eos: bool
+    dtype: str
+    device: str
+    profile: str | None
+    device_budget: str | None
+    overlap: bool
+    record_acceptance: str | None
+    as_json: bool
+
+
+def generate_rank(rank: int, world: int, request: GenerateRequest) -> None:
+    """One tensor-parallel rank (started by triforce.offload.tp.launch)."""
+    run_generate(request, rank, world)
+
+
+def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
+    """Load, plan, prefill, decode; rank 0 prints."""
     from triforce.engine import Engine
     from triforce.loading import load_model
+    from triforce.parallel import agree_across_ranks, rank_device, shard_loaded_model, share_threads
     from triforce.placement import build_kv_cache
     from triforce.textstream import TextStream
 
-    check_non_negative("--max-new-tokens", max_new_tokens)
-    params = build_sampling(temperature, top_p, top_k, seed)
-    spec = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    text = read_prompt(prompt, prompt_file)
-
+    speaker = rank == 0
+    device = r.device
+    if world > 1:
+        device = rank_device(r.device, rank)
+        share_threads(world)
     started = time.perf_counter()
-    lm = load_model(model, dtype=dtype, device=device)
-    drafter = resolve_draft(draft, spec, dtype, device)
+    lm = load_model(r.model, dtype=r.dtype, device=device)
+    if world > 1:
+        shard_loaded_model(lm, rank, world)
+    drafter = resolve_draft(r.draft, r.spec, r.dtype, device)
     load_s = time.perf_counter() - started
-    ids = encode_prompt(lm, text, as_chat)
+    ids = encode_prompt(lm, r.text, r.as_chat)
     context = lm.config.max_position_embeddings
+    max_new_tokens = r.max_new_tokens
     if not ids:
         raise UserError("the prompt is empty after tokenisation")
     if len(ids) >= context:
         raise UserError(f"the prompt has {len(ids)} tokens but the model's context is {context} tokens")
     if len(ids) + max_new_tokens > context:
         max_new_tokens = context - len(ids)
-        print(f"note: generating at most {max_new_tokens} tokens to stay within the "
-              f"{context}-token context", file=sys.stderr)
+        if speaker:
+            print(f"note: generating at most {max_new_tokens} tokens to stay within the "
+                  f"{context}-token context", file=sys.stderr)
 
     max_len = len(ids) + max(max_new_tokens, 1)
-    plan = plan_for_run(lm, spec, max_len, profile, device_budget, drafter)
-    kv_cache = build_kv_cache(lm, max_len, plan, overlap=not no_overlap)
-    engine = Engine(lm, spec, max_len, drafter, kv_cache=kv_cache)
+    plan = plan_for_run(lm, r.spec, max_len, r.profile, r.device_budget, drafter)
+    kv_cache = build_kv_cache(lm, max_len, plan, overlap=r.overlap)
+    engine = Engine(lm, r.spec, max_len, drafter, kv_cache=kv_cache)
+    if world > 1:
+        agree_across_ranks(engine, lm.device if lm.device.type == "cuda" else "cpu")
     stream = TextStream(lm.tokenizer)
 
     def show(token: int) -> None:
-        if not as_json:
+        if speaker and not r.as_json:
             sys.stdout.write(stream.push(token))
             sys.stdout.flush()
 
     run_started = time.perf_counter()
     engine.sync(ids)
     prefill_s = time.perf_counter() - run_started
-    stop_ids = frozenset() if ignore_eos else lm.eos_ids
-    result = engine.generate(max_new_tokens, params, stop_ids, on_token=show)
+    stop_ids = frozenset() if r.ignore_eos else lm.eos_ids
+    result = engine.generate(max_new_tokens, r.params, stop_ids, on_token=show)
     time_s = time.perf_counter() - run_started
+    if not speaker:
+        return
+    method = r.spec.method
     summary = {
         "text": lm.tokenizer.decode(result.tokens, skip_special_tokens=True),
         "tokens": result.tokens,
@@ -124,28 +186,29 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
         "model": str(lm.path),
         "dtype": str(lm.dtype).removeprefix("torch."),
         "device": str(lm.device),
+        "tp": world,
         "load_s": round(load_s, 3),
         **result.stats,
         "plan": plan.to_json(),
     }
-    if record_acceptance:
+    if r.record_acceptance:
         from triforce.acceptance_trace import save_trace
-        save_trace(record_acceptance, engine.rounds, {
+        spec = r.spec
+        save_trace(r.record_acceptance, engine.rounds, {
             "model": str(lm.path), "method": method, "tiers": engine.describe(), "prompt_tokens": len(ids),
             "budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
-            "temperature": temperature})
-    if as_json:
+            "temperature": r.params.temperature})
+    if r.as_json:
         print(json.dumps(summary))
-    else:
-        print()
-        speculation = ""
-        if method != "ar":
-            speculation = (f", {engine.describe()}, acceptance {result.stats['acceptance_rates']}, "
-                           f"{result.stats['mean_tokens_per_full_verify']} tokens per full verify")
-        offload = ""
-        if plan.offloaded:
-            offload = (f", KV of {plan.context - plan.resident_tokens} of {plan.context} tokens offloaded "
-                       f"to host memory")
-        print(f"[{summary['new_tokens']} tokens, {summary['tokens_per_s']} tok/s decode, "
-              f"prompt {len(ids)} tokens in {summary['prefill_s']} s, stopped by {result.stopped_by}"
-              f"{speculation}{offload}]", file=sys.stderr)
+        return
+    print()
+    speculation = ""
+    if method != "ar":
+        speculation = (f", {engine.describe()}, acceptance {result.stats['acceptance_rates']}, "
+                       f"{result.stats['mean_tokens_per_full_verify']} tokens per full verify")
+    offload = ""
+    if plan.offloaded:
+        offload = f", KV of {plan.context - plan.resident_tokens} of {plan.context} tokens offloaded to host memory"
+    print(f"[{summary['new_tokens']} tokens, {summary['tokens_per_s']} tok/s decode, "
+          f"prompt {len(ids)} tokens in {summary['prefill_s']} s, stopped by {result.stopped_by}"
+          f"{speculation}{offload}{', tp %d' % world if world > 1 else ''}]", file=sys.stderr)

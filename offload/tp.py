@@ -1,0 +1,203 @@
+"""Tensor parallelism for the verifier: a transform applied to a built model, plus starting and
+stopping the ranks.
+
+Sharding follows whole KV heads: rank r keeps a contiguous run of KV heads (split as evenly as
+possible, the first ranks taking one more when it does not divide: 3 over 2 is 2 + 1) and the
+query heads that share them, so each rank's attention and its KV cache are self-contained. q/k/v
+and gate/up keep their rows of the rank's share, o and down their columns, followed by an
+all-reduce. Embeddings, norms and the LM head stay whole on every rank, so every rank ends with
+the same logits and takes the same decisions (which are also broadcast from rank 0)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from triforce.offload.errors import OffloadError
+
+FAIL_RANK_ENV = "TRIFORCE_TP_FAIL_RANK"  # tests: make this rank fail after it starts
+
+
+def even_split(total: int, world: int) -> list[tuple[int, int]]:
+    """(start, count) of each rank's share of `total` items; earlier ranks take the remainder."""
+    if world > total:
+        raise OffloadError(f"cannot split {total} KV heads over {world} ranks (--tp at most {total})")
+    base, extra = divmod(total, world)
+    shares, start = [], 0
+    for rank in range(world):
+        count = base + (rank < extra)
+        shares.append((start, count))
+        start += count
+    return shares
+
+
+@dataclass(frozen=True)
+class Shard:
+    rank: int
+    world: int
+    kv_heads: tuple[int, int]        # (first, count) of this rank's KV heads
+    intermediate: tuple[int, int]    # (first, count) of this rank's MLP rows
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x @ W[:, cols].T) + bias: the input-split half of a sharded pair."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.nn.functional.linear(x, self.weight)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(out)
+        return out if self.bias is None else out + self.bias
+
+
+def _rows(linear: nn.Linear, start: int, count: int) -> nn.Linear:
+    sliced = nn.Linear(linear.in_features, count, bias=linear.bias is not None,
+                       device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        sliced.weight.copy_(linear.weight[start:start + count])
+        if linear.bias is not None:
+            sliced.bias.copy_(linear.bias[start:start + count])
+    return sliced.requires_grad_(False)
+
+
+def _cols(linear: nn.Linear, start: int, count: int) -> RowParallelLinear:
+    return RowParallelLinear(linear.weight[:, start:start + count].contiguous().clone(),
+                             None if linear.bias is None else linear.bias.clone())
+
+
+def shard_model(model: nn.Module, rank: int, world: int) -> Shard:
+    """Cut a built decoder (layers with self_attn.{q,k,v,o}_proj and mlp.{gate,up,down}_proj) down
+    to rank `rank`'s share, in place. Returns the share."""
+    cfg = model.config
+    kv_start, kv_count = even_split(cfg.num_kv_heads, world)[rank]
+    inter_start, inter_count = even_split(cfg.intermediate_size, world)[rank]
+    groups, dim = cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        q_rows = (kv_start * groups * dim, kv_count * groups * dim)
+        kv_rows = (kv_start * dim, kv_count * dim)
+        attn.q_proj = _rows(attn.q_proj, *q_rows)
+        attn.k_proj = _rows(attn.k_proj, *kv_rows)
+        attn.v_proj = _rows(attn.v_proj, *kv_rows)
+        attn.o_proj = _cols(attn.o_proj, *q_rows)
+        attn.num_heads, attn.num_kv_heads = kv_count * groups, kv_count
+        mlp.gate_proj = _rows(mlp.gate_proj, inter_start, inter_count)
+        mlp.up_proj = _rows(mlp.up_proj, inter_start, inter_count)
+        mlp.down_proj = _cols(mlp.down_proj, inter_start, inter_count)
+        if rank != 0:  # biases of the reduced projections are added once, after the sum
+            attn.o_proj.bias = None
+            mlp.down_proj.bias = None
+    return Shard(rank, world, (kv_start, kv_count), (inter_start, inter_count))
+
+
+def broadcast_ints(values: list[int], device: torch.device | str = "cpu") -> list[int]:
+    """Rank 0's values on every rank (a fixed number of ints every rank knows: a verdict's
+    accepted count and token, a sampled token). A no-op without a process group."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return values
+    tensor = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.broadcast(tensor, src=0)
+    return tensor.tolist()
+
+
+# ---- starting and stopping ranks --------------------------------------------------------
+RENDEZVOUS_TIMEOUT_S = 900  # a rank waiting this long in a collective gives up
+
+
+def _join(rank: int, world: int, port: int, backend: str) -> None:
+    from datetime import timedelta
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    if os.environ.get(FAIL_RANK_ENV) == str(rank):
+        raise RuntimeError(f"rank {rank} was told to fail ({FAIL_RANK_ENV})")
+
+
+def _worker_main(index: int, world: int, port: int, backend: str, fn: Callable, args: tuple) -> None:
+    rank = index + 1
+    _join(rank, world, port, backend)
+    fn(rank, world, *args)  # on an exception the process just ends: rank 0 notices and stops the rest
+    _leave()
+
+
+def _leave() -> None:
+    # leave together: a rank tearing down its connections while a peer still uses them aborts it
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+class RankFailed(RuntimeError):
+    """A rank raised; the others were stopped. The message names the rank and its error."""
+
+
+def launch(world: int, fn: Callable, args: tuple = (), *, backend: str | None = None) -> None:
+    """Run fn(rank, world, *args) on `world` ranks joined by torch.distributed (gloo on CPU, NCCL
+    on CUDA): rank 0 in this process (it keeps the terminal), ranks 1.. in child processes. When
+    a rank fails, the others are stopped: a worker's failure is raised as RankFailed naming the
+    rank and its error; rank 0's own error is raised as it is."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo")
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workers = mp.start_processes(_worker_main, args=(world, port, backend, fn, args), nprocs=world - 1,
+                                 join=False, start_method="spawn")
+    threads = torch.get_num_threads()  # rank 0 may share out the cores; this process goes on after
+    try:
+        _join(0, world, port, backend)
+        fn(0, world, *args)
+        _leave()
+    except BaseException:
+        worker_error = _worker_failure(workers)
+        _stop(workers)
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # a dead peer can make teardown complain; the process goes on
+                pass
+        if worker_error is not None:
+            raise worker_error from None
+        raise
+    finally:
+        torch.set_num_threads(threads)
+    failure = None
+    while failure is None and not all(not p.is_alive() for p in workers.processes):
+        failure = _worker_failure(workers)
+    failure = failure or _worker_failure(workers)
+    if failure is not None:
+        _stop(workers)
+        raise failure
+
+
+def _worker_failure(workers) -> RankFailed | None:
+    """The first worker that failed, if any (waiting briefly for one that is dying)."""
+    import torch.multiprocessing as mp
+
+    try:
+        workers.join(timeout=5)
+    except mp.ProcessRaisedException as e:
+        lines = [line for line in str(e).strip().splitlines() if line.strip()]
+        return RankFailed(f"rank {e.error_index + 1} failed: {lines[-1] if lines else e}; "
+                          "the other ranks were stopped")
+    except mp.ProcessExitedException as e:
+        return RankFailed(f"rank {e.error_index + 1} exited with code {e.exit_code}; the other ranks were stopped")
+    return None
+
+
+def _stop(workers) -> None:
+    for process in workers.processes:
+        if process.is_alive():
+            process.terminate()
+    for process in workers.processes:
+        process.join(timeout=10)

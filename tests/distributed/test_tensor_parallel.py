@@ -1,0 +1,88 @@
+"""Tensor parallelism with two gloo processes on the CPU: sharded logits equal single-process
+logits, TP triforce decodes plain greedy's tokens, and a failing rank stops the others."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tp_helpers import save_logits_rank
+from triforce.kv_cache import FullKVCache
+from triforce.loading import load_model
+from triforce.offload.errors import OffloadError
+from triforce.offload.tp import even_split, launch
+
+PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
+
+
+def single_process_logits(model_dir, ids):
+    lm = load_model(model_dir, dtype="float64", device="cpu")
+    step = FullKVCache(lm.config, len(ids), dtype=lm.dtype).step(len(ids))
+    return lm.model(torch.tensor([ids]), step.positions, step)
+
+
+def test_heads_split_as_evenly_as_possible():
+    assert even_split(3, 2) == [(0, 2), (2, 1)]
+    assert even_split(32, 2) == [(0, 16), (16, 16)]
+    with pytest.raises(OffloadError, match="at most 2"):
+        even_split(2, 3)
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen2", "llama-mha"])
+def test_tiny_models_tp_logits_equal_single_process(tiny_model_dir, tmp_path, family):
+    folder = str(tiny_model_dir(family))
+    ids = list(range(3, 30))
+    out = tmp_path / "logits.pt"
+    launch(2, save_logits_rank, (folder, ids, str(out)))
+    got = torch.load(out)
+    assert torch.allclose(got["logits"], single_process_logits(folder, ids), atol=1e-10)
+
+
+def test_default_model_uneven_split_logits_equal_single_process(default_model_dir, tmp_path, default_lm):
+    ids = default_lm.tokenizer(PROMPT).input_ids
+    out = tmp_path / "logits.pt"
+    launch(2, save_logits_rank, (str(default_model_dir), ids, str(out)))
+    got = torch.load(out)
+    assert got["kv_heads"] == 2  # rank 0 holds 2 of the 3 KV heads, rank 1 the third
+    assert torch.allclose(got["logits"], single_process_logits(str(default_model_dir), ids), atol=1e-9)
+
+
+def cli(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "triforce.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_tp_triforce_greedy_equals_single_process_ar(default_model_dir):
+    common = ["generate", "--prompt", PROMPT, "--dtype", "float64", "--max-new-tokens", "16", "--temperature", "0",
+              "--ignore-eos", "--json"]
+    ar = cli(*common, "--method", "ar")
+    tp = cli(*common, "--method", "triforce", "--draft", "lookup", "--budget", "32", "--tp", "2")
+    assert ar.returncode == 0 and tp.returncode == 0, tp.stderr[-2000:]
+    ar_out, tp_out = json.loads(ar.stdout), json.loads(tp.stdout)
+    assert tp_out["tp"] == 2 and tp_out["tokens"] == ar_out["tokens"]
+
+
+def test_a_failing_rank_ends_the_others_with_a_clear_error():
+    started = time.monotonic()
+    run = cli("generate", "--model", "default", "--prompt", "hi", "--tp", "2", env={"TRIFORCE_TP_FAIL_RANK": "1"},
+              timeout=120)
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert lines[-1].startswith("triforce: error: rank 1 failed") and "told to fail" in lines[-1]
+    assert time.monotonic() - started < 120
+
+
+def test_tp_chat_gives_the_same_answers(tiny_model_dir):
+    folder = str(tiny_model_dir("llama-gqa"))
+    lines = "the cat sat on the mat\n/reset\nthe dog sat on the log\nand the cat\n"
+    args = ["-m", "triforce.cli.main", "chat", "--model", folder, "--temperature", "0", "--max-new-tokens", "12",
+            "--method", "triforce", "--budget", "24", "--chunk-size", "4"]
+    runs = [subprocess.run([sys.executable, *args, *extra], input=lines, capture_output=True, text=True, timeout=300)
+            for extra in ([], ["--tp", "2"])]
+    assert all(run.returncode == 0 for run in runs), runs[1].stderr[-2000:]
+    answers = [[line for line in run.stdout.splitlines() if line.startswith(">>> ") and "[" in line] for run in runs]
+    assert len(answers[0]) == 3 and answers[0] == answers[1]
+    assert "tensor-parallel over 2 ranks" in runs[1].stdout

@@ -1,0 +1,44 @@
+"""Offloading with real CUDA streams: pinned host memory, the overlapped copy schedule and the
+plain one give the resident cache's tokens. Skipped without CUDA."""
+import pytest
+import torch
+
+from triforce.config import SamplingParams, SpecParams
+from triforce.engine import Engine
+from triforce.loading import load_model
+from triforce.offload.offloaded_cache import OffloadedKVCache
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat and the dog sat on the log. the cat"
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    return load_model(str(tiny_model_dir("llama-gqa", max_position_embeddings=512)), dtype="float32",
+                      device="cuda")
+
+
+def run(lm, method, cache=None, new_tokens=30):
+    spec = SpecParams(method=method, gamma1=3, gamma2=5, budget=24, chunk_size=4, sink_tokens=4, rebuild_stride=8)
+    ids = lm.tokenizer(PROMPT).input_ids
+    engine = Engine(lm, spec, len(ids) + new_tokens, "lookup" if spec.uses_draft else None, kv_cache=cache)
+    engine.sync(ids)
+    return engine.generate(new_tokens, SamplingParams()).tokens
+
+
+@pytest.mark.parametrize("method", ["ar", "triforce", "retrieval"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_cuda_offloaded_equals_resident(lm, method, overlap):
+    ids = lm.tokenizer(PROMPT).input_ids
+    cache = OffloadedKVCache(lm.config, len(ids) + 30, 16, 8, dtype=lm.dtype, device=lm.device, overlap=overlap)
+    assert cache.store.pinned
+    assert run(lm, method, cache) == run(lm, method)
+    stats = cache.prefetcher.stats
+    assert stats.h2d_bytes > 0 and (stats.hits > 0) == overlap
+
+
+def test_pinned_copy_bandwidth_is_measurable():
+    from triforce.bench.offload_bench import measure_h2d_gbps
+    assert measure_h2d_gbps(torch.device("cuda"), 64 << 20) > 1.0

@@ -1,0 +1,17 @@
+"""Functions tensor-parallel test ranks run (they must live in an importable module: ranks are
+fresh processes)."""
+import torch
+
+
+def save_logits_rank(rank: int, world: int, model_dir: str, ids: list[int], out_path: str) -> None:
+    from triforce.kv_cache import FullKVCache
+    from triforce.loading import load_model
+    from triforce.parallel import shard_loaded_model
+
+    torch.set_num_threads(1)
+    lm = shard_loaded_model(load_model(model_dir, dtype="float64", device="cpu"), rank, world)
+    cache = FullKVCache(lm.config, len(ids), dtype=lm.dtype)
+    step = cache.step(len(ids))
+    logits = lm.model(torch.tensor([ids]), step.positions, step)
+    if rank == 0:
+        torch.save({"logits": logits, "kv_heads": lm.config.num_kv_heads}, out_path)

@@ -1,0 +1,41 @@
+"""Running the verifier over several GPUs (or several CPU processes with gloo): each rank loads
+the model, cuts it to its share (triforce.offload.tp), and runs the same engine on its own heads'
+KV. Every rank reaches the same logits; decisions are broadcast from rank 0 all the same."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from functools import partial
+
+import torch
+
+from triforce.loading import LoadedModel
+from triforce.offload.tp import broadcast_ints, shard_model
+
+
+def rank_device(device: str, rank: int) -> str:
+    """cuda:<rank> for a CUDA run, else the CPU."""
+    if device in ("auto", "cuda") and torch.cuda.is_available():
+        return f"cuda:{rank}"
+    return "cpu" if device == "auto" else device
+
+
+def shard_loaded_model(lm: LoadedModel, rank: int, world: int) -> LoadedModel:
+    """Cut lm's model to rank `rank`'s heads and MLP rows; its config then describes the share
+    (the caches it builds hold only those KV heads)."""
+    cfg = lm.config
+    shard = shard_model(lm.model, rank, world)
+    groups = cfg.num_heads // cfg.num_kv_heads
+    lm.model.config = replace(cfg, num_heads=shard.kv_heads[1] * groups, num_kv_heads=shard.kv_heads[1],
+                              intermediate_size=shard.intermediate[1])
+    return lm
+
+
+def agree_across_ranks(engine, device) -> None:
+    """Make the engine take rank 0's decisions (accepted counts, sampled tokens)."""
+    engine.agree = partial(broadcast_ints, device=device)
+
+
+def share_threads(world: int) -> None:
+    """CPU ranks split the cores instead of each taking all of them."""
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))

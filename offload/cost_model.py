@@ -1,17 +1,20 @@
-"""Predicted milliseconds per token from bytes moved, following MagicDec's formulation:
+"""Predicted milliseconds per token, following MagicDec's formulation:
 
-    per-token time = (T_verify + drafting time per verify) / expected tokens per verify
+    per-token time = (T_verify(gamma2) + drafting time per verify) / expected tokens per verify
 
-Every step of long-context decoding is bound by memory traffic: a full verify reads the weights
-and the resident KV from device memory and the offloaded KV over PCIe; a retrieval-tier step
-reads the weights and the retrieval cache; a tier-0 step the draft model and its small cache.
-Acceptance is treated as independent per token with rate alpha, so a check of gamma drafts yields
-(1 - alpha^(gamma+1)) / (1 - alpha) tokens on average."""
+A forward pass costs its projections (the larger of reading the weights at the device's bandwidth
+and their arithmetic at its FLOP rate), its attention (the larger of reading the KV at the
+attention kernel's rate and its arithmetic), and a fixed overhead per layer (kernel launches,
+Python); a full verify also moves the offloaded KV over PCIe. Acceptance is treated as independent per token with rate alpha, so a check of gamma
+drafts yields (1 - alpha^(gamma+1)) / (1 - alpha) tokens on average."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from triforce.offload.errors import OffloadError
+
+GAMMA2_RANGE = range(1, 17)
+GAMMA1_RANGE = range(1, 9)
 
 
 @dataclass(frozen=True)
@@ -35,39 +38,102 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
-def transfer_ms(num_bytes: float, gbps: float) -> float:
-    return num_bytes / (gbps * 1e6)
+@dataclass(frozen=True)
+class Hardware:
+    hbm_gbps: float                       # weights read by a matrix-vector product
+    h2d_gbps: float
+    compute_tflops: float | None = None   # decode-shaped (few-row) matmuls; None: memory-bound only
+    layer_overhead_us: float = 0.0        # fixed cost per layer per forward pass
+    attention_gbps: float | None = None   # KV read by the attention kernel; None: hbm_gbps
 
 
 @dataclass(frozen=True)
-class StepTimes:
-    """Floors of one step of each tier, in ms."""
-    full_verify_ms: float
-    tier1_ms: float
-    tier0_ms: float
+class StepCosts:
+    """What one forward pass of each tier reads and computes (per GPU)."""
+    num_layers: int
+    weights_bytes: int
+    resident_kv_bytes: int
+    host_kv_bytes: int             # crosses this GPU's PCIe link every full verify
+    retrieval_kv_bytes: int
+    draft_bytes: int               # draft weights plus its cache; 0 for prompt lookup
+    draft_layers: int
+    flops_per_token: float         # 2 x parameters
+    draft_flops_per_token: float
+    attention_flops_per_key: float  # per token and key: 4 x layers x heads x head_dim
+    context: int
+    budget: int
 
 
-def step_times(*, weights_bytes: int, resident_kv_bytes: int, host_kv_bytes_per_link: int,
-               retrieval_cache_bytes: int, draft_bytes: int, hbm_gbps: float, h2d_gbps: float) -> StepTimes:
-    """draft_bytes: draft weights plus its cache (0 for prompt lookup)."""
-    full = transfer_ms(host_kv_bytes_per_link, h2d_gbps) + transfer_ms(weights_bytes + resident_kv_bytes, hbm_gbps)
-    tier1 = transfer_ms(weights_bytes + retrieval_cache_bytes, hbm_gbps)
-    tier0 = transfer_ms(draft_bytes, hbm_gbps)
-    return StepTimes(full, tier1, tier0)
+def _forward_ms(hw: Hardware, weight_bytes: float, weight_flops: float, kv_bytes: float, attention_flops: float,
+                layers: int) -> float:
+    rate = hw.compute_tflops * 1e9 if hw.compute_tflops else float("inf")  # FLOPs per ms
+    projections = max(weight_bytes / (hw.hbm_gbps * 1e6), weight_flops / rate)
+    attention = max(kv_bytes / ((hw.attention_gbps or hw.hbm_gbps) * 1e6), attention_flops / rate)
+    return projections + attention + layers * hw.layer_overhead_us / 1000
 
 
-def triforce_ms_per_token(times: StepTimes, acceptance: Acceptance, gamma1: int, gamma2: int,
+def full_verify_ms(c: StepCosts, hw: Hardware, tokens: int) -> float:
+    return c.host_kv_bytes / (hw.h2d_gbps * 1e6) + _forward_ms(
+        hw, c.weights_bytes, tokens * c.flops_per_token, c.resident_kv_bytes,
+        tokens * c.attention_flops_per_key * c.context, c.num_layers)
+
+
+def tier1_ms(c: StepCosts, hw: Hardware, tokens: int) -> float:
+    return _forward_ms(hw, c.weights_bytes, tokens * c.flops_per_token, c.retrieval_kv_bytes,
+                       tokens * c.attention_flops_per_key * c.budget, c.num_layers)
+
+
+def tier0_ms(c: StepCosts, hw: Hardware) -> float:
+    if not c.draft_bytes:
+        return 0.0
+    return _forward_ms(hw, c.draft_bytes, c.draft_flops_per_token, 0, 0, c.draft_layers)
+
+
+def triforce_ms_per_token(c: StepCosts, hw: Hardware, acceptance: Acceptance, gamma1: int, gamma2: int,
                           has_tier0: bool) -> dict:
     """Predicted ms/token of the three-tier loop (two tiers when has_tier0 is False)."""
     per_verify = expected_tokens(acceptance.full, gamma2)
     if has_tier0:
         per_check = expected_tokens(acceptance.retrieval, gamma1)
         checks = gamma2 / per_check
-        drafting = checks * (times.tier1_ms + gamma1 * times.tier0_ms)
+        drafting = checks * (tier1_ms(c, hw, gamma1 + 1) + gamma1 * tier0_ms(c, hw))
     else:
-        drafting = gamma2 * times.tier1_ms
-    return {
-        "triforce_ms_per_token": (times.full_verify_ms + drafting) / per_verify,
-        "drafting_ms_per_verify": drafting,
-        "expected_tokens_per_full_verify": per_verify,
-    }
+        drafting = gamma2 * tier1_ms(c, hw, 1)
+    verify = full_verify_ms(c, hw, gamma2 + 1)
+    return {"triforce_ms_per_token": (verify + drafting) / per_verify, "full_verify_ms": verify,
+            "drafting_ms_per_verify": drafting, "expected_tokens_per_full_verify": per_verify}
+
+
+def best_gammas(c: StepCosts, hw: Hardware, acceptance: Acceptance, has_tier0: bool,
+                gamma1_range=GAMMA1_RANGE, gamma2_range=GAMMA2_RANGE) -> tuple[int, int, float]:
+    """(gamma1, gamma2, ms/token) with the lowest predicted time."""
+    best = None
+    for g1 in (gamma1_range if has_tier0 else tuple(gamma1_range)[:1]):  # no tier 0: gamma1 costs nothing
+        for g2 in gamma2_range:
+            ms = triforce_ms_per_token(c, hw, acceptance, g1, g2, has_tier0)["triforce_ms_per_token"]
+            if best is None or ms < best[2] - 1e-12:
+                best = (g1, g2, ms)
+    return best
+
+
+def gamma2_bounds(c: StepCosts, hw: Hardware, acceptance: Acceptance, gamma1: int, has_tier0: bool,
+                  low: float = 0.5, high: float = 0.99) -> tuple[int, int]:
+    """The gamma2 the model would pick if the full tier's acceptance ran anywhere from `low` to
+    `high`: the range the engine may adapt within as it observes the real rate."""
+    picks = [best_gammas(c, hw, Acceptance(a, acceptance.retrieval), has_tier0, (gamma1,))[1] for a in (low, high)]
+    return min(picks), max(picks)
+
+
+class Gamma2Controller:
+    """Picks gamma2 for the observed acceptance of the full tier, within fixed bounds."""
+
+    def __init__(self, costs: StepCosts, hw: Hardware, acceptance: Acceptance, gamma1: int, has_tier0: bool,
+                 bounds: tuple[int, int]):
+        self.costs, self.hw, self.acceptance = costs, hw, acceptance
+        self.gamma1, self.has_tier0, self.bounds = gamma1, has_tier0, bounds
+
+    def choose(self, observed_full: float) -> int:
+        alpha = min(max(observed_full, 0.0), 0.999)
+        acc = Acceptance(alpha, self.acceptance.retrieval)
+        lo, hi = self.bounds
+        return best_gammas(self.costs, self.hw, acc, self.has_tier0, (self.gamma1,), range(lo, hi + 1))[1]

@@ -6,10 +6,11 @@ KV of tokens [0, resident_tokens) of every layer stays on the GPU; the rest live
 store and is streamed through two staging buffers during each full verify."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
-from triforce.offload.cost_model import Acceptance, step_times, triforce_ms_per_token
+from triforce.offload.cost_model import (Acceptance, Hardware, StepCosts, full_verify_ms, tier0_ms, tier1_ms,
+                                         triforce_ms_per_token)
 from triforce.offload.errors import OffloadError
 from triforce.offload.profiles import MemoryProfile, format_size
 
@@ -103,6 +104,7 @@ class MemoryPlan:
     block_tokens: int                 # 0 when nothing is offloaded
     prefill_chunk: int                # tokens per prefill forward (bounds activation memory)
     predictions: dict = field(default_factory=dict)
+    step_costs: StepCosts | None = None  # what each tier's forward pass moves and computes
 
     @property
     def gpu_bytes_total(self) -> int:
@@ -134,9 +136,12 @@ class MemoryPlan:
 
 def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: SpecShape, *,
                 dtype_bytes: int, draft: ModelShape | None = None, draft_dtype_bytes: int | None = None,
-                tp: int = 1, graphs: bool | None = None,
-                acceptance: Acceptance = Acceptance()) -> MemoryPlan:
-    """Place weights, caches and as much KV as fits on each GPU; the rest of the KV on the host."""
+                tp: int = 1, graphs: bool | None = None, acceptance: Acceptance = Acceptance(),
+                has_tier0: bool | None = None) -> MemoryPlan:
+    """Place weights, caches and as much KV as fits on each GPU; the rest of the KV on the host.
+    has_tier0: whether a tier-0 drafter (a draft model, or prompt lookup at no cost) feeds the
+    retrieval tier; default: whether a draft model is given."""
+    has_tier0 = draft is not None if has_tier0 is None else has_tier0
     if context < 1:
         raise OffloadError("the context must be at least one token")
     if tp < 1:
@@ -179,7 +184,7 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
         plan = MemoryPlan(True, "", breakdown=resident_all, resident_tokens=context,
                           host_breakdown={"host_kv": 0}, block_tokens=0, prefill_chunk=PREFILL_CHUNKS[0],
                           **common)
-        return _with_predictions(plan, model, profile, spec, per_token, draft is not None, acceptance)
+        return _with_predictions(plan, model, profile, spec, dtype_bytes, draft, tp, acceptance, has_tier0)
 
     block = choose_block_tokens(per_token_layer, _staging_bytes(profile), context)
     staging = 2 * block * per_token_layer
@@ -221,7 +226,7 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
                   f"{fits} tokens or raise host_bytes")
     plan = MemoryPlan(not reason, reason, breakdown=breakdown, resident_tokens=resident_tokens,
                       host_breakdown=host, block_tokens=block, prefill_chunk=chunk, **common)
-    return _with_predictions(plan, model, profile, spec, per_token, draft is not None, acceptance)
+    return _with_predictions(plan, model, profile, spec, dtype_bytes, draft, tp, acceptance, has_tier0)
 
 
 def _staging_bytes(profile: MemoryProfile) -> int:
@@ -245,29 +250,48 @@ def _too_big_reason(parts: dict, budget: int, profile: MemoryProfile, tp: int, s
             f"{format_size(parts[biggest])}) but the budget is {format_size(budget)}: try " + ", ".join(hints))
 
 
-def _with_predictions(plan: MemoryPlan, model: ModelShape, profile: MemoryProfile, spec: SpecShape,
-                      per_token: int, has_draft_model: bool, acceptance: Acceptance) -> MemoryPlan:
+def step_costs(plan: "MemoryPlan", model: ModelShape, spec: SpecShape, dtype_bytes: int,
+               draft: ModelShape | None, tp: int) -> StepCosts:
+    """What one forward pass of each tier moves and computes on a GPU of this plan."""
     b = plan.breakdown
-    host_per_link = (plan.context - plan.resident_tokens) * per_token
-    times = step_times(weights_bytes=b["target_weights"], resident_kv_bytes=b["resident_kv"],
-                       host_kv_bytes_per_link=host_per_link, retrieval_cache_bytes=b["retrieval_cache"],
-                       draft_bytes=b["draft_weights"] + b["streaming_cache"], hbm_gbps=profile.hbm_gbps,
-                       h2d_gbps=profile.pcie_h2d_gbps)
-    spec_part = triforce_ms_per_token(times, acceptance, spec.gamma1, spec.gamma2,
-                                      has_tier0=has_draft_model)
+    per_token = kv_bytes_per_token_layer(model, dtype_bytes, tp) * model.num_layers
+    heads = kv_heads_share(model, tp) * (model.num_heads // model.num_kv_heads)
+    draft_params = weight_bytes(draft, 1) if draft is not None else 0
+    return StepCosts(
+        num_layers=model.num_layers, weights_bytes=b["target_weights"], resident_kv_bytes=b["resident_kv"],
+        host_kv_bytes=(plan.context - plan.resident_tokens) * per_token,
+        retrieval_kv_bytes=(spec.budget + spec.gamma2 + 1) * per_token if spec.uses_sparse_cache else 0,
+        draft_bytes=b["draft_weights"] + b["streaming_cache"], draft_layers=draft.num_layers if draft else 0,
+        flops_per_token=2 * b["target_weights"] / dtype_bytes, draft_flops_per_token=2 * draft_params,
+        attention_flops_per_key=4 * model.num_layers * heads * model.head_dim,
+        context=plan.context, budget=spec.budget)
+
+
+def hardware(profile: MemoryProfile) -> Hardware:
+    return Hardware(profile.hbm_gbps, profile.pcie_h2d_gbps, profile.compute_tflops, profile.layer_overhead_us,
+                    profile.attention_gbps)
+
+
+def _with_predictions(plan: MemoryPlan, model: ModelShape, profile: MemoryProfile, spec: SpecShape,
+                      dtype_bytes: int, draft: ModelShape | None, tp: int, acceptance: Acceptance,
+                      has_tier0: bool) -> MemoryPlan:
+    costs = step_costs(plan, model, spec, dtype_bytes, draft, tp)
+    hw = hardware(profile)
+    ar = full_verify_ms(costs, hw, 1)
+    spec_part = triforce_ms_per_token(costs, hw, acceptance, spec.gamma1, spec.gamma2, has_tier0=has_tier0)
     predictions = {
-        "ar_offload_ms_per_token": round(times.full_verify_ms, 3),
+        "ar_offload_ms_per_token": round(ar, 3),
         "triforce_ms_per_token": round(spec_part["triforce_ms_per_token"], 3),
-        "full_verify_ms": round(times.full_verify_ms, 3),
-        "tier1_step_ms": round(times.tier1_ms, 4),
-        "tier0_step_ms": round(times.tier0_ms, 4),
+        "full_verify_ms": round(spec_part["full_verify_ms"], 3),
+        "tier1_step_ms": round(tier1_ms(costs, hw, spec.gamma1 + 1 if has_tier0 else 1), 4),
+        "tier0_step_ms": round(tier0_ms(costs, hw), 4),
         "drafting_ms_per_verify": round(spec_part["drafting_ms_per_verify"], 3),
         "expected_tokens_per_full_verify": round(spec_part["expected_tokens_per_full_verify"], 3),
-        "pcie_bytes_per_full_verify": host_per_link,
+        "pcie_bytes_per_full_verify": costs.host_kv_bytes,
         "acceptance": {"full": acceptance.full, "retrieval": acceptance.retrieval,
                        "measured": acceptance.measured},
-        "gamma1": spec.gamma1, "gamma2": spec.gamma2,
+        "gamma1": spec.gamma1, "gamma2": spec.gamma2, "budget": spec.budget, "chunk_size": spec.chunk_size,
     }
     if predictions["triforce_ms_per_token"] > 0:
-        predictions["predicted_speedup"] = round(times.full_verify_ms / spec_part["triforce_ms_per_token"], 2)
-    return MemoryPlan(**{**plan.__dict__, "predictions": predictions})
+        predictions["predicted_speedup"] = round(ar / spec_part["triforce_ms_per_token"], 2)
+    return replace(plan, predictions=predictions, step_costs=costs)

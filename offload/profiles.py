@@ -56,6 +56,9 @@ class MemoryProfile:
     hbm_gbps: float
     cpu_threads: int
     measured: bool = False
+    compute_tflops: float | None = None  # decode-shaped matmul rate; None: plan by bytes only
+    layer_overhead_us: float = 0.0       # fixed cost per layer per forward pass (launches, Python)
+    attention_gbps: float | None = None  # KV bytes/s of the attention kernel; None: hbm_gbps
     source: str = ""          # the file it came from
     extras: tuple = ()        # (key, value) pairs a newer tool wrote; kept, not interpreted
 
@@ -71,6 +74,12 @@ class MemoryProfile:
                 raise OffloadError(f"profile {self.name}: field '{name}' must be a positive number of GB/s")
         if self.cpu_threads < 1:
             raise OffloadError(f"profile {self.name}: field 'cpu_threads' must be >= 1")
+        if self.compute_tflops is not None and not self.compute_tflops > 0:
+            raise OffloadError(f"profile {self.name}: field 'compute_tflops' must be a positive number")
+        if self.attention_gbps is not None and not self.attention_gbps > 0:
+            raise OffloadError(f"profile {self.name}: field 'attention_gbps' must be a positive number of GB/s")
+        if self.layer_overhead_us < 0:
+            raise OffloadError(f"profile {self.name}: field 'layer_overhead_us' must be >= 0")
 
     @property
     def device_budget_bytes(self) -> int:
@@ -87,7 +96,8 @@ class MemoryProfile:
 _REQUIRED = {"num_gpus": int, "gpu_bytes": "size", "host_bytes": "size", "pcie_h2d_gbps": float,
              "hbm_gbps": float}
 _OPTIONAL = {"name": str, "description": str, "reserved_bytes": "size", "pcie_d2h_gbps": float,
-             "cpu_threads": int, "measured": bool}
+             "cpu_threads": int, "measured": bool, "compute_tflops": float, "layer_overhead_us": float,
+             "attention_gbps": float}
 
 
 def profile_from_dict(data: dict, source: str) -> MemoryProfile:
@@ -117,7 +127,9 @@ def profile_from_dict(data: dict, source: str) -> MemoryProfile:
         reserved_bytes=values.get("reserved_bytes", 0), host_bytes=values["host_bytes"],
         pcie_h2d_gbps=values["pcie_h2d_gbps"], pcie_d2h_gbps=values.get("pcie_d2h_gbps", values["pcie_h2d_gbps"]),
         hbm_gbps=values["hbm_gbps"], cpu_threads=values.get("cpu_threads", 1),
-        measured=values.get("measured", False), source=source, extras=extras)
+        measured=values.get("measured", False), compute_tflops=values.get("compute_tflops"),
+        layer_overhead_us=values.get("layer_overhead_us", 0.0), attention_gbps=values.get("attention_gbps"),
+        source=source, extras=extras)
 
 
 def _shipped() -> dict[str, object]:
@@ -154,12 +166,20 @@ def profile_to_toml(profile: MemoryProfile) -> str:
     """TOML text that load_profile reads back to an equal profile (bar `source`)."""
     lines = []
     for f in fields(MemoryProfile):
-        if f.name in ("source", "extras"):
-            continue
         value = getattr(profile, f.name)
+        if f.name in ("source", "extras") or value is None:
+            continue
         lines.append(f"{f.name} = {_toml_value(value)}")
     lines += [f"{k} = {_toml_value(v)}" for k, v in profile.extras]
     return "\n".join(lines) + "\n"
+
+
+def acceptance_table(profile: MemoryProfile) -> list[dict]:
+    """Acceptance figures stored with the profile (rows of `triforce eval acceptance --json`)."""
+    rows = dict(profile.extras).get("acceptance", [])
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise OffloadError(f"profile {profile.name}: field 'acceptance' must be a list of tables")
+    return rows
 
 
 def _toml_value(value) -> str:

@@ -106,10 +106,11 @@ class SpecParams:
 
     method: ar | triforce (draft -> retrieval -> full) | retrieval (retrieval -> full) |
     streaming (target with a StreamingLLM cache -> full) | naive (draft -> full).
-    gamma2: tokens proposed to each full verify; gamma1: drafts per retrieval-tier check
-    (triforce only). budget: tokens in the retrieval/streaming cache. The retrieval cache is
-    rebuilt every rebuild_stride tokens, or sooner when the full tier's rolling acceptance of its
-    proposals falls below rebuild_threshold."""
+    gamma2: tokens proposed to each full verify (the engine may adapt it within [gamma2_min,
+    gamma2_max], both gamma2 unless set); gamma1: drafts per retrieval-tier check (triforce only).
+    budget: tokens in the retrieval/streaming cache. The retrieval cache is rebuilt every
+    rebuild_stride tokens, or sooner when the full tier's rolling acceptance of its proposals
+    falls below rebuild_threshold."""
     method: str = "ar"
     gamma1: int = 4
     gamma2: int = 8
@@ -119,6 +120,8 @@ class SpecParams:
     rebuild_threshold: float = 0.3  # from bench/rebuild_sweep.py (bench/RESULTS.md)
     sink_tokens: int = 16
     draft_window: int = 256
+    gamma2_min: int | None = None
+    gamma2_max: int | None = None
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -135,6 +138,14 @@ class SpecParams:
             raise UserError(f"--budget ({self.budget}) must exceed the {self.sink_tokens} sink tokens")
         if not 0 <= self.rebuild_threshold <= 1:
             raise UserError(f"rebuild threshold must be in [0, 1], got {self.rebuild_threshold}")
+        if not 1 <= self.gamma2_range[0] <= self.gamma2 <= self.gamma2_range[1]:
+            raise UserError(f"gamma2 bounds {self.gamma2_range} must hold gamma2 = {self.gamma2}")
+
+    @property
+    def gamma2_range(self) -> tuple[int, int]:
+        """The values gamma2 may take while generating (adaptive when they differ)."""
+        return (self.gamma2 if self.gamma2_min is None else self.gamma2_min,
+                self.gamma2 if self.gamma2_max is None else self.gamma2_max)
 
     @property
     def uses_draft(self) -> bool:
@@ -147,12 +158,12 @@ class SpecParams:
     @property
     def sparse_append_slots(self) -> int:
         """Tokens a sparse cache may take after a selection before it must be rebuilt."""
-        return self.rebuild_stride + 2 * (self.gamma1 + self.gamma2) + 4
+        return self.rebuild_stride + 2 * (self.gamma1 + self.gamma2_range[1]) + 4
 
     @property
     def draft_slack(self) -> int:
         """The longest rollback of the draft model's streaming cache."""
-        return self.gamma1 + self.gamma2 + 2
+        return self.gamma1 + self.gamma2_range[1] + 2
 
     @property
     def draft_window_tokens(self) -> int:

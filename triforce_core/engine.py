@@ -76,6 +76,7 @@ class Engine:
         # tensor parallelism: every decision passes through agree (rank 0's values win)
         self.agree: Callable[[list[int]], list[int]] | None = None
         self.stop_requested: Callable[[], bool] | None = None  # asked before each round (TP chat's Ctrl-C)
+        self.gamma2_controller = None  # picks gamma2 from the observed acceptance (cost model)
 
     def _build_drafter(self, draft):
         spec = self.spec
@@ -150,6 +151,7 @@ class Engine:
                     del self.seq[base + stop_at + 1:]
                     self._truncate_all(len(self.seq) - 1)
                 self._after_full_verify(base - 1)
+                self._adapt_gamma2()
                 for token in self.seq[base:]:
                     out.append(token)
                     if on_token is not None:
@@ -262,8 +264,17 @@ class Engine:
                 tier.rebuild(self.session.cache, self.latest_queries)
                 self._rolling.clear()
 
+    def _adapt_gamma2(self) -> None:
+        """Move gamma2 toward what the cost model prefers at the acceptance seen lately."""
+        if self.gamma2_controller is None or len(self.levels) < 2:
+            return
+        proposed = sum(p for p, _ in self._rolling)
+        if proposed:
+            observed = sum(a for _, a in self._rolling) / proposed
+            self.gammas[-1] = self.gamma2_controller.choose(observed)
+
     def _ensure_sparse_room(self) -> None:
-        need = self.spec.gamma1 + self.spec.gamma2 + 2
+        need = self.spec.gamma1 + self.spec.gamma2_range[1] + 2
         for tier in self.sparse_tiers:
             if tier.cache.room < need:
                 tier.rebuild(self.session.cache, self.latest_queries)
@@ -278,6 +289,7 @@ class Engine:
             "proposed": {self.levels[i].name: s.proposed for i, s in enumerate(self.stats) if i > 0},
             "accepted": {self.levels[i].name: s.accepted for i, s in enumerate(self.stats) if i > 0},
             "full_verifies": top.rounds,
+            "gamma2": self.gammas[-1] if len(self.levels) > 1 else None,
             "mean_tokens_per_full_verify": round(top.emitted / top.rounds, 4) if top.rounds else None,
             "tier_time_s": tier_time,
             "rebuilds": rebuilds,  # during this call (the rebuild at sync time is not counted)

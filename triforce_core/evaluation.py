@@ -82,7 +82,8 @@ def evaluate_acceptance(lm: LoadedModel, prompt_ids: list[int], budgets: list[in
             matches += int(torch.argmax(row)) == seq[position + 1]
             p, q = probabilities(full_rows[i], params), probabilities(row, params)
             accept += float(torch.minimum(p, q).sum())
-        results.append({"policy": kind, "budget": budget, "greedy_match": round(matches / gen, 4),
+        results.append({"policy": kind, "budget": budget, "chunk_size": chunk_size,
+                        "greedy_match": round(matches / gen, 4),
                         "expected_accept": round(accept / gen, 4)})
         if progress:
             progress(gen)

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
 from triforce.config import ModelConfig, SpecParams
-from triforce.offload.planner import MemoryPlan, plan_memory
+from triforce.offload.cost_model import Acceptance, Gamma2Controller
+from triforce.offload.planner import MemoryPlan, hardware, plan_memory
 from triforce.offload.profiles import MemoryProfile, load_profile, parse_size
+from triforce.offload.speculation_choice import Choice, plan_with_choice
 
 
 def auto_profile(device: torch.device) -> MemoryProfile:
@@ -35,11 +38,40 @@ def resolve_profile(spec: str | None, device: torch.device, device_budget: str |
 
 def make_plan(cfg: ModelConfig, profile: MemoryProfile, context: int, spec: SpecParams, dtype: torch.dtype,
               draft_cfg: ModelConfig | None = None, draft_dtype: torch.dtype | None = None,
-              tp: int = 1) -> MemoryPlan:
-    size = torch.empty((), dtype=dtype).element_size()
-    draft_size = torch.empty((), dtype=draft_dtype).element_size() if draft_dtype is not None else None
-    return plan_memory(cfg, profile, context, spec, dtype_bytes=size, draft=draft_cfg,
-                       draft_dtype_bytes=draft_size, tp=tp)
+              tp: int = 1, acceptance: Acceptance = Acceptance()) -> MemoryPlan:
+    return plan_memory(cfg, profile, context, spec, dtype_bytes=_size(dtype), draft=draft_cfg,
+                       draft_dtype_bytes=_size(draft_dtype) if draft_dtype is not None else None, tp=tp,
+                       acceptance=acceptance)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    plan: MemoryPlan
+    spec: SpecParams                 # with the cost model's choices for the flags left out
+    choice: Choice | None            # what the cost model chose (None: nothing to choose)
+    profile: MemoryProfile
+
+    def gamma2_controller(self, has_tier0: bool) -> Gamma2Controller | None:
+        """Adapts gamma2 to the observed acceptance when its range is open."""
+        low, high = self.spec.gamma2_range
+        if low == high or self.plan.step_costs is None or self.choice is None:
+            return None
+        return Gamma2Controller(self.plan.step_costs, hardware(self.profile), self.choice.acceptance,
+                                self.spec.gamma1, has_tier0, (low, high))
+
+
+def plan_run(cfg: ModelConfig, profile: MemoryProfile, context: int, spec: SpecParams, fixed: frozenset[str],
+             dtype: torch.dtype, draft_cfg: ModelConfig | None = None, draft_dtype: torch.dtype | None = None,
+             tp: int = 1, assumed: Acceptance = Acceptance(), has_tier0: bool | None = None) -> RunPlan:
+    """The cost model's choices for the flags left open, and the memory plan for them."""
+    plan, spec, choice = plan_with_choice(cfg, profile, context, spec, fixed, dtype_bytes=_size(dtype),
+                                          draft=draft_cfg, draft_dtype_bytes=_size(draft_dtype) if draft_dtype else None,
+                                          tp=tp, assumed=assumed, has_tier0=has_tier0)
+    return RunPlan(plan, spec, choice, profile)
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool = True):

@@ -61,7 +61,7 @@ def test_acceptance_command_json(capsys, tiny_model_dir, tmp_path):
     results = json.loads(out)["results"]
     assert {(r["policy"], r["budget"]) for r in results} == {("streaming", 20), ("streaming", 40),
                                                               ("retrieval", 20), ("retrieval", 40)}
-    assert all(set(r) == {"policy", "budget", "greedy_match", "expected_accept"} for r in results)
+    assert all(set(r) == {"policy", "budget", "chunk_size", "greedy_match", "expected_accept"} for r in results)
 
 
 @pytest.mark.parametrize("args,fragment", [

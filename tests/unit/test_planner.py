@@ -3,7 +3,9 @@ import pytest
 
 from triforce.architectures import arch_config
 from triforce.config import SpecParams
-from triforce.offload.cost_model import Acceptance, expected_tokens, step_times, triforce_ms_per_token
+from triforce.offload.cost_model import (Acceptance, Gamma2Controller, Hardware, StepCosts, best_gammas,
+                                         expected_tokens, full_verify_ms, gamma2_bounds, tier0_ms, tier1_ms,
+                                         triforce_ms_per_token)
 from triforce.offload.planner import kv_bytes_per_token_layer, plan_memory, weight_bytes
 from triforce.offload.profiles import load_profile
 
@@ -85,17 +87,55 @@ def test_expected_tokens_by_hand():
     assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
 
 
+def costs(**kw):
+    base = dict(num_layers=10, weights_bytes=2 * 10**9, resident_kv_bytes=10**9, host_kv_bytes=10**9,
+                retrieval_kv_bytes=10**9, draft_bytes=10**8, draft_layers=2, flops_per_token=4e9,
+                draft_flops_per_token=2e8, attention_flops_per_key=4e5, context=10**5, budget=4096)
+    return StepCosts(**{**base, **kw})
+
+
 def test_cost_model_by_hand():
+    memory_only = Hardware(hbm_gbps=1000, h2d_gbps=10)
+    c = costs()
     # 1 GB over PCIe at 10 GB/s = 100 ms; 2 GB of weights + 1 GB resident at 1000 GB/s = 3 ms
-    times = step_times(weights_bytes=2 * 10**9, resident_kv_bytes=10**9, host_kv_bytes_per_link=10**9,
-                       retrieval_cache_bytes=10**9, draft_bytes=10**8, hbm_gbps=1000, h2d_gbps=10)
-    assert times.full_verify_ms == pytest.approx(103.0)
-    assert times.tier1_ms == pytest.approx(3.0) and times.tier0_ms == pytest.approx(0.1)
-    two_tier = triforce_ms_per_token(times, Acceptance(full=0.5), gamma1=2, gamma2=2, has_tier0=False)
+    assert full_verify_ms(c, memory_only, 1) == pytest.approx(103.0)
+    assert tier1_ms(c, memory_only, 1) == pytest.approx(3.0) and tier0_ms(c, memory_only) == pytest.approx(0.1)
+    two_tier = triforce_ms_per_token(c, memory_only, Acceptance(full=0.5), gamma1=2, gamma2=2, has_tier0=False)
     assert two_tier["triforce_ms_per_token"] == pytest.approx((103 + 2 * 3) / 1.75)
-    three = triforce_ms_per_token(times, Acceptance(full=0.5, retrieval=0.5), gamma1=2, gamma2=2, has_tier0=True)
-    checks = 2 / 1.75
-    assert three["triforce_ms_per_token"] == pytest.approx((103 + checks * (3 + 2 * 0.1)) / 1.75)
+    three = triforce_ms_per_token(c, memory_only, Acceptance(full=0.5, retrieval=0.5), gamma1=2, gamma2=2,
+                                  has_tier0=True)
+    assert three["triforce_ms_per_token"] == pytest.approx((103 + 2 / 1.75 * (3 + 2 * 0.1)) / 1.75)
+
+
+def test_compute_and_per_layer_overhead_by_hand():
+    hw = Hardware(hbm_gbps=1000, h2d_gbps=10, compute_tflops=1.0, layer_overhead_us=50)
+    c = costs(host_kv_bytes=0)
+    # 9 tokens x (4e9 + 4e5 x 1e5) flops = 9 x 4.4e10 = 3.96e11 flops at 1e12/s = 396 ms > 3 ms of bytes
+    assert full_verify_ms(c, hw, 9) == pytest.approx(396 + 10 * 0.05)
+    # one token of the draft: 0.1 GB at 1000 GB/s = 0.1 ms > 0.2 ms? no: 2e8 flops = 0.2 ms wins
+    assert tier0_ms(c, hw) == pytest.approx(0.2 + 2 * 0.05)
+
+
+def test_best_gammas_follow_acceptance():
+    hw = Hardware(hbm_gbps=1000, h2d_gbps=10)
+    c = costs()
+    high = best_gammas(c, hw, Acceptance(full=0.98), has_tier0=False)
+    low = best_gammas(c, hw, Acceptance(full=0.3), has_tier0=False)
+    assert high[1] > low[1]
+    # the choice is the minimum over the grid
+    for g2 in range(1, 17):
+        ms = triforce_ms_per_token(c, hw, Acceptance(full=0.98), 1, g2, False)["triforce_ms_per_token"]
+        assert high[2] <= ms + 1e-12
+
+
+def test_gamma2_controller_moves_with_observed_acceptance():
+    hw = Hardware(hbm_gbps=1000, h2d_gbps=10)
+    c = costs()
+    lo, hi = gamma2_bounds(c, hw, Acceptance(), gamma1=2, has_tier0=True)
+    assert lo < hi
+    controller = Gamma2Controller(c, hw, Acceptance(), 2, True, (lo, hi))
+    picks = [controller.choose(a) for a in (0.5, 0.7, 0.9, 0.99)]
+    assert picks == sorted(picks) and picks[0] < picks[-1] and lo <= picks[0] and picks[-1] <= hi
 
 
 def test_predictions_favour_triforce_at_long_context():

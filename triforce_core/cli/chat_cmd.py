@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option,
-                                  dtype_option, model_option, offload_options, plan_for_run, resolve_draft,
-                                  sampling_options, speculation_options)
+                                  dtype_option, has_tier0, model_option, offload_options, plan_for_run,
+                                  resolve_draft, sampling_options, speculation_options)
 from triforce.errors import UserError
 
 HELP_TEXT = """commands:
@@ -98,9 +98,9 @@ def chat(model, system, max_new_tokens, max_context, method, draft, budget, chun
     check_non_negative("--max-new-tokens", max_new_tokens)
     if tp < 1:
         raise UserError(f"--tp must be >= 1, got {tp}")
+    spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     request = ChatRequest(model=model, system=system, max_new_tokens=max_new_tokens, max_context=max_context,
-                          spec=build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride,
-                                          rebuild_threshold),
+                          spec=spec, fixed=fixed,
                           params=build_sampling(temperature, top_p, top_k, seed), draft=draft, dtype=dtype,
                           device=device, profile=profile, device_budget=device_budget)
     if tp == 1:
@@ -123,6 +123,7 @@ class ChatRequest:
     max_new_tokens: int
     max_context: int | None
     spec: object
+    fixed: frozenset
     params: object
     draft: str | None
     dtype: str
@@ -199,9 +200,11 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     if r.max_context is not None and not 1 < r.max_context <= context:
         raise UserError(f"--max-context must be in 2..{context} (the model's context), got {r.max_context}")
     max_len = r.max_context or context
-    plan = plan_for_run(lm, r.spec, max_len, r.profile, r.device_budget, drafter)
-    session = Chat(lm, max_len, system=r.system, spec=r.spec, draft=drafter,
+    run = plan_for_run(lm, r.spec, r.fixed, max_len, r.profile, r.device_budget, drafter)
+    plan = run.plan
+    session = Chat(lm, max_len, system=r.system, spec=run.spec, draft=drafter,
                    kv_cache=build_kv_cache(lm, max_len, plan))
+    session.engine.gamma2_controller = run.gamma2_controller(has_tier0(drafter))
     if world > 1:
         agree_across_ranks(session.engine, lm.device if lm.device.type == "cuda" else "cpu")
         session.engine.stop_requested = lambda: console.stop_requested(session.engine.agree)

@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 
 from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option,
-                                  dtype_option, model_option, offload_options, plan_for_run, resolve_draft,
-                                  sampling_options, speculation_options)
+                                  dtype_option, has_tier0, model_option, offload_options, plan_for_run,
+                                  resolve_draft, sampling_options, speculation_options)
 from triforce.errors import UserError
 
 
@@ -74,9 +74,9 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
     check_non_negative("--max-new-tokens", max_new_tokens)
     if tp < 1:
         raise UserError(f"--tp must be >= 1, got {tp}")
+    spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     request = GenerateRequest(
-        model=model, text=read_prompt(prompt, prompt_file), as_chat=as_chat, draft=draft,
-        spec=build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold),
+        model=model, text=read_prompt(prompt, prompt_file), as_chat=as_chat, draft=draft, spec=spec, fixed=fixed,
         params=build_sampling(temperature, top_p, top_k, seed), max_new_tokens=max_new_tokens,
         ignore_eos=ignore_eos, dtype=dtype, device=device, profile=profile, device_budget=device_budget,
         overlap=not no_overlap, record_acceptance=record_acceptance, as_json=as_json)
@@ -100,7 +100,8 @@ class GenerateRequest:
     text: str
     as_chat: bool
     draft: str | None
-    spec: object
+    spec: object                  # SpecParams
+    fixed: frozenset              # speculation flags the user gave (the cost model fills the rest)
     params: object
     max_new_tokens: int
     ignore_eos: bool
@@ -151,9 +152,11 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
                   f"{context}-token context", file=sys.stderr)
 
     max_len = len(ids) + max(max_new_tokens, 1)
-    plan = plan_for_run(lm, r.spec, max_len, r.profile, r.device_budget, drafter)
+    run = plan_for_run(lm, r.spec, r.fixed, max_len, r.profile, r.device_budget, drafter)
+    plan, spec = run.plan, run.spec
     kv_cache = build_kv_cache(lm, max_len, plan, overlap=r.overlap)
-    engine = Engine(lm, r.spec, max_len, drafter, kv_cache=kv_cache)
+    engine = Engine(lm, spec, max_len, drafter, kv_cache=kv_cache)
+    engine.gamma2_controller = run.gamma2_controller(has_tier0(drafter))
     if world > 1:
         agree_across_ranks(engine, lm.device if lm.device.type == "cuda" else "cpu")
     stream = TextStream(lm.tokenizer)
@@ -171,7 +174,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     time_s = time.perf_counter() - run_started
     if not speaker:
         return
-    method = r.spec.method
+    method = spec.method
     summary = {
         "text": lm.tokenizer.decode(result.tokens, skip_special_tokens=True),
         "tokens": result.tokens,
@@ -189,11 +192,14 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
         "tp": world,
         "load_s": round(load_s, 3),
         **result.stats,
+        "speculation": {"budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1,
+                        "gamma2_start": spec.gamma2, "gamma2_range": list(spec.gamma2_range),
+                        "chosen_by_cost_model": sorted(set(("budget", "chunk_size", "gamma1", "gamma2")) - r.fixed)
+                        if run.choice else []} if spec.method != "ar" else None,
         "plan": plan.to_json(),
     }
     if r.record_acceptance:
         from triforce.acceptance_trace import save_trace
-        spec = r.spec
         save_trace(r.record_acceptance, engine.rounds, {
             "model": str(lm.path), "method": method, "tiers": engine.describe(), "prompt_tokens": len(ids),
             "budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1, "gamma2": spec.gamma2,

@@ -52,14 +52,17 @@ def speculation_options(default_method: str):
             click.option("--draft", default=None,
                          help="Tier-0 drafter: a model path (same tokenizer as the target), 'lookup' "
                               "(prompt n-gram lookup, the default) or 'none' (triforce with two tiers)."),
-            click.option("--budget", type=int, default=d.budget, show_default=True,
-                         help="Tokens in the retrieval / streaming cache."),
-            click.option("--chunk-size", type=int, default=d.chunk_size, show_default=True,
-                         help="Retrieval chunk size in tokens."),
-            click.option("--gamma1", type=int, default=d.gamma1, show_default=True,
-                         help="Drafts per retrieval-tier check (triforce)."),
-            click.option("--gamma2", type=int, default=d.gamma2, show_default=True,
-                         help="Tokens proposed to each full-cache verify."),
+            click.option("--budget", type=int, default=None,
+                         help=f"Tokens in the retrieval / streaming cache (default: chosen by the cost model "
+                              f"from the profile's measured acceptance, else {d.budget})."),
+            click.option("--chunk-size", type=int, default=None,
+                         help=f"Retrieval chunk size in tokens (default: chosen with the budget, else {d.chunk_size})."),
+            click.option("--gamma1", type=int, default=None,
+                         help=f"Drafts per retrieval-tier check (triforce; default: chosen by the cost model, "
+                              f"else {d.gamma1})."),
+            click.option("--gamma2", type=int, default=None,
+                         help="Tokens proposed to each full-cache verify (default: chosen by the cost model "
+                              "and adapted to the acceptance seen while generating; a value given here is kept)."),
             click.option("--rebuild-stride", type=int, default=d.rebuild_stride, show_default=True,
                          help="Rebuild the retrieval cache every N generated tokens."),
             click.option("--rebuild-threshold", type=float, default=d.rebuild_threshold, show_default=True,
@@ -72,9 +75,15 @@ def speculation_options(default_method: str):
 
 
 def build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold):
+    """(SpecParams, the names of the tunable flags the user gave). Flags left out take the
+    dataclass defaults here; the cost model may replace them later (triforce.placement)."""
     from triforce.config import SpecParams
-    return SpecParams(method=method, budget=budget, chunk_size=chunk_size, gamma1=gamma1, gamma2=gamma2,
-                      rebuild_stride=rebuild_stride, rebuild_threshold=rebuild_threshold)
+
+    given = {"budget": budget, "chunk_size": chunk_size, "gamma1": gamma1, "gamma2": gamma2}
+    fixed = frozenset(name for name, value in given.items() if value is not None)
+    spec = SpecParams(method=method, rebuild_stride=rebuild_stride, rebuild_threshold=rebuild_threshold,
+                      **{name: given[name] for name in fixed})
+    return spec, fixed
 
 
 def resolve_draft(draft: str | None, spec, dtype: str, device: str):
@@ -91,6 +100,11 @@ def resolve_draft(draft: str | None, spec, dtype: str, device: str):
     return load_model(draft, dtype=dtype, device=device)
 
 
+def has_tier0(draft) -> bool:
+    """A draft model or prompt lookup feeds the retrieval tier ('none' and no draft do not)."""
+    return draft is not None and draft != "none"
+
+
 def offload_options(f):
     """--profile and --device-budget: where the KV cache lives (see `triforce plan`)."""
     f = click.option("--device-budget", default=None,
@@ -102,14 +116,16 @@ def offload_options(f):
     return f
 
 
-def plan_for_run(lm, spec, context: int, profile_name, device_budget, draft=None):
-    """The memory plan of a generate/chat run; a plan that cannot fit is a UserError."""
-    from triforce.placement import make_plan, resolve_profile
+def plan_for_run(lm, spec, fixed, context: int, profile_name, device_budget, draft=None):
+    """The plan of a generate/chat run: (MemoryPlan, SpecParams with the cost model's choices,
+    gamma2 controller or None). A plan that cannot fit is a UserError."""
+    from triforce.placement import plan_run, resolve_profile
 
     profile = resolve_profile(profile_name, lm.device, device_budget)
     draft_lm = draft if hasattr(draft, "config") else None
-    plan = make_plan(lm.config, profile, context, spec, lm.dtype,
-                     draft_lm.config if draft_lm else None, draft_lm.dtype if draft_lm else None)
-    if not plan.feasible:
-        raise UserError(f"the model does not fit profile {profile.name}: {plan.reason}")
-    return plan
+    run = plan_run(lm.config, profile, context, spec, fixed, lm.dtype,
+                   draft_lm.config if draft_lm else None, draft_lm.dtype if draft_lm else None,
+                   has_tier0=has_tier0(draft))
+    if not run.plan.feasible:
+        raise UserError(f"the model does not fit profile {profile.name}: {run.plan.reason}")
+    return run

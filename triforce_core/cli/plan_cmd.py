@@ -68,30 +68,34 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
     cannot fit. Predictions assume memory-bound steps at the profile's bandwidths.
     """
     from triforce.cli.options import build_spec
-    from triforce.offload.planner import plan_memory
     from triforce.offload.profiles import load_profile, parse_size
+    from triforce.offload.speculation_choice import plan_with_choice
 
     if context < 1:
         raise UserError(f"--context must be >= 1, got {context}")
     shape, name = _model_shape(model, arch)
-    spec = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
+    spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     prof = load_profile(profile or "cpu")
     if device_budget is not None:
         prof = prof.with_device_budget(parse_size(device_budget, "--device-budget"))
     if dtype == "auto":
         dtype = "bfloat16" if prof.num_gpus > 0 else "float32"
-    result = plan_memory(shape, prof, context, spec, dtype_bytes=_DTYPE_BYTES[dtype],
-                         draft=_draft_shape(draft) if spec.uses_draft else None, tp=tp,
-                         acceptance=_acceptance(acceptance))
+    result, spec, choice = plan_with_choice(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
+                                            draft=_draft_shape(draft) if spec.uses_draft else None, tp=tp,
+                                            assumed=_acceptance(acceptance),
+                                            has_tier0=spec.uses_draft and draft != "none")
+    chosen = {"budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
+              "gamma2_range": list(spec.gamma2_range),
+              "chosen_by_cost_model": sorted({"budget", "chunk_size", "gamma1", "gamma2"} - fixed) if choice else []}
     if as_json:
-        print(json.dumps({"model": name, "dtype": dtype, "method": method, **result.to_json()}))
+        print(json.dumps({"model": name, "dtype": dtype, "method": method, "speculation": chosen, **result.to_json()}))
     else:
-        print_plan(result, name, dtype, method)
+        print_plan(result, name, dtype, method, chosen)
     if not result.feasible:
         raise UserError(f"does not fit: {result.reason}")
 
 
-def print_plan(result, name: str, dtype: str, method: str) -> None:
+def print_plan(result, name: str, dtype: str, method: str, chosen: dict) -> None:
     from triforce.offload.profiles import format_size as fmt
 
     print(f"plan: {name}, {dtype}, context {result.context} tokens, method {method}, tp {result.tp}, "
@@ -118,4 +122,10 @@ def print_plan(result, name: str, dtype: str, method: str) -> None:
           f"{p['triforce_ms_per_token']:.1f} ms/token ({p['predicted_speedup']}x; "
           f"{p['expected_tokens_per_full_verify']} tokens per full verify at "
           f"{'measured' if acc['measured'] else 'assumed'} acceptance full {acc['full']}, "
-          f"retrieval {acc['retrieval']}; gamma1 {p['gamma1']}, gamma2 {p['gamma2']})")
+          f"retrieval {acc['retrieval']})")
+    if method != "ar":
+        by_model = ", ".join(chosen["chosen_by_cost_model"]) or "none"
+        low, high = chosen["gamma2_range"]
+        print(f"speculation: budget {chosen['budget']}, chunk size {chosen['chunk_size']}, gamma1 {chosen['gamma1']}, "
+              f"gamma2 {chosen['gamma2']}" + (f" (adapting within {low}..{high})" if low != high else "")
+              + f"; chosen by the cost model: {by_model}")

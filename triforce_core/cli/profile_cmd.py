@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -51,3 +52,58 @@ def _as_dict(p) -> dict:
     out["extras"] = dict(p.extras)
     out["device_budget_bytes"] = p.device_budget_bytes
     return out
+
+
+@profile_group.command("tune")
+@click.option("--out", default="profile.toml", show_default=True, help="TOML file to write.")
+@click.option("--name", default=None, help="Profile name (default: tuned-<hostname>).")
+@click.option("--acceptance", "acceptance_file", default=None,
+              help="JSON from `triforce eval acceptance --json` to store with the profile; the cost model "
+                   "then chooses the budget, chunk size and gammas from it.")
+def tune_cmd(out, name, acceptance_file):
+    """Measure this machine and write a profile: memory per GPU (NVML) and on the host, pinned
+    host-to-device and device-to-host bandwidth, device memory bandwidth (a copy and a
+    matrix-vector product), matmul rate at decode shapes, the per-layer overhead and attention
+    rate of one-token forwards of a 135M-parameter decoder (random weights, built locally), and the
+    CPU attention kernel's rate. Without CUDA it measures the CPU and writes a usable CPU profile."""
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from triforce.errors import UserError
+    from triforce.offload.profiles import load_profile, profile_to_toml
+    from triforce.tuning import STEPS, tune
+
+    rows = _acceptance_rows(acceptance_file) if acceptance_file else []
+    with tqdm(total=len(STEPS), desc="measuring", file=sys.stderr, leave=False) as bar:
+        def progress(step):
+            if step != STEPS[0]:
+                bar.update(1)
+            bar.set_postfix_str(step)
+
+        profile = tune(name, rows, progress)
+    try:
+        Path(out).write_text("# written by `triforce profile tune`\n" + profile_to_toml(profile), encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"cannot write {out}: {e.strerror}") from None
+    load_profile(out)  # what was written reads back
+    extras = dict(profile.extras)
+    print(f"wrote {out}: {profile.description}; host-to-device {profile.pcie_h2d_gbps} GB/s, weights read "
+          f"{profile.hbm_gbps} GB/s (copy {extras['copy_gbps']}), attention {profile.attention_gbps} GB/s, "
+          f"matmul {profile.compute_tflops} TFLOP/s at decode shapes, {profile.layer_overhead_us} us per layer, "
+          f"CPU attention kernel {extras['cpu_attention_gbps']} GB/s"
+          + (f", {len(rows)} acceptance figures" if rows else ""))
+
+
+def _acceptance_rows(path: str) -> list[dict]:
+    from triforce.errors import UserError
+
+    try:
+        data = json.loads(open(path, encoding="utf-8").read())
+        rows = data["results"]
+        keep = ("policy", "budget", "chunk_size", "greedy_match", "expected_accept")
+        return [{k: r[k] for k in keep if k in r} for r in rows if "policy" in r and "expected_accept" in r]
+    except FileNotFoundError:
+        raise UserError(f"acceptance file '{path}' does not exist") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is not the JSON of `triforce eval acceptance --json` ({e})") from None

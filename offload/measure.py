@@ -1,0 +1,113 @@
+"""Measuring the machine for a memory profile: memory per GPU and on the host, copy bandwidths,
+device memory bandwidth (a copy, and what a matrix-vector product achieves), matmul rate at decode
+shapes, and the CPU attention kernel's rate. Each measurement is
+the best of a few repeats (the least disturbed one)."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Callable
+
+import psutil
+import torch
+
+REPEATS = 3
+
+
+def _best_seconds(fn: Callable[[], None], sync: Callable[[], None], repeats: int = REPEATS) -> float:
+    fn()  # warm-up
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _syncer(device: torch.device) -> Callable[[], None]:
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def copy_gbps(device: torch.device, direction: str, num_bytes: int = 256 << 20) -> float:
+    """Host-to-device ('h2d') or device-to-host ('d2h') copy rate with pinned host memory; on a
+    CPU device, a memcpy."""
+    pin = device.type == "cuda"
+    host = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=pin)
+    dev = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    src, dst = (host, dev) if direction == "h2d" else (dev, host)
+    seconds = _best_seconds(lambda: dst.copy_(src, non_blocking=pin), _syncer(device))
+    return num_bytes / seconds / 1e9
+
+
+def memory_gbps(device: torch.device, num_bytes: int = 512 << 20) -> float:
+    """Device memory bandwidth from a device-to-device copy, counting the bytes read and written."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    seconds = _best_seconds(lambda: dst.copy_(src), _syncer(device))
+    return 2 * num_bytes / seconds / 1e9
+
+
+def gemv_gbps(device: torch.device) -> float:
+    """Weights read per second by a matrix-vector product (one token through a projection)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rows = 32768 if device.type == "cuda" else 16384
+    weight = torch.randn(rows, 4096, device=device, dtype=dtype)
+    x = torch.randn(1, 4096, device=device, dtype=dtype)
+    seconds = _best_seconds(lambda: torch.nn.functional.linear(x, weight), _syncer(device))
+    return weight.nbytes / seconds / 1e9
+
+
+def matmul_tflops(device: torch.device, rows: int = 16) -> float:
+    """Matmul rate at decode shapes (a verify pass: a few rows times a weight matrix), in the
+    dtype models run in there (bfloat16 on CUDA, float32 on a CPU)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    weight = torch.randn(16384, 4096, device=device, dtype=dtype)
+    x = torch.randn(rows, 4096, device=device, dtype=dtype)
+    seconds = _best_seconds(lambda: torch.nn.functional.linear(x, weight), _syncer(device))
+    return 2 * rows * weight.numel() / seconds / 1e12
+
+
+def cpu_attention_gbps(num_keys: int = 16384, heads: int = 8, dim: int = 128) -> float:
+    """KV bytes per second the numba CPU attention kernel reads (bfloat16, one query token)."""
+    from triforce.pinned import cpu_attention
+
+    q = torch.randn(1, heads, 1, dim)
+    k = torch.randn(1, heads, num_keys, dim, dtype=torch.bfloat16)
+    v = torch.randn(1, heads, num_keys, dim, dtype=torch.bfloat16)
+    seconds = _best_seconds(lambda: cpu_attention(q, k, v, scale=dim ** -0.5, q_start=num_keys - 1,
+                                                  num_keys=num_keys), lambda: None)
+    return (k.nbytes + v.nbytes) / seconds / 1e9
+
+
+def gpu_memory() -> list[tuple[int, int, str]]:
+    """(free, total, name) per GPU, from NVML (falling back to the CUDA runtime)."""
+    out = []
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                name = pynvml.nvmlDeviceGetName(handle)
+                out.append((int(info.free), int(info.total), name.decode() if isinstance(name, bytes) else name))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML library or no driver: ask the CUDA runtime
+        for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+            free, total = torch.cuda.mem_get_info(i)
+            out.append((free, total, torch.cuda.get_device_name(i)))
+    return out
+
+
+def host_memory() -> tuple[int, int]:
+    """(available, total) bytes of host memory."""
+    vm = psutil.virtual_memory()
+    return int(vm.available), int(vm.total)
+
+
+def machine_name() -> str:
+    return f"{platform.node() or 'host'} ({platform.machine()}, {os.cpu_count()} CPUs)"

@@ -1,0 +1,106 @@
+"""`triforce profile tune`: measure this machine and describe it as a memory profile."""
+from __future__ import annotations
+
+import datetime
+import platform
+import sys
+import time
+
+import torch
+
+from triforce.offload import measure
+from triforce.offload.profiles import MemoryProfile
+
+STEPS = ("memory", "host-to-device copy", "device-to-host copy", "device memory copy", "matrix-vector product",
+         "decode-shaped matmul", "forward-pass calibration", "CPU attention kernel")
+
+
+CALIBRATION_ARCH = "smollm2-135m"  # the default model's shape: realistic per-layer op mix, quick to build
+CALIBRATION_CONTEXT = 4096
+
+
+def calibrate_forward(device: torch.device, weights_gbps: float) -> tuple[float, float]:
+    """(per-layer overhead in us, attention GB/s) from one-token forwards of a real decoder (random
+    weights) through the real model code: at a tiny context, whatever the weights' bytes do not
+    explain is overhead; the extra time at a long context is the attention reading the KV."""
+    from triforce.architectures import build_random_model
+    from triforce.kv_cache import FullKVCache
+    from triforce.offload.planner import kv_bytes_per_token_layer, weight_bytes
+
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    lm = build_random_model(CALIBRATION_ARCH, dtype, str(device))
+    cfg = lm.config
+    cache = FullKVCache(cfg, CALIBRATION_CONTEXT + 8, dtype=lm.dtype, device=lm.device)
+    token = torch.zeros(1, 1, dtype=torch.long, device=lm.device)
+
+    def forward_seconds(context: int) -> float:
+        def run():
+            cache.length = context
+            step = cache.step(1)
+            lm.model(token, step.positions, step)
+        best = float("inf")
+        run()
+        for _ in range(5):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            run()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    element = lm.model.lm_head.weight.element_size()
+    short, long = forward_seconds(16), forward_seconds(CALIBRATION_CONTEXT)
+    weights_s = weight_bytes(cfg, element) / (weights_gbps * 1e9)
+    overhead_us = max(short - weights_s, 0.0) / cfg.num_layers * 1e6
+    kv_bytes = (CALIBRATION_CONTEXT - 16) * kv_bytes_per_token_layer(cfg, element) * cfg.num_layers
+    attention_gbps = kv_bytes / max(long - short, 1e-9) / 1e9
+    return overhead_us, attention_gbps
+
+
+def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> MemoryProfile:
+    """Measure everything in STEPS (progress(step) before each) and build the profile."""
+    values: dict = {}
+    device = torch.device("cpu")
+    for step in STEPS:
+        if progress is not None:
+            progress(step)
+        if step == "memory":
+            values["gpus"], values["host"] = measure.gpu_memory(), measure.host_memory()
+            if values["gpus"] and torch.cuda.is_available():
+                device = torch.device("cuda:0")
+        elif step == "host-to-device copy":
+            values["h2d"] = measure.copy_gbps(device, "h2d")
+        elif step == "device-to-host copy":
+            values["d2h"] = measure.copy_gbps(device, "d2h")
+        elif step == "device memory copy":
+            values["copy"] = measure.memory_gbps(device)
+        elif step == "matrix-vector product":
+            values["gemv"] = measure.gemv_gbps(device)
+        elif step == "decode-shaped matmul":
+            values["tflops"] = measure.matmul_tflops(device)
+        elif step == "forward-pass calibration":
+            values["overhead"], values["attention"] = calibrate_forward(device, values["gemv"])
+        else:
+            values["cpu_attention"] = measure.cpu_attention_gbps()
+    available = values["host"][0]
+    gpus = values["gpus"] if device.type == "cuda" else []
+    if gpus:
+        gpu_bytes = min(total for _, total, _ in gpus)
+        reserved = max(total - free for free, total, _ in gpus) + (512 << 20)
+        host_bytes, description = int(0.8 * available), f"{len(gpus)} x {gpus[0][2]}, measured"
+    else:  # the CPU is the device: most of the memory for the model, a share for an emulated host store
+        gpu_bytes, reserved, host_bytes = int(0.6 * available), 0, int(0.25 * available)
+        description = f"CPU only ({platform.machine()}), measured"
+    extras = {"copy_gbps": round(values["copy"], 3), "cpu_attention_gbps": round(values["cpu_attention"], 3),
+              "machine": measure.machine_name(), "measured_on": datetime.date.today().isoformat()}
+    if acceptance_rows:
+        extras["acceptance"] = acceptance_rows
+    return MemoryProfile(
+        name=name or f"tuned-{platform.node() or 'host'}", description=description, num_gpus=len(gpus),
+        gpu_bytes=gpu_bytes, reserved_bytes=min(reserved, gpu_bytes - 1), host_bytes=host_bytes,
+        pcie_h2d_gbps=round(values["h2d"], 3), pcie_d2h_gbps=round(values["d2h"], 3),
+        hbm_gbps=round(values["gemv"], 3), cpu_threads=torch.get_num_threads(), measured=True,
+        compute_tflops=round(values["tflops"], 4), layer_overhead_us=round(values["overhead"], 2),
+        attention_gbps=round(values["attention"], 3), extras=tuple(extras.items()))

@@ -2,8 +2,9 @@
 gamma2 may adapt in) for a model, a context and a profile, by the cost model.
 
 Acceptance of the full tier per (budget, chunk size) comes from `triforce eval acceptance` rows
-stored with the profile (or given); without them the given budget is kept and acceptance is an
-assumption, which the output says."""
+stored with the profile (`profile tune --acceptance`), or a measured rate passed in (`plan
+--acceptance`). Without either, nothing is chosen: the defaults stand, and predictions say their
+acceptance is assumed."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -81,10 +82,14 @@ def plan_with_choice(model: ModelShape, profile: MemoryProfile, context: int, sp
     acceptance measured for the profile where there is some, then plan memory for it.
     Returns (MemoryPlan, spec with the choices, Choice or None)."""
     choice = None
-    if spec.uses_sparse_cache and not set(TUNABLE) <= fixed:
+    rows = acceptance_table(profile)
+    policy = "streaming" if spec.method == "streaming" else "retrieval"
+    measured = bool(measured_acceptance(rows, policy)) or assumed.measured
+    # without measured acceptance the defaults (themselves measured, bench/RESULTS.md) stand
+    if spec.uses_sparse_cache and measured and not set(TUNABLE) <= fixed:
         choice = choose_speculation(model, profile, context, spec, dtype_bytes=dtype_bytes, fixed=fixed,
                                     draft=draft if spec.method == "triforce" else None, tp=tp,
-                                    rows=acceptance_table(profile), assumed=assumed, has_tier0=has_tier0)
+                                    rows=rows, assumed=assumed, has_tier0=has_tier0)
         if choice is not None:
             spec = replace(spec, **choice.spec_changes())
     plan = plan_memory(model, profile, context, spec, dtype_bytes=dtype_bytes, draft=draft,

@@ -128,4 +128,6 @@ def print_plan(result, name: str, dtype: str, method: str, chosen: dict) -> None
         low, high = chosen["gamma2_range"]
         print(f"speculation: budget {chosen['budget']}, chunk size {chosen['chunk_size']}, gamma1 {chosen['gamma1']}, "
               f"gamma2 {chosen['gamma2']}" + (f" (adapting within {low}..{high})" if low != high else "")
-              + f"; chosen by the cost model: {by_model}")
+              + (f"; chosen by the cost model: {by_model}" if chosen["chosen_by_cost_model"] else
+                 "; defaults (no measured acceptance: store `triforce eval acceptance --json` output with "
+                 "`triforce profile tune --acceptance FILE`, or pass --acceptance)"))

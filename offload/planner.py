@@ -152,7 +152,7 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
     budget = profile.device_budget_bytes
     per_token_layer = kv_bytes_per_token_layer(model, dtype_bytes, tp)
     per_token = per_token_layer * model.num_layers
-    kvh, heads = kv_heads_share(model, tp), kv_heads_share(model, tp) * (model.num_heads // model.num_kv_heads)
+    heads = kv_heads_share(model, tp) * (model.num_heads // model.num_kv_heads)
     fixed = {
         "target_weights": weight_bytes(model, dtype_bytes, tp),
         "draft_weights": 0,

@@ -39,3 +39,18 @@ def agree_across_ranks(engine, device) -> None:
 def share_threads(world: int) -> None:
     """CPU ranks split the cores instead of each taking all of them."""
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+
+
+def run_on_ranks(world: int, fn, request, model: str | None = None) -> None:
+    """Run fn(rank, world, request) on `world` ranks; a failing rank becomes one UserError line.
+    `model` is fetched or converted once first, so the ranks do not race to do it."""
+    from triforce.errors import UserError
+    from triforce.offload.tp import RankFailed, launch
+
+    if model is not None:
+        from triforce.loading import resolve_model_dir
+        resolve_model_dir(model)
+    try:
+        launch(world, fn, (request,))
+    except RankFailed as e:
+        raise UserError(str(e)) from None

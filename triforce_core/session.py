@@ -43,12 +43,17 @@ class Session:
 
     def forward(self, ids: list[int], num_logits: int | None = None, record_queries: bool = False) -> torch.Tensor:
         """Run `ids` through the model after self.tokens; returns logits [T', V]."""
+        return self._step(ids, record_queries,
+                          lambda tokens, step: self.model(tokens, step.positions, step, num_logits=num_logits))[0]
+
+    def _step(self, ids: list[int], record_queries: bool, run) -> torch.Tensor:
+        """One forward pass over `ids` through the cache; the cache rolls back if it fails."""
         started = time.perf_counter()
         start = len(self.tokens)
         tokens = torch.tensor([ids], dtype=torch.long, device=self.lm.device)
         step = self.cache.step(len(ids), record_queries)
         try:
-            logits = self.model(tokens, step.positions, step, num_logits=num_logits)
+            logits = run(tokens, step)
         except BaseException:
             self.cache.rollback(start)
             raise
@@ -56,7 +61,7 @@ class Session:
         if record_queries:
             self.last_queries = step.queries
         self.time_s += time.perf_counter() - started
-        return logits[0]
+        return logits
 
     def logits(self, seq: list[int], record_queries: bool = False) -> torch.Tensor:
         """Feed the part of `seq` not yet cached; logits for each fed token [n, V]."""
@@ -93,10 +98,6 @@ class Session:
     def _prefill_layer_major(self, ids: list[int], progress, chunk: int, record_queries: bool) -> torch.Tensor:
         """One layer at a time over all of `ids` (caches that send each finished layer's KV to
         the host); progress advances by a layer's share of the tokens."""
-        started = time.perf_counter()
-        start = len(self.tokens)
-        tokens = torch.tensor([ids], dtype=torch.long, device=self.lm.device)
-        step = self.cache.step(len(ids), record_queries)
         layers = self.lm.config.num_layers
         reported = [0]
 
@@ -106,16 +107,8 @@ class Session:
                 progress(done - reported[0])
             reported[0] = done
 
-        try:
-            logits = self.model.forward_layer_major(tokens, step.positions, step, chunk, 1, on_layer)
-        except BaseException:
-            self.cache.rollback(start)
-            raise
-        self.tokens.extend(ids)
-        if record_queries:
-            self.last_queries = step.queries
-        self.time_s += time.perf_counter() - started
-        return logits[0, -1]
+        return self._step(ids, record_queries, lambda tokens, step: self.model.forward_layer_major(
+            tokens, step.positions, step, chunk, 1, on_layer))[0, -1]
 
     def prepare_verify(self) -> None:
         """Let the cache fetch ahead what the coming full verify reads (offloaded caches)."""

@@ -11,6 +11,7 @@ from triforce.engine import Engine
 from triforce.kv_cache import FullKVCache
 from triforce.loading import load_model
 from triforce.offload.offloaded_cache import OffloadedKVCache
+from test_greedy_equivalence import tiny_spec
 
 GREEDY = SamplingParams()
 METHODS = ("ar", "triforce", "retrieval", "streaming", "naive")
@@ -21,9 +22,7 @@ PROMPTS = [
 ]
 
 
-def spec_for(method):
-    return SpecParams(method=method, gamma1=3, gamma2=5, budget=24, chunk_size=4, sink_tokens=4,
-                      rebuild_stride=8, draft_window=16)
+spec_for = tiny_spec  # the tiny models' speculation settings
 
 
 def offloaded(lm, max_len, overlap=True, resident=16, block=8):

@@ -1,5 +1,4 @@
 """The cost model's choice of budget, chunk size and gammas, from measured acceptance rows."""
-import pytest
 
 from triforce.architectures import arch_config
 from triforce.config import SpecParams

@@ -74,11 +74,8 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     if tp == 1:
         run_bench(request)
         return
-    from triforce.offload.tp import RankFailed, launch
-    try:
-        launch(tp, bench_rank, (request,))
-    except RankFailed as e:
-        raise UserError(str(e)) from None
+    from triforce.parallel import run_on_ranks
+    run_on_ranks(tp, bench_rank, request)
 
 
 @dataclass(frozen=True)

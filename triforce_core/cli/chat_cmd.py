@@ -106,14 +106,8 @@ def chat(model, system, max_new_tokens, max_context, method, draft, budget, chun
     if tp == 1:
         run_chat(request)
         return
-    from triforce.loading import resolve_model_dir
-    from triforce.offload.tp import RankFailed, launch
-
-    resolve_model_dir(model)
-    try:
-        launch(tp, chat_rank, (request,))
-    except RankFailed as e:
-        raise UserError(str(e)) from None
+    from triforce.parallel import run_on_ranks
+    run_on_ranks(tp, chat_rank, request, model)
 
 
 @dataclass(frozen=True)

@@ -83,14 +83,8 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
     if tp == 1:
         run_generate(request)
         return
-    from triforce.loading import resolve_model_dir
-    from triforce.offload.tp import RankFailed, launch
-
-    resolve_model_dir(model)  # fetch or convert once, before the ranks start
-    try:
-        launch(tp, generate_rank, (request,))
-    except RankFailed as e:
-        raise UserError(str(e)) from None
+    from triforce.parallel import run_on_ranks
+    run_on_ranks(tp, generate_rank, request, model)
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,8 @@ def run_method(method: str, s: Setup) -> dict:
                                      host_budget_bytes=s.profile.host_bytes)
     else:
         cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap)
-    engine = Engine(s.lm, spec, max_len, s.draft if method == "triforce" else None, kv_cache=cache)
+    engine = Engine(s.lm, spec, max_len, s.draft if method == "triforce" else None, kv_cache=cache,
+                    prefill_chunk=plan.prefill_chunk)
     if s.prompt_ids is not None:
         ids = s.prompt_ids
         engine.sync(ids)  # a real prefill: real models must see their real KV

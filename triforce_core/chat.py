@@ -9,15 +9,16 @@ from triforce.config import SamplingParams, SpecParams
 from triforce.engine import Engine, GenerationResult
 from triforce.errors import UserError
 from triforce.loading import LoadedModel
+from triforce.session import PREFILL_CHUNK
 
 PLAIN_TEMPLATE_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
 class Chat:
     def __init__(self, lm: LoadedModel, max_len: int, system: str | None = None,
-                 spec: SpecParams = SpecParams(), draft=None, kv_cache=None):
+                 spec: SpecParams = SpecParams(), draft=None, kv_cache=None, prefill_chunk: int = PREFILL_CHUNK):
         self.lm = lm
-        self.engine = Engine(lm, spec, max_len, draft, kv_cache)
+        self.engine = Engine(lm, spec, max_len, draft, kv_cache, prefill_chunk)
         self.session = self.engine.session
         self.system = system
         self.messages: list[dict] = self._initial_messages()
@@ -94,5 +95,5 @@ class Chat:
             "mean_tokens_per_full_verify": speculation.get("mean_tokens_per_full_verify"),
             "tier_time_s": speculation.get("tier_time_s"),
             "kv_cache_bytes": self.session.cache.nbytes,
-            "kv_host_bytes": getattr(self.session.cache, "host_nbytes", 0),
+            "kv_host_bytes": self.session.cache.host_nbytes,
         }

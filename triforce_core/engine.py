@@ -21,7 +21,7 @@ from triforce.config import SamplingParams, SpecParams
 from triforce.errors import UserError
 from triforce.loading import LoadedModel
 from triforce.sampling import make_generator, probabilities, sample
-from triforce.session import Session
+from triforce.session import PREFILL_CHUNK, Session
 from triforce.sparse_cache import SelectionPolicy
 from triforce.speculative import Verdict, verify_greedy, verify_sampled
 from triforce.tiers import DraftModelTier, LookupDrafter, SparseTier
@@ -47,10 +47,11 @@ class GenerationResult:
 
 class Engine:
     def __init__(self, lm: LoadedModel, spec: SpecParams, max_len: int,
-                 draft: LoadedModel | str | None = None, kv_cache=None):
-        """kv_cache: the full cache to use (see triforce.placement.build_kv_cache); default resident."""
+                 draft: LoadedModel | str | None = None, kv_cache=None, prefill_chunk: int = PREFILL_CHUNK):
+        """kv_cache: the full cache to use (see triforce.placement.build_kv_cache); default resident.
+        prefill_chunk: tokens per prefill forward (a memory plan's `prefill_chunk`)."""
         self.lm, self.spec = lm, spec
-        self.session = Session(lm, max_len, kv_cache)
+        self.session = Session(lm, max_len, kv_cache, prefill_chunk)
         self.levels: list = []
         if spec.method in ("triforce", "naive"):
             drafter = self._build_drafter(draft)

@@ -17,6 +17,9 @@ class FullKVCache:
 
     k_buf, v_buf: [num_layers, B, Hkv, max_len, D]. Entries [0, length) are valid."""
 
+    layer_major = False  # prefill may run chunk by chunk through all layers
+    host_nbytes = 0      # nothing lives in host memory
+
     def __init__(self, cfg: ModelConfig, max_len: int, *, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)

@@ -85,6 +85,4 @@ def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool =
 
         cache = OffloadedKVCache(lm.config, max_len, plan.resident_tokens, plan.block_tokens, dtype=lm.dtype,
                                  device=lm.device, overlap=overlap, host_budget_bytes=plan.host_budget_bytes)
-    if plan is not None:
-        cache.prefill_chunk = plan.prefill_chunk  # what the plan sized activation memory for
     return cache

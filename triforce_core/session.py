@@ -19,15 +19,17 @@ class Session:
 
     name = "full"
 
-    def __init__(self, lm: LoadedModel, max_len: int, kv_cache=None):
+    def __init__(self, lm: LoadedModel, max_len: int, kv_cache=None, prefill_chunk: int = PREFILL_CHUNK):
         """kv_cache: a prebuilt full cache (e.g. offloaded, see triforce.placement); default: a
-        FullKVCache of max_len tokens on the model's device."""
+        FullKVCache of max_len tokens on the model's device. prefill_chunk: tokens per prefill
+        forward (the memory plan sizes activations for it)."""
         if max_len < 1:
             raise UserError("the context must hold at least one token")
         self.lm = lm
         self.model = lm.model
         self.cache = kv_cache if kv_cache is not None else \
             FullKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device)
+        self.prefill_chunk = prefill_chunk
         self.tokens: list[int] = []
         self.last_queries: list[torch.Tensor] | None = None  # per layer [B, H, T, D], last recorded forward
         # queries of the last token of a prefill, by cache length, so a re-sync to the same prefix
@@ -73,12 +75,12 @@ class Session:
         With record_queries, last_queries holds each layer's query of the last token [B, H, D]."""
         if not ids:
             return None
-        chunk = chunk or getattr(self.cache, "prefill_chunk", PREFILL_CHUNK)
+        chunk = chunk or self.prefill_chunk
         if len(self.tokens) + len(ids) > self.max_len:
             raise UserError(f"input of {len(ids)} tokens does not fit: the context holds "
                             f"{len(self.tokens)} of {self.max_len} tokens")
         started = time.perf_counter()
-        if getattr(self.cache, "layer_major", False):
+        if self.cache.layer_major:
             logits = self._prefill_layer_major(ids, progress, chunk, record_queries)
         else:
             logits = None

@@ -197,7 +197,7 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     run = plan_for_run(lm, r.spec, r.fixed, max_len, r.profile, r.device_budget, drafter)
     plan = run.plan
     session = Chat(lm, max_len, system=r.system, spec=run.spec, draft=drafter,
-                   kv_cache=build_kv_cache(lm, max_len, plan))
+                   kv_cache=build_kv_cache(lm, max_len, plan), prefill_chunk=plan.prefill_chunk)
     session.engine.gamma2_controller = run.gamma2_controller(has_tier0(drafter))
     if world > 1:
         agree_across_ranks(session.engine, lm.device if lm.device.type == "cuda" else "cpu")

@@ -149,7 +149,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     run = plan_for_run(lm, r.spec, r.fixed, max_len, r.profile, r.device_budget, drafter)
     plan, spec = run.plan, run.spec
     kv_cache = build_kv_cache(lm, max_len, plan, overlap=r.overlap)
-    engine = Engine(lm, spec, max_len, drafter, kv_cache=kv_cache)
+    engine = Engine(lm, spec, max_len, drafter, kv_cache=kv_cache, prefill_chunk=plan.prefill_chunk)
     engine.gamma2_controller = run.gamma2_controller(has_tier0(drafter))
     if world > 1:
         agree_across_ranks(engine, lm.device if lm.device.type == "cuda" else "cpu")

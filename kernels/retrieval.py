@@ -1,6 +1,10 @@
-"""Chunk scoring for the retrieval cache (torch reference path): mean keys of fixed-size chunks
-and their dot product with a query, summed over the query heads that share a KV head."""
+"""Building the retrieval cache: mean keys of fixed-size chunks, their scores against a query
+(summed over the query heads that share a KV head), top-k of the scores, and the gather of the
+chosen tokens' KV. The torch functions here are the reference path; `RetrievalKernels` runs the
+Triton versions (retrieval_triton.py) on CUDA when triton is importable."""
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 
@@ -19,3 +23,61 @@ def chunk_mean_keys(keys: torch.Tensor, chunk_size: int) -> torch.Tensor:
     batch, kv_heads, length, dim = keys.shape
     num_chunks = length // chunk_size
     return keys[:, :, :num_chunks * chunk_size].reshape(batch, kv_heads, num_chunks, chunk_size, dim).mean(-2)
+
+
+def topk_sorted(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """scores [..., N] -> int64 [..., k]: indices of the k largest, ascending; ties go to the
+    lower index (so every implementation picks the same set)."""
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices[..., :k]
+    return torch.sort(order, dim=-1).values
+
+
+def gather_into(k_src: torch.Tensor, v_src: torch.Tensor, index: torch.Tensor,
+                k_dst: torch.Tensor, v_dst: torch.Tensor) -> None:
+    """k_dst[b, h, i] = k_src[b, h, index[b, h, i]] (and v). src [B, Hkv, S, D], index [B, Hkv, N]."""
+    expanded = index[..., None].expand(-1, -1, -1, k_src.shape[-1])
+    k_dst.copy_(torch.gather(k_src, 2, expanded))
+    v_dst.copy_(torch.gather(v_src, 2, expanded))
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+class RetrievalKernels:
+    """The scoring, top-k and gather a retrieval rebuild runs: Triton or the torch reference."""
+
+    def __init__(self, use_triton: bool):
+        self.use_triton = use_triton
+        if use_triton:
+            from triforce.kernels import retrieval_triton
+            self._triton = retrieval_triton
+
+    @classmethod
+    def for_device(cls, device: torch.device | str) -> "RetrievalKernels":
+        """Triton on CUDA when it is installed; the torch reference otherwise."""
+        return cls(torch.device(device).type == "cuda" and triton_available())
+
+    @property
+    def name(self) -> str:
+        return "triton" if self.use_triton else "torch"
+
+    def scores(self, query: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
+        """query [B, H, D], chunk means [B, Hkv, N, D] -> [B, Hkv, N]."""
+        if self.use_triton:
+            return self._triton.chunk_scores(query.contiguous(), means)
+        return grouped_scores(query, means)
+
+    def topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        if self.use_triton:
+            return self._triton.topk_sorted(scores, k)
+        return topk_sorted(scores, k)
+
+    def gather_into(self, k_src, v_src, index, k_dst, v_dst) -> None:
+        if self.use_triton:
+            self._triton.gather_into(k_src, v_src, index.contiguous(), k_dst, v_dst)
+        else:
+            gather_into(k_src, v_src, index, k_dst, v_dst)
+
+
+TORCH_KERNELS = RetrievalKernels(False)

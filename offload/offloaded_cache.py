@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from triforce.kernels import (PartialAccumulator, attention, block_visible, chunk_mean_keys, grouped_scores,
-                              partial_attention)
+from triforce.chunk_means import ChunkMeans
+from triforce.kernels import (TORCH_KERNELS, PartialAccumulator, RetrievalKernels, attention, block_visible,
+                              chunk_mean_keys, partial_attention)
 from triforce.offload.errors import OffloadError
 from triforce.offload.prefetcher import Prefetcher
 from triforce.pinned import HostKVStore, allocate_host
@@ -43,14 +44,17 @@ class OffloadedKVCache:
         self.prefetcher.schedule = self._host_blocks
         self._read_end = 0       # host blocks are read up to this position (the old tokens of a pass)
         self._query_start = 0    # the earliest query position of the pass (for sliding windows)
+        self.kernels = RetrievalKernels.for_device(self.device)
+        self._resident_means: dict[int, ChunkMeans] = {}  # by chunk size: means of resident chunks (device)
         self._means: dict[int, tuple[torch.Tensor, list[int]]] = {}  # chunk size -> (host means, valid chunks)
         self._gather_staging: list[torch.Tensor] = []  # flat host buffers for retrieval gathers
 
     # ---- bookkeeping --------------------------------------------------------------------
     @property
     def nbytes(self) -> int:
-        """Device bytes: resident KV plus staging buffers."""
-        return self.k_res.nbytes + self.v_res.nbytes + self.prefetcher.staging_bytes
+        """Device bytes: resident KV (and its chunk means) plus staging buffers."""
+        means = sum(m.nbytes for m in self._resident_means.values())
+        return self.k_res.nbytes + self.v_res.nbytes + means + self.prefetcher.staging_bytes
 
     @property
     def host_nbytes(self) -> int:
@@ -71,6 +75,8 @@ class OffloadedKVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}: cache holds {self.length}")
         self.length = length
+        for means in self._resident_means.values():
+            means.rollback(length)
         for chunk, (_, valid) in self._means.items():
             complete = max(0, length - self.resident_tokens) // chunk
             valid[:] = [min(v, complete) for v in valid]
@@ -103,12 +109,17 @@ class OffloadedKVCache:
                                f"({self.store.block_tokens} tokens); use a power of two up to 256")
         num_chunks = self.length // chunk_size
         resident_chunks = min(num_chunks, self.resident_tokens // chunk_size)
-        scores = [grouped_scores(query, chunk_mean_keys(self.k_res[layer, :, :, :resident_chunks * chunk_size],
-                                                        chunk_size))]
+        if chunk_size not in self._resident_means:
+            self._resident_means[chunk_size] = ChunkMeans(
+                self.num_layers, self.batch, self.kv_heads, self.resident_tokens // chunk_size, self.k_res.shape[-1],
+                chunk_size, dtype=self.k_res.dtype, device=self.device)
+        keys = self.k_res[layer]
+        means = self._resident_means[chunk_size].read(layer, resident_chunks, lambda start, end: keys[:, :, start:end])
+        scores = [self.kernels.scores(query, means)]
         host_chunks = num_chunks - resident_chunks
         if host_chunks > 0:
             means = self._host_means(layer, chunk_size, host_chunks)
-            scores.append(grouped_scores(query.to("cpu"), means).to(self.device))
+            scores.append(TORCH_KERNELS.scores(query.to("cpu"), means).to(self.device, scores[0].dtype))
         return torch.cat(scores, dim=-1)
 
     def _host_means(self, layer: int, chunk_size: int, count: int) -> torch.Tensor:
@@ -130,9 +141,18 @@ class OffloadedKVCache:
             valid[layer] = count
         return means[layer, :, :, :count]
 
-    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """index [B, Hkv, N] (device) -> keys and values [B, Hkv, N, D] on the device. Host
-        entries are gathered by the numba kernel into a host staging buffer, then copied over."""
+    def gather_into(self, layer: int, index: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor) -> None:
+        """index [B, Hkv, N] (device) -> k_dst, v_dst [B, Hkv, N, D]: the keys and values of those tokens."""
+        if int(index.max()) < self.resident_tokens:  # all resident: the device kernel, no host round trip
+            self.kernels.gather_into(self.k_res[layer], self.v_res[layer], index, k_dst, v_dst)
+            return
+        k, v = self._gather_with_host(layer, index)
+        k_dst.copy_(k)
+        v_dst.copy_(v)
+
+    def _gather_with_host(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [B, Hkv, N, D] on the device; host entries are gathered by the numba
+        kernel into a host staging buffer, then copied over."""
         resident = self.resident_tokens
         expanded = index.clamp(max=max(resident - 1, 0))[..., None].expand(-1, -1, -1, self.k_res.shape[-1])
         if resident:
@@ -140,8 +160,6 @@ class OffloadedKVCache:
             v = torch.gather(self.v_res[layer], 2, expanded)
         else:
             k = v = None
-        if int(index.max()) < resident:
-            return k, v
         self.prefetcher.synchronize()
         shape = (self.batch, self.kv_heads, index.shape[-1], self.k_res.shape[-1])
         numel = shape[0] * shape[1] * shape[2] * shape[3]

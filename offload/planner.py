@@ -176,8 +176,11 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
         return min(chunk, context) * activation_per_token + logits + gather
 
     graph_pool = 2 * (spec.gamma1 + 1) * (activation_per_token + model.vocab_size * 4) if graphs else 0
+    # mean keys of retrieval chunks, kept beside resident keys (triforce.chunk_means)
+    means_per_token = per_token // (2 * spec.chunk_size) if spec.uses_sparse_cache and spec.method != "streaming" else 0
     resident_all = {**fixed, "workspace": workspace(PREFILL_CHUNKS[0]), "cuda_graph_pool": graph_pool,
-                    "staging_buffers": 0, "prefill_scratch": 0, "resident_kv": context * per_token}
+                    "staging_buffers": 0, "prefill_scratch": 0, "resident_kv": context * per_token,
+                    "chunk_means": context * means_per_token}
     common = dict(profile=profile.name, context=context, tp=tp, gpu_budget_bytes=budget,
                   host_budget_bytes=profile.host_bytes)
     if sum(resident_all.values()) <= budget:
@@ -202,10 +205,10 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
     if room < 0:
         scratch_per_token = prefill_scratch / context
         return MemoryPlan(False, _too_big_reason(offload, budget, profile, tp, scratch_per_token),
-                          breakdown={**offload, "resident_kv": 0},
+                          breakdown={**offload, "resident_kv": 0, "chunk_means": 0},
                           resident_tokens=0, host_breakdown={"host_kv": 0}, block_tokens=block,
                           prefill_chunk=chunk, **common)
-    resident_tokens = min(context, room // per_token // ALIGN_TOKENS * ALIGN_TOKENS)
+    resident_tokens = min(context, room // (per_token + means_per_token) // ALIGN_TOKENS * ALIGN_TOKENS)
     host_tokens = context - resident_tokens
     block = min(block, _align_up(host_tokens))  # no block longer than the host range needs
     offload["staging_buffers"] = 2 * block * per_token_layer
@@ -216,7 +219,7 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
         if spec.method != "streaming":
             host["host_chunk_means"] = (host_tokens // spec.chunk_size) * model.num_layers \
                 * model.num_kv_heads * model.head_dim * dtype_bytes
-    breakdown = {**offload, "resident_kv": resident_tokens * per_token}
+    breakdown = {**offload, "resident_kv": resident_tokens * per_token, "chunk_means": resident_tokens * means_per_token}
     reason = ""
     if sum(host.values()) > profile.host_bytes:
         per_host_token = sum(host.values()) / max(host_tokens, 1)

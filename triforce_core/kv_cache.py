@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import torch
 
+from triforce.chunk_means import ChunkMeans
 from triforce.config import ModelConfig
 from triforce.errors import UserError
-from triforce.kernels import attention, chunk_mean_keys, grouped_scores
+from triforce.kernels import RetrievalKernels, attention
 
 
 class FullKVCache:
@@ -29,10 +30,12 @@ class FullKVCache:
         self.length = 0
         self.scale = cfg.head_dim ** -0.5
         self.sliding_windows = cfg.sliding_windows
+        self.kernels = RetrievalKernels.for_device(self.k_buf.device)
+        self._means: dict[int, ChunkMeans] = {}  # by chunk size, made at the first retrieval
 
     @property
     def nbytes(self) -> int:
-        return self.k_buf.nbytes + self.v_buf.nbytes
+        return self.k_buf.nbytes + self.v_buf.nbytes + sum(m.nbytes for m in self._means.values())
 
     def step(self, num_new: int, record_queries: bool = False) -> "FullCacheStep":
         """Reserve slots for `num_new` tokens and return the view one forward pass writes into.
@@ -49,6 +52,8 @@ class FullKVCache:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}: cache holds {self.length}")
         self.length = length
+        for means in self._means.values():
+            means.rollback(length)
 
     @property
     def batch(self) -> int:
@@ -70,13 +75,20 @@ class FullKVCache:
 
     # ---- the read interface sparse caches use (shared with the offloaded cache) ------------
     def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
-        """query [B, H, D] -> [B, Hkv, length // chunk_size]: q . mean key of each complete chunk."""
-        return grouped_scores(query, chunk_mean_keys(self.keys(layer), chunk_size))
+        """query [B, H, D] -> [B, Hkv, length // chunk_size]: q . mean key of each complete chunk.
+        Mean keys are kept and extended only by chunks completed since the last call."""
+        if chunk_size not in self._means:
+            _, batch, kv_heads, max_len, dim = self.k_buf.shape
+            self._means[chunk_size] = ChunkMeans(self.k_buf.shape[0], batch, kv_heads, max_len // chunk_size, dim,
+                                                 chunk_size, dtype=self.k_buf.dtype, device=self.k_buf.device)
+        keys = self.k_buf[layer]
+        means = self._means[chunk_size].read(layer, self.length // chunk_size,
+                                             lambda start, end: keys[:, :, start:end])
+        return self.kernels.scores(query, means)
 
-    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """index [B, Hkv, N] -> keys and values [B, Hkv, N, D] of those tokens."""
-        expanded = index[..., None].expand(-1, -1, -1, self.k_buf.shape[-1])
-        return torch.gather(self.keys(layer), 2, expanded), torch.gather(self.values(layer), 2, expanded)
+    def gather_into(self, layer: int, index: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor) -> None:
+        """index [B, Hkv, N] -> k_dst, v_dst [B, Hkv, N, D]: the keys and values of those tokens."""
+        self.kernels.gather_into(self.keys(layer), self.values(layer), index, k_dst, v_dst)
 
     def kv_range(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [L, B, Hkv, end - start, D] of tokens [start, end), every layer."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from triforce.kernels import chunk_mean_keys, grouped_scores
+from triforce.kernels import chunk_mean_keys, grouped_scores, topk_sorted
 
 
 def select_retrieval(query: torch.Tensor, keys: torch.Tensor, budget: int, chunk_size: int) -> torch.Tensor:
@@ -16,11 +16,13 @@ def select_retrieval(query: torch.Tensor, keys: torch.Tensor, budget: int, chunk
     return select_by_chunk_scores(scores, keys.shape[2], budget, chunk_size)
 
 
-def select_by_chunk_scores(scores: torch.Tensor, length: int, budget: int, chunk_size: int) -> torch.Tensor:
+def select_by_chunk_scores(scores: torch.Tensor, length: int, budget: int, chunk_size: int,
+                           topk=topk_sorted) -> torch.Tensor:
     """Always the first chunk (attention sink) and the trailing partial chunk, then the complete
-    chunks that score highest, up to `budget` tokens. scores: [B, Hkv, length // chunk_size], one
-    per complete chunk (the query's dot product with the chunk's mean key, summed over a KV head's
-    query heads)."""
+    chunks that score highest, up to `budget` tokens (ties go to the earlier chunk). scores:
+    [B, Hkv, length // chunk_size], one per complete chunk (the query's dot product with the
+    chunk's mean key, summed over a KV head's query heads). topk(scores, k) -> ascending indices
+    of the k largest (a kernel's, see triforce.kernels.RetrievalKernels)."""
     batch, kv_heads = scores.shape[:2]
     device = scores.device
     if length <= budget:
@@ -31,9 +33,9 @@ def select_by_chunk_scores(scores: torch.Tensor, length: int, budget: int, chunk
     if picks < 0:
         raise ValueError(f"budget {budget} cannot hold the first chunk ({chunk_size}) and the tail ({tail})")
     rest = scores[..., 1:num_chunks]  # [B, Hkv, C-1]
-    top = torch.topk(rest, min(picks, rest.shape[-1]), dim=-1).indices + 1
+    top = topk(rest, min(picks, rest.shape[-1])) + 1  # ascending
     first = torch.zeros(batch, kv_heads, 1, dtype=torch.long, device=device)
-    chunks = torch.sort(torch.cat([first, top], -1), dim=-1).values  # [B, Hkv, picks + 1]
+    chunks = torch.cat([first, top], -1)  # [B, Hkv, picks + 1], ascending
     offsets = torch.arange(chunk_size, device=device)
     tokens = (chunks[..., None] * chunk_size + offsets).flatten(-2)
     tail_idx = torch.arange(num_chunks * chunk_size, length, device=device).expand(batch, kv_heads, tail)

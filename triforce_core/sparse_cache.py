@@ -43,7 +43,7 @@ class SelectionPolicy:
         caches that keep part of their KV off the device need not materialise a whole layer."""
         if self.kind == "retrieval":
             scores = full.chunk_scores(layer, query, self.chunk_size)
-            return select_by_chunk_scores(scores, full.length, self.budget, self.chunk_size)
+            return select_by_chunk_scores(scores, full.length, self.budget, self.chunk_size, full.kernels.topk)
         if self.kind == "streaming":
             return select_streaming(full.batch, full.kv_heads, full.length, self.budget, self.sink_tokens,
                                     full.device)
@@ -86,7 +86,7 @@ class SparseKVCache:
         for layer in range(self.k_buf.shape[0]):
             index = self.policy.select_from(full, layer, None if queries is None else queries[layer])
             n = index.shape[-1]
-            self.k_buf[layer, :, :, :n], self.v_buf[layer, :, :, :n] = full.gather(layer, index)
+            full.gather_into(layer, index, self.k_buf[layer, :, :, :n], self.v_buf[layer, :, :, :n])
         self.num_selected = n
         self.build_point = self.length = full.length
 

@@ -1,10 +1,10 @@
-"""Device kernels: attention over a KV view (PyTorch SDPA reference path), partial attention
-with log-sum-exp for merging streamed blocks."""
-from triforce.kernels.attention import attention, causal_mask
+"""Device kernels: attention over a KV view (flash-attn or PyTorch SDPA), partial attention with
+log-sum-exp for merging streamed blocks, and the retrieval cache's scoring, top-k and gather."""
+from triforce.kernels.attention import SDPA, FlashAttention, SdpaAttention, attention, causal_mask, select_attention
+from triforce.kernels.partial import PartialAccumulator, block_visible, merge_partials, partial_attention
 from triforce.kernels.retrieval import (TORCH_KERNELS, RetrievalKernels, chunk_mean_keys, gather_into,
                                         grouped_scores, topk_sorted)
-from triforce.kernels.partial import PartialAccumulator, block_visible, merge_partials, partial_attention
 
 __all__ = ["attention", "causal_mask", "partial_attention", "merge_partials", "PartialAccumulator",
            "block_visible", "chunk_mean_keys", "grouped_scores", "topk_sorted", "gather_into",
-           "RetrievalKernels", "TORCH_KERNELS"]
+           "RetrievalKernels", "TORCH_KERNELS", "SDPA", "SdpaAttention", "FlashAttention", "select_attention"]

@@ -37,3 +37,88 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     mask = causal_mask(num_queries, num_keys, q.device, sliding_window if window_binds else None)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+class SdpaAttention:
+    """PyTorch scaled_dot_product_attention for whole views, the tiled torch kernel for partial
+    attention. The reference path: works on every device and dtype."""
+
+    name = "sdpa"
+
+    def attend(self, q, k, v, *, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+        return attention(q, k, v, scale=scale, sliding_window=sliding_window)
+
+    def partial(self, q, k, v, *, scale: float, q_start: int, k_start: int,
+                sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        from triforce.kernels.partial import partial_attention
+        return partial_attention(q, k, v, scale=scale, q_start=q_start, k_start=k_start,
+                                 sliding_window=sliding_window)
+
+
+SDPA = SdpaAttention()
+
+
+class FlashAttention(SdpaAttention):
+    """flash-attn's kernel on CUDA half-precision tensors; anything it cannot take (float32/64,
+    CPU tensors, a partial block whose mask is not plain causal) goes to the SDPA path.
+
+    `flash_fn` has flash_attn_func's contract: q [B, T, H, D], k, v [B, S, Hkv, D] (last dim
+    contiguous), causal masks bottom-right aligned, window_size=(left, right), and with
+    return_attn_probs=True returns (out, lse [B, H, T], ...)."""
+
+    name = "flash"
+    DTYPES = (torch.float16, torch.bfloat16)
+
+    def __init__(self, flash_fn=None, cuda_only: bool = True):
+        if flash_fn is None:
+            from flash_attn import flash_attn_func as flash_fn
+        self.flash_fn, self.cuda_only = flash_fn, cuda_only
+
+    def _takes(self, q: torch.Tensor) -> bool:
+        return q.dtype in self.DTYPES and (q.is_cuda or not self.cuda_only)
+
+    def _run(self, q, k, v, scale, causal, window, lse):
+        result = self.flash_fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,
+                               causal=causal, window_size=window, return_attn_probs=lse)
+        if lse:
+            return result[0].transpose(1, 2), result[1]
+        return result.transpose(1, 2)
+
+    def attend(self, q, k, v, *, scale: float, sliding_window: int | None = None) -> torch.Tensor:
+        if not self._takes(q):
+            return super().attend(q, k, v, scale=scale, sliding_window=sliding_window)
+        window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
+        return self._run(q, k, v, scale, True, window, False)
+
+    def partial(self, q, k, v, *, scale: float, q_start: int, k_start: int,
+                sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        num_queries, num_keys = q.shape[2], k.shape[2]
+        all_visible = k_start + num_keys - 1 <= q_start                   # the block precedes every query
+        bottom_right = k_start + num_keys == q_start + num_queries and k_start <= q_start
+        window_binds = sliding_window is not None and k_start <= q_start + num_queries - 1 - sliding_window
+        if not self._takes(q) or window_binds or not (all_visible or bottom_right):
+            return super().partial(q, k, v, scale=scale, q_start=q_start, k_start=k_start,
+                                   sliding_window=sliding_window)
+        out, lse = self._run(q, k, v, scale, not all_visible, (-1, -1), True)
+        return out.float(), lse.float()
+
+
+def select_attention(choice: str, device: torch.device) -> tuple[SdpaAttention, str]:
+    """`--attn auto|flash|sdpa` -> (backend, a line saying what was chosen and why). auto takes
+    flash-attn on CUDA when it is importable."""
+    if choice not in ("auto", "flash", "sdpa"):
+        raise ValueError(f"unknown attention backend '{choice}' (choose auto, flash or sdpa)")
+    if choice == "sdpa":
+        return SDPA, "attention: PyTorch SDPA (--attn sdpa)"
+    try:
+        backend = FlashAttention()
+    except ImportError as e:
+        if choice == "flash":
+            raise ValueError(f"--attn flash needs flash-attn, which cannot be imported ({e}); "
+                             "install it with pip install 'triforce[flash]' or use --attn sdpa") from None
+        return SDPA, "attention: PyTorch SDPA (flash-attn not installed)"
+    if torch.device(device).type != "cuda":
+        if choice == "flash":
+            raise ValueError("--attn flash runs on CUDA only; on this device use --attn sdpa")
+        return SDPA, "attention: PyTorch SDPA (flash-attn needs CUDA)"
+    return backend, "attention: flash-attn (half-precision tensors; SDPA for the rest)"

@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 
 from triforce.chunk_means import ChunkMeans
-from triforce.kernels import (TORCH_KERNELS, PartialAccumulator, RetrievalKernels, attention, block_visible,
-                              chunk_mean_keys, partial_attention)
+from triforce.kernels import SDPA, TORCH_KERNELS, PartialAccumulator, RetrievalKernels, block_visible, chunk_mean_keys
 from triforce.offload.errors import OffloadError
 from triforce.offload.prefetcher import Prefetcher
 from triforce.pinned import HostKVStore, allocate_host
@@ -25,10 +24,11 @@ class OffloadedKVCache:
 
     def __init__(self, cfg, max_len: int, resident_tokens: int, block_tokens: int, *,
                  dtype: torch.dtype, device: torch.device | str, batch: int = 1, overlap: bool = True,
-                 pin: bool = True, host_budget_bytes: int | None = None):
+                 pin: bool = True, host_budget_bytes: int | None = None, attn=SDPA):
         if not 0 <= resident_tokens < max_len:
             raise OffloadError(f"resident tokens ({resident_tokens}) must be below the context ({max_len})")
         self.device = torch.device(device)
+        self.attn = attn  # attention backend (triforce.kernels.select_attention)
         self.max_len, self.length = max_len, 0
         self.resident_tokens = resident_tokens
         self.num_layers, self.batch, self.kv_heads = cfg.num_layers, batch, cfg.num_kv_heads
@@ -219,24 +219,24 @@ class OffloadedCacheStep:
             self._stage(layer, q_start, k, v, host_new_start)
 
         if self.start <= resident and q_end <= resident:  # everything resident: one-shot attention
-            return attention(q, c.k_res[layer, :, :, :q_end], c.v_res[layer, :, :, :q_end], scale=c.scale,
-                             sliding_window=window)
+            return c.attn.attend(q, c.k_res[layer, :, :, :q_end], c.v_res[layer, :, :, :q_end], scale=c.scale,
+                                 sliding_window=window)
         acc = PartialAccumulator()
         resident_end = min(q_end, resident)
         if resident_end > 0 and block_visible(q_start, q.shape[2], 0, resident_end, window):
-            acc.add(*partial_attention(q, c.k_res[layer, :, :, :resident_end], c.v_res[layer, :, :, :resident_end],
-                                       scale=c.scale, q_start=q_start, k_start=0, sliding_window=window))
+            acc.add(*c.attn.partial(q, c.k_res[layer, :, :, :resident_end], c.v_res[layer, :, :, :resident_end],
+                                    scale=c.scale, q_start=q_start, k_start=0, sliding_window=window))
         c._read_end, c._query_start = self.start, self.start
         for block, staged in c.prefetcher.read(layer):
             first = c.store.block_start(block)
             count = min(c.store.block_tokens, self.start - first)
-            acc.add(*partial_attention(q, staged[0][:, :, :count], staged[1][:, :, :count], scale=c.scale,
-                                       q_start=q_start, k_start=first, sliding_window=window))
+            acc.add(*c.attn.partial(q, staged[0][:, :, :count], staged[1][:, :, :count], scale=c.scale,
+                                    q_start=q_start, k_start=first, sliding_window=window))
         if q_end > host_new_start:
             scratch_k, scratch_v = self._scratch
             count = q_end - host_new_start
-            acc.add(*partial_attention(q, scratch_k[:, :, :count], scratch_v[:, :, :count], scale=c.scale,
-                                       q_start=q_start, k_start=host_new_start, sliding_window=window))
+            acc.add(*c.attn.partial(q, scratch_k[:, :, :count], scratch_v[:, :, :count], scale=c.scale,
+                                    q_start=q_start, k_start=host_new_start, sliding_window=window))
             if self._filled[layer] == self.end - self.start:  # the layer is done: send its KV home
                 c.prefetcher.write(layer, host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
                 self._scratch = None

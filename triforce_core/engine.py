@@ -45,12 +45,25 @@ class GenerationResult:
     stats: dict = field(default_factory=dict)
 
 
+def runner_mode(graphs: str, device: torch.device) -> str:
+    """--graphs auto|off|static -> the drafting tiers' runner mode (triforce.runner)."""
+    if graphs not in ("auto", "off", "static"):
+        raise UserError(f"unknown graphs setting '{graphs}' (choose auto, off or static)")
+    if graphs == "auto":
+        return "graph" if torch.device(device).type == "cuda" else "eager"
+    return "eager" if graphs == "off" else "static"
+
+
 class Engine:
     def __init__(self, lm: LoadedModel, spec: SpecParams, max_len: int,
-                 draft: LoadedModel | str | None = None, kv_cache=None, prefill_chunk: int = PREFILL_CHUNK):
+                 draft: LoadedModel | str | None = None, kv_cache=None, prefill_chunk: int = PREFILL_CHUNK,
+                 graphs: str = "auto"):
         """kv_cache: the full cache to use (see triforce.placement.build_kv_cache); default resident.
-        prefill_chunk: tokens per prefill forward (a memory plan's `prefill_chunk`)."""
+        prefill_chunk: tokens per prefill forward (a memory plan's `prefill_chunk`). graphs: how
+        the drafting tiers run (auto: CUDA graphs on CUDA, eager elsewhere; off: eager; static:
+        the graphs' fixed-shape path without capture, see triforce.runner)."""
         self.lm, self.spec = lm, spec
+        self.runner_mode = runner_mode(graphs, lm.device)
         self.session = Session(lm, max_len, kv_cache, prefill_chunk)
         self.levels: list = []
         if spec.method in ("triforce", "naive"):
@@ -60,7 +73,7 @@ class Engine:
         if spec.uses_sparse_cache:
             kind = "streaming" if spec.method == "streaming" else "retrieval"
             policy = SelectionPolicy(kind, spec.budget, spec.chunk_size, spec.sink_tokens)
-            self.levels.append(SparseTier(kind, lm, policy, spec.sparse_append_slots))
+            self.levels.append(SparseTier(kind, lm, policy, spec.sparse_append_slots, self.runner_mode))
         self.levels.append(self.session)
         self.sparse_tiers = [t for t in self.levels if isinstance(t, SparseTier)]
         # drafts each verifying level checks per round: the full tier gamma2, a middle one gamma1
@@ -87,7 +100,8 @@ class Engine:
             if spec.method == "naive":
                 raise UserError("--method naive needs a draft (a model path or 'lookup')")
             return None
-        return DraftModelTier(draft, self.lm, spec.sink_tokens, spec.draft_window_tokens, spec.draft_slack)
+        return DraftModelTier(draft, self.lm, spec.sink_tokens, spec.draft_window_tokens, spec.draft_slack,
+                              self.runner_mode)
 
     @property
     def max_len(self) -> int:

@@ -10,7 +10,7 @@ import torch
 from triforce.chunk_means import ChunkMeans
 from triforce.config import ModelConfig
 from triforce.errors import UserError
-from triforce.kernels import RetrievalKernels, attention
+from triforce.kernels import SDPA, RetrievalKernels
 
 
 class FullKVCache:
@@ -22,8 +22,9 @@ class FullKVCache:
     host_nbytes = 0      # nothing lives in host memory
 
     def __init__(self, cfg: ModelConfig, max_len: int, *, batch: int = 1,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", attn=SDPA):
         shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+        self.attn = attn  # attention backend (triforce.kernels.select_attention)
         self.k_buf = torch.zeros(shape, dtype=dtype, device=device)
         self.v_buf = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
@@ -121,5 +122,5 @@ class FullCacheStep:
                 self.queries.append(q)
             else:
                 self.queries[layer] = q  # layer-major: keep the latest chunk's queries
-        return attention(q, c.k_buf[layer, :, :, :hi], c.v_buf[layer, :, :, :hi],
-                         scale=c.scale, sliding_window=c.sliding_windows[layer])
+        return c.attn.attend(q, c.k_buf[layer, :, :, :hi], c.v_buf[layer, :, :, :hi],
+                             scale=c.scale, sliding_window=c.sliding_windows[layer])

@@ -10,6 +10,7 @@ import torch
 
 from triforce.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from triforce.errors import UserError
+from triforce.kernels import SDPA, SdpaAttention
 from triforce.model import CausalLM
 from triforce.rope import RotaryEmbedding
 from triforce.weights import load_into, weight_files
@@ -26,6 +27,7 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     eos_ids: frozenset[int]  # generation stops at any of these
+    attn: SdpaAttention = SDPA  # attention backend every cache of this model uses (--attn)
 
     @property
     def config(self) -> ModelConfig:

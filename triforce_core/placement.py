@@ -79,10 +79,11 @@ def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool =
     from triforce.kv_cache import FullKVCache
 
     if plan is None or plan.resident_tokens >= max_len:
-        cache = FullKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device)
+        cache = FullKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device, attn=lm.attn)
     else:
         from triforce.offload.offloaded_cache import OffloadedKVCache
 
         cache = OffloadedKVCache(lm.config, max_len, plan.resident_tokens, plan.block_tokens, dtype=lm.dtype,
-                                 device=lm.device, overlap=overlap, host_budget_bytes=plan.host_budget_bytes)
+                                 device=lm.device, overlap=overlap, host_budget_bytes=plan.host_budget_bytes,
+                                 attn=lm.attn)
     return cache

@@ -28,7 +28,7 @@ class Session:
         self.lm = lm
         self.model = lm.model
         self.cache = kv_cache if kv_cache is not None else \
-            FullKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device)
+            FullKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device, attn=lm.attn)
         self.prefill_chunk = prefill_chunk
         self.tokens: list[int] = []
         self.last_queries: list[torch.Tensor] | None = None  # per layer [B, H, T, D], last recorded forward

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from triforce.config import ModelConfig
-from triforce.kernels import attention
+from triforce.kernels import SDPA
 from triforce.kv_cache import FullKVCache
 from triforce.selection import select_by_chunk_scores, select_retrieval, select_streaming, select_topk
 
@@ -55,8 +55,9 @@ class SparseKVCache:
     last selection, then one entry per token appended since (logical positions build_point..)."""
 
     def __init__(self, cfg: ModelConfig, policy: SelectionPolicy, max_appended: int, *, batch: int = 1,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", attn=SDPA):
         self.policy = policy
+        self.attn = attn
         self.capacity = policy.budget + max_appended
         shape = (cfg.num_layers, batch, cfg.num_kv_heads, self.capacity, cfg.head_dim)
         self.k_buf = torch.zeros(shape, dtype=dtype, device=device)
@@ -123,4 +124,4 @@ class SparseCacheStep:
         c = self.cache
         c.k_buf[layer, :, :, self.start:self.end] = k
         c.v_buf[layer, :, :, self.start:self.end] = v
-        return attention(q, c.k_buf[layer, :, :, :self.end], c.v_buf[layer, :, :, :self.end], scale=c.scale)
+        return c.attn.attend(q, c.k_buf[layer, :, :, :self.end], c.v_buf[layer, :, :, :self.end], scale=c.scale)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from triforce.config import ModelConfig
-from triforce.kernels import attention
+from triforce.kernels import SDPA
 from triforce.rope import RotaryEmbedding, apply_rope
 
 
@@ -18,7 +18,8 @@ class StreamingKVCache:
 
     def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, sink_tokens: int, window: int,
                  slack: int, *, batch: int = 1, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", attn=SDPA):
+        self.attn = attn
         if window < slack:
             raise ValueError("the window must be at least as long as the longest rollback (slack)")
         self.sink_tokens, self.window, self.slack = sink_tokens, window, slack
@@ -79,4 +80,4 @@ class StreamingCacheStep:
         c = self.cache
         c.k_buf[layer, :, :, self.start:self.end] = k
         c.v_buf[layer, :, :, self.start:self.end] = v
-        return attention(q, c.k_buf[layer, :, :, :self.end], c.v_buf[layer, :, :, :self.end], scale=c.scale)
+        return c.attn.attend(q, c.k_buf[layer, :, :, :self.end], c.v_buf[layer, :, :, :self.end], scale=c.scale)

@@ -10,25 +10,28 @@ import torch
 from triforce.errors import UserError
 from triforce.kv_cache import FullKVCache
 from triforce.loading import LoadedModel
+from triforce.runner import TierRunner
 from triforce.sparse_cache import SelectionPolicy, SparseKVCache
 from triforce.streaming_cache import StreamingKVCache
 
 
 class ModelTier:
-    """A model over some cache; `logits(seq)` feeds seq[cache.length:]."""
+    """A model over some cache; `logits(seq)` feeds seq[cache.length:]. runner_mode: how its
+    forward passes run (triforce.runner: eager, static, graph)."""
 
-    def __init__(self, name: str, lm: LoadedModel, cache, vocab_size: int):
+    def __init__(self, name: str, lm: LoadedModel, cache, vocab_size: int, runner_mode: str = "eager"):
         self.name, self.lm, self.model, self.cache = name, lm, lm.model, cache
         self.vocab_size = vocab_size  # the target's: drafts live in the target's vocabulary
+        self.runner = TierRunner(lm.model, cache, runner_mode)
         self.time_s = 0.0
 
     def logits(self, seq: list[int]) -> torch.Tensor:
         started = time.perf_counter()
         start = self.cache.length
-        tokens = torch.tensor([seq[start:]], dtype=torch.long, device=self.lm.device)
-        step = self.cache.step(tokens.shape[1])
+        tokens = seq[start:]
+        step = self.cache.step(len(tokens))
         try:
-            logits = self.model(tokens, step.positions, step)[0]
+            logits = self.runner.run(tokens, step)
         except BaseException:
             self.cache.rollback(start)
             raise
@@ -52,9 +55,10 @@ class SparseTier(ModelTier):
     """The target model over a sparse cache selected from the full cache (retrieval or
     StreamingLLM). After each full verify it takes the exact KV of the accepted tokens."""
 
-    def __init__(self, name: str, lm: LoadedModel, policy: SelectionPolicy, max_appended: int):
-        cache = SparseKVCache(lm.config, policy, max_appended, dtype=lm.dtype, device=lm.device)
-        super().__init__(name, lm, cache, lm.config.vocab_size)
+    def __init__(self, name: str, lm: LoadedModel, policy: SelectionPolicy, max_appended: int,
+                 runner_mode: str = "eager"):
+        cache = SparseKVCache(lm.config, policy, max_appended, dtype=lm.dtype, device=lm.device, attn=lm.attn)
+        super().__init__(name, lm, cache, lm.config.vocab_size, runner_mode)
         self.rebuilds = 0
 
     def rebuild(self, full: FullKVCache, queries: list[torch.Tensor] | None) -> None:
@@ -70,11 +74,12 @@ class SparseTier(ModelTier):
 class DraftModelTier(ModelTier):
     """A separate small model with a StreamingLLM cache of its own."""
 
-    def __init__(self, draft: LoadedModel, target: LoadedModel, sink_tokens: int, window: int, slack: int):
+    def __init__(self, draft: LoadedModel, target: LoadedModel, sink_tokens: int, window: int, slack: int,
+                 runner_mode: str = "eager"):
         check_same_tokenizer(draft, target)
         cache = StreamingKVCache(draft.config, draft.model.rope, sink_tokens, window, slack,
-                                 dtype=draft.dtype, device=draft.device)
-        super().__init__("draft", draft, cache, target.config.vocab_size)
+                                 dtype=draft.dtype, device=draft.device, attn=draft.attn)
+        super().__init__("draft", draft, cache, target.config.vocab_size, runner_mode)
         self.tokens: list[int] = []  # the sequence prefix the cache stands for
 
     def logits(self, seq: list[int]) -> torch.Tensor:

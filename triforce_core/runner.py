@@ -1,0 +1,132 @@
+"""The runner of the drafting tiers' forward passes: eager through the cache's own step view, or
+through a fixed-shape view that a CUDA graph can capture. CUDA graphs live here and nowhere else.
+
+The fixed-shape view writes the new tokens' KV at slots held in a device tensor and attends over
+the cache's whole buffer with a mask (slot j is visible to new token i iff j <= slot_i), so one
+graph per number of new tokens serves every step: static input buffers (tokens, positions,
+slots), one memory pool shared by all graphs of the process, and eager execution whenever a
+step has more tokens than graphs are kept for or capture fails.
+
+Modes: "eager" (the cache's step view), "static" (the fixed-shape view without capture: the
+reference the graphs replay, runnable on CPU), "graph" (captured on first use, then replayed)."""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+MODES = ("eager", "static", "graph")
+MAX_GRAPH_TOKENS = 16  # graphs are kept for steps of 1..16 new tokens; longer steps run eagerly
+_POOL = None           # the one CUDA graph memory pool of this process
+
+
+def graph_pool():
+    global _POOL
+    if _POOL is None:
+        _POOL = torch.cuda.graph_pool_handle()
+    return _POOL
+
+
+class StaticStepView:
+    """A cache view of fixed shape over `k_buf`, `v_buf` [L, B, Hkv, capacity, D] for `num_new`
+    tokens; slots and positions are device tensors the runner fills before each run."""
+
+    def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, scale: float, num_new: int):
+        self.k_buf, self.v_buf, self.scale = k_buf, v_buf, scale
+        device = k_buf.device
+        self.tokens = torch.zeros(1, num_new, dtype=torch.long, device=device)
+        self.positions = torch.zeros(1, num_new, dtype=torch.long, device=device)
+        self.slots = torch.zeros(num_new, dtype=torch.long, device=device)
+        self._key_index = torch.arange(k_buf.shape[3], device=device)
+        self._mask: torch.Tensor | None = None
+
+    def begin(self) -> None:
+        """Build this run's mask from the slots (inside the graph when captured)."""
+        self._mask = self._key_index[None, :] <= self.slots[:, None]  # [T, capacity]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_buf, v_buf = self.k_buf[layer], self.v_buf[layer]  # [B, Hkv, capacity, D]
+        k_buf.index_copy_(2, self.slots, k)
+        v_buf.index_copy_(2, self.slots, v)
+        batch, heads, num_new, dim = q.shape
+        kv_heads = k_buf.shape[1]
+        groups = heads // kv_heads
+        # fold the query heads sharing a KV head into rows: each K/V head is read once
+        folded = q.reshape(batch, kv_heads, groups * num_new, dim)
+        mask = self._mask.repeat(groups, 1)  # row g * T + t sees what token t sees
+        out = F.scaled_dot_product_attention(folded, k_buf, v_buf, attn_mask=mask, scale=self.scale)
+        return out.reshape(batch, heads, num_new, dim)
+
+
+class TierRunner:
+    """Runs `model` over a sparse or streaming cache (anything with k_buf, v_buf, scale and a
+    step whose new tokens take physical slots [start, end))."""
+
+    def __init__(self, model, cache, mode: str = "eager", max_graph_tokens: int = MAX_GRAPH_TOKENS):
+        if mode not in MODES:
+            raise ValueError(f"unknown runner mode '{mode}' (choose from {', '.join(MODES)})")
+        if mode == "graph" and cache.k_buf.device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device")
+        self.model, self.cache, self.mode = model, cache, mode
+        self.max_graph_tokens = max_graph_tokens
+        self._views: dict[int, StaticStepView] = {}
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graph_failed: str | None = None  # why capture was given up (then everything runs eagerly)
+        self.replays = 0      # graph replays
+        self.static_runs = 0  # fixed-shape runs without a graph (static mode, captures)
+        self.eager_runs = 0
+
+    def run(self, tokens: list[int], step) -> torch.Tensor:
+        """Logits [T, V] of `tokens` fed through `step` (from cache.step(T))."""
+        num_new = len(tokens)
+        if self.mode == "eager" or num_new > self.max_graph_tokens or self.graph_failed:
+            self.eager_runs += 1
+            ids = torch.tensor([tokens], dtype=torch.long, device=self.cache.k_buf.device)
+            return self.model(ids, step.positions, step)[0]
+        view = self._view(num_new)
+        inputs = torch.tensor([tokens, list(range(step.start, step.end))], dtype=torch.long)
+        view.tokens[0].copy_(inputs[0], non_blocking=True)
+        view.slots.copy_(inputs[1], non_blocking=True)
+        view.positions.copy_(step.positions)
+        if self.mode == "static":
+            self.static_runs += 1
+            return self._forward(view)[0]
+        if num_new in self._graphs:
+            graph, out = self._graphs[num_new]
+            graph.replay()
+            self.replays += 1
+        else:
+            try:
+                self.static_runs += 1
+                graph, out = self._graphs[num_new] = self._capture(view)
+            except RuntimeError as e:  # an op that cannot be captured: stay eager from now on
+                self.graph_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
+                print(f"note: CUDA graph capture failed, running eagerly ({self.graph_failed})", file=sys.stderr)
+                return self._forward(view)[0]
+        return out[0].clone()  # the next replay overwrites `out`
+
+    def _view(self, num_new: int) -> StaticStepView:
+        if num_new not in self._views:
+            c = self.cache
+            self._views[num_new] = StaticStepView(c.k_buf, c.v_buf, c.scale, num_new)
+        return self._views[num_new]
+
+    def _forward(self, view: StaticStepView) -> torch.Tensor:
+        view.begin()
+        return self.model(view.tokens, view.positions, view)
+
+    def _capture(self, view: StaticStepView):
+        """Warm up on a side stream, then capture. The inputs are this step's real ones and every
+        write is idempotent (the same KV to the same slots), so warm-up runs change nothing."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._forward(view)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=graph_pool()):
+            out = self._forward(view)
+        graph.replay()  # capture records without running: run it once for this step
+        return graph, out

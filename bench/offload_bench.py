@@ -79,6 +79,7 @@ class Setup:
     trace: dict | None
     overlap: bool = True
     prompt_ids: list[int] | None = None  # a real prompt to prefill; None: random KV (random weights)
+    graphs: str = "auto"                 # the drafting tiers' runner (Engine)
 
 
 def run_method(method: str, s: Setup) -> dict:
@@ -100,7 +101,7 @@ def run_method(method: str, s: Setup) -> dict:
     else:
         cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap)
     engine = Engine(s.lm, spec, max_len, s.draft if method == "triforce" else None, kv_cache=cache,
-                    prefill_chunk=plan.prefill_chunk)
+                    prefill_chunk=plan.prefill_chunk, graphs=s.graphs)
     if s.prompt_ids is not None:
         ids = s.prompt_ids
         engine.sync(ids)  # a real prefill: real models must see their real KV

@@ -16,9 +16,10 @@ PLAIN_TEMPLATE_ROLES = {"system": "System", "user": "User", "assistant": "Assist
 
 class Chat:
     def __init__(self, lm: LoadedModel, max_len: int, system: str | None = None,
-                 spec: SpecParams = SpecParams(), draft=None, kv_cache=None, prefill_chunk: int = PREFILL_CHUNK):
+                 spec: SpecParams = SpecParams(), draft=None, kv_cache=None, prefill_chunk: int = PREFILL_CHUNK,
+                 graphs: str = "auto"):
         self.lm = lm
-        self.engine = Engine(lm, spec, max_len, draft, kv_cache, prefill_chunk)
+        self.engine = Engine(lm, spec, max_len, draft, kv_cache, prefill_chunk, graphs)
         self.session = self.engine.session
         self.system = system
         self.messages: list[dict] = self._initial_messages()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -24,6 +25,7 @@ from triforce.sampling import make_generator, probabilities, sample
 from triforce.session import PREFILL_CHUNK, Session
 from triforce.sparse_cache import SelectionPolicy
 from triforce.speculative import Verdict, verify_greedy, verify_sampled
+from triforce.sync_count import SyncCounter
 from triforce.tiers import DraftModelTier, LookupDrafter, SparseTier
 
 ROLLING_ROUNDS = 8  # full verifies in the rolling acceptance that can trigger a rebuild
@@ -91,6 +93,7 @@ class Engine:
         self.agree: Callable[[list[int]], list[int]] | None = None
         self.stop_requested: Callable[[], bool] | None = None  # asked before each round (TP chat's Ctrl-C)
         self.gamma2_controller = None  # picks gamma2 from the observed acceptance (cost model)
+        self.sync_counter: SyncCounter | None = None  # --count-syncs: host syncs per phase (CUDA)
 
     def _build_drafter(self, draft):
         spec = self.spec
@@ -142,8 +145,23 @@ class Engine:
         times_before = {t.name: t.time_s for t in self.levels}
         rebuilds_before = sum(t.rebuilds for t in self.sparse_tiers)
         started = time.perf_counter()
-        top = len(self.levels) - 1
         out: list[int] = []
+        counting = self.sync_counter.recording(self.lm.device) if self.sync_counter is not None else nullcontext()
+        with counting:
+            stopped_by = self._generate_loop(out, max_new_tokens, stop_ids, on_token)
+        elapsed = time.perf_counter() - started
+        tier_time = {t.name: round(t.time_s - times_before[t.name], 4) for t in self.levels}
+        rebuilds = sum(t.rebuilds for t in self.sparse_tiers) - rebuilds_before
+        stats = self._stats(tier_time, rebuilds)
+        if self.sync_counter is not None:
+            stats["host_syncs"] = self.sync_counter.report(len(out))
+        return GenerationResult(out, stopped_by, elapsed, stats)
+
+    def _phase(self, name: str):
+        return self.sync_counter.phase(name) if self.sync_counter is not None else nullcontext()
+
+    def _generate_loop(self, out: list[int], max_new_tokens: int, stop_ids, on_token) -> str:
+        top = len(self.levels) - 1
         stopped_by = "length"
         base = len(self.seq)
         try:
@@ -156,8 +174,9 @@ class Engine:
                 if self.stop_requested is not None and self.stop_requested():
                     stopped_by = "interrupt"
                     break
-                self._ensure_sparse_room()
-                self.session.prepare_verify()  # offloaded KV starts streaming while tiers below draft
+                with self._phase("cache upkeep"):
+                    self._ensure_sparse_room()
+                    self.session.prepare_verify()  # offloaded KV starts streaming while tiers below draft
                 self._round(top, limit)
                 new = self.seq[base:]
                 stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
@@ -165,7 +184,8 @@ class Engine:
                     self.stats[-1].emitted -= len(new) - (stop_at + 1)
                     del self.seq[base + stop_at + 1:]
                     self._truncate_all(len(self.seq) - 1)
-                self._after_full_verify(base - 1)
+                with self._phase("cache upkeep"):
+                    self._after_full_verify(base - 1)
                 self._adapt_gamma2()
                 for token in self.seq[base:]:
                     out.append(token)
@@ -178,10 +198,7 @@ class Engine:
             stopped_by = "interrupt"
             del self.seq[base:]  # drop the unverified round; committed tokens stay
             self._truncate_all(len(self.seq) - 1)
-        elapsed = time.perf_counter() - started
-        tier_time = {t.name: round(t.time_s - times_before[t.name], 4) for t in self.levels}
-        rebuilds = sum(t.rebuilds for t in self.sparse_tiers) - rebuilds_before
-        return GenerationResult(out, stopped_by, elapsed, self._stats(tier_time, rebuilds))
+        return stopped_by
 
     def _round(self, level: int, limit: int) -> list[torch.Tensor | None]:
         """One check at `level` (level 0: one sampled token). Appends the emitted tokens to seq
@@ -193,20 +210,22 @@ class Engine:
         want = min(self.gammas[level], limit - 1)
         draft_dists = self._propose(level - 1, want) if want > 0 else []
         drafts = self.seq[base:]
-        if tier is self.session:
-            logits = tier.logits(self.seq, record_queries=bool(self.sparse_tiers))
-        else:
-            logits = tier.logits(self.seq)
+        with self._phase(f"{tier.name} forward"):
+            if tier is self.session:
+                logits = tier.logits(self.seq, record_queries=bool(self.sparse_tiers))
+            else:
+                logits = tier.logits(self.seq)
         rows = logits[-(len(drafts) + 1):]
-        if self.replay is not None:
-            verdict, probs = self.replay.verdict(tier.name, drafts, rows), None
-        elif self.params.greedy:
-            verdict, probs = verify_greedy(drafts, rows), None
-        else:
-            probs = probabilities(rows, self.params)
-            verdict = self.verifiers[tier.name](drafts, draft_dists, probs, self.generator)
-        if self.agree is not None:
-            verdict = Verdict(*self.agree([verdict.accepted, verdict.token]))
+        with self._phase(f"{tier.name} verify"):
+            if self.replay is not None:
+                verdict, probs = self.replay.verdict(tier.name, drafts, rows), None
+            elif self.params.greedy:
+                verdict, probs = verify_greedy(drafts, rows), None
+            else:
+                probs = probabilities(rows, self.params)
+                verdict = self.verifiers[tier.name](drafts, draft_dists, probs, self.generator)
+            if self.agree is not None:
+                verdict = Verdict(*self.agree([verdict.accepted, verdict.token]))
         del self.seq[base + verdict.accepted:]
         self.seq.append(verdict.token)
         for lower in self.levels[:level + 1]:
@@ -239,14 +258,16 @@ class Engine:
             return [None] * len(tokens)
         dists = []
         for _ in range(count):
-            logits = tier.logits(self.seq)[-1]
-            if self.params.greedy:
-                token, dist = int(torch.argmax(logits)), None
-            else:
-                dist = probabilities(logits, self.params)
-                token = sample(dist, self.generator)
-            if self.agree is not None:
-                token = self.agree([token])[0]
+            with self._phase(f"{tier.name} forward"):
+                logits = tier.logits(self.seq)[-1]
+            with self._phase(f"{tier.name} sample"):
+                if self.params.greedy:
+                    token, dist = int(torch.argmax(logits)), None
+                else:
+                    dist = probabilities(logits, self.params)
+                    token = sample(dist, self.generator)
+                if self.agree is not None:
+                    token = self.agree([token])[0]
             self.seq.append(token)
             dists.append(dist)
         if tier is self.session:

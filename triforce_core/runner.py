@@ -21,6 +21,12 @@ MAX_GRAPH_TOKENS = 16  # graphs are kept for steps of 1..16 new tokens; longer s
 _POOL = None           # the one CUDA graph memory pool of this process
 
 
+def device_tokens(ids: list[int], device: torch.device) -> torch.Tensor:
+    """[1, T] int64 on `device` without waiting for the device: the copy is queued on the stream
+    (torch's blocking host-to-device copy would synchronise the stream first)."""
+    return torch.tensor([ids], dtype=torch.long).to(device, non_blocking=True)
+
+
 def graph_pool():
     global _POOL
     if _POOL is None:
@@ -82,8 +88,7 @@ class TierRunner:
         num_new = len(tokens)
         if self.mode == "eager" or num_new > self.max_graph_tokens or self.graph_failed:
             self.eager_runs += 1
-            ids = torch.tensor([tokens], dtype=torch.long, device=self.cache.k_buf.device)
-            return self.model(ids, step.positions, step)[0]
+            return self.model(device_tokens(tokens, self.cache.k_buf.device), step.positions, step)[0]
         view = self._view(num_new)
         inputs = torch.tensor([tokens, list(range(step.start, step.end))], dtype=torch.long)
         view.tokens[0].copy_(inputs[0], non_blocking=True)

@@ -9,6 +9,7 @@ import torch
 from triforce.errors import UserError
 from triforce.kv_cache import FullKVCache
 from triforce.loading import LoadedModel
+from triforce.runner import device_tokens
 
 PREFILL_CHUNK = 1024  # tokens per prefill forward: bounds activation memory, drives progress
 
@@ -52,7 +53,7 @@ class Session:
         """One forward pass over `ids` through the cache; the cache rolls back if it fails."""
         started = time.perf_counter()
         start = len(self.tokens)
-        tokens = torch.tensor([ids], dtype=torch.long, device=self.lm.device)
+        tokens = device_tokens(ids, self.lm.device)
         step = self.cache.step(len(ids), record_queries)
         try:
             logits = run(tokens, step)

@@ -56,6 +56,20 @@ def test_prompt_file_and_sampling_seed(capsys, tiny_model_dir, tmp_path):
     assert first == second and len(first) == 12
 
 
+def test_runtime_flags_keep_the_tokens_and_report_what_ran(capsys, tiny_model_dir):
+    base = ["generate", "--model", str(tiny_model_dir("llama-gqa")), "--prompt", "the cat sat on the mat. the cat",
+            "--method", "triforce", "--budget", "24", "--chunk-size", "4", "--max-new-tokens", "16", "--ignore-eos",
+            "--dtype", "float64", "--json"]
+    plain = json.loads(run_cli(capsys, *base)[1])
+    tuned = json.loads(run_cli(capsys, *base, "--attn", "sdpa", "--no-graphs", "--count-syncs")[1])
+    assert tuned["tokens"] == plain["tokens"]
+    assert tuned["attention"] == plain["attention"] == "sdpa"
+    assert plain["drafting_runner"] == tuned["drafting_runner"] == "eager"  # no CUDA: nothing to capture
+    assert tuned["host_syncs"] == "counted on CUDA only" and "host_syncs" not in plain
+    code, _, err = run_cli(capsys, *base, "--attn", "flash")
+    assert_one_line_error(code, err, "--attn flash")
+
+
 BAD_FLAGS = [
     (["--max-new-tokens", "-3"], "--max-new-tokens"),
     (["--temperature", "-0.5"], "temperature"),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import click
 
-from triforce.cli.options import device_option, dtype_option, offload_options
+from triforce.cli.options import apply_attention, device_option, dtype_option, offload_options, runtime_options
 from triforce.errors import UserError
 
 
@@ -40,9 +40,10 @@ def bench_group():
 @device_option
 @click.option("--tp", type=int, default=1, show_default=True,
               help="Tensor-parallel ranks: each GPU streams its own heads' KV over its own link.")
+@runtime_options(count_syncs=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def offload(arch, model, context, profile, device_budget, methods, acceptance_trace, draft, new_tokens, budget,
-            gamma1, gamma2, no_overlap, plot_path, dtype, device, tp, as_json):
+            gamma1, gamma2, no_overlap, plot_path, dtype, device, tp, attn, no_graphs, as_json):
     """Time ms/token of offloaded decoding methods at a context length, on a budget.
 
     On CUDA the card is emulated with set_per_process_memory_fraction (the profile's gpu_bytes);
@@ -70,7 +71,8 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
                       gamma1=gamma1 or meta.get("gamma1", 2), gamma2=gamma2 or meta.get("gamma2", 6),
                       chunk_size=meta.get("chunk_size", 8))
     request = BenchRequest(arch, model, context, profile, device_budget, chosen, trace, acceptance_trace, draft,
-                           new_tokens, spec, not no_overlap, plot_path, dtype, device, as_json)
+                           new_tokens, spec, not no_overlap, plot_path, dtype, device, as_json, attn,
+                           "off" if no_graphs else "auto")
     if tp == 1:
         run_bench(request)
         return
@@ -96,6 +98,8 @@ class BenchRequest:
     dtype: str
     device: str
     as_json: bool
+    attn: str = "auto"
+    graphs: str = "auto"
 
 
 def bench_rank(rank: int, world: int, request: BenchRequest) -> None:
@@ -120,6 +124,9 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
         total = torch.cuda.get_device_properties(torch_device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, prof.gpu_bytes / total), torch_device)
     lm, drafter, name = _load(r.arch, r.model, r.draft, r.dtype, device)
+    attn, attn_line = apply_attention([lm, drafter], r.attn)
+    if rank == 0:
+        print(attn_line, file=sys.stderr)
     if world > 1:
         shard_loaded_model(lm, rank, world)
     h2d = measure_h2d_gbps(lm.device)
@@ -128,7 +135,7 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
         from triforce.evaluation import needle_prompt
         prompt_ids = lm.tokenizer(needle_prompt(lm.tokenizer, r.context).text).input_ids
     setup = Setup(lm, drafter, prof, len(prompt_ids) if prompt_ids else r.context, r.new_tokens, r.spec, r.trace,
-                  overlap=r.overlap, prompt_ids=prompt_ids)
+                  overlap=r.overlap, prompt_ids=prompt_ids, graphs=r.graphs)
     rows = []
     for method in r.methods:
         if rank == 0:
@@ -141,7 +148,7 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     plotted = write_plot(rows, h2d, title, r.plot_path)
     out = {"model": name, "context": r.context, "device": str(lm.device), "profile": prof.name, "tp": world,
            "pinned_h2d_gbps": round(h2d, 2), "rows": rows, "replayed_trace": r.trace_path,
-           "plot": r.plot_path if plotted else None,
+           "plot": r.plot_path if plotted else None, "attention": attn, "graphs": r.graphs,
            "spec": {"budget": r.spec.budget, "gamma1": r.spec.gamma1, "gamma2": r.spec.gamma2}}
     if r.as_json:
         print(json.dumps(out))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option,
+from triforce.cli.options import (apply_attention, build_sampling, build_spec, check_non_negative, device_option,
                                   dtype_option, has_tier0, model_option, offload_options, plan_for_run,
-                                  resolve_draft, sampling_options, speculation_options)
+                                  resolve_draft, runtime_options, sampling_options, speculation_options)
 from triforce.errors import UserError
 
 HELP_TEXT = """commands:
@@ -87,9 +87,10 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 @offload_options
 @click.option("--tp", type=int, default=1, show_default=True,
               help="Tensor-parallel ranks (GPUs; gloo processes on a CPU). Rank 0 talks to the terminal.")
+@runtime_options(count_syncs=False)
 def chat(model, system, max_new_tokens, max_context, method, draft, budget, chunk_size, gamma1, gamma2,
          rebuild_stride, rebuild_threshold, temperature, top_p, top_k, seed, dtype, device, profile, device_budget,
-         tp):
+         tp, attn, no_graphs):
     """Chat with a model in the terminal.
 
     The KV of earlier turns is kept, so each turn prefills only what is new. Type /help for
@@ -102,7 +103,8 @@ def chat(model, system, max_new_tokens, max_context, method, draft, budget, chun
     request = ChatRequest(model=model, system=system, max_new_tokens=max_new_tokens, max_context=max_context,
                           spec=spec, fixed=fixed,
                           params=build_sampling(temperature, top_p, top_k, seed), draft=draft, dtype=dtype,
-                          device=device, profile=profile, device_budget=device_budget)
+                          device=device, profile=profile, device_budget=device_budget, attn=attn,
+                          graphs="off" if no_graphs else "auto")
     if tp == 1:
         run_chat(request)
         return
@@ -124,6 +126,8 @@ class ChatRequest:
     device: str
     profile: str | None
     device_budget: str | None
+    attn: str = "auto"
+    graphs: str = "auto"
 
 
 def chat_rank(rank: int, world: int, request: ChatRequest) -> None:
@@ -190,6 +194,7 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     if world > 1:
         shard_loaded_model(lm, rank, world)
     drafter = resolve_draft(r.draft, r.spec, r.dtype, device)
+    attn, _ = apply_attention([lm, drafter], r.attn)
     context = lm.config.max_position_embeddings
     if r.max_context is not None and not 1 < r.max_context <= context:
         raise UserError(f"--max-context must be in 2..{context} (the model's context), got {r.max_context}")
@@ -197,7 +202,7 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     run = plan_for_run(lm, r.spec, r.fixed, max_len, r.profile, r.device_budget, drafter)
     plan = run.plan
     session = Chat(lm, max_len, system=r.system, spec=run.spec, draft=drafter,
-                   kv_cache=build_kv_cache(lm, max_len, plan), prefill_chunk=plan.prefill_chunk)
+                   kv_cache=build_kv_cache(lm, max_len, plan), prefill_chunk=plan.prefill_chunk, graphs=r.graphs)
     session.engine.gamma2_controller = run.gamma2_controller(has_tier0(drafter))
     if world > 1:
         agree_across_ranks(session.engine, lm.device if lm.device.type == "cuda" else "cpu")
@@ -207,7 +212,7 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     except ImportError:
         pass
     console.say(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}), "
-                f"{session.session.max_len}-token context, {session.engine.describe()}"
+                f"{session.session.max_len}-token context, {session.engine.describe()}, attention {attn}"
                 f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}"
                 f"{', tensor-parallel over %d ranks' % world if world > 1 else ''}. "
                 "/help for commands, Ctrl-D to leave.")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import click
 
-from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option,
+from triforce.cli.options import (apply_attention, build_sampling, build_spec, check_non_negative, device_option,
                                   dtype_option, has_tier0, model_option, offload_options, plan_for_run,
-                                  resolve_draft, sampling_options, speculation_options)
+                                  resolve_draft, runtime_options, sampling_options, speculation_options)
 from triforce.errors import UserError
 
 
@@ -59,10 +59,12 @@ def encode_prompt(lm, text: str, as_chat: bool) -> list[int]:
               help="Write each check's proposed/accepted counts to this JSON file (for `bench offload`).")
 @click.option("--tp", type=int, default=1, show_default=True,
               help="Tensor-parallel ranks: the verifier's heads and KV split over N GPUs (gloo processes on a CPU).")
+@runtime_options()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streamed text.")
 def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
              rebuild_threshold, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, as_chat,
-             ignore_eos, profile, device_budget, no_overlap, record_acceptance, tp, as_json):
+             ignore_eos, profile, device_budget, no_overlap, record_acceptance, tp, attn, no_graphs, count_syncs,
+             as_json):
     """Generate a continuation of a prompt.
 
     The raw prompt is tokenised exactly as the model's transformers tokenizer does by default;
@@ -79,7 +81,8 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
         model=model, text=read_prompt(prompt, prompt_file), as_chat=as_chat, draft=draft, spec=spec, fixed=fixed,
         params=build_sampling(temperature, top_p, top_k, seed), max_new_tokens=max_new_tokens,
         ignore_eos=ignore_eos, dtype=dtype, device=device, profile=profile, device_budget=device_budget,
-        overlap=not no_overlap, record_acceptance=record_acceptance, as_json=as_json)
+        overlap=not no_overlap, record_acceptance=record_acceptance, attn=attn, graphs="off" if no_graphs else "auto",
+        count_syncs=count_syncs, as_json=as_json)
     if tp == 1:
         run_generate(request)
         return
@@ -105,6 +108,9 @@ class GenerateRequest:
     device_budget: str | None
     overlap: bool
     record_acceptance: str | None
+    attn: str                     # auto | flash | sdpa
+    graphs: str                   # auto | off (see Engine)
+    count_syncs: bool
     as_json: bool
 
 
@@ -119,6 +125,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     from triforce.loading import load_model
     from triforce.parallel import agree_across_ranks, rank_device, shard_loaded_model, share_threads
     from triforce.placement import build_kv_cache
+    from triforce.sync_count import SyncCounter
     from triforce.textstream import TextStream
 
     speaker = rank == 0
@@ -131,6 +138,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     if world > 1:
         shard_loaded_model(lm, rank, world)
     drafter = resolve_draft(r.draft, r.spec, r.dtype, device)
+    attn, attn_line = apply_attention([lm, drafter], r.attn)
     load_s = time.perf_counter() - started
     ids = encode_prompt(lm, r.text, r.as_chat)
     context = lm.config.max_position_embeddings
@@ -149,8 +157,11 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     run = plan_for_run(lm, r.spec, r.fixed, max_len, r.profile, r.device_budget, drafter)
     plan, spec = run.plan, run.spec
     kv_cache = build_kv_cache(lm, max_len, plan, overlap=r.overlap)
-    engine = Engine(lm, spec, max_len, drafter, kv_cache=kv_cache, prefill_chunk=plan.prefill_chunk)
+    engine = Engine(lm, spec, max_len, drafter, kv_cache=kv_cache, prefill_chunk=plan.prefill_chunk,
+                    graphs=r.graphs)
     engine.gamma2_controller = run.gamma2_controller(has_tier0(drafter))
+    if r.count_syncs:
+        engine.sync_counter = SyncCounter()
     if world > 1:
         agree_across_ranks(engine, lm.device if lm.device.type == "cuda" else "cpu")
     stream = TextStream(lm.tokenizer)
@@ -160,6 +171,8 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
             sys.stdout.write(stream.push(token))
             sys.stdout.flush()
 
+    if speaker and not r.as_json:
+        print(attn_line, file=sys.stderr)
     run_started = time.perf_counter()
     engine.sync(ids)
     prefill_s = time.perf_counter() - run_started
@@ -184,6 +197,8 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
         "dtype": str(lm.dtype).removeprefix("torch."),
         "device": str(lm.device),
         "tp": world,
+        "attention": attn,
+        "drafting_runner": engine.runner_mode,
         "load_s": round(load_s, 3),
         **result.stats,
         "speculation": {"budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1,
@@ -209,6 +224,8 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     offload = ""
     if plan.offloaded:
         offload = f", KV of {plan.context - plan.resident_tokens} of {plan.context} tokens offloaded to host memory"
+    if r.count_syncs:
+        print(f"host syncs: {summary['host_syncs']}", file=sys.stderr)
     print(f"[{summary['new_tokens']} tokens, {summary['tokens_per_s']} tok/s decode, "
           f"prompt {len(ids)} tokens in {summary['prefill_s']} s, stopped by {result.stopped_by}"
           f"{speculation}{offload}{', tp %d' % world if world > 1 else ''}]", file=sys.stderr)

@@ -129,3 +129,34 @@ def plan_for_run(lm, spec, fixed, context: int, profile_name, device_budget, dra
     if not run.plan.feasible:
         raise UserError(f"the model does not fit profile {profile.name}: {run.plan.reason}")
     return run
+
+
+def runtime_options(count_syncs: bool = True):
+    """--attn and --no-graphs (and --count-syncs where a summary reports it)."""
+    def decorate(f):
+        if count_syncs:
+            f = click.option("--count-syncs", is_flag=True,
+                             help="Count the host synchronisations of each decoding phase (CUDA; a debug aid "
+                                  "that slows decoding) and report them in the summary.")(f)
+        f = click.option("--no-graphs", is_flag=True,
+                         help="Run the drafting tiers eagerly instead of replaying CUDA graphs (CUDA only; "
+                              "the tokens are the same either way).")(f)
+        f = click.option("--attn", type=click.Choice(["auto", "flash", "sdpa"]), default="auto", show_default=True,
+                         help="Attention kernel: flash-attn on CUDA when it is installed (auto), or PyTorch SDPA.")(f)
+        return f
+    return decorate
+
+
+def apply_attention(lms, choice: str) -> tuple[str, str]:
+    """Give the loaded models (target, draft) the chosen attention backend. Returns its name and
+    a line saying what was chosen and why (to show once)."""
+    from triforce.kernels import select_attention
+
+    models = [lm for lm in lms if hasattr(lm, "attn")]
+    try:
+        backend, line = select_attention(choice, models[0].device)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    for lm in models:
+        lm.attn = backend
+    return backend.name, line

@@ -55,6 +55,23 @@ class SdpaAttention:
                                  sliding_window=sliding_window)
 
 
+    def attend_fixed(self, q, k_cache, v_cache, k, v, *, slots: torch.Tensor, cache_seqlens: torch.Tensor,
+                     visible: torch.Tensor, scale: float) -> torch.Tensor:
+        """Fixed-shape attention for CUDA graphs. k_cache, v_cache [B, Hkv, C, D]: writes the new k, v
+        ([B, Hkv, T, D]) at `slots` [T] (= cache_seqlens + 0..T-1; cache_seqlens int32 [B]) and
+        attends q [B, H, T, D] over the entries `visible` [T, C] (slot j <= slot of query i)."""
+        k_cache.index_copy_(2, slots, k)
+        v_cache.index_copy_(2, slots, v)
+        batch, heads, num_new, dim = q.shape
+        kv_heads = k_cache.shape[1]
+        groups = heads // kv_heads
+        # fold the query heads sharing a KV head into rows: each K/V head is read once
+        folded = q.reshape(batch, kv_heads, groups * num_new, dim)
+        mask = visible.repeat(groups, 1)  # row g * T + t sees what query t sees
+        out = F.scaled_dot_product_attention(folded, k_cache, v_cache, attn_mask=mask, scale=scale)
+        return out.reshape(batch, heads, num_new, dim)
+
+
 SDPA = SdpaAttention()
 
 
@@ -64,15 +81,19 @@ class FlashAttention(SdpaAttention):
 
     `flash_fn` has flash_attn_func's contract: q [B, T, H, D], k, v [B, S, Hkv, D] (last dim
     contiguous), causal masks bottom-right aligned, window_size=(left, right), and with
-    return_attn_probs=True returns (out, lse [B, H, T], ...)."""
+    return_attn_probs=True returns (out, lse [B, H, T], ...). `kvcache_fn` has
+    flash_attn_with_kvcache's: it writes k, v into k_cache, v_cache [B, S, Hkv, D] at
+    cache_seqlens (int32 [B]) and attends over the first cache_seqlens + T entries."""
 
     name = "flash"
     DTYPES = (torch.float16, torch.bfloat16)
 
-    def __init__(self, flash_fn=None, cuda_only: bool = True):
+    def __init__(self, flash_fn=None, kvcache_fn=None, cuda_only: bool = True):
         if flash_fn is None:
             from flash_attn import flash_attn_func as flash_fn
-        self.flash_fn, self.cuda_only = flash_fn, cuda_only
+        if kvcache_fn is None:
+            from flash_attn import flash_attn_with_kvcache as kvcache_fn
+        self.flash_fn, self.kvcache_fn, self.cuda_only = flash_fn, kvcache_fn, cuda_only
 
     def _takes(self, q: torch.Tensor) -> bool:
         return q.dtype in self.DTYPES and (q.is_cuda or not self.cuda_only)
@@ -89,6 +110,17 @@ class FlashAttention(SdpaAttention):
             return super().attend(q, k, v, scale=scale, sliding_window=sliding_window)
         window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
         return self._run(q, k, v, scale, True, window, False)
+
+    def attend_fixed(self, q, k_cache, v_cache, k, v, *, slots: torch.Tensor, cache_seqlens: torch.Tensor,
+                     visible: torch.Tensor, scale: float) -> torch.Tensor:
+        """flash-attn's kv-cache kernel: it appends k, v itself and reads only the valid entries."""
+        if not self._takes(q):
+            return super().attend_fixed(q, k_cache, v_cache, k, v, slots=slots, cache_seqlens=cache_seqlens,
+                                        visible=visible, scale=scale)
+        out = self.kvcache_fn(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                              k=k.transpose(1, 2), v=v.transpose(1, 2), cache_seqlens=cache_seqlens,
+                              softmax_scale=scale, causal=True)
+        return out.transpose(1, 2)
 
     def partial(self, q, k, v, *, scale: float, q_start: int, k_start: int,
                 sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

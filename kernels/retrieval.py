@@ -45,13 +45,30 @@ def triton_available() -> bool:
 
 
 class RetrievalKernels:
-    """The scoring, top-k and gather a retrieval rebuild runs: Triton or the torch reference."""
+    """The scoring, top-k and gather a retrieval rebuild runs: Triton or the torch reference.
+    If a Triton kernel fails on its first call (no compiler for this GPU, ...), the torch
+    reference takes over for good and a note says so."""
 
     def __init__(self, use_triton: bool):
         self.use_triton = use_triton
+        self._proven: set[str] = set()  # Triton kernels that have run once
         if use_triton:
             from triforce.kernels import retrieval_triton
             self._triton = retrieval_triton
+
+    def _first_call(self, name: str, run_triton, run_torch):
+        if name in self._proven:
+            return run_triton()
+        try:
+            result = run_triton()
+        except Exception as e:  # noqa: BLE001  (compiler and driver errors have no common base)
+            import sys
+            self.use_triton = False
+            print(f"note: the Triton {name} kernel failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                  "using the torch reference", file=sys.stderr)
+            return run_torch()
+        self._proven.add(name)
+        return result
 
     @classmethod
     def for_device(cls, device: torch.device | str) -> "RetrievalKernels":
@@ -65,17 +82,20 @@ class RetrievalKernels:
     def scores(self, query: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
         """query [B, H, D], chunk means [B, Hkv, N, D] -> [B, Hkv, N]."""
         if self.use_triton:
-            return self._triton.chunk_scores(query.contiguous(), means)
+            return self._first_call("chunk scoring", lambda: self._triton.chunk_scores(query.contiguous(), means),
+                                    lambda: grouped_scores(query, means))
         return grouped_scores(query, means)
 
     def topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
         if self.use_triton:
-            return self._triton.topk_sorted(scores, k)
+            return self._first_call("top-k", lambda: self._triton.topk_sorted(scores, k),
+                                    lambda: topk_sorted(scores, k))
         return topk_sorted(scores, k)
 
     def gather_into(self, k_src, v_src, index, k_dst, v_dst) -> None:
         if self.use_triton:
-            self._triton.gather_into(k_src, v_src, index.contiguous(), k_dst, v_dst)
+            self._first_call("gather", lambda: self._triton.gather_into(k_src, v_src, index.contiguous(), k_dst, v_dst),
+                             lambda: gather_into(k_src, v_src, index, k_dst, v_dst))
         else:
             gather_into(k_src, v_src, index, k_dst, v_dst)
 

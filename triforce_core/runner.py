@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 
 import torch
-import torch.nn.functional as F
 
 MODES = ("eager", "static", "graph")
 MAX_GRAPH_TOKENS = 16  # graphs are kept for steps of 1..16 new tokens; longer steps run eagerly
@@ -36,38 +35,31 @@ def graph_pool():
 
 class StaticStepView:
     """A cache view of fixed shape over `k_buf`, `v_buf` [L, B, Hkv, capacity, D] for `num_new`
-    tokens; slots and positions are device tensors the runner fills before each run."""
+    tokens; tokens, positions and slots are device tensors the runner fills before each run."""
 
-    def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, scale: float, num_new: int):
-        self.k_buf, self.v_buf, self.scale = k_buf, v_buf, scale
+    def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, scale: float, attn, num_new: int):
+        self.k_buf, self.v_buf, self.scale, self.attn = k_buf, v_buf, scale, attn
         device = k_buf.device
         self.tokens = torch.zeros(1, num_new, dtype=torch.long, device=device)
         self.positions = torch.zeros(1, num_new, dtype=torch.long, device=device)
         self.slots = torch.zeros(num_new, dtype=torch.long, device=device)
+        self.cache_seqlens = torch.zeros(k_buf.shape[1], dtype=torch.int32, device=device)  # [B]: slots[0]
         self._key_index = torch.arange(k_buf.shape[3], device=device)
-        self._mask: torch.Tensor | None = None
+        self._visible: torch.Tensor | None = None
 
     def begin(self) -> None:
-        """Build this run's mask from the slots (inside the graph when captured)."""
-        self._mask = self._key_index[None, :] <= self.slots[:, None]  # [T, capacity]
+        """Derive this run's mask and lengths from the slots (inside the graph when captured)."""
+        self._visible = self._key_index[None, :] <= self.slots[:, None]  # [T, capacity]
+        self.cache_seqlens.copy_(self.slots[:1].to(torch.int32).expand_as(self.cache_seqlens))
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        k_buf, v_buf = self.k_buf[layer], self.v_buf[layer]  # [B, Hkv, capacity, D]
-        k_buf.index_copy_(2, self.slots, k)
-        v_buf.index_copy_(2, self.slots, v)
-        batch, heads, num_new, dim = q.shape
-        kv_heads = k_buf.shape[1]
-        groups = heads // kv_heads
-        # fold the query heads sharing a KV head into rows: each K/V head is read once
-        folded = q.reshape(batch, kv_heads, groups * num_new, dim)
-        mask = self._mask.repeat(groups, 1)  # row g * T + t sees what token t sees
-        out = F.scaled_dot_product_attention(folded, k_buf, v_buf, attn_mask=mask, scale=self.scale)
-        return out.reshape(batch, heads, num_new, dim)
+        return self.attn.attend_fixed(q, self.k_buf[layer], self.v_buf[layer], k, v, slots=self.slots,
+                                      cache_seqlens=self.cache_seqlens, visible=self._visible, scale=self.scale)
 
 
 class TierRunner:
-    """Runs `model` over a sparse or streaming cache (anything with k_buf, v_buf, scale and a
-    step whose new tokens take physical slots [start, end))."""
+    """Runs `model` over a sparse or streaming cache (anything with k_buf, v_buf, scale, attn and
+    a step whose new tokens take physical slots [start, end))."""
 
     def __init__(self, model, cache, mode: str = "eager", max_graph_tokens: int = MAX_GRAPH_TOKENS):
         if mode not in MODES:
@@ -114,7 +106,7 @@ class TierRunner:
     def _view(self, num_new: int) -> StaticStepView:
         if num_new not in self._views:
             c = self.cache
-            self._views[num_new] = StaticStepView(c.k_buf, c.v_buf, c.scale, num_new)
+            self._views[num_new] = StaticStepView(c.k_buf, c.v_buf, c.scale, c.attn, num_new)
         return self._views[num_new]
 
     def _forward(self, view: StaticStepView) -> torch.Tensor:

@@ -39,6 +39,26 @@ class FakeFlash:
         return (out, lse.float(), None) if return_attn_probs else out
 
 
+class FakeKVCache:
+    """flash_attn_with_kvcache's contract: k_cache, v_cache [B, S, Hkv, D]; the new k, v
+    [B, T, Hkv, D] are written at rows cache_seqlens[b] + 0..T-1 and q attends (causal, bottom-right)
+    over the first cache_seqlens[b] + T rows."""
+
+    def __init__(self, flash):
+        self.flash = flash
+
+    def __call__(self, q, k_cache, v_cache, k, v, cache_seqlens, softmax_scale, causal):
+        assert cache_seqlens.dtype == torch.int32 and k_cache.stride(-1) == 1
+        outs = []
+        for b in range(q.shape[0]):
+            start = int(cache_seqlens[b])
+            end = start + k.shape[1]
+            k_cache[b, start:end], v_cache[b, start:end] = k[b], v[b]
+            outs.append(self.flash(q[b:b + 1], k_cache[b:b + 1, :end], v_cache[b:b + 1, :end], softmax_scale,
+                                   causal, (-1, -1), False))
+        return torch.cat(outs)
+
+
 def qkv(num_q, num_k, dtype=torch.bfloat16, seed=0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(1, 4, num_q, 32, generator=g).to(dtype), torch.randn(1, 2, num_k, 32, generator=g).to(dtype),
@@ -48,7 +68,7 @@ def qkv(num_q, num_k, dtype=torch.bfloat16, seed=0):
 @pytest.mark.parametrize("num_q,num_k,window", [(1, 50, None), (5, 50, None), (7, 7, None), (5, 50, 9)])
 def test_flash_attend_matches_sdpa(num_q, num_k, window):
     fake = FakeFlash()
-    flash = FlashAttention(fake, cuda_only=False)
+    flash = FlashAttention(fake, FakeKVCache(fake), cuda_only=False)
     q, k, v = qkv(num_q, num_k)
     got = flash.attend(q, k, v, scale=0.2, sliding_window=window)
     ref = SDPA.attend(q.double(), k.double(), v.double(), scale=0.2, sliding_window=window)
@@ -65,7 +85,7 @@ def test_flash_attend_matches_sdpa(num_q, num_k, window):
 ])
 def test_flash_partial_routes_and_matches_reference(case, q_start, k_start, num_k, window, uses_flash):
     fake = FakeFlash()
-    flash = FlashAttention(fake, cuda_only=False)
+    flash = FlashAttention(fake, FakeKVCache(fake), cuda_only=False)
     q, k, v = qkv(5, num_k, seed=1)
     out, lse = flash.partial(q, k, v, scale=0.2, q_start=q_start, k_start=k_start, sliding_window=window)
     ref_out, ref_lse = partial_attention(q.double(), k.double(), v.double(), scale=0.2, q_start=q_start,
@@ -75,12 +95,33 @@ def test_flash_partial_routes_and_matches_reference(case, q_start, k_start, num_
     torch.testing.assert_close(lse.double(), ref_lse, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("start,num_new", [(0, 1), (13, 1), (20, 4)])
+def test_flash_fixed_shape_attention_matches_sdpa(start, num_new):
+    """The CUDA-graph path: flash's kv-cache kernel writes the new KV and attends like the masked SDPA."""
+    fake = FakeFlash()
+    flash = FlashAttention(fake, FakeKVCache(fake), cuda_only=False)
+    q, k, v = qkv(num_new, num_new, seed=2)
+    caches = []
+    for backend in (flash, SDPA):
+        k_cache, v_cache = (torch.randn(1, 2, 40, 32, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+                            for _ in range(2))
+        slots = torch.arange(start, start + num_new)
+        visible = torch.arange(40)[None, :] <= slots[:, None]
+        out = backend.attend_fixed(q, k_cache, v_cache, k, v, slots=slots,
+                                   cache_seqlens=torch.tensor([start], dtype=torch.int32), visible=visible, scale=0.2)
+        caches.append((out, k_cache, v_cache))
+    assert fake.calls == 1
+    (fo, fk, fv), (so, sk, sv) = caches
+    assert torch.equal(fk, sk) and torch.equal(fv, sv)
+    torch.testing.assert_close(fo.double(), so.double(), rtol=2e-2, atol=2e-2)
+
+
 def test_flash_leaves_float32_and_cpu_tensors_to_sdpa():
     fake = FakeFlash()
     q, k, v = qkv(3, 20, dtype=torch.float32)
-    FlashAttention(fake, cuda_only=False).attend(q, k, v, scale=0.2)
+    FlashAttention(fake, FakeKVCache(fake), cuda_only=False).attend(q, k, v, scale=0.2)
     q, k, v = qkv(3, 20)
-    FlashAttention(fake, cuda_only=True).attend(q, k, v, scale=0.2)  # bf16 but on the CPU
+    FlashAttention(fake, FakeKVCache(fake), cuda_only=True).attend(q, k, v, scale=0.2)  # bf16 but on the CPU
     assert fake.calls == 0
 
 

@@ -119,3 +119,17 @@ def test_retrieval_rebuild_same_with_triton_and_torch_kernels(rt):
         built.append(sparse)
     assert built[0].num_selected == built[1].num_selected == 122  # 15 chunks and the 2-token tail
     assert torch.equal(built[0].k_buf, built[1].k_buf) and torch.equal(built[0].v_buf, built[1].v_buf)
+
+
+def test_a_failing_triton_kernel_hands_over_to_the_reference(rt, capsys):
+    kernels = RetrievalKernels(True)
+
+    class Broken:
+        def topk_sorted(self, scores, k):
+            raise RuntimeError("no compiler for this device")
+
+    kernels._triton = Broken()
+    scores = torch.randn(2, 40)
+    assert torch.equal(kernels.topk(scores, 5), topk_sorted(scores, 5))
+    assert not kernels.use_triton and kernels.name == "torch"
+    assert "Triton top-k kernel failed" in capsys.readouterr().err

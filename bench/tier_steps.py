@@ -77,6 +77,18 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
         retrieval.logits(seq)
 
     out = {"context": context, "runner": mode}
+    if graphs == "off":  # a rebuild after rebuild_stride new tokens: chunk means extended, or all recomputed
+        def rebuild_incremental():
+            full.rollback(context - spec.rebuild_stride)  # the last stride's chunks count as new again
+            full.length = context
+            retrieval.rebuild(full, query)
+
+        def rebuild_from_scratch():
+            full._means.clear()
+            retrieval.rebuild(full, query)
+
+        out["rebuild_ms"] = round(time_ms(rebuild_incremental, device, max(1, repeats // 4)), 3)
+        out["rebuild_recomputing_means_ms"] = round(time_ms(rebuild_from_scratch, device, max(1, repeats // 4)), 3)
     out["tier1_ms"] = time_ms(tier1, device, repeats)
     out["tier1_floor_bytes"] = weight_bytes(target) + (retrieval.cache.end + spec.gamma1 + 1) * kv_per_token
     if draft is not None:
@@ -162,6 +174,10 @@ def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, 
     print(f"{'attn':6s} {'context':>8s} {'runner':>6s} {'tier0 ms':>9s} {'x floor':>8s} {'tier1 ms':>9s} "
           f"{'x floor':>8s} {'full ms':>9s} {'x floor':>8s}")
     for r in rows:
+        if "rebuild_ms" in r:
+            print(f"{'':6s} {r['context']:8d} retrieval rebuild ({r['attn']}, {out['budget']} tokens): "
+                  f"{r['rebuild_ms']:.3f} ms with kept chunk means, {r['rebuild_recomputing_means_ms']:.3f} ms "
+                  "recomputing them")
         print(f"{r['attn']:6s} {r['context']:8d} {r['runner']:>6s} {r.get('tier0_ms', float('nan')):9.3f} "
               f"{r.get('tier0_x_floor', float('nan')):8.2f} {r['tier1_ms']:9.3f} {r['tier1_x_floor']:8.2f} "
               f"{r.get('full_ms', float('nan')):9.3f} {r.get('full_x_floor', float('nan')):8.2f}")

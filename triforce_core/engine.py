@@ -21,6 +21,7 @@ import torch
 from triforce.config import SamplingParams, SpecParams
 from triforce.errors import UserError
 from triforce.loading import LoadedModel
+from triforce.runner import runner_mode
 from triforce.sampling import make_generator, probabilities, sample
 from triforce.session import PREFILL_CHUNK, Session
 from triforce.sparse_cache import SelectionPolicy
@@ -45,15 +46,6 @@ class GenerationResult:
     stopped_by: str  # eos | length | context | interrupt
     time_s: float
     stats: dict = field(default_factory=dict)
-
-
-def runner_mode(graphs: str, device: torch.device) -> str:
-    """--graphs auto|off|static -> the drafting tiers' runner mode (triforce.runner)."""
-    if graphs not in ("auto", "off", "static"):
-        raise UserError(f"unknown graphs setting '{graphs}' (choose auto, off or static)")
-    if graphs == "auto":
-        return "graph" if torch.device(device).type == "cuda" else "eager"
-    return "eager" if graphs == "off" else "static"
 
 
 class Engine:

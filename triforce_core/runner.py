@@ -15,9 +15,20 @@ import sys
 
 import torch
 
+from triforce.errors import UserError
+
 MODES = ("eager", "static", "graph")
 MAX_GRAPH_TOKENS = 16  # graphs are kept for steps of 1..16 new tokens; longer steps run eagerly
 _POOL = None           # the one CUDA graph memory pool of this process
+
+
+def runner_mode(graphs: str, device: torch.device) -> str:
+    """An engine's `graphs` setting (auto | off | static) -> the drafting tiers' runner mode."""
+    if graphs not in ("auto", "off", "static"):
+        raise UserError(f"unknown graphs setting '{graphs}' (choose auto, off or static)")
+    if graphs == "auto":
+        return "graph" if torch.device(device).type == "cuda" else "eager"
+    return "eager" if graphs == "off" else "static"
 
 
 def device_tokens(ids: list[int], device: torch.device) -> torch.Tensor:

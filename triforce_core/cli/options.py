@@ -117,8 +117,8 @@ def offload_options(f):
 
 
 def plan_for_run(lm, spec, fixed, context: int, profile_name, device_budget, draft=None):
-    """The plan of a generate/chat run: (MemoryPlan, SpecParams with the cost model's choices,
-    gamma2 controller or None). A plan that cannot fit is a UserError."""
+    """The RunPlan of a generate/chat run (memory plan, SpecParams with the cost model's choices).
+    A plan that cannot fit is a UserError."""
     from triforce.placement import plan_run, resolve_profile
 
     profile = resolve_profile(profile_name, lm.device, device_budget)

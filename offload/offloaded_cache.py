@@ -19,6 +19,9 @@ from triforce.offload.prefetcher import Prefetcher
 from triforce.pinned import HostKVStore, allocate_host
 
 
+RECENT_TOKENS = 64  # a pass's host-bound KV of at most this many tokens stays on the device until the next
+
+
 class OffloadedKVCache:
     layer_major = True
 
@@ -48,6 +51,9 @@ class OffloadedKVCache:
         self._resident_means: dict[int, ChunkMeans] = {}  # by chunk size: means of resident chunks (device)
         self._means: dict[int, tuple[torch.Tensor, list[int]]] = {}  # chunk size -> (host means, valid chunks)
         self._gather_staging: list[torch.Tensor] = []  # flat host buffers for retrieval gathers
+        # the last short pass's host-bound KV, still on the device per layer: (first position, k, v);
+        # kv_range serves the newly committed tokens from here instead of reading the host back
+        self._recent: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
 
     # ---- bookkeeping --------------------------------------------------------------------
     @property
@@ -69,12 +75,14 @@ class OffloadedKVCache:
         start = self.length
         self.length += num_new
         self._read_end = self._query_start = start
+        self._recent = {}  # this pass rewrites the positions they held
         return OffloadedCacheStep(self, start, self.length, record_queries)
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}: cache holds {self.length}")
         self.length = length
+        self._recent = {layer: r for layer, r in self._recent.items() if r[0] < length}
         for means in self._resident_means.values():
             means.rollback(length)
         for chunk, (_, valid) in self._means.items():
@@ -143,7 +151,7 @@ class OffloadedKVCache:
 
     def gather_into(self, layer: int, index: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor) -> None:
         """index [B, Hkv, N] (device) -> k_dst, v_dst [B, Hkv, N, D]: the keys and values of those tokens."""
-        if int(index.max()) < self.resident_tokens:  # all resident: the device kernel, no host round trip
+        if self.length <= self.resident_tokens:  # all resident: the device kernel, no host round trip
             self.kernels.gather_into(self.k_res[layer], self.v_res[layer], index, k_dst, v_dst)
             return
         k, v = self._gather_with_host(layer, index)
@@ -178,12 +186,27 @@ class OffloadedKVCache:
         """Keys and values [L, B, Hkv, end - start, D] of tokens [start, end) on the device."""
         split = min(max(start, self.resident_tokens), end)
         parts_k, parts_v = [self.k_res[:, :, :, start:split]], [self.v_res[:, :, :, start:split]]
-        if end > split:
+        recent = self._recent_range(split, end)
+        if recent is not None:  # no wait for the copy stream, no copy back from the host
+            parts_k.append(recent[0])
+            parts_v.append(recent[1])
+        elif end > split:
             self.prefetcher.synchronize()
             host_k, host_v = self.store.read(split, end)
             parts_k.append(host_k.to(self.device))
             parts_v.append(host_v.to(self.device))
         return torch.cat(parts_k, dim=3), torch.cat(parts_v, dim=3)
+
+    def _recent_range(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Tokens [start, end) of every layer from the last pass's device copies, if all have them."""
+        if end <= start or len(self._recent) < self.num_layers:
+            return None
+        for first, k, _ in self._recent.values():
+            if not first <= start or end > first + k.shape[2]:
+                return None
+        layers = [self._recent[layer] for layer in range(self.num_layers)]
+        return (torch.stack([k[:, :, start - first:end - first] for first, k, _ in layers]),
+                torch.stack([v[:, :, start - first:end - first] for first, _, v in layers]))
 
 
 class OffloadedCacheStep:
@@ -239,6 +262,8 @@ class OffloadedCacheStep:
                                     q_start=q_start, k_start=host_new_start, sliding_window=window))
             if self._filled[layer] == self.end - self.start:  # the layer is done: send its KV home
                 c.prefetcher.write(layer, host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
+                if count <= RECENT_TOKENS:  # a verify pass, not a prefill: keep it on the device
+                    c._recent[layer] = (host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
                 self._scratch = None
         return acc.result(q.dtype)
 

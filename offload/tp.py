@@ -10,6 +10,7 @@ the same logits and takes the same decisions (which are also broadcast from rank
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -125,13 +126,13 @@ def _worker_main(index: int, world: int, port: int, backend: str, fn: Callable, 
     rank = index + 1
     _join(rank, world, port, backend)
     fn(rank, world, *args)  # on an exception the process just ends: rank 0 notices and stops the rest
-    _leave()
-
-
-def _leave() -> None:
-    # leave together: a rank tearing down its connections while a peer still uses them aborts it
-    dist.barrier()
-    dist.destroy_process_group()
+    dist.barrier()  # every rank is done
+    # Leave without tearing the process group down: gloo's connection threads abort a process
+    # whose peer closes first ("terminate called without an active exception"), so a worker
+    # exits at once and rank 0, which lives on, tears its side down after the workers are gone.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class RankFailed(RuntimeError):
@@ -157,7 +158,7 @@ def launch(world: int, fn: Callable, args: tuple = (), *, backend: str | None = 
     try:
         _join(0, world, port, backend)
         fn(0, world, *args)
-        _leave()
+        dist.barrier()
     except BaseException:
         worker_error = _worker_failure(workers)
         _stop(workers)
@@ -177,6 +178,8 @@ def launch(world: int, fn: Callable, args: tuple = (), *, backend: str | None = 
     failure = failure or _worker_failure(workers)
     if failure is not None:
         _stop(workers)
+    dist.destroy_process_group()
+    if failure is not None:
         raise failure
 
 

@@ -130,3 +130,22 @@ def test_chunk_size_that_does_not_divide_the_blocks_is_refused():
     feed([off], 30, seed=0)
     with pytest.raises(ValueError, match="chunk-size 3"):
         off.chunk_scores(0, torch.randn(1, 4, D, dtype=torch.float64), 3)
+
+
+def test_kv_range_of_a_verify_pass_comes_from_the_device(monkeypatch):
+    full, off = pair(max_len=200, resident=16, block=8)
+    feed([full, off], 90, seed=0)                 # a prefill: too long to keep on the device
+    host_reads = []
+    real_read = off.store.read
+    monkeypatch.setattr(off.store, "read", lambda s, e: host_reads.append((s, e)) or real_read(s, e))
+    assert torch.equal(off.kv_range(20, 90)[0], full.kv_range(20, 90)[0])
+    assert host_reads == [(20, 90)]
+    feed([full, off], 5, seed=1)                  # a verify pass of 5 tokens, then 2 rejected
+    full.rollback(93)
+    off.rollback(93)
+    for start, end in ((90, 93), (91, 92)):
+        k, v = off.kv_range(start, end)
+        assert torch.equal(k, full.kv_range(start, end)[0]) and torch.equal(v, full.kv_range(start, end)[1])
+    assert len(host_reads) == 1                   # served by the pass's device copies
+    assert torch.equal(off.kv_range(85, 93)[0], full.kv_range(85, 93)[0])
+    assert host_reads[-1] == (85, 93)             # reaches before the pass: read back from the host

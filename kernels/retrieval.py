@@ -5,6 +5,7 @@ Triton versions (retrieval_triton.py) on CUDA when triton is importable."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import torch
 
@@ -62,7 +63,6 @@ class RetrievalKernels:
         try:
             result = run_triton()
         except Exception as e:  # noqa: BLE001  (compiler and driver errors have no common base)
-            import sys
             self.use_triton = False
             print(f"note: the Triton {name} kernel failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                   "using the torch reference", file=sys.stderr)

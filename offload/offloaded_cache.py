@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from triforce.chunk_means import ChunkMeans
-from triforce.kernels import SDPA, TORCH_KERNELS, PartialAccumulator, RetrievalKernels, block_visible, chunk_mean_keys
+from triforce.kernels import SDPA, TORCH_KERNELS, PartialAccumulator, RetrievalKernels, block_visible
 from triforce.offload.errors import OffloadError
 from triforce.offload.prefetcher import Prefetcher
 from triforce.pinned import HostKVStore, allocate_host
@@ -48,8 +48,9 @@ class OffloadedKVCache:
         self._read_end = 0       # host blocks are read up to this position (the old tokens of a pass)
         self._query_start = 0    # the earliest query position of the pass (for sliding windows)
         self.kernels = RetrievalKernels.for_device(self.device)
-        self._resident_means: dict[int, ChunkMeans] = {}  # by chunk size: means of resident chunks (device)
-        self._means: dict[int, tuple[torch.Tensor, list[int]]] = {}  # chunk size -> (host means, valid chunks)
+        # by chunk size: mean keys of resident chunks (device) and of host chunks (host, store positions)
+        self._resident_means: dict[int, ChunkMeans] = {}
+        self._host_means: dict[int, ChunkMeans] = {}
         self._gather_staging: list[torch.Tensor] = []  # flat host buffers for retrieval gathers
         # the last short pass's host-bound KV, still on the device per layer: (first position, k, v);
         # kv_range serves the newly committed tokens from here instead of reading the host back
@@ -64,7 +65,7 @@ class OffloadedKVCache:
 
     @property
     def host_nbytes(self) -> int:
-        means = sum(m.nbytes for m, _ in self._means.values())
+        means = sum(m.nbytes for m in self._host_means.values())
         staging = sum(t.nbytes for t in self._gather_staging)
         return self.store.nbytes + means + staging
 
@@ -85,9 +86,8 @@ class OffloadedKVCache:
         self._recent = {layer: r for layer, r in self._recent.items() if r[0] < length}
         for means in self._resident_means.values():
             means.rollback(length)
-        for chunk, (_, valid) in self._means.items():
-            complete = max(0, length - self.resident_tokens) // chunk
-            valid[:] = [min(v, complete) for v in valid]
+        for means in self._host_means.values():
+            means.rollback(max(0, length - self.resident_tokens))
 
     def prepare_verify(self) -> None:
         """Start copying the first host blocks of the next pass while the drafting tiers run."""
@@ -118,36 +118,32 @@ class OffloadedKVCache:
         num_chunks = self.length // chunk_size
         resident_chunks = min(num_chunks, self.resident_tokens // chunk_size)
         if chunk_size not in self._resident_means:
-            self._resident_means[chunk_size] = ChunkMeans(
-                self.num_layers, self.batch, self.kv_heads, self.resident_tokens // chunk_size, self.k_res.shape[-1],
-                chunk_size, dtype=self.k_res.dtype, device=self.device)
+            self._resident_means[chunk_size] = ChunkMeans.like(self.k_res, chunk_size)
         keys = self.k_res[layer]
         means = self._resident_means[chunk_size].read(layer, resident_chunks, lambda start, end: keys[:, :, start:end])
         scores = [self.kernels.scores(query, means)]
         host_chunks = num_chunks - resident_chunks
         if host_chunks > 0:
-            means = self._host_means(layer, chunk_size, host_chunks)
+            means = self._host_chunk_means(layer, chunk_size, host_chunks)
             scores.append(TORCH_KERNELS.scores(query.to("cpu"), means).to(self.device, scores[0].dtype))
         return torch.cat(scores, dim=-1)
 
-    def _host_means(self, layer: int, chunk_size: int, count: int) -> torch.Tensor:
-        """Mean keys [B, Hkv, count, D] of the first `count` host chunks of `layer`."""
-        if chunk_size not in self._means:
+    def _host_chunk_means(self, layer: int, chunk_size: int, count: int) -> torch.Tensor:
+        """Mean keys [B, Hkv, count, D] (host) of the first `count` host chunks of `layer`."""
+        if chunk_size not in self._host_means:
             shape = (self.num_layers, self.batch, self.kv_heads, self.store.capacity // chunk_size,
                      self.k_res.shape[-1])
             (means,) = allocate_host([shape], self.k_res.dtype, pin=False, what="host chunk means")
-            self._means[chunk_size] = (means, [0] * self.num_layers)
-        means, valid = self._means[chunk_size]
-        if valid[layer] < count:
-            self.prefetcher.synchronize()  # host writes of recent tokens must have landed
-            per_block = self.store.block_tokens // chunk_size
-            for block in range(valid[layer] // per_block, (count - 1) // per_block + 1):
-                first = block * per_block
-                block_means = chunk_mean_keys(self.store.keys_of_block(layer, block), chunk_size)
-                take = min(per_block, count - first)
-                means[layer, :, :, first:first + take] = block_means[:, :, :take]
-            valid[layer] = count
-        return means[layer, :, :, :count]
+            self._host_means[chunk_size] = ChunkMeans(means, chunk_size)
+        return self._host_means[chunk_size].read(layer, count, lambda start, end: self._host_keys(layer, start, end))
+
+    def _host_keys(self, layer: int, start: int, end: int) -> torch.Tensor:
+        """Keys [B, Hkv, end - start, D] of host positions [start, end) (counted from the store's first)."""
+        self.prefetcher.synchronize()  # host writes of recent tokens must have landed
+        bt = self.store.block_tokens
+        first, last = start // bt, (end - 1) // bt
+        keys = torch.cat([self.store.keys_of_block(layer, block) for block in range(first, last + 1)], dim=2)
+        return keys[:, :, start - first * bt:end - first * bt]
 
     def gather_into(self, layer: int, index: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor) -> None:
         """index [B, Hkv, N] (device) -> k_dst, v_dst [B, Hkv, N, D]: the keys and values of those tokens."""

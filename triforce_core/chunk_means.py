@@ -8,15 +8,24 @@ import torch
 
 from triforce.kernels import chunk_mean_keys
 
+READ_TOKENS = 4096  # keys averaged per piece: bounds the temporary a long first read makes
+
 
 class ChunkMeans:
-    """means_buf: [L, B, Hkv, max_chunks, D]; chunks [0, valid[layer]) of a layer are current."""
+    """means_buf: [L, B, Hkv, max_chunks, D] (device or host); chunks [0, valid[layer]) of a layer
+    are current."""
 
-    def __init__(self, num_layers: int, batch: int, kv_heads: int, max_chunks: int, head_dim: int,
-                 chunk_size: int, *, dtype: torch.dtype, device: torch.device | str):
-        self.chunk_size = chunk_size
-        self.means_buf = torch.zeros(num_layers, batch, kv_heads, max_chunks, head_dim, dtype=dtype, device=device)
-        self.valid = [0] * num_layers
+    def __init__(self, means_buf: torch.Tensor, chunk_size: int):
+        self.means_buf, self.chunk_size = means_buf, chunk_size
+        self.valid = [0] * means_buf.shape[0]
+
+    @classmethod
+    def like(cls, k_buf: torch.Tensor, chunk_size: int) -> ChunkMeans:
+        """For keys k_buf [L, B, Hkv, S, D]: a buffer of S // chunk_size means beside them."""
+        layers, batch, kv_heads, length, dim = k_buf.shape
+        means_buf = torch.zeros(layers, batch, kv_heads, length // chunk_size, dim, dtype=k_buf.dtype,
+                                device=k_buf.device)
+        return cls(means_buf, chunk_size)
 
     @property
     def nbytes(self) -> int:
@@ -25,11 +34,12 @@ class ChunkMeans:
     def read(self, layer: int, count: int, keys: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
         """Means [B, Hkv, count, D] of the first `count` chunks; keys(start, end) returns the
         layer's keys [B, Hkv, end - start, D] of tokens [start, end) for chunks not yet averaged."""
-        done = self.valid[layer]
-        if done < count:
-            cs = self.chunk_size
-            self.means_buf[layer, :, :, done:count] = chunk_mean_keys(keys(done * cs, count * cs), cs)
-            self.valid[layer] = count
+        cs = self.chunk_size
+        piece = max(1, READ_TOKENS // cs)  # chunks per piece
+        for first in range(self.valid[layer], count, piece):
+            last = min(count, first + piece)
+            self.means_buf[layer, :, :, first:last] = chunk_mean_keys(keys(first * cs, last * cs), cs)
+        self.valid[layer] = max(self.valid[layer], count)
         return self.means_buf[layer, :, :, :count]
 
     def rollback(self, length: int) -> None:

@@ -79,9 +79,7 @@ class FullKVCache:
         """query [B, H, D] -> [B, Hkv, length // chunk_size]: q . mean key of each complete chunk.
         Mean keys are kept and extended only by chunks completed since the last call."""
         if chunk_size not in self._means:
-            _, batch, kv_heads, max_len, dim = self.k_buf.shape
-            self._means[chunk_size] = ChunkMeans(self.k_buf.shape[0], batch, kv_heads, max_len // chunk_size, dim,
-                                                 chunk_size, dtype=self.k_buf.dtype, device=self.k_buf.device)
+            self._means[chunk_size] = ChunkMeans.like(self.k_buf, chunk_size)
         keys = self.k_buf[layer]
         means = self._means[chunk_size].read(layer, self.length // chunk_size,
                                              lambda start, end: keys[:, :, start:end])

@@ -79,7 +79,7 @@ def test_triton_gather_matches_reference(rt, dtype):
 
 def test_chunk_means_extend_incrementally_and_roll_back():
     keys = torch.randn(2, 1, 2, 100, 16, dtype=torch.float64)  # [L, B, Hkv, S, D]
-    means = ChunkMeans(2, 1, 2, 25, 16, 4, dtype=torch.float64, device="cpu")
+    means = ChunkMeans.like(keys, 4)
     reads = []
 
     def keys_of(layer):

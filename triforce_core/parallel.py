@@ -42,8 +42,12 @@ def share_threads(world: int) -> None:
 
 
 def run_on_ranks(world: int, fn, request, model: str | None = None) -> None:
-    """Run fn(rank, world, request) on `world` ranks; a failing rank becomes one UserError line.
-    `model` is fetched or converted once first, so the ranks do not race to do it."""
+    """Run fn(rank, world, request) on `world` ranks (in this process alone when world is 1); a
+    failing rank becomes one UserError line. `model` is fetched or converted once first, so the
+    ranks do not race to do it."""
+    if world == 1:
+        fn(0, 1, request)
+        return
     from triforce.errors import UserError
     from triforce.offload.tp import RankFailed, launch
 

@@ -73,9 +73,6 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     request = BenchRequest(arch, model, context, profile, device_budget, chosen, trace, acceptance_trace, draft,
                            new_tokens, spec, not no_overlap, plot_path, dtype, device, as_json, attn,
                            "off" if no_graphs else "auto")
-    if tp == 1:
-        run_bench(request)
-        return
     from triforce.parallel import run_on_ranks
     run_on_ranks(tp, bench_rank, request)
 

@@ -105,9 +105,6 @@ def chat(model, system, max_new_tokens, max_context, method, draft, budget, chun
                           params=build_sampling(temperature, top_p, top_k, seed), draft=draft, dtype=dtype,
                           device=device, profile=profile, device_budget=device_budget, attn=attn,
                           graphs="off" if no_graphs else "auto")
-    if tp == 1:
-        run_chat(request)
-        return
     from triforce.parallel import run_on_ranks
     run_on_ranks(tp, chat_rank, request, model)
 

@@ -83,9 +83,6 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
         ignore_eos=ignore_eos, dtype=dtype, device=device, profile=profile, device_budget=device_budget,
         overlap=not no_overlap, record_acceptance=record_acceptance, attn=attn, graphs="off" if no_graphs else "auto",
         count_syncs=count_syncs, as_json=as_json)
-    if tp == 1:
-        run_generate(request)
-        return
     from triforce.parallel import run_on_ranks
     run_on_ranks(tp, generate_rank, request, model)
 

@@ -36,7 +36,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     if num_queries == num_keys and not window_binds:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     mask = causal_mask(num_queries, num_keys, q.device, sliding_window if window_binds else None)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if not gqa:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    # No fused CUDA kernel takes a mask together with enable_gqa (SDPA would fall back to the math
+    # kernel and materialise [B, H, T, S] scores): fold the query heads that share a KV head into
+    # rows instead, each row seeing what its query sees, so the memory-efficient kernel serves it.
+    batch, heads, _, dim = q.shape
+    groups = heads // k.shape[1]
+    folded = q.reshape(batch, k.shape[1], groups * num_queries, dim)
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask.repeat(groups, 1), scale=scale)
+    return out.reshape(batch, heads, num_queries, dim)
 
 
 class SdpaAttention:

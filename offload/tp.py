@@ -113,11 +113,24 @@ def broadcast_ints(values: list[int], device: torch.device | str = "cpu") -> lis
 RENDEZVOUS_TIMEOUT_S = 900  # a rank waiting this long in a collective gives up
 
 
+def select_rank_device(rank: int, backend: str) -> torch.device | None:
+    """NCCL ranks make cuda:<rank> their current device before anything touches CUDA, so NCCL
+    communicators, Triton launches and graph captures of each rank land on its own GPU (without
+    this every rank runs on cuda:0). gloo ranks keep the CPU."""
+    if backend != "nccl":
+        return None
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    return device
+
+
 def _join(rank: int, world: int, port: int, backend: str) -> None:
     from datetime import timedelta
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+    device_id = select_rank_device(rank, backend)
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
+                            device_id=device_id)
     if os.environ.get(FAIL_RANK_ENV) == str(rank):
         raise RuntimeError(f"rank {rank} was told to fail ({FAIL_RANK_ENV})")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from triforce.pinned.cpu_kernels import gather_blocked
-from triforce.pinned.host_memory import allocate_host
+from triforce.pinned.host_memory import allocate_host, is_registered
 
 
 class HostKVStore:
@@ -32,7 +32,7 @@ class HostKVStore:
 
     @property
     def pinned(self) -> bool:
-        return self.data.is_pinned()
+        return is_registered(self.data) or self.data.is_pinned()
 
     def block(self, layer: int, index: int) -> torch.Tensor:
         """Block `index` of `layer`: [2, B, Hkv, block_tokens, D], contiguous."""

@@ -35,7 +35,8 @@ def verify_sampled(drafts: list[int], draft_probs: list[torch.Tensor | None], ta
         q = draft_probs[i]
         q_token = 1.0 if q is None else float(q[token])
         ratio = float(p[token]) / q_token if q_token > 0 else 0.0
-        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        # the uniform is drawn where the generator lives (a CUDA generator cannot fill a CPU tensor)
+        u = float(torch.rand((), generator=generator, dtype=torch.float64, device=generator.device))
         if u < ratio:
             continue
         if q is None:

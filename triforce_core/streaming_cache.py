@@ -47,7 +47,8 @@ class StreamingKVCache:
         shift = source - self.sink_tokens
         if shift <= 0 or self.sink_tokens + keep + needed > self.capacity:
             raise ValueError(f"cannot fit {needed} new tokens in the streaming cache")
-        cos, sin = self.rope.cos_sin(torch.tensor([[-shift]], device=self.k_buf.device),
+        # torch.full fills on the device: no host-to-device copy (and no sync) in the draft phase
+        cos, sin = self.rope.cos_sin(torch.full((1, 1), -shift, dtype=torch.long, device=self.k_buf.device),
                                      self.k_buf.dtype, unscaled=True)
         dst = slice(self.sink_tokens, self.sink_tokens + keep)
         # clone: source and destination ranges may overlap

@@ -1,0 +1,179 @@
+"""The one-command GPU campaign: everything a lent CUDA machine should run, in one call.
+
+    python -m triforce.bench.gpu_campaign [--out-dir bench/results] [--cap-gb 24] [--budget-s 530]
+    python -m triforce.bench.gpu_campaign --dry-run      # on any machine: what it would run
+
+Steps (each in its own process, with GPU memory capped to `--cap-gb` so an H100 stands in for a
+24 GB card; a failing or overlong step is recorded and the campaign goes on):
+  probe         device, versions, exact pinning, pinned host-to-device and device-to-device GB/s
+  gpu-tests     pytest tests/gpu (graphs, Triton retrieval, sync counts, offload, sampling, SDPA kernels)
+  tier-steps    tier 0, tier 1 and full-verify step times against their bytes floor, graphs on/off,
+                SDPA and flash-attn (when installed), Llama2-7B-128K shapes, random weights
+  offload-32k   bench offload, Llama2-7B-128K at 32K: ar-offload, zero-inference, triforce (trace replay)
+  offload-127k  the same at 127K (130048 tokens: about 62 GiB of pinned host KV)
+
+Writes gpu-campaign-DATE.json (every step's command, exit code, seconds, parsed JSON and output
+tail) and prints the rows for bench/RESULTS.md."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+REPO = Path(__file__).resolve().parent.parent
+TRACE = "bench/traces/smollm2-needle8k-triforce-lookup.json"
+ARCH = "llama2-7b-128k"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    argv: tuple[str, ...]   # after `python -m triforce.bench.capped --gb CAP --`
+    timeout_s: int
+    what: str
+
+
+def steps(out_dir: Path, quick: bool) -> list[Step]:
+    offload = ("-m", "triforce.cli.main", "bench", "offload", "--arch", ARCH, "--profile", "rtx4090-24g",
+               "--acceptance-trace", TRACE, "--new-tokens", "8" if quick else "16", "--dtype", "bfloat16", "--json")
+    return [
+        Step("probe", ("-m", "triforce.bench.gpu_probe"), 60,
+             "device, versions, exact pinning, copy bandwidths"),
+        Step("gpu-tests", ("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"), 150,
+             "GPU tests: graphs == eager, Triton retrieval, sync counts, offload, sampling, SDPA kernels"),
+        Step("tier-steps", ("-m", "triforce.bench.tier_steps", "--arch", ARCH, "--draft", "llama-68m",
+                            "--contexts", "4096" if quick else "4096,8192", "--dtype", "bfloat16",
+                            "--attn", "sdpa,flash", "--repeats", "10", "--json"), 120,
+             "tier step times against their bytes floor"),
+        Step("offload-32k", (*offload, "--context", "32768", "--plot", str(out_dir / "offload-32k.png")), 120,
+             "bench offload at 32K on a 24 GB budget"),
+        Step("offload-127k", (*offload, "--context", "130048", "--plot", str(out_dir / "offload-127k.png")), 200,
+             "bench offload at 127K on a 24 GB budget"),
+    ]
+
+
+def last_json(text: str):
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def run_step(step: Step, cap_gb: float, timeout_s: float, log_dir: Path) -> dict:
+    cmd = [sys.executable, "-m", "triforce.bench.capped", "--gb", str(cap_gb), "--", *step.argv]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    started = time.perf_counter()
+    record = {"name": step.name, "what": step.what, "command": " ".join(cmd[1:]), "timeout_s": round(timeout_s)}
+    try:
+        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+        rc, stdout, stderr = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as e:
+        rc = "timeout"
+        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+    record.update(rc=rc, ok=rc == 0, seconds=round(time.perf_counter() - started, 1),
+                  result=last_json(stdout), stdout_tail=stdout[-3000:], stderr_tail=stderr[-3000:])
+    (log_dir / f"{step.name}.log").write_text(f"$ {record['command']}\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
+    return record
+
+
+def results_rows(report: dict) -> list[str]:
+    """Markdown lines for bench/RESULTS.md."""
+    probe = next((s["result"] for s in report["steps"] if s["name"] == "probe" and s["result"]), {}) or {}
+    lines = [f"GPU campaign {report['date']}, {probe.get('device_name', 'device unknown')}, memory capped to "
+             f"{report['cap_gb']:g} GB, torch {probe.get('torch', '?')}, pinned host-to-device "
+             f"{probe.get('pinned_h2d_gbps', '?')} GB/s, device copy {probe.get('d2d_gbps', '?')} GB/s",
+             "", f"    python -m triforce.bench.gpu_campaign{' --quick' if report['quick'] else ''}", "",
+             "| step | result | seconds |", "|---|---|---:|"]
+    for s in report["steps"]:
+        status = "ok" if s["ok"] else ("timed out" if s["rc"] == "timeout" else f"failed (exit {s['rc']})")
+        lines.append(f"| {s['name']} | {status} | {s['seconds']} |")
+    for s in report["steps"]:
+        r = s["result"] or {}
+        if s["name"].startswith("offload") and r.get("rows"):
+            lines += ["", f"{s['name']}: context {r['context']}, {r['profile']}, pinned H2D {r['pinned_h2d_gbps']} GB/s",
+                      "", "| method | ms/token | PCIe MB/token | H2D GB/s | peak GPU GiB | plan GiB |",
+                      "|---|---:|---:|---:|---:|---:|"]
+            for row in r["rows"]:
+                if "error" in row:
+                    lines.append(f"| {row['method']} | does not fit: {row['error']} | | | | |")
+                    continue
+                peak = row["peak_gpu_bytes"] / 2**30 if row["peak_gpu_bytes"] else float("nan")
+                lines.append(f"| {row['method']} | {row['ms_per_token']} | {row['pcie_bytes_per_token'] / 1e6:.1f} | "
+                             f"{row['achieved_h2d_gbps']} | {peak:.2f} | {row['plan_gpu_bytes'] / 2**30:.2f} |")
+        if s["name"] == "tier-steps" and r.get("rows"):
+            lines += ["", f"tier steps: {r['arch']} + {r['draft']}, device copy {r['memory_gbps_measured']} GB/s",
+                      "", "| attn | context | runner | tier0 ms (x floor) | tier1 ms (x floor) | full ms (x floor) |",
+                      "|---|---:|---|---:|---:|---:|"]
+            for row in r["rows"]:
+                cells = [f"{row.get(f'{t}_ms', float('nan'))} ({row.get(f'{t}_x_floor', '-')})"
+                         for t in ("tier0", "tier1", "full")]
+                lines.append(f"| {row['attn']} | {row['context']} | {row['runner']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+@click.command()
+@click.option("--out-dir", default="bench/results", show_default=True, help="Where the JSON, logs and plots go.")
+@click.option("--cap-gb", type=float, default=24.0, show_default=True, help="GPU memory per process (a 24 GB card).")
+@click.option("--budget-s", type=float, default=530.0, show_default=True,
+              help="Wall-clock budget for all steps; a step gets what is left, at most its own limit.")
+@click.option("--only", default=None, help="Comma-separated step names to run (default: all).")
+@click.option("--quick", is_flag=True, help="Fewer tokens and contexts (for a short lease).")
+@click.option("--dry-run", is_flag=True, help="Print what would run and exit.")
+def main(out_dir, cap_gb, budget_s, only, quick, dry_run):
+    """Run the GPU tests and GPU benchmarks in one command, carrying on past failures."""
+    out = Path(out_dir).resolve()
+    chosen = steps(out, quick)
+    if only:
+        names = {n.strip() for n in only.split(",")}
+        unknown = names - {s.name for s in chosen}
+        if unknown:
+            raise click.UsageError(f"unknown steps {sorted(unknown)} (choose from {', '.join(s.name for s in chosen)})")
+        chosen = [s for s in chosen if s.name in names]
+    if dry_run:
+        print(f"would run {len(chosen)} steps in {REPO} with GPU memory capped to {cap_gb:g} GB, "
+              f"within {budget_s:.0f} s, writing to {out}:")
+        for s in chosen:
+            print(f"  {s.name:13s} (at most {s.timeout_s} s) {s.what}\n    python -m triforce.bench.capped "
+                  f"--gb {cap_gb:g} -- {' '.join(s.argv)}")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    date = datetime.date.today().isoformat()
+    report = {"date": date, "cap_gb": cap_gb, "quick": quick, "steps": []}
+    deadline = time.perf_counter() + budget_s
+    for s in chosen:
+        left = deadline - time.perf_counter()
+        if left < 10:
+            report["steps"].append({"name": s.name, "what": s.what, "rc": "skipped", "ok": False, "seconds": 0,
+                                    "result": None, "note": "campaign budget spent"})
+            print(f"[{s.name}] skipped: budget spent", flush=True)
+            continue
+        print(f"[{s.name}] {s.what} (at most {min(s.timeout_s, left):.0f} s) ...", flush=True)
+        record = run_step(s, cap_gb, min(s.timeout_s, left), out)
+        report["steps"].append(record)
+        print(f"[{s.name}] {'ok' if record['ok'] else 'FAILED rc=' + str(record['rc'])} in {record['seconds']} s",
+              flush=True)
+        if not record["ok"]:
+            print("\n".join("    " + line for line in (record["stderr_tail"] or record["stdout_tail"])[-1500:]
+                            .splitlines()[-15:]), flush=True)
+    probe = next((x["result"] for x in report["steps"] if x["name"] == "probe" and x.get("result")), None)
+    report["device_name"] = (probe or {}).get("device_name")
+    path = out / f"gpu-campaign-{date}.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(f"\nwrote {path}\n")
+    print("\n".join(results_rows(report)))
+
+
+if __name__ == "__main__":
+    main()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import click
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path.cwd()  # the checkout it is run from (tests/ and bench/traces/ are read from there)
 TRACE = "bench/traces/smollm2-needle8k-triforce-lookup.json"
 ARCH = "llama2-7b-128k"
 

@@ -41,6 +41,16 @@ def sdpa_fused_only(device) -> dict:
         k = torch.randn(1, kv_heads, s, 128, device=device, dtype=torch.bfloat16)
         v = torch.randn_like(k)
         ref = attention(q.double(), k.double(), v.double(), scale=128 ** -0.5)
+        if heads != kv_heads and t != s:  # the call triforce made before: a mask with enable_gqa
+            from triforce.kernels.attention import causal_mask
+            try:
+                with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                  SDPBackend.CUDNN_ATTENTION]):
+                    torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, attn_mask=causal_mask(t, s, device), scale=128 ** -0.5, enable_gqa=True)
+                out[name + ", mask with enable_gqa"] = "fused kernel"
+            except RuntimeError as e:
+                out[name + ", mask with enable_gqa"] = f"needs the math kernel: {str(e).splitlines()[0][:80]}"
         try:
             with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
                 got = attention(q, k, v, scale=128 ** -0.5)

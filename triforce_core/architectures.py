@@ -73,8 +73,10 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
     cfg = ModelConfig.from_hf(hf)
     rope = RotaryEmbedding(hf)
     with torch.device("meta"):
-        model = CausalLM(cfg, rope)
-    model = model.to_empty(device=torch_device).to(torch_dtype)
+        model = CausalLM(cfg, rope).to(torch_dtype)
+    # cast on the meta device, then allocate: building in float32 first would need twice the
+    # memory of bf16 weights on the device (a 7B model would not fit a 24 GB card)
+    model = model.to_empty(device=torch_device)
     generator = torch.Generator(device=torch_device).manual_seed(seed)
     with torch.no_grad():
         for param_name, p in model.named_parameters():

@@ -4,7 +4,7 @@ through a fixed-shape view that a CUDA graph can capture. CUDA graphs live here 
 The fixed-shape view writes the new tokens' KV at slots held in a device tensor and attends over
 the cache's whole buffer with a mask (slot j is visible to new token i iff j <= slot_i), so one
 graph per number of new tokens serves every step: static input buffers (tokens, positions,
-slots), one memory pool shared by all graphs of the process, and eager execution whenever a
+slots), one memory pool shared by the runner's graphs, and eager execution whenever a
 step has more tokens than graphs are kept for or capture fails.
 
 Modes: "eager" (the cache's step view), "static" (the fixed-shape view without capture: the
@@ -19,7 +19,6 @@ from triforce.errors import UserError
 
 MODES = ("eager", "static", "graph")
 MAX_GRAPH_TOKENS = 16  # graphs are kept for steps of 1..16 new tokens; longer steps run eagerly
-_POOL = None           # the one CUDA graph memory pool of this process
 
 
 def runner_mode(graphs: str, device: torch.device) -> str:
@@ -35,13 +34,6 @@ def device_tokens(ids: list[int], device: torch.device) -> torch.Tensor:
     """[1, T] int64 on `device` without waiting for the device: the copy is queued on the stream
     (torch's blocking host-to-device copy would synchronise the stream first)."""
     return torch.tensor([ids], dtype=torch.long).to(device, non_blocking=True)
-
-
-def graph_pool():
-    global _POOL
-    if _POOL is None:
-        _POOL = torch.cuda.graph_pool_handle()
-    return _POOL
 
 
 class StaticStepView:
@@ -81,6 +73,10 @@ class TierRunner:
         self.max_graph_tokens = max_graph_tokens
         self._views: dict[int, StaticStepView] = {}
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # One memory pool for this runner's graphs, made at the first capture and gone with them.
+        # Not one per process: once every graph of a pool is freed (an engine ends), PyTorch
+        # cannot capture into that pool again (an internal assert, seen on an H100 with torch 2.11).
+        self._pool = None
         self.graph_failed: str | None = None  # why capture was given up (then everything runs eagerly)
         self.replays = 0      # graph replays
         self.static_runs = 0  # fixed-shape runs without a graph (static mode, captures)
@@ -134,7 +130,9 @@ class TierRunner:
                 self._forward(view)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=graph_pool()):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
             out = self._forward(view)
         graph.replay()  # capture records without running: run it once for this step
         return graph, out

@@ -119,7 +119,8 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     prof = resolve_profile_for(r, torch_device)
     if torch_device.type == "cuda":
         total = torch.cuda.get_device_properties(torch_device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, prof.gpu_bytes / total), torch_device)
+        index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
+        torch.cuda.set_per_process_memory_fraction(min(1.0, prof.gpu_bytes / total), index)
     lm, drafter, name = _load(r.arch, r.model, r.draft, r.dtype, device)
     attn, attn_line = apply_attention([lm, drafter], r.attn)
     if rank == 0:

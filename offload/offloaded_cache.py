@@ -15,7 +15,7 @@ import torch
 from triforce.chunk_means import ChunkMeans
 from triforce.kernels import SDPA, TORCH_KERNELS, PartialAccumulator, RetrievalKernels, block_visible
 from triforce.offload.errors import OffloadError
-from triforce.offload.prefetcher import Prefetcher
+from triforce.offload.prefetcher import Prefetcher, TransferPlan
 from triforce.pinned import HostKVStore, allocate_host
 
 
@@ -27,7 +27,7 @@ class OffloadedKVCache:
 
     def __init__(self, cfg, max_len: int, resident_tokens: int, block_tokens: int, *,
                  dtype: torch.dtype, device: torch.device | str, batch: int = 1, overlap: bool = True,
-                 pin: bool = True, host_budget_bytes: int | None = None, attn=SDPA):
+                 pin: bool = True, host_budget_bytes: int | None = None, attn=SDPA, streams=None):
         if not 0 <= resident_tokens < max_len:
             raise OffloadError(f"resident tokens ({resident_tokens}) must be below the context ({max_len})")
         self.device = torch.device(device)
@@ -43,10 +43,7 @@ class OffloadedKVCache:
         self.store = HostKVStore(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_len - resident_tokens,
                                  block_tokens, first_position=resident_tokens, dtype=dtype, batch=batch,
                                  pin=pin, budget_bytes=host_budget_bytes)
-        self.prefetcher = Prefetcher(self.store, self.device, overlap=overlap)
-        self.prefetcher.schedule = self._host_blocks
-        self._read_end = 0       # host blocks are read up to this position (the old tokens of a pass)
-        self._query_start = 0    # the earliest query position of the pass (for sliding windows)
+        self.prefetcher = Prefetcher(self.store, self.device, overlap=overlap, streams=streams)
         self.kernels = RetrievalKernels.for_device(self.device)
         # by chunk size: mean keys of resident chunks (device) and of host chunks (host, store positions)
         self._resident_means: dict[int, ChunkMeans] = {}
@@ -75,9 +72,8 @@ class OffloadedKVCache:
                                f"{self.max_len} slots")
         start = self.length
         self.length += num_new
-        self._read_end = self._query_start = start
         self._recent = {}  # this pass rewrites the positions they held
-        return OffloadedCacheStep(self, start, self.length, record_queries)
+        return OffloadedCacheStep(self, start, self.length, record_queries, self.transfer_plan(start))
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
@@ -91,21 +87,22 @@ class OffloadedKVCache:
 
     def prepare_verify(self) -> None:
         """Start copying the first host blocks of the next pass while the drafting tiers run."""
-        self._read_end = self._query_start = self.length
-        self.prefetcher.prefetch()
+        self.prefetcher.prefetch(self.transfer_plan(self.length))
 
-    def _host_blocks(self, layer: int) -> list[int]:
-        """Host blocks holding old tokens [resident, read_end) some query of the pass may see."""
-        start = self.resident_tokens
+    def transfer_plan(self, start: int) -> TransferPlan:
+        """The host blocks a pass whose new tokens begin at `start` reads: in every layer, those
+        holding old tokens [resident, start) that some query of the pass may see."""
+        return TransferPlan(tuple(tuple(self._host_blocks(layer, start)) for layer in range(self.num_layers)))
+
+    def _host_blocks(self, layer: int, start: int) -> range:
+        first_visible = self.resident_tokens
         window = self.sliding_windows[layer]
         if window is not None:
-            start = max(start, self._query_start - window + 1)
-        if self._read_end <= start:
-            return []
+            first_visible = max(first_visible, start - window + 1)
+        if start <= first_visible:
+            return range(0)
         bt = self.store.block_tokens
-        first = (start - self.resident_tokens) // bt
-        last = (self._read_end - 1 - self.resident_tokens) // bt
-        return list(range(first, last + 1))
+        return range((first_visible - self.resident_tokens) // bt, (start - 1 - self.resident_tokens) // bt + 1)
 
     # ---- the read interface of sparse caches --------------------------------------------
     def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
@@ -209,8 +206,8 @@ class OffloadedCacheStep:
     """One forward pass over new tokens [start, end). The model may call attend once per layer
     (all new tokens) or, layer-major, once per chunk of them in order."""
 
-    def __init__(self, cache: OffloadedKVCache, start: int, end: int, record_queries: bool):
-        self.cache, self.start, self.end = cache, start, end
+    def __init__(self, cache: OffloadedKVCache, start: int, end: int, record_queries: bool, plan: TransferPlan):
+        self.cache, self.start, self.end, self.plan = cache, start, end, plan
         self.positions = torch.arange(start, end, device=cache.device)[None]
         self.queries: list[torch.Tensor] | None = [] if record_queries else None  # per layer [B, H, T, D]
         self._filled = [0] * cache.num_layers
@@ -245,12 +242,11 @@ class OffloadedCacheStep:
         if resident_end > 0 and block_visible(q_start, q.shape[2], 0, resident_end, window):
             acc.add(*c.attn.partial(q, c.k_res[layer, :, :, :resident_end], c.v_res[layer, :, :, :resident_end],
                                     scale=c.scale, q_start=q_start, k_start=0, sliding_window=window))
-        c._read_end, c._query_start = self.start, self.start
-        for block, staged in c.prefetcher.read(layer):
+        for block, staged in c.prefetcher.read(self.plan, layer):
             first = c.store.block_start(block)
-            count = min(c.store.block_tokens, self.start - first)
-            acc.add(*c.attn.partial(q, staged[0][:, :, :count], staged[1][:, :, :count], scale=c.scale,
-                                    q_start=q_start, k_start=first, sliding_window=window))
+            k_old, v_old = c.store.block_kv(staged, min(c.store.block_tokens, self.start - first))
+            acc.add(*c.attn.partial(q, k_old, v_old, scale=c.scale, q_start=q_start, k_start=first,
+                                    sliding_window=window))
         if q_end > host_new_start:
             scratch_k, scratch_v = self._scratch
             count = q_end - host_new_start

@@ -24,7 +24,7 @@ def _raw(t: torch.Tensor) -> np.ndarray:
 @numba.njit(parallel=True, cache=True)
 def _gather_blocked(src, index, base, out_k, out_v):
     rows, count = index.shape
-    num_blocks, block = src.shape[0], src.shape[3]
+    num_blocks, block = src.shape[0], src.shape[1]
     for job in prange(rows * count):
         r = job // count
         j = job - r * count
@@ -32,15 +32,16 @@ def _gather_blocked(src, index, base, out_k, out_v):
         if 0 <= i < num_blocks * block:
             b = i // block
             o = i - b * block
-            out_k[r, j, :] = src[b, 0, r, o, :]
-            out_v[r, j, :] = src[b, 1, r, o, :]
+            out_k[r, j, :] = src[b, o, 0, r, :]
+            out_v[r, j, :] = src[b, o, 1, r, :]
 
 
 def gather_blocked(src: torch.Tensor, index: torch.Tensor, base: int, out_k: torch.Tensor,
                    out_v: torch.Tensor) -> None:
-    """Gather tokens from one layer of a block-major host store into a staging buffer.
+    """Gather tokens from one layer of the host store into a staging buffer.
 
-    src: [num_blocks, 2 (K, V), B, Hkv, block, D] host tensor, slot i = position base + i;
+    src: [num_blocks, block, 2 (K, V), B, Hkv, D] host tensor (token-major blocks), slot i =
+    position base + i;
     index: [B, Hkv, N] int64 positions (CPU); out_k, out_v: [B, Hkv, N, D] host tensors of src's
     dtype. out[b, h, n] = the K (V) of position index[b, h, n] where the store holds it; other
     entries are left untouched."""
@@ -48,9 +49,9 @@ def gather_blocked(src: torch.Tensor, index: torch.Tensor, base: int, out_k: tor
         raise TypeError(f"gather from {src.dtype} into {out_k.dtype}/{out_v.dtype}")
     if not (src.is_contiguous() and out_k.is_contiguous() and out_v.is_contiguous()):
         raise ValueError("gather_blocked needs contiguous tensors (it writes through numpy views)")
-    num_blocks, _, batch, heads, block, dim = src.shape
+    num_blocks, block, _, batch, heads, dim = src.shape
     rows = batch * heads
-    src_rows = _raw(src).reshape(num_blocks, 2, rows, block, dim)
+    src_rows = _raw(src).reshape(num_blocks, block, 2, rows, dim)
     idx = index.to(torch.int64).contiguous().numpy().reshape(rows, index.shape[2])
     _gather_blocked(src_rows, idx, base, _raw(out_k).reshape(rows, -1, dim), _raw(out_v).reshape(rows, -1, dim))
 

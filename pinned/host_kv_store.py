@@ -1,9 +1,12 @@
 """The host KV store: keys and values of the offloaded token range of every layer.
 
-Block-major layout, data: [num_layers, num_blocks, 2 (K, V), B, Hkv, block_tokens, D], so one
-block of one layer (its keys and values) is one contiguous copy over PCIe. Slot i of the store
-holds the token at position `first_position + i`. The store only holds data; the prefetcher
-decides when copies run and on which stream."""
+Layout: data [num_layers, num_blocks, block_tokens, 2 (K, V), B, Hkv, D]. Blocks are the unit
+of transfer: one block of one layer is one contiguous copy over PCIe. Inside a block tokens come
+first, so the new tokens of a pass, written at consecutive positions, are one contiguous host
+range too: a write is one copy from a packed device buffer (`pack`), never a strided copy that
+PyTorch would stage through pageable memory. Slot i of the store holds the token at position
+`first_position + i`. The store only holds data; the prefetcher decides when copies run and on
+which stream."""
 from __future__ import annotations
 
 import torch
@@ -19,7 +22,7 @@ class HostKVStore:
         if block_tokens < 1:
             raise ValueError("block_tokens must be >= 1")
         self.num_blocks = max(1, -(-capacity // block_tokens))
-        shape = (num_layers, self.num_blocks, 2, batch, kv_heads, block_tokens, head_dim)
+        shape = (num_layers, self.num_blocks, block_tokens, 2, batch, kv_heads, head_dim)
         (self.data,) = allocate_host([shape], dtype, pin=pin, budget_bytes=budget_bytes,
                                      what="the host KV store")
         self.block_tokens = block_tokens
@@ -35,8 +38,14 @@ class HostKVStore:
         return is_registered(self.data) or self.data.is_pinned()
 
     def block(self, layer: int, index: int) -> torch.Tensor:
-        """Block `index` of `layer`: [2, B, Hkv, block_tokens, D], contiguous."""
+        """Block `index` of `layer`: [block_tokens, 2, B, Hkv, D], contiguous (one copy)."""
         return self.data[layer, index]
+
+    @staticmethod
+    def block_kv(block: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views k, v [B, Hkv, count, D] of the first `count` tokens of a block (or of a staging
+        buffer holding one)."""
+        return block[:count, 0].permute(1, 2, 0, 3), block[:count, 1].permute(1, 2, 0, 3)
 
     def block_start(self, index: int) -> int:
         """Position of the first token of block `index`."""
@@ -55,22 +64,34 @@ class HostKVStore:
             yield b, o, o + n, at - lo
             at += n
 
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, non_blocking: bool = False) -> None:
+    @staticmethod
+    def pack(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """k, v [B, Hkv, n, D] -> one contiguous [n, 2, B, Hkv, D] buffer on their device."""
+        return torch.stack((k, v)).permute(3, 0, 1, 2, 4).contiguous()
+
+    def write_packed(self, layer: int, start: int, packed: torch.Tensor, copy=None) -> None:
+        """Store packed KV ([n, 2, B, Hkv, D], from `pack`) at positions [start, start + n) of
+        `layer`: one contiguous copy per block touched. `copy(dst, src)` runs each copy (the
+        prefetcher's, on its copy stream); a plain copy_ when None."""
+        for b, s0, s1, at in self._pieces(start, start + packed.shape[0]):
+            dst, src = self.data[layer, b, s0:s1], packed[at:at + s1 - s0]
+            if copy is None:
+                dst.copy_(src)
+            else:
+                copy(dst, src)
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store k, v ([B, Hkv, n, D], any device) at positions [start, start + n) of `layer`."""
-        for b, s0, s1, at in self._pieces(start, start + k.shape[2]):
-            self.data[layer, b, 0, :, :, s0:s1].copy_(k[:, :, at:at + s1 - s0], non_blocking=non_blocking)
-            self.data[layer, b, 1, :, :, s0:s1].copy_(v[:, :, at:at + s1 - s0], non_blocking=non_blocking)
+        self.write_packed(layer, start, self.pack(k, v))
 
     def read(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies [L, B, Hkv, end - start, D] of positions [start, end) in every layer."""
-        pieces = list(self._pieces(start, end))
-        k = torch.cat([self.data[:, b, 0, :, :, s0:s1] for b, s0, s1, _ in pieces], dim=3)
-        v = torch.cat([self.data[:, b, 1, :, :, s0:s1] for b, s0, s1, _ in pieces], dim=3)
-        return k, v
+        tokens = torch.cat([self.data[:, b, s0:s1] for b, s0, s1, _ in self._pieces(start, end)], dim=1)
+        return tokens[:, :, 0].permute(0, 2, 3, 1, 4).contiguous(), tokens[:, :, 1].permute(0, 2, 3, 1, 4).contiguous()
 
     def keys_of_block(self, layer: int, index: int) -> torch.Tensor:
         """[B, Hkv, block_tokens, D] view."""
-        return self.data[layer, index, 0]
+        return self.data[layer, index, :, 0].permute(1, 2, 0, 3)
 
     def gather(self, layer: int, index: torch.Tensor, out_k: torch.Tensor, out_v: torch.Tensor) -> None:
         """out[b, h, n] = entry at position index[b, h, n] for positions inside the store; other

@@ -25,7 +25,7 @@ METHODS = ("ar-offload", "zero-inference", "triforce")
 def measure_h2d_gbps(device: torch.device, num_bytes: int = 256 << 20, repeats: int = 3) -> float:
     """Best of `repeats` copies of a pinned host buffer to the device (a memcpy on a CPU)."""
     pin = device.type == "cuda"
-    src = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=pin)
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cpu", pin_memory=pin)
     dst = torch.empty(num_bytes, dtype=torch.uint8, device=device)
     best = float("inf")
     for _ in range(repeats):
@@ -52,12 +52,12 @@ def fill_random_kv(cache, length: int, seed: int = 0) -> None:
     elif isinstance(cache, OffloadedKVCache):
         cache.k_res.normal_()
         cache.v_res.normal_()
-        template = torch.randn(cache.store.block(0, 0).shape, generator=g).to(cache.store.data.dtype)
+        template = torch.randn(cache.store.block(0, 0).shape, generator=g, device="cpu").to(cache.store.data.dtype)
         for layer in range(cache.store.data.shape[0]):
             for block in range(cache.store.num_blocks):
                 cache.store.block(layer, block).copy_(template)
     elif isinstance(cache, HostAttentionKVCache):
-        template = torch.randn(cache.k_host.shape[1:3] + (1024, cache.k_host.shape[-1]), generator=g)
+        template = torch.randn(cache.k_host.shape[1:3] + (1024, cache.k_host.shape[-1]), generator=g, device="cpu")
         template = template.to(cache.k_host.dtype)
         for start in range(0, length, 1024):
             n = min(1024, length - start)
@@ -107,7 +107,7 @@ def run_method(method: str, s: Setup) -> dict:
         engine.sync(ids)  # a real prefill: real models must see their real KV
     else:
         vocab = min(s.lm.config.vocab_size, 32000)
-        ids = torch.randint(3, vocab, (s.context,), generator=torch.Generator().manual_seed(1)).tolist()
+        ids = torch.randint(3, vocab, (s.context,), generator=torch.Generator(device="cpu").manual_seed(1), device="cpu").tolist()
         fill_random_kv(cache, s.context - 1)
         engine.session.tokens = ids[:-1]
         engine.sync(ids)

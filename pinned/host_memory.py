@@ -55,7 +55,9 @@ def register_pinned(t: torch.Tensor, cudart=None) -> None:
     RuntimeError when the driver refuses. `cudart` replaces torch.cuda.cudart() in tests."""
     cudart = cudart or torch.cuda.cudart()
     ptr, size = t.data_ptr(), t.untyped_storage().nbytes()
-    torch.cuda.check_error(cudart.cudaHostRegister(ptr, size, 0))
+    err = cudart.cudaHostRegister(ptr, size, 0)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of {_gib(size)} failed with CUDA error {int(err)}")
     _pinned[ptr] = size
 
     def release(ptr=ptr):
@@ -76,7 +78,7 @@ def allocate_host(shapes: list[tuple[int, ...]], dtype: torch.dtype, *, pin: boo
 
     Raises HostCapacityError (and allocates nothing) when the total exceeds `budget_bytes`, what
     the host has available minus a safety margin, or (pinned) physical RAM less what is pinned."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     total = sum(itemsize * _numel(s) for s in shapes)
     if budget_bytes is not None and total > budget_bytes:
         raise HostCapacityError(f"{what} need {_gib(total)} of host memory but the profile allows "
@@ -97,7 +99,7 @@ def allocate_host(shapes: list[tuple[int, ...]], dtype: torch.dtype, *, pin: boo
     made: list[torch.Tensor] = []
     try:
         for shape in shapes:
-            made.append(torch.zeros(shape, dtype=dtype))
+            made.append(torch.zeros(shape, dtype=dtype, device="cpu"))
     except (RuntimeError, MemoryError) as e:
         made.clear()
         raise HostCapacityError(f"allocating {_gib(total)} of {what} failed: {e}") from None

@@ -71,7 +71,7 @@ def plan_run(cfg: ModelConfig, profile: MemoryProfile, context: int, spec: SpecP
 
 
 def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool = True):

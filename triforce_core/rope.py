@@ -17,7 +17,7 @@ def _default_inv_freq(hf_config) -> torch.Tensor:
     base = _rope_params(hf_config).get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     dim = int(dim * _rope_params(hf_config).get("partial_rotary_factor", 1.0))
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
 
 
 class RotaryEmbedding:

@@ -30,10 +30,16 @@ def runner_mode(graphs: str, device: torch.device) -> str:
     return "eager" if graphs == "off" else "static"
 
 
+def host_ids(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """int64 rows on the host, pinned when they are bound for a CUDA device, so a non_blocking
+    copy is truly asynchronous (PyTorch keeps the pinned block until the copy has run)."""
+    return torch.tensor(rows, dtype=torch.long, device="cpu", pin_memory=torch.device(device).type == "cuda")
+
+
 def device_tokens(ids: list[int], device: torch.device) -> torch.Tensor:
     """[1, T] int64 on `device` without waiting for the device: the copy is queued on the stream
     (torch's blocking host-to-device copy would synchronise the stream first)."""
-    return torch.tensor([ids], dtype=torch.long).to(device, non_blocking=True)
+    return host_ids([ids], device).to(device, non_blocking=True)
 
 
 class StaticStepView:
@@ -89,7 +95,7 @@ class TierRunner:
             self.eager_runs += 1
             return self.model(device_tokens(tokens, self.cache.k_buf.device), step.positions, step)[0]
         view = self._view(num_new)
-        inputs = torch.tensor([tokens, list(range(step.start, step.end))], dtype=torch.long)
+        inputs = host_ids([tokens, list(range(step.start, step.end))], view.tokens.device)
         view.tokens[0].copy_(inputs[0], non_blocking=True)
         view.slots.copy_(inputs[1], non_blocking=True)
         view.positions.copy_(step.positions)

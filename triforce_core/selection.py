@@ -48,7 +48,7 @@ def select_streaming(batch: int, kv_heads: int, length: int, budget: int, sink_t
     if length <= budget:
         return _all(batch, kv_heads, length, device)
     sinks = min(sink_tokens, budget)
-    idx = torch.cat([torch.arange(sinks), torch.arange(length - (budget - sinks), length)]).to(device)
+    idx = torch.cat([torch.arange(sinks, device=device), torch.arange(length - (budget - sinks), length, device=device)])
     return idx.expand(batch, kv_heads, budget)
 
 

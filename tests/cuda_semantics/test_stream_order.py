@@ -1,0 +1,114 @@
+"""The prefetcher's CUDA schedule run under the checked streams fake: the offloaded cache gives the
+resident cache's results with every copy ordered, and planted bugs (one wait removed) fail."""
+import dataclasses
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from checked_streams import CopyDisciplineError, StreamOrderError
+from triforce.config import ModelConfig
+from triforce.kv_cache import FullKVCache
+from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.offload.prefetcher import Prefetcher
+from triforce.pinned import HostKVStore
+
+HF = LlamaConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+CFG = ModelConfig.from_hf(HF)
+WINDOWED = dataclasses.replace(CFG, sliding_windows=(None, 11, None))
+
+
+def feed(caches, num_new, seed, cfg=CFG):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    steps = [c.step(num_new) for c in caches]
+    outs = [[] for _ in caches]
+    for layer in range(cfg.num_layers):
+        q, k, v = (torch.randn(1, h, num_new, cfg.head_dim, generator=g, dtype=torch.float64, device="cpu")
+                   for h in (4, 2, 2))
+        for i, step in enumerate(steps):
+            outs[i].append(step.attend(layer, q, k, v))
+    return outs
+
+
+def session(caches, cfg=CFG, passes=6):
+    """Prefill across the resident boundary, then verify passes with prefetch and rollback, host
+    reads (kv_range, chunk scores, gathers): everything the engine asks of a full cache."""
+    full, off = caches
+    for a, b in zip(*feed(caches, 40, seed=0, cfg=cfg)):
+        assert torch.allclose(a, b, atol=1e-12)
+    for seed in range(1, passes):
+        off.prepare_verify()
+        for a, b in zip(*feed(caches, 5, seed=seed, cfg=cfg)):
+            assert torch.allclose(a, b, atol=1e-12), "offloaded attention differs (NaN: a copy read before its wait)"
+        full.rollback(full.length - 2)
+        off.rollback(off.length - 2)
+    assert torch.equal(full.kv_range(5, full.length)[0], off.kv_range(5, off.length)[0])
+    query = torch.randn(1, 4, cfg.head_dim, dtype=torch.float64, device="cpu")
+    assert torch.allclose(full.chunk_scores(1, query, 8), off.chunk_scores(1, query, 8), atol=1e-10)
+    index = torch.arange(0, 48, 3, device="cpu").view(1, 1, -1).expand(1, 2, -1).contiguous()
+    out_full = [torch.empty(1, 2, 16, cfg.head_dim, dtype=torch.float64, device="cpu") for _ in range(2)]
+    out_off = [torch.empty_like(t) for t in out_full]
+    full.gather_into(2, index, *out_full)
+    off.gather_into(2, index, *out_off)
+    assert all(torch.equal(a, b) for a, b in zip(out_full, out_off))
+
+
+def offloaded(cfg=CFG, overlap=True, pin=True):
+    return OffloadedKVCache(cfg, 96, 8, 8, dtype=torch.float64, device="cpu", overlap=overlap, pin=pin)
+
+
+@pytest.mark.parametrize("cfg", [CFG, WINDOWED], ids=["full-attention", "sliding-window"])
+def test_overlapped_schedule_is_ordered_and_equals_resident(checked, cfg):
+    caches = (FullKVCache(cfg, 96, dtype=torch.float64), offloaded(cfg))
+    assert caches[1].store.pinned
+    session(caches, cfg)
+    stats = caches[1].prefetcher.stats
+    assert stats.hits > 0 and checked.copies > 0 and checked.checked_accesses > checked.copies
+
+
+def test_plain_schedule_equals_overlapped(checked):
+    session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded(overlap=False)))
+
+
+def test_planted_bug_missing_ready_wait_is_caught(checked, monkeypatch):
+    monkeypatch.setattr(Prefetcher, "_wait_ready", lambda self, slot: None)
+    with pytest.raises(StreamOrderError, match="read of device memory on the compute stream"):
+        session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded()))
+
+
+def test_planted_bug_missing_free_wait_is_caught(checked, monkeypatch):
+    def issue_without_free_wait(self, layer, block, avoid):
+        slot = next(s for s in range(len(self.staging_buf)) if s != avoid)
+        with self.streams.on(self.copy_stream):
+            self.streams.copy(self.staging_buf[slot], self.store.block(layer, block))
+            self.streams.record(self._ready[slot], self.copy_stream)
+        self._account(slot, layer, block, self.store.block(layer, block))
+        return slot
+
+    monkeypatch.setattr(Prefetcher, "_issue", issue_without_free_wait)
+    with pytest.raises(StreamOrderError, match="write of device memory on the copy stream"):
+        session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded()))
+
+
+def test_planted_bug_host_read_without_synchronize_is_caught(checked, monkeypatch):
+    monkeypatch.setattr(Prefetcher, "synchronize", lambda self: None)
+    with pytest.raises(StreamOrderError, match="host thread"):
+        session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded()))
+
+
+def test_pageable_host_store_breaks_copy_discipline(checked):
+    with pytest.raises(CopyDisciplineError, match="no pinned host side"):
+        session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded(pin=False)))
+
+
+def test_strided_host_write_breaks_copy_discipline(checked, monkeypatch):
+    """The old block-major layout wrote new tokens into a strided slice of each block."""
+    def strided_write(self, layer, start, packed, copy=None):
+        k = packed[:, 0].permute(1, 2, 0, 3)
+        block = self.data[layer, 0].permute(2, 3, 1, 0, 4)[:, :, 0]  # [B, Hkv, tokens, D]: strided
+        (copy or torch.Tensor.copy_)(block[:, :, :k.shape[2]], k)
+
+    monkeypatch.setattr(HostKVStore, "write_packed", strided_write)
+    with pytest.raises(CopyDisciplineError, match="non-contiguous host view"):
+        session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded()))

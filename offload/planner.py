@@ -212,10 +212,11 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
     host_tokens = context - resident_tokens
     block = min(block, _align_up(host_tokens))  # no block longer than the host range needs
     offload["staging_buffers"] = 2 * block * per_token_layer
-    host = {"host_kv": host_tokens * model.num_layers * 2 * model.num_kv_heads * model.head_dim * dtype_bytes,
+    host_slots = -(-host_tokens // block) * block  # the host store holds whole blocks
+    host = {"host_kv": host_slots * model.num_layers * 2 * model.num_kv_heads * model.head_dim * dtype_bytes,
             "host_staging": 0, "host_chunk_means": 0}
     if spec.uses_sparse_cache:
-        host["host_staging"] = tp * 2 * spec.budget * per_token_layer
+        host["host_staging"] = tp * spec.budget * per_token_layer  # the K and V gathered for a rebuild
         if spec.method != "streaming":
             host["host_chunk_means"] = (host_tokens // spec.chunk_size) * model.num_layers \
                 * model.num_kv_heads * model.head_dim * dtype_bytes

@@ -15,16 +15,22 @@ from triforce.offload.speculation_choice import Choice, plan_with_choice
 
 def auto_profile(device: torch.device) -> MemoryProfile:
     """`cpu` on a CPU device; on CUDA, what the device reports now (bandwidths nominal until
-    `triforce profile tune` measures them)."""
+    `triforce profile tune` measures them).
+
+    Reserved is what others hold: the memory in use on the device less what this process's
+    PyTorch allocator holds. The planner counts our own weights and caches itself, so the
+    profile comes out the same before and after the models are loaded (counting loaded weights
+    as reserved once refused Llama-3-8B bf16 on a 24 GB card)."""
     if device.type != "cuda":
         return load_profile("cpu")
     import psutil
 
     free, total = torch.cuda.mem_get_info(device)
-    in_use = total - free
+    in_use = max(0, total - free - torch.cuda.memory_reserved(device))
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 1.0)(device)
     return MemoryProfile(
         name=f"auto:{torch.cuda.get_device_name(device)}", description="detected at start (nominal bandwidths)",
-        num_gpus=torch.cuda.device_count(), gpu_bytes=total, reserved_bytes=in_use + (512 << 20),
+        num_gpus=torch.cuda.device_count(), gpu_bytes=int(total * min(fraction, 1.0)), reserved_bytes=in_use + (512 << 20),
         host_bytes=int(psutil.virtual_memory().available * 0.8), pcie_h2d_gbps=25.0, pcie_d2h_gbps=25.0,
         hbm_gbps=1000.0, cpu_threads=os.cpu_count() or 1)
 

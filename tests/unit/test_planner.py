@@ -24,9 +24,10 @@ def test_llama2_7b_128k_fits_one_4090_with_most_kv_on_the_host():
     assert p.host_kv_bytes >= 40 * GiB
     assert p.gpu_bytes_total <= p.gpu_budget_bytes
     assert p.resident_tokens % 256 == 0 and p.resident_tokens > 0
-    # the KV of every token is somewhere, exactly once
+    # the KV of every token is somewhere, exactly once; the host store holds whole blocks
     per_token = kv_bytes_per_token_layer(arch_config("llama2-7b-128k"), 2) * 32
-    assert p.resident_kv_bytes + p.host_kv_bytes == 130048 * per_token
+    rounding = p.resident_kv_bytes + p.host_kv_bytes - 130048 * per_token
+    assert 0 <= rounding < p.block_tokens * per_token
 
 
 def test_llama2_13b_128k_needs_two_cards():

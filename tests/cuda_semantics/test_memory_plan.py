@@ -1,0 +1,88 @@
+"""Memory: what the planner budgets is what the runtime allocates, category by category; the
+automatic profile of a (simulated) 24 GB card fits Llama-3.1-8B bf16 at 32K whether it is read
+before or after the model is loaded; pinned bytes equal the planned host bytes."""
+import pytest
+import torch
+
+from triforce.architectures import arch_hf_config
+from triforce.config import ModelConfig, SamplingParams, SpecParams
+from triforce.engine import Engine
+from triforce.loading import load_model
+from triforce.offload.profiles import load_profile
+from triforce.pinned import pinned_bytes
+from triforce.placement import auto_profile, build_kv_cache, make_plan
+from triforce.tiers import DraftModelTier, SparseTier
+
+GIB = 2**30
+CUDA = torch.device("cuda", 0)
+
+
+def simulated_card(monkeypatch, total: int, ours: int, others: int = 600 << 20):
+    """A CUDA card of `total` bytes where this process's PyTorch holds `ours` (loaded weights)
+    and the CUDA context and other programs `others`."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - ours - others, total))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: ours)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Simulated 24 GB card")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    if hasattr(torch.cuda, "get_per_process_memory_fraction"):
+        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 1.0)
+
+
+def llama31_8b_plan(profile, context=32768):
+    cfg = ModelConfig.from_hf(arch_hf_config("llama3.1-8b"))
+    return make_plan(cfg, profile, context, SpecParams(method="ar"), torch.bfloat16)
+
+
+@pytest.mark.parametrize("loaded", [False, True], ids=["before-loading", "after-loading"])
+def test_auto_profile_of_a_24gb_card_fits_llama31_8b_bf16_at_32k(monkeypatch, loaded):
+    weights = 16_060_522_496  # Llama-3.1-8B in bf16, already on the card after loading
+    simulated_card(monkeypatch, total=24564 << 20, ours=weights if loaded else 0)
+    plan = llama31_8b_plan(auto_profile(CUDA))
+    assert plan.feasible, plan.reason
+    assert plan.breakdown["target_weights"] == pytest.approx(weights, rel=0.01)
+
+
+def test_auto_profile_is_the_same_before_and_after_loading(monkeypatch):
+    simulated_card(monkeypatch, total=32 * 10**9, ours=0)
+    before = llama31_8b_plan(auto_profile(CUDA), 130000)
+    simulated_card(monkeypatch, total=32 * 10**9, ours=16 * 10**9)
+    after = llama31_8b_plan(auto_profile(CUDA), 130000)
+    assert before.feasible and before.offloaded and before.resident_tokens == after.resident_tokens > 0
+
+
+def test_planned_bytes_equal_allocated_bytes(tiny_model_dir, pinning):
+    lm = load_model(str(tiny_model_dir("llama-gqa", max_position_embeddings=1024)), dtype="float32", device="cpu")
+    draft = load_model(str(tiny_model_dir("llama-gqa", seed=7, num_layers=1, hidden_size=32)), dtype="float32",
+                       device="cpu")
+    spec = SpecParams(method="triforce", gamma1=3, gamma2=5, budget=64, chunk_size=8, sink_tokens=8)
+    ids = lm.tokenizer("the cat sat on the mat. " * 20).input_ids
+    max_len = len(ids) + 40
+    profile = load_profile("cpu").with_device_budget(2_300_000)
+    plan = make_plan(lm.config, profile, max_len, spec, lm.dtype, draft.config, draft.dtype)
+    assert plan.feasible and 0 < plan.resident_tokens < max_len, plan.reason
+    pinned_before = pinned_bytes()
+    cache = build_kv_cache(lm, max_len, plan)
+    engine = Engine(lm, spec, max_len, draft, kv_cache=cache, prefill_chunk=plan.prefill_chunk)
+    engine.sync(ids)
+    engine.generate(20, SamplingParams())
+    (tier0,) = [t for t in engine.levels if isinstance(t, DraftModelTier)]
+    (tier1,) = [t for t in engine.levels if isinstance(t, SparseTier)]
+
+    def params(model):
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+
+    b = plan.breakdown
+    assert params(lm.model) == b["target_weights"]
+    assert params(draft.model) == b["draft_weights"]
+    assert tier1.cache.k_buf.nbytes + tier1.cache.v_buf.nbytes == b["retrieval_cache"]
+    assert tier0.cache.k_buf.nbytes + tier0.cache.v_buf.nbytes == b["streaming_cache"]
+    assert cache.k_res.nbytes + cache.v_res.nbytes == b["resident_kv"]
+    assert cache.prefetcher.staging_bytes == b["staging_buffers"]
+    means = sum(m.nbytes for m in cache._resident_means.values())
+    assert means == b["chunk_means"]
+    assert cache.store.nbytes == plan.host_breakdown["host_kv"]
+    gather_staging = sum(t.nbytes for t in cache._gather_staging)
+    token_row = 2 * lm.config.num_kv_heads * lm.config.head_dim * 4  # one token's K and V in one layer
+    assert 0 <= plan.host_breakdown["host_staging"] - gather_staging <= token_row  # budget vs selected slots
+    # what is pinned is what was asked for: no power-of-two rounding
+    assert pinned_bytes() - pinned_before == cache.store.nbytes + gather_staging

@@ -99,6 +99,43 @@ def shard_model(model: nn.Module, rank: int, world: int) -> Shard:
     return Shard(rank, world, (kv_start, kv_count), (inter_start, inter_count))
 
 
+def shard_slicer(cfg, rank: int, world: int):
+    """slice(name, tensor) -> the part of a whole checkpoint tensor that rank `rank` keeps after
+    shard_model (None: the rank keeps none of it), so a rank slices each tensor on the host and
+    never holds the whole model on its device."""
+    kv_start, kv_count = even_split(cfg.num_kv_heads, world)[rank]
+    inter_start, inter_count = even_split(cfg.intermediate_size, world)[rank]
+    groups, dim = cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+    rows = {"q_proj": (kv_start * groups * dim, kv_count * groups * dim), "k_proj": (kv_start * dim, kv_count * dim),
+            "v_proj": (kv_start * dim, kv_count * dim), "gate_proj": (inter_start, inter_count),
+            "up_proj": (inter_start, inter_count)}
+    cols = {"o_proj": rows["q_proj"], "down_proj": (inter_start, inter_count)}
+
+    def slice_for_rank(name: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        module, _, kind = name.rpartition(".")
+        proj = module.rpartition(".")[2]
+        if proj in rows:
+            start, count = rows[proj]
+            return tensor.narrow(0, start, count)
+        if proj in cols:
+            if kind == "bias":  # added once, after the all-reduce
+                return tensor if rank == 0 else None
+            start, count = cols[proj]
+            return tensor.narrow(1, start, count)
+        return tensor
+
+    return slice_for_rank
+
+
+def all_ranks_ok(ok: bool, device: torch.device | str = "cpu") -> bool:
+    """True on every rank when `ok` is true on every rank (a no-op without a process group)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return ok
+    flag = torch.tensor([int(ok)], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def broadcast_ints(values: list[int], device: torch.device | str = "cpu") -> list[int]:
     """Rank 0's values on every rank (a fixed number of ints every rank knows: a verdict's
     accepted count and token, a sampled token). A no-op without a process group."""

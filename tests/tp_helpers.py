@@ -6,10 +6,9 @@ import torch
 def save_logits_rank(rank: int, world: int, model_dir: str, ids: list[int], out_path: str) -> None:
     from triforce.kv_cache import FullKVCache
     from triforce.loading import load_model
-    from triforce.parallel import shard_loaded_model
 
     torch.set_num_threads(1)
-    lm = shard_loaded_model(load_model(model_dir, dtype="float64", device="cpu"), rank, world)
+    lm = load_model(model_dir, dtype="float64", device="cpu", shard=(rank, world))  # sliced while loading
     cache = FullKVCache(lm.config, len(ids), dtype=lm.dtype)
     step = cache.step(len(ids))
     logits = lm.model(torch.tensor([ids]), step.positions, step)

@@ -56,7 +56,8 @@ def arch_config(name: str) -> ModelConfig:
     return ModelConfig.from_hf(SimpleNamespace(**{**fields, **ARCHITECTURES[name]}))
 
 
-def build_random_model(name: str, dtype: str = "auto", device: str = "auto", seed: int = 0):
+def build_random_model(name: str, dtype: str = "auto", device: str = "auto", seed: int = 0,
+                       shard: tuple[int, int] | None = None):
     """A LoadedModel of architecture `name` with random weights (std 0.02), made on `device`
     directly. It has no tokenizer; its `path` says it is random."""
     from pathlib import Path
@@ -74,6 +75,9 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
     rope = RotaryEmbedding(hf)
     with torch.device("meta"):
         model = CausalLM(cfg, rope).to(torch_dtype)
+    if shard is not None:  # a rank's tensor-parallel share only: the whole model may not fit one card
+        from triforce.parallel import shard_meta_model
+        shard_meta_model(model, *shard)
     # cast on the meta device, then allocate: building in float32 first would need twice the
     # memory of bf16 weights on the device (a 7B model would not fit a 24 GB card)
     model = model.to_empty(device=torch_device)

@@ -88,21 +88,32 @@ def read_hf_config(folder: Path):
     return AutoConfig.from_pretrained(str(folder))
 
 
-def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.device) -> CausalLM:
+def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.device,
+                shard: tuple[int, int] | None = None) -> CausalLM:
+    """shard (rank, world): build rank's tensor-parallel share and slice each checkpoint tensor
+    on the host, so a model that needs two cards never has to fit on one."""
     cfg = ModelConfig.from_hf(hf_config)
     rope = RotaryEmbedding(hf_config)  # outside the meta context: it holds real frequencies
     with torch.device("meta"):
         model = CausalLM(cfg, rope)
-    load_into(model, files, dtype, device)
+    slicer = None
+    if shard is not None:
+        from triforce.offload.tp import shard_slicer
+        from triforce.parallel import shard_meta_model
+
+        shard_meta_model(model, *shard)
+        slicer = shard_slicer(cfg, *shard)
+    load_into(model, files, dtype, device, slicer)
     return model.eval()
 
 
-def load_model(spec: str, *, dtype: str = "auto", device: str = "auto") -> LoadedModel:
+def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
+               shard: tuple[int, int] | None = None) -> LoadedModel:
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     folder = resolve_model_dir(spec)
     hf_config = read_hf_config(folder)
-    model = build_model(hf_config, weight_files(folder), torch_dtype, torch_device)
+    model = build_model(hf_config, weight_files(folder), torch_dtype, torch_device, shard)
     tokenizer = load_tokenizer(folder)
     eos_ids = _eos_ids(_generation_eos(folder, hf_config), tokenizer.eos_token_id)
     return LoadedModel(model, tokenizer, folder, torch_dtype, torch_device, eos_ids)

@@ -9,8 +9,7 @@ from functools import partial
 
 import torch
 
-from triforce.loading import LoadedModel
-from triforce.offload.tp import broadcast_ints, shard_model
+from triforce.offload.tp import all_ranks_ok, broadcast_ints, shard_model
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -20,20 +19,25 @@ def rank_device(device: str, rank: int) -> str:
     return "cpu" if device == "auto" else device
 
 
-def shard_loaded_model(lm: LoadedModel, rank: int, world: int) -> LoadedModel:
-    """Cut lm's model to rank `rank`'s heads and MLP rows; its config then describes the share
-    (the caches it builds hold only those KV heads)."""
-    cfg = lm.config
-    shard = shard_model(lm.model, rank, world)
+def shard_meta_model(model, rank: int, world: int):
+    """Cut a model (built on the meta device, or loaded) to rank `rank`'s heads and MLP rows; its
+    config then describes the share (the caches it builds hold only those KV heads)."""
+    cfg = model.config
+    shard = shard_model(model, rank, world)
     groups = cfg.num_heads // cfg.num_kv_heads
-    lm.model.config = replace(cfg, num_heads=shard.kv_heads[1] * groups, num_kv_heads=shard.kv_heads[1],
-                              intermediate_size=shard.intermediate[1])
-    return lm
+    model.config = replace(cfg, num_heads=shard.kv_heads[1] * groups, num_kv_heads=shard.kv_heads[1],
+                           intermediate_size=shard.intermediate[1])
+    return model
+
 
 
 def agree_across_ranks(engine, device) -> None:
     """Make the engine take rank 0's decisions (accepted counts, sampled tokens)."""
     engine.agree = partial(broadcast_ints, device=device)
+    for tier in engine.levels:
+        runner = getattr(tier, "runner", None)
+        if runner is not None:  # graph capture succeeds on every rank or on none
+            runner.agree = partial(all_ranks_ok, device=device)
 
 
 def share_threads(world: int) -> None:

@@ -12,6 +12,7 @@ reference the graphs replay, runnable on CPU), "graph" (captured on first use, t
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import torch
 
@@ -84,6 +85,9 @@ class TierRunner:
         # cannot capture into that pool again (an internal assert, seen on an H100 with torch 2.11).
         self._pool = None
         self.graph_failed: str | None = None  # why capture was given up (then everything runs eagerly)
+        # agree(ok) -> whether every rank captured: under tensor parallelism all ranks must take the
+        # same path (a graph on one rank and eager code on another put collectives out of step)
+        self.agree: Callable[[bool], bool] = lambda ok: ok
         self.replays = 0      # graph replays
         self.static_runs = 0  # fixed-shape runs without a graph (static mode, captures)
         self.eager_runs = 0
@@ -107,13 +111,18 @@ class TierRunner:
             graph.replay()
             self.replays += 1
         else:
+            self.static_runs += 1
+            captured, failure = None, None
             try:
-                self.static_runs += 1
-                graph, out = self._graphs[num_new] = self._capture(view)
+                captured = self._capture(view)
             except RuntimeError as e:  # an op that cannot be captured: stay eager from now on
-                self.graph_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
+                failure = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if not self.agree(captured is not None):
+                self.graph_failed = failure or "another rank could not capture"
                 print(f"note: CUDA graph capture failed, running eagerly ({self.graph_failed})", file=sys.stderr)
+                self._graphs.clear()
                 return self._forward(view)[0]
+            graph, out = self._graphs[num_new] = captured
         return out[0].clone()  # the next replay overwrites `out`
 
     def _view(self, num_new: int) -> StaticStepView:

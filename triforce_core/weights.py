@@ -56,14 +56,20 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
-def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device) -> None:
-    """Assign every checkpoint tensor to the meta-built `model`, cast to dtype on `device`."""
+def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, slicer=None) -> None:
+    """Assign every checkpoint tensor to the meta-built `model`, cast to dtype on `device`.
+    slicer(name, tensor) -> the part this process keeps (tensor parallelism), cut on the host
+    before anything reaches the device; None drops the tensor."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for path in files:
         for name, tensor in iter_tensors(path):
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
+            if slicer is not None:
+                tensor = slicer(name, tensor)
+                if tensor is None:
+                    continue
             if name not in params:
                 raise UserError(f"{path.name} holds an unexpected tensor '{name}' "
                                 "(is this a supported Llama/Mistral/Qwen2 checkpoint?)")

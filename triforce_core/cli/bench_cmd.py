@@ -109,7 +109,7 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
 
     from triforce.bench.offload_bench import Setup, measure_h2d_gbps, run_method, write_plot
     from triforce.loading import resolve_device
-    from triforce.parallel import rank_device, shard_loaded_model, share_threads
+    from triforce.parallel import rank_device, share_threads
 
     device = r.device
     if world > 1:
@@ -121,12 +121,10 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
         total = torch.cuda.get_device_properties(torch_device).total_memory
         index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
         torch.cuda.set_per_process_memory_fraction(min(1.0, prof.gpu_bytes / total), index)
-    lm, drafter, name = _load(r.arch, r.model, r.draft, r.dtype, device)
+    lm, drafter, name = _load(r.arch, r.model, r.draft, r.dtype, device, (rank, world) if world > 1 else None)
     attn, attn_line = apply_attention([lm, drafter], r.attn)
     if rank == 0:
         print(attn_line, file=sys.stderr)
-    if world > 1:
-        shard_loaded_model(lm, rank, world)
     h2d = measure_h2d_gbps(lm.device)
     prompt_ids = None
     if r.model is not None:  # a real model decodes after a real prompt, with its own acceptance
@@ -188,16 +186,16 @@ def print_table(out: dict, title: str, device_type: str, plotted: bool) -> None:
     print(f"plot: {out['plot']}" if plotted else "plot skipped: install matplotlib (pip install 'triforce[bench]')")
 
 
-def _load(arch, model, draft, dtype, device):
-    """(target, drafter, display name)."""
+def _load(arch, model, draft, dtype, device, shard=None):
+    """(target, drafter, display name); shard (rank, world): the target's tensor-parallel share."""
     from triforce.architectures import ARCHITECTURES, build_random_model
     from triforce.loading import load_model
 
     if arch is not None:
-        lm = build_random_model(arch, dtype, device)
+        lm = build_random_model(arch, dtype, device, shard=shard)
         name = f"{arch} (random weights)"
     else:
-        lm = load_model(model, dtype=dtype, device=device)
+        lm = load_model(model, dtype=dtype, device=device, shard=shard)
         name = lm.path.name
     draft = draft or ("llama-68m" if arch is not None else "lookup")
     if draft in ("lookup", "none"):

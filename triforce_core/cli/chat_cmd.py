@@ -178,7 +178,7 @@ class Console:
 def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     from triforce.chat import Chat
     from triforce.loading import load_model
-    from triforce.parallel import agree_across_ranks, rank_device, shard_loaded_model, share_threads
+    from triforce.parallel import agree_across_ranks, rank_device, share_threads
     from triforce.placement import build_kv_cache
     from triforce.textstream import TextStream
 
@@ -187,9 +187,7 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     if world > 1:
         device = rank_device(r.device, rank)
         share_threads(world)
-    lm = load_model(r.model, dtype=r.dtype, device=device)
-    if world > 1:
-        shard_loaded_model(lm, rank, world)
+    lm = load_model(r.model, dtype=r.dtype, device=device, shard=(rank, world) if world > 1 else None)
     drafter = resolve_draft(r.draft, r.spec, r.dtype, device)
     attn, _ = apply_attention([lm, drafter], r.attn)
     context = lm.config.max_position_embeddings

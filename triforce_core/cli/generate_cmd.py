@@ -120,7 +120,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     """Load, plan, prefill, decode; rank 0 prints."""
     from triforce.engine import Engine
     from triforce.loading import load_model
-    from triforce.parallel import agree_across_ranks, rank_device, shard_loaded_model, share_threads
+    from triforce.parallel import agree_across_ranks, rank_device, share_threads
     from triforce.placement import build_kv_cache
     from triforce.sync_count import SyncCounter
     from triforce.textstream import TextStream
@@ -131,9 +131,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
         device = rank_device(r.device, rank)
         share_threads(world)
     started = time.perf_counter()
-    lm = load_model(r.model, dtype=r.dtype, device=device)
-    if world > 1:
-        shard_loaded_model(lm, rank, world)
+    lm = load_model(r.model, dtype=r.dtype, device=device, shard=(rank, world) if world > 1 else None)
     drafter = resolve_draft(r.draft, r.spec, r.dtype, device)
     attn, attn_line = apply_attention([lm, drafter], r.attn)
     load_s = time.perf_counter() - started

@@ -1,0 +1,107 @@
+"""Tensor parallelism as CUDA would run it, checked on a CPU through mocks: each NCCL rank makes
+its own GPU current before anything touches CUDA; a rank loads only its share (each checkpoint
+tensor sliced on the host); CUDA graph capture succeeds on every rank or on none."""
+from collections import Counter
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from triforce.loading import load_model
+from triforce.offload import tp
+from triforce.offload.tp import shard_model
+from triforce.runner import TierRunner
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_nccl_rank_selects_its_own_gpu(monkeypatch, rank):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", torch.device(device))))
+    monkeypatch.setattr(tp.dist, "init_process_group",
+                        lambda backend, **kw: calls.append(("init", backend, kw.get("device_id"))))
+    tp._join(rank, 2, 29500, "nccl")
+    assert calls == [("set_device", torch.device("cuda", rank)), ("init", "nccl", torch.device("cuda", rank))]
+
+
+def test_gloo_ranks_stay_on_the_cpu(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append("set_device"))
+    monkeypatch.setattr(tp.dist, "init_process_group", lambda backend, **kw: calls.append(kw.get("device_id")))
+    tp._join(1, 2, 29500, "gloo")
+    assert calls == [None]
+
+
+class MovedShapes(TorchFunctionMode):
+    """Shapes of every tensor moved with .to(device=...) (what reaches the device)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") == "to" and "device" in kwargs:
+            self.shapes[tuple(args[0].shape)] += 1
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("family", ["llama-gqa", "llama-mha", "qwen2"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_loads_only_its_share(tiny_model_dir, family, rank):
+    folder = str(tiny_model_dir(family))
+    whole = load_model(folder, dtype="float64", device="cpu")
+    shard_model(whole.model, rank, 2)
+    with MovedShapes() as moved:
+        share = load_model(folder, dtype="float64", device="cpu", shard=(rank, 2))
+    expected = dict(whole.model.named_parameters())
+    got = dict(share.model.named_parameters())
+    assert expected.keys() == got.keys()
+    for name, p in expected.items():
+        assert torch.equal(p, got[name]), name
+    # nothing larger than the share ever went to the device (tied weights are moved once)
+    assert moved.shapes == Counter(tuple(p.shape) for p in share.model.parameters())
+    assert share.config.num_kv_heads == tp.even_split(whole.config.num_kv_heads, 2)[rank][1]
+
+
+class CaptureStub(TierRunner):
+    """A runner in graph mode on a CPU: capture succeeds or fails as told, replay runs the view."""
+
+    def __init__(self, model, cache, capture_ok: bool, others_ok: bool):
+        super().__init__(model, cache, "static")
+        self.mode = "graph"
+        self.capture_ok = capture_ok
+        self.agree = lambda ok: ok and others_ok
+
+    def _capture(self, view):
+        if not self.capture_ok:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        out = self._forward(view)
+
+        class Replay:
+            def replay(self_inner):
+                with torch.inference_mode():
+                    out.copy_(self._forward(view))
+        return Replay(), out
+
+
+@pytest.mark.parametrize("capture_ok,others_ok", [(True, False), (False, True), (True, True)])
+def test_graph_capture_is_decided_together(tiny_model_dir, capture_ok, others_ok):
+    from triforce.config import SamplingParams, SpecParams
+    from triforce.engine import Engine
+
+    lm = load_model(str(tiny_model_dir("llama-gqa", max_position_embeddings=512)), dtype="float64", device="cpu")
+    spec = SpecParams(method="retrieval", gamma2=4, budget=24, chunk_size=4, sink_tokens=4)
+    ids = lm.tokenizer("the cat sat on the mat. the cat sat on the hat. the cat").input_ids
+    engine = Engine(lm, spec, len(ids) + 20, graphs="static")
+    engine.sync(ids)
+    tier = engine.sparse_tiers[0]
+    tier.runner = CaptureStub(lm.model, tier.cache, capture_ok, others_ok)
+    tokens = engine.generate(12, SamplingParams()).tokens
+    runner = tier.runner
+    if capture_ok and others_ok:
+        assert runner.graph_failed is None and runner.replays > 0
+    else:  # this rank goes eager whichever rank failed
+        assert runner.graph_failed is not None and runner.replays == 0 and not runner._graphs
+    reference = Engine(lm, spec, len(ids) + 20, graphs="off")
+    reference.sync(ids)
+    assert tokens == reference.generate(12, SamplingParams()).tokens

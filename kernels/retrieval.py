@@ -11,12 +11,13 @@ import torch
 
 
 def grouped_scores(query: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """query: [B, H, D], keys: [B, Hkv, N, D] -> [B, Hkv, N]: q.k summed over the query heads
-    that share each KV head (GQA)."""
+    """query: [B, H, D], keys: [B, Hkv, N, D] -> [B, Hkv, N] float32 (float64 stays float64):
+    q.k summed over the query heads that share each KV head (GQA)."""
     batch, heads, dim = query.shape
     groups = heads // keys.shape[1]
-    q = query.reshape(batch, keys.shape[1], groups, dim).to(keys.dtype)
-    return torch.einsum("bhgd,bhnd->bhn", q, keys)
+    calc = torch.float64 if keys.dtype == torch.float64 else torch.float32  # as the Triton kernel
+    q = query.reshape(batch, keys.shape[1], groups, dim).to(calc)
+    return torch.einsum("bhgd,bhnd->bhn", q, keys.to(calc))
 
 
 def chunk_mean_keys(keys: torch.Tensor, chunk_size: int) -> torch.Tensor:
@@ -45,27 +46,38 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def _is_kernel_failure(e: Exception) -> bool:
+    """A Triton compile, launch or driver failure (the reference can take over), not a bug in
+    the calling code (TypeError, IndexError, ...), which must surface."""
+    return type(e).__module__.startswith("triton") or isinstance(e, (RuntimeError, ImportError, OSError))
+
+
 class RetrievalKernels:
-    """The scoring, top-k and gather a retrieval rebuild runs: Triton or the torch reference.
-    If a Triton kernel fails on its first call (no compiler for this GPU, ...), the torch
-    reference takes over for good and a note says so."""
+    """The scoring and gather a retrieval rebuild runs: Triton or the torch reference (top-k is
+    always a device sort). A Triton kernel whose first call fails to compile or launch hands that
+    kernel over to its reference, with a note; other errors are raised."""
 
     def __init__(self, use_triton: bool):
         self.use_triton = use_triton
         self._proven: set[str] = set()  # Triton kernels that have run once
+        self.failed: set[str] = set()   # Triton kernels handed over to their reference
         if use_triton:
             from triforce.kernels import retrieval_triton
             self._triton = retrieval_triton
 
-    def _first_call(self, name: str, run_triton, run_torch):
+    def _run(self, name: str, run_triton, run_torch):
+        if not self.use_triton or name in self.failed:
+            return run_torch()
         if name in self._proven:
             return run_triton()
         try:
             result = run_triton()
-        except Exception as e:  # noqa: BLE001  (compiler and driver errors have no common base)
-            self.use_triton = False
+        except Exception as e:  # noqa: BLE001
+            if not _is_kernel_failure(e):
+                raise
+            self.failed.add(name)
             print(f"note: the Triton {name} kernel failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                  "using the torch reference", file=sys.stderr)
+                  "using the torch reference for it", file=sys.stderr)
             return run_torch()
         self._proven.add(name)
         return result
@@ -77,27 +89,21 @@ class RetrievalKernels:
 
     @property
     def name(self) -> str:
-        return "triton" if self.use_triton else "torch"
+        if not self.use_triton or len(self.failed) == 2:
+            return "torch"
+        return "triton" if not self.failed else f"triton (torch {', '.join(sorted(self.failed))})"
 
     def scores(self, query: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
-        """query [B, H, D], chunk means [B, Hkv, N, D] -> [B, Hkv, N]."""
-        if self.use_triton:
-            return self._first_call("chunk scoring", lambda: self._triton.chunk_scores(query.contiguous(), means),
-                                    lambda: grouped_scores(query, means))
-        return grouped_scores(query, means)
+        """query [B, H, D], chunk means [B, Hkv, N, D] -> [B, Hkv, N] float32."""
+        return self._run("chunk scoring", lambda: self._triton.chunk_scores(query.contiguous(), means),
+                         lambda: grouped_scores(query, means))
 
     def topk(self, scores: torch.Tensor, k: int) -> torch.Tensor:
-        if self.use_triton:
-            return self._first_call("top-k", lambda: self._triton.topk_sorted(scores, k),
-                                    lambda: topk_sorted(scores, k))
         return topk_sorted(scores, k)
 
     def gather_into(self, k_src, v_src, index, k_dst, v_dst) -> None:
-        if self.use_triton:
-            self._first_call("gather", lambda: self._triton.gather_into(k_src, v_src, index.contiguous(), k_dst, v_dst),
-                             lambda: gather_into(k_src, v_src, index, k_dst, v_dst))
-        else:
-            gather_into(k_src, v_src, index, k_dst, v_dst)
+        self._run("gather", lambda: self._triton.gather_into(k_src, v_src, index.contiguous(), k_dst, v_dst),
+                  lambda: gather_into(k_src, v_src, index, k_dst, v_dst))
 
 
 TORCH_KERNELS = RetrievalKernels(False)

@@ -1,6 +1,8 @@
-"""Triton kernels for building the retrieval cache: chunk scoring, top-k of chunk scores, and the
-gather of selected tokens' KV. Each has its torch reference in `retrieval.py` (the tests compare
-them: on CUDA for real, on CPU through TRITON_INTERPRET=1).
+"""Triton kernels for building the retrieval cache: chunk scoring and the gather of selected
+tokens' KV. Each has its torch reference in `retrieval.py` (the tests compare them: on CUDA for
+real, on CPU through TRITON_INTERPRET=1). Top-k has no kernel of its own: one device sort
+(`retrieval.topk_sorted`) already spreads a row over many blocks, where a program per row
+rescanning all its scores did not.
 
 Importing this module needs `triton`; `retrieval.py` imports it only when available."""
 from __future__ import annotations
@@ -10,9 +12,7 @@ import triton
 import triton.language as tl
 
 SCORE_BLOCK = 128     # chunks per program in scoring
-TOPK_BLOCK = 1024     # scores per tile in top-k passes
 GATHER_BLOCK = 64     # tokens per program in the gather
-_KEY_MIN, _KEY_MAX = -(1 << 31), (1 << 31) - 1
 
 
 @triton.jit
@@ -50,68 +50,6 @@ def chunk_scores(query: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
                                BLOCK_D=triton.next_power_of_2(dim),
                                BLOCK_G=max(2, triton.next_power_of_2(heads // kv_heads)))
     return out
-
-
-@triton.jit
-def _sortable(x):
-    """float32 -> int32 with the same order (-0.0 counted as +0.0)."""
-    bits = (x + 0.0).to(tl.int32, bitcast=True)
-    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-
-
-@triton.jit
-def _topk_kernel(s_ptr, out_ptr, n, k, s_row, o_row, key_min, key_max, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    base = s_ptr + row * s_row
-    # the k-th largest key T: the largest T with count(key >= T) >= k, found by bisection
-    lo = tl.full((), key_min, tl.int64)
-    hi = tl.full((), key_max, tl.int64)
-    for _ in range(32):
-        mid = lo + (hi - lo + 1) // 2
-        count = tl.zeros((), tl.int64)
-        for start in range(0, n, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            ok = offs < n
-            key = _sortable(tl.load(base + offs, mask=ok, other=0.0)).to(tl.int64)
-            count += tl.sum((ok & (key >= mid)).to(tl.int64), axis=0)
-        enough = count >= k
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid - 1)
-    threshold = lo
-    above = tl.zeros((), tl.int64)
-    for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ok = offs < n
-        key = _sortable(tl.load(base + offs, mask=ok, other=0.0)).to(tl.int64)
-        above += tl.sum((ok & (key > threshold)).to(tl.int64), axis=0)
-    ties_wanted = k - above         # ties at the threshold go to the lowest indices
-    written = tl.zeros((), tl.int64)
-    ties_seen = tl.zeros((), tl.int64)
-    for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        ok = offs < n
-        key = _sortable(tl.load(base + offs, mask=ok, other=0.0)).to(tl.int64)
-        tie = (ok & (key == threshold)).to(tl.int64)
-        tie_rank = ties_seen + tl.cumsum(tie, axis=0) - 1
-        take = (ok & (key > threshold)) | ((tie == 1) & (tie_rank < ties_wanted))
-        slot = written + tl.cumsum(take.to(tl.int64), axis=0) - 1
-        tl.store(out_ptr + row * o_row + slot, offs.to(tl.int64), mask=take)
-        written += tl.sum(take.to(tl.int64), axis=0)
-        ties_seen += tl.sum(tie, axis=0)
-
-
-def topk_sorted(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """scores [..., N] float32 -> int64 [..., k]: the indices of the k largest, ascending (ties go
-    to the lower index)."""
-    *lead, n = scores.shape
-    if not 0 <= k <= n:
-        raise ValueError(f"top-{k} of {n} scores")
-    rows = scores.reshape(-1, n).to(torch.float32).contiguous()
-    out = torch.empty(rows.shape[0], k, dtype=torch.int64, device=scores.device)
-    if k and rows.shape[0]:
-        _topk_kernel[(rows.shape[0],)](rows, out, n, k, rows.stride(0), out.stride(0), _KEY_MIN, _KEY_MAX,
-                                       BLOCK=TOPK_BLOCK)
-    return out.view(*lead, k)
 
 
 @triton.jit

@@ -20,6 +20,7 @@ DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): b
 # here so planning needs no torch import, and a test keeps the two equal).
 MAX_SCORE_ELEMENTS = 1 << 22
 PREFILL_CHUNKS = (1024, 512, 256, 128, 64)  # tokens per prefill forward, largest that fits
+MAX_GRAPH_TOKENS = 16  # CUDA graphs are kept for steps of 1..16 new tokens (triforce.runner); longer run eagerly
 
 
 class ModelShape(Protocol):
@@ -175,10 +176,23 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
     def workspace(chunk: int) -> int:
         return min(chunk, context) * activation_per_token + logits + gather
 
-    graph_pool = 2 * (spec.gamma1 + 1) * (activation_per_token + model.vocab_size * 4) if graphs else 0
+    graph_pool = 0
+    if graphs:  # each drafting tier's runner: a graph per step length, each keeping its [T, vocab] logits
+        longest = min(MAX_GRAPH_TOKENS, max(spec.gamma1, spec.gamma2) + 1)
+        def runner_pool(shape: ModelShape, element: int) -> int:
+            act = (6 * shape.hidden_size + 2 * shape.num_heads * shape.head_dim + 3 * shape.intermediate_size) * element
+            return longest * (longest + 1) // 2 * model.vocab_size * element + longest * act
+        if spec.uses_sparse_cache:
+            graph_pool += runner_pool(model, dtype_bytes)
+        if draft is not None:
+            graph_pool += runner_pool(draft, draft_dtype_bytes or dtype_bytes)
+    # the last prefill chunk keeps every layer's queries until the retrieval cache is built from them
+    def kept_queries(chunk: int) -> int:
+        return model.num_layers * heads * model.head_dim * min(chunk, context) * dtype_bytes if spec.uses_sparse_cache else 0
     # mean keys of retrieval chunks, kept beside resident keys (triforce.chunk_means)
     means_per_token = per_token // (2 * spec.chunk_size) if spec.uses_sparse_cache and spec.method != "streaming" else 0
-    resident_all = {**fixed, "workspace": workspace(PREFILL_CHUNKS[0]), "cuda_graph_pool": graph_pool,
+    resident_all = {**fixed, "workspace": workspace(PREFILL_CHUNKS[0]) + kept_queries(PREFILL_CHUNKS[0]),
+                    "cuda_graph_pool": graph_pool,
                     "staging_buffers": 0, "prefill_scratch": 0, "resident_kv": context * per_token,
                     "chunk_means": context * means_per_token}
     common = dict(profile=profile.name, context=context, tp=tp, gpu_budget_bytes=budget,
@@ -197,7 +211,8 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
     # layer-major prefill: every prompt token's hidden state, its RoPE angles, one layer's new KV
     prefill_scratch = context * (model.hidden_size + 2 * model.head_dim + per_token_layer // dtype_bytes) * dtype_bytes
     for chunk in PREFILL_CHUNKS:
-        offload = {**fixed, "workspace": workspace(chunk) + tile_scores(chunk), "cuda_graph_pool": graph_pool,
+        offload = {**fixed, "workspace": workspace(chunk) + tile_scores(chunk) + kept_queries(chunk),
+                   "cuda_graph_pool": graph_pool,
                    "staging_buffers": staging, "prefill_scratch": prefill_scratch}
         room = budget - sum(offload.values())
         if room >= 0:

@@ -16,10 +16,10 @@ from typing import Callable
 
 import torch
 
+from triforce.offload.planner import MAX_GRAPH_TOKENS
 from triforce.errors import UserError
 
 MODES = ("eager", "static", "graph")
-MAX_GRAPH_TOKENS = 16  # graphs are kept for steps of 1..16 new tokens; longer steps run eagerly
 
 
 def runner_mode(graphs: str, device: torch.device) -> str:

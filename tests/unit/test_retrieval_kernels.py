@@ -32,25 +32,6 @@ def test_triton_chunk_scores_match_reference(rt, heads, kv_heads, dim, chunks):
     torch.testing.assert_close(got, grouped_scores(query, means), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["random", "ties", "signed_zero", "all", "none"])
-def test_triton_topk_matches_reference(rt, case):
-    g = torch.Generator().manual_seed(3)
-    scores, k = torch.randn(5, 1500, generator=g), 97
-    if case == "ties":  # a handful of values: many ties at the k-th score
-        scores = torch.randint(0, 6, (5, 1500), generator=g).float()
-    elif case == "signed_zero":
-        scores = torch.zeros(2, 40)
-        scores[0, ::2] = -0.0
-        scores[1, 30:] = -1.0
-        k = 17
-    elif case == "all":
-        k = scores.shape[-1]
-    elif case == "none":
-        k = 0
-    got = rt.topk_sorted(scores.to(DEVICE), k)
-    assert torch.equal(got.cpu(), topk_sorted(scores, k))
-
-
 def test_reference_topk_is_the_k_largest_with_low_index_ties():
     scores = torch.tensor([[1.0, 3.0, 3.0, 0.5, 3.0, 2.0]])
     assert topk_sorted(scores, 2).tolist() == [[1, 2]]
@@ -121,15 +102,34 @@ def test_retrieval_rebuild_same_with_triton_and_torch_kernels(rt):
     assert torch.equal(built[0].k_buf, built[1].k_buf) and torch.equal(built[0].v_buf, built[1].v_buf)
 
 
-def test_a_failing_triton_kernel_hands_over_to_the_reference(rt, capsys):
+def test_a_failing_triton_kernel_hands_over_that_kernel_only(rt, capsys):
     kernels = RetrievalKernels(True)
 
     class Broken:
-        def topk_sorted(self, scores, k):
+        def chunk_scores(self, query, means):
             raise RuntimeError("no compiler for this device")
 
+        def gather_into(self, *args):
+            raise AssertionError("the gather must stay on Triton")
+
     kernels._triton = Broken()
-    scores = torch.randn(2, 40)
-    assert torch.equal(kernels.topk(scores, 5), topk_sorted(scores, 5))
-    assert not kernels.use_triton and kernels.name == "torch"
-    assert "Triton top-k kernel failed" in capsys.readouterr().err
+    query, means = torch.randn(1, 4, 8), torch.randn(1, 2, 30, 8)
+    got = kernels.scores(query, means)
+    assert got.dtype == torch.float32 and torch.equal(got, grouped_scores(query, means))
+    assert kernels.failed == {"chunk scoring"} and kernels.name == "triton (torch chunk scoring)"
+    assert "Triton chunk scoring kernel failed" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="must stay on Triton"):  # the gather still runs Triton
+        kernels.gather_into(None, None, torch.zeros(1, 1, 1, dtype=torch.long), None, None)
+
+
+def test_a_bug_in_the_caller_is_not_swallowed(rt):
+    kernels = RetrievalKernels(True)
+
+    class Buggy:
+        def chunk_scores(self, query, means):
+            raise TypeError("chunk_scores() got an unexpected keyword argument")
+
+    kernels._triton = Buggy()
+    with pytest.raises(TypeError):
+        kernels.scores(torch.randn(1, 4, 8), torch.randn(1, 2, 30, 8))
+    assert not kernels.failed

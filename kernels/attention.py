@@ -5,6 +5,8 @@ Convention shared by every cache: the T new queries are the *last* T positions o
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 
@@ -57,9 +59,21 @@ class SdpaAttention:
     def attend(self, q, k, v, *, scale: float, sliding_window: int | None = None) -> torch.Tensor:
         return attention(q, k, v, scale=scale, sliding_window=sliding_window)
 
+    fused_partial_failed: str | None = None  # why the fused path was given up, if it was
+
     def partial(self, q, k, v, *, scale: float, q_start: int, k_start: int,
                 sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        from triforce.kernels.partial import partial_attention
+        from triforce.kernels.partial import HALF, fused_partial, partial_attention
+
+        all_visible = k_start + k.shape[2] - 1 <= q_start and (
+            sliding_window is None or k_start > q_start + q.shape[2] - 1 - sliding_window)
+        if all_visible and q.dtype in HALF and k.shape[2] > 0 and SdpaAttention.fused_partial_failed is None:
+            try:
+                return fused_partial(q, k, v, scale=scale)
+            except RuntimeError as e:  # a kernel this build or device lacks: the reference from now on
+                SdpaAttention.fused_partial_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
+                print(f"note: fused partial attention unavailable ({SdpaAttention.fused_partial_failed}); "
+                      "using the tiled reference", file=sys.stderr)
         return partial_attention(q, k, v, scale=scale, q_start=q_start, k_start=k_start,
                                  sliding_window=sliding_window)
 

@@ -91,6 +91,27 @@ def _tile(q, k, v, scale, q_start, k_start, sliding_window, calc):
     return out.view(batch, heads, num_queries, dim), lse.reshape(batch, heads, num_queries)
 
 
+HALF = (torch.float16, torch.bfloat16)
+
+
+def fused_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial attention over a block every query sees whole (no mask: old tokens before a
+    pass), in one fused kernel that also returns the log-sum-exp: PyTorch's flash kernel (CUDA,
+    or its CPU twin). The query heads sharing a KV head are folded into rows, so K and V are read
+    once in their own dtype: no float32 copy of the block, no per-tile chain of small kernels.
+    q [B, H, T, D] half precision; k, v [B, Hkv, S, D] (last dim contiguous). Returns float32
+    (out [B, H, T, D], lse [B, H, T]) like partial_attention."""
+    batch, heads, num_queries, dim = q.shape
+    kv_heads = k.shape[1]
+    folded = q.reshape(batch, kv_heads, heads // kv_heads * num_queries, dim)
+    if q.is_cuda:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(folded, k, v, 0.0, False, False,
+                                                                      scale=scale)[:2]
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(folded, k, v, 0.0, False, scale=scale)
+    return out.reshape(batch, heads, num_queries, dim).float(), lse.reshape(batch, heads, num_queries).float()
+
+
 class PartialAccumulator:
     """Running log-sum-exp merge, so streamed blocks need not all be held at once."""
 

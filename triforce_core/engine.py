@@ -21,6 +21,7 @@ import torch
 from triforce.config import SamplingParams, SpecParams
 from triforce.errors import UserError
 from triforce.loading import LoadedModel
+from triforce.offload.planner import MAX_GRAPH_TOKENS
 from triforce.runner import runner_mode
 from triforce.sampling import make_generator, probabilities, sample
 from triforce.session import PREFILL_CHUNK, Session
@@ -134,6 +135,7 @@ class Engine:
         self.generator = generator or make_generator(params, self.lm.device)
         self.stats = [LevelStats() for _ in self.levels]
         self.rounds = []
+        self._prepare_graphs()
         times_before = {t.name: t.time_s for t in self.levels}
         rebuilds_before = sum(t.rebuilds for t in self.sparse_tiers)
         started = time.perf_counter()
@@ -148,6 +150,14 @@ class Engine:
         if self.sync_counter is not None:
             stats["host_syncs"] = self.sync_counter.report(len(out))
         return GenerationResult(out, stopped_by, elapsed, stats)
+
+    def _prepare_graphs(self) -> None:
+        """Capture the drafting tiers' CUDA graphs for every step length they will run, up front."""
+        longest = min(MAX_GRAPH_TOKENS, max(self.spec.gamma1, self.spec.gamma2) + 1)
+        for tier in self.levels:
+            runner = getattr(tier, "runner", None)
+            if runner is not None:
+                runner.prepare(range(1, longest + 1))
 
     def _phase(self, name: str):
         return self.sync_counter.phase(name) if self.sync_counter is not None else nullcontext()

@@ -110,20 +110,45 @@ class TierRunner:
             graph, out = self._graphs[num_new]
             graph.replay()
             self.replays += 1
+        elif not self._capture_agreed(num_new, view):
+            return self._forward(view)[0]
         else:
-            self.static_runs += 1
-            captured, failure = None, None
-            try:
-                captured = self._capture(view)
-            except RuntimeError as e:  # an op that cannot be captured: stay eager from now on
-                failure = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if not self.agree(captured is not None):
-                self.graph_failed = failure or "another rank could not capture"
-                print(f"note: CUDA graph capture failed, running eagerly ({self.graph_failed})", file=sys.stderr)
-                self._graphs.clear()
-                return self._forward(view)[0]
-            graph, out = self._graphs[num_new] = captured
+            graph, out = self._graphs[num_new]
         return out[0].clone()  # the next replay overwrites `out`
+
+    def prepare(self, lengths) -> None:
+        """Capture the graphs of these step lengths now, before decoding, so no capture stalls a
+        decoding step. Capture writes placeholder KV at the slots after the cache's end, which
+        every real step overwrites before it reads them (each query sees only slots up to its own)."""
+        if self.mode != "graph" or self.graph_failed:
+            return
+        start = self.cache.end
+        for num_new in lengths:
+            if num_new in self._graphs or num_new > self.max_graph_tokens or start + num_new > self.cache.k_buf.shape[3]:
+                continue
+            view = self._view(num_new)
+            view.tokens.zero_()
+            view.slots.copy_(torch.arange(start, start + num_new, device=view.slots.device))
+            view.positions.copy_(view.slots[None])
+            if not self._capture_agreed(num_new, view):
+                return
+
+    def _capture_agreed(self, num_new: int, view: StaticStepView) -> bool:
+        """Capture the graph for `num_new` tokens (running this step once); False, and eager from
+        now on, when this rank or any other could not."""
+        self.static_runs += 1
+        captured, failure = None, None
+        try:
+            captured = self._capture(view)
+        except RuntimeError as e:  # an op that cannot be captured: stay eager from now on
+            failure = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if not self.agree(captured is not None):
+            self.graph_failed = failure or "another rank could not capture"
+            print(f"note: CUDA graph capture failed, running eagerly ({self.graph_failed})", file=sys.stderr)
+            self._graphs.clear()
+            return False
+        self._graphs[num_new] = captured
+        return True
 
     def _view(self, num_new: int) -> StaticStepView:
         if num_new not in self._views:

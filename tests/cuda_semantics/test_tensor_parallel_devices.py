@@ -105,3 +105,24 @@ def test_graph_capture_is_decided_together(tiny_model_dir, capture_ok, others_ok
     reference = Engine(lm, spec, len(ids) + 20, graphs="off")
     reference.sync(ids)
     assert tokens == reference.generate(12, SamplingParams()).tokens
+
+
+def test_graphs_are_captured_up_front(tiny_model_dir):
+    from triforce.config import SamplingParams, SpecParams
+    from triforce.engine import Engine
+
+    lm = load_model(str(tiny_model_dir("llama-gqa", max_position_embeddings=512)), dtype="float64", device="cpu")
+    spec = SpecParams(method="retrieval", gamma2=4, budget=24, chunk_size=4, sink_tokens=4)
+    ids = lm.tokenizer("the cat sat on the mat. the cat sat on the hat. the cat").input_ids
+    engine = Engine(lm, spec, len(ids) + 20, graphs="static")
+    engine.sync(ids)
+    tier = engine.sparse_tiers[0]
+    tier.runner = CaptureStub(lm.model, tier.cache, True, True)
+    captures = []
+    real_capture = tier.runner._capture
+    tier.runner._capture = lambda view: captures.append(view.tokens.shape[1]) or real_capture(view)
+    tokens = engine.generate(12, SamplingParams()).tokens
+    assert captures[:5] == [1, 2, 3, 4, 5] and len(captures) == 5  # all before the first step, none later
+    reference = Engine(lm, spec, len(ids) + 20, graphs="off")
+    reference.sync(ids)
+    assert tokens == reference.generate(12, SamplingParams()).tokens

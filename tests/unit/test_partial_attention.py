@@ -66,3 +66,20 @@ def test_planner_tile_constant_matches_the_kernel():
     from triforce.kernels.partial import MAX_SCORE_ELEMENTS
     from triforce.offload.planner import MAX_SCORE_ELEMENTS as planned
     assert planned == MAX_SCORE_ELEMENTS
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (4, 4)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fused_partial_of_a_whole_visible_block_matches_the_reference(heads, kv_heads, dtype):
+    from triforce.kernels import SDPA
+    from triforce.kernels.partial import partial_attention
+
+    g = torch.Generator(device="cpu").manual_seed(5)
+    q = torch.randn(1, heads, 3, 64, generator=g, device="cpu").to(dtype)
+    store = torch.randn(40, 2, 1, kv_heads, 64, generator=g, device="cpu").to(dtype)  # token-major staging
+    k, v = store[:, 0].permute(1, 2, 0, 3), store[:, 1].permute(1, 2, 0, 3)
+    out, lse = SDPA.partial(q, k, v, scale=0.125, q_start=100, k_start=30)
+    ref_out, ref_lse = partial_attention(q, k, v, scale=0.125, q_start=100, k_start=30)
+    assert out.dtype == lse.dtype == torch.float32 and SDPA.fused_partial_failed is None
+    torch.testing.assert_close(out, ref_out, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)

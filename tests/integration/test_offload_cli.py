@@ -128,7 +128,7 @@ def test_bench_offload_on_a_tiny_architecture(recorded, capsys, tmp_path):
     _, trace, _ = recorded
     plot = tmp_path / "bench.png"
     code, out, err = run_cli(capsys, "bench", "offload", "--arch", "tiny-test", "--context", "600",
-                             "--device-budget", "2.2MB", "--acceptance-trace", str(trace), "--draft", "lookup",
+                             "--device-budget", "2.3MB", "--acceptance-trace", str(trace), "--draft", "lookup",
                              "--new-tokens", "6", "--budget", "64", "--plot", str(plot), "--json")
     assert code == 0, err
     result = json.loads(out)

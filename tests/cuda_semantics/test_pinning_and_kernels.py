@@ -1,0 +1,70 @@
+"""Pinning is exact and a failed pin is said; SDPA is never asked for a mask together with
+enable_gqa (no fused CUDA kernel took that pair in the torch versions we target: it fell back to
+the math kernel and its [B, H, T, S] float32 scores); the GPU campaign's dry run works on a CPU."""
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import FakeCudart
+from triforce.kernels import attention
+from triforce.pinned import HostKVStore, allocate_host, pinned_bytes
+from triforce.pinned import host_memory
+
+
+def test_pinning_registers_exactly_the_asked_bytes(pinning):
+    before = pinned_bytes()
+    (t,) = allocate_host([(3, 1000, 7)], torch.float32)  # 84000 bytes: no power-of-two rounding
+    assert pinning.registered[-1] == (t.data_ptr(), 84000) and pinned_bytes() - before == 84000
+    ptr = t.data_ptr()
+    del t
+    assert ptr in pinning.unregistered and pinned_bytes() == before
+
+
+def test_a_failed_pin_is_said_and_the_store_knows(monkeypatch, capsys):
+    monkeypatch.setattr(host_memory, "can_pin", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart(fail=True))
+    store = HostKVStore(2, 2, 8, 64, 16, first_position=0, dtype=torch.float32)
+    assert not store.pinned
+    err = capsys.readouterr().err
+    assert "could not pin" in err and "will not overlap" in err
+
+
+def test_pinning_is_checked_against_physical_ram(pinning, monkeypatch):
+    monkeypatch.setattr(host_memory, "host_total_bytes", lambda: host_memory.HOST_SAFETY_BYTES + (1 << 20))
+    with pytest.raises(host_memory.HostCapacityError, match="page-locked"):
+        allocate_host([(1 << 20,)], torch.float32)
+
+
+@pytest.mark.parametrize("queries,keys,window", [(7, 300, None), (64, 300, None), (1, 300, 100), (5, 300, 100)])
+def test_sdpa_never_gets_a_mask_with_enable_gqa(monkeypatch, queries, keys, window):
+    real = F.scaled_dot_product_attention
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        assert not (kwargs.get("attn_mask") is not None and kwargs.get("enable_gqa")), "mask with enable_gqa"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(1, 8, queries, 16, generator=g, device="cpu", dtype=torch.float64)
+    k, v = (torch.randn(1, 2, keys, 16, generator=g, device="cpu", dtype=torch.float64) for _ in range(2))
+    out = attention(q, k, v, scale=0.25, sliding_window=window)
+    expanded = [t.repeat_interleave(4, 1) for t in (k, v)]
+    mask = torch.ones(queries, keys, dtype=torch.bool, device="cpu").tril(keys - queries)
+    if window is not None:
+        mask &= ~torch.ones(queries, keys, dtype=torch.bool, device="cpu").tril(keys - queries - window)
+    ref = real(q, *expanded, attn_mask=mask, scale=0.25)
+    assert calls and torch.allclose(out, ref, atol=1e-12)
+
+
+def test_gpu_campaign_dry_run_on_a_cpu():
+    done = subprocess.run([sys.executable, "-m", "triforce.bench.gpu_campaign", "--dry-run"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for step in ("probe", "gpu-tests", "tier-steps", "offload-32k", "offload-127k"):
+        assert step in done.stdout
+    assert "--gb 24" in done.stdout

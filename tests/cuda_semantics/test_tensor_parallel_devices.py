@@ -84,45 +84,45 @@ class CaptureStub(TierRunner):
         return Replay(), out
 
 
-@pytest.mark.parametrize("capture_ok,others_ok", [(True, False), (False, True), (True, True)])
-def test_graph_capture_is_decided_together(tiny_model_dir, capture_ok, others_ok):
+def retrieval_tokens(lm, runner=None, graphs="static") -> tuple[list[int], object]:
+    """12 greedy tokens of the retrieval method; `runner(model, cache)` replaces its tier's runner."""
     from triforce.config import SamplingParams, SpecParams
     from triforce.engine import Engine
 
-    lm = load_model(str(tiny_model_dir("llama-gqa", max_position_embeddings=512)), dtype="float64", device="cpu")
     spec = SpecParams(method="retrieval", gamma2=4, budget=24, chunk_size=4, sink_tokens=4)
     ids = lm.tokenizer("the cat sat on the mat. the cat sat on the hat. the cat").input_ids
-    engine = Engine(lm, spec, len(ids) + 20, graphs="static")
+    engine = Engine(lm, spec, len(ids) + 20, graphs=graphs)
     engine.sync(ids)
     tier = engine.sparse_tiers[0]
-    tier.runner = CaptureStub(lm.model, tier.cache, capture_ok, others_ok)
-    tokens = engine.generate(12, SamplingParams()).tokens
-    runner = tier.runner
+    if runner is not None:
+        tier.runner = runner(lm.model, tier.cache)
+    return engine.generate(12, SamplingParams()).tokens, tier.runner
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    return load_model(str(tiny_model_dir("llama-gqa", max_position_embeddings=512)), dtype="float64", device="cpu")
+
+
+@pytest.mark.parametrize("capture_ok,others_ok", [(True, False), (False, True), (True, True)])
+def test_graph_capture_is_decided_together(lm, capture_ok, others_ok):
+    tokens, runner = retrieval_tokens(lm, lambda model, cache: CaptureStub(model, cache, capture_ok, others_ok))
     if capture_ok and others_ok:
         assert runner.graph_failed is None and runner.replays > 0
     else:  # this rank goes eager whichever rank failed
         assert runner.graph_failed is not None and runner.replays == 0 and not runner._graphs
-    reference = Engine(lm, spec, len(ids) + 20, graphs="off")
-    reference.sync(ids)
-    assert tokens == reference.generate(12, SamplingParams()).tokens
+    assert tokens == retrieval_tokens(lm, graphs="off")[0]
 
 
-def test_graphs_are_captured_up_front(tiny_model_dir):
-    from triforce.config import SamplingParams, SpecParams
-    from triforce.engine import Engine
-
-    lm = load_model(str(tiny_model_dir("llama-gqa", max_position_embeddings=512)), dtype="float64", device="cpu")
-    spec = SpecParams(method="retrieval", gamma2=4, budget=24, chunk_size=4, sink_tokens=4)
-    ids = lm.tokenizer("the cat sat on the mat. the cat sat on the hat. the cat").input_ids
-    engine = Engine(lm, spec, len(ids) + 20, graphs="static")
-    engine.sync(ids)
-    tier = engine.sparse_tiers[0]
-    tier.runner = CaptureStub(lm.model, tier.cache, True, True)
+def test_graphs_are_captured_up_front(lm):
     captures = []
-    real_capture = tier.runner._capture
-    tier.runner._capture = lambda view: captures.append(view.tokens.shape[1]) or real_capture(view)
-    tokens = engine.generate(12, SamplingParams()).tokens
-    assert captures[:5] == [1, 2, 3, 4, 5] and len(captures) == 5  # all before the first step, none later
-    reference = Engine(lm, spec, len(ids) + 20, graphs="off")
-    reference.sync(ids)
-    assert tokens == reference.generate(12, SamplingParams()).tokens
+
+    def counting(model, cache):
+        stub = CaptureStub(model, cache, True, True)
+        real_capture = stub._capture
+        stub._capture = lambda view: captures.append(view.tokens.shape[1]) or real_capture(view)
+        return stub
+
+    tokens, _ = retrieval_tokens(lm, counting)
+    assert captures == [1, 2, 3, 4, 5]  # every expected length before the first step, none later
+    assert tokens == retrieval_tokens(lm, graphs="off")[0]

@@ -24,8 +24,9 @@ def causal_mask(num_queries: int, num_keys: int, device: torch.device,
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-              sliding_window: int | None = None) -> torch.Tensor:
-    """q: [B, H, T, D]; k, v: [B, Hkv, S, D] with H a multiple of Hkv. Returns [B, H, T, D]."""
+              sliding_window: int | None = None, fold_masked_gqa: bool | None = None) -> torch.Tensor:
+    """q: [B, H, T, D]; k, v: [B, Hkv, S, D] with H a multiple of Hkv. Returns [B, H, T, D].
+    fold_masked_gqa (default: on CUDA) serves masked GQA by folding query heads into rows."""
     num_queries, num_keys = q.shape[-2], k.shape[-2]
     window_binds = sliding_window is not None and num_keys > sliding_window
     gqa = q.shape[1] != k.shape[1]
@@ -38,11 +39,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     if num_queries == num_keys and not window_binds:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     mask = causal_mask(num_queries, num_keys, q.device, sliding_window if window_binds else None)
-    if not gqa:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    # No fused CUDA kernel takes a mask together with enable_gqa (SDPA would fall back to the math
-    # kernel and materialise [B, H, T, S] scores): fold the query heads that share a KV head into
-    # rows instead, each row seeing what its query sees, so the memory-efficient kernel serves it.
+    if not gqa or not (q.is_cuda if fold_masked_gqa is None else fold_masked_gqa):
+        # the CPU's flash kernel takes a mask with GQA (and beats the folded form about 1.5x)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    # On CUDA, fold the query heads that share a KV head into rows, each row seeing what its query
+    # sees: no fused kernel needs to take a mask with enable_gqa (older PyTorch fell back to the
+    # math kernel and its [B, H, T, S] float32 scores; torch 2.11 on an H100 did not).
     batch, heads, _, dim = q.shape
     groups = heads // k.shape[1]
     folded = q.reshape(batch, k.shape[1], groups * num_queries, dim)

@@ -1,6 +1,6 @@
-"""Pinning is exact and a failed pin is said; SDPA is never asked for a mask together with
-enable_gqa (no fused CUDA kernel took that pair in the torch versions we target: it fell back to
-the math kernel and its [B, H, T, S] float32 scores); the GPU campaign's dry run works on a CPU."""
+"""Pinning is exact and a failed pin is said; on CUDA, SDPA is never asked for a mask together
+with enable_gqa (older PyTorch had no fused CUDA kernel for that pair and fell back to the math
+kernel and its [B, H, T, S] float32 scores); the GPU campaign's dry run works on a CPU."""
 import subprocess
 import sys
 
@@ -52,7 +52,7 @@ def test_sdpa_never_gets_a_mask_with_enable_gqa(monkeypatch, queries, keys, wind
     g = torch.Generator(device="cpu").manual_seed(0)
     q = torch.randn(1, 8, queries, 16, generator=g, device="cpu", dtype=torch.float64)
     k, v = (torch.randn(1, 2, keys, 16, generator=g, device="cpu", dtype=torch.float64) for _ in range(2))
-    out = attention(q, k, v, scale=0.25, sliding_window=window)
+    out = attention(q, k, v, scale=0.25, sliding_window=window, fold_masked_gqa=True)  # as on CUDA
     expanded = [t.repeat_interleave(4, 1) for t in (k, v)]
     mask = torch.ones(queries, keys, dtype=torch.bool, device="cpu").tril(keys - queries)
     if window is not None:

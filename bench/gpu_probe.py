@@ -92,7 +92,6 @@ def main() -> None:
     info["pageable_h2d_gbps"] = _gbps(lambda: dev.copy_(pageable), size, device)
     other = torch.empty_like(dev)
     info["d2d_gbps"] = _gbps(lambda: other.copy_(dev), 2 * size, device)  # bytes read + written
-    del host, dev, other, pageable
     info["sdpa"] = sdpa_fused_only(device)
     print(json.dumps(info))
 

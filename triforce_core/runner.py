@@ -16,8 +16,8 @@ from typing import Callable
 
 import torch
 
-from triforce.offload.planner import MAX_GRAPH_TOKENS
 from triforce.errors import UserError
+from triforce.offload.planner import MAX_GRAPH_TOKENS
 
 MODES = ("eager", "static", "graph")
 

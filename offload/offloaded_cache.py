@@ -142,6 +142,15 @@ class OffloadedKVCache:
         keys = torch.cat([self.store.keys_of_block(layer, block) for block in range(first, last + 1)], dim=2)
         return keys[:, :, start - first * bt:end - first * bt]
 
+    def keys(self, layer: int) -> torch.Tensor:
+        """Keys [B, Hkv, length, D] of every token of `layer` on the device, the host part copied
+        over (for the top-k policy, an oracle that reads every key anyway)."""
+        resident = min(self.length, self.resident_tokens)
+        parts = [self.k_res[layer, :, :, :resident]]
+        if self.length > resident:
+            parts.append(self._host_keys(layer, 0, self.length - resident).to(self.device))
+        return torch.cat(parts, dim=2)
+
     def gather_into(self, layer: int, index: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor) -> None:
         """index [B, Hkv, N] (device) -> k_dst, v_dst [B, Hkv, N, D]: the keys and values of those tokens."""
         if self.length <= self.resident_tokens:  # all resident: the device kernel, no host round trip

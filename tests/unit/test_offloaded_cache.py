@@ -149,3 +149,18 @@ def test_kv_range_of_a_verify_pass_comes_from_the_device(monkeypatch):
     assert len(host_reads) == 1                   # served by the pass's device copies
     assert torch.equal(off.kv_range(85, 93)[0], full.kv_range(85, 93)[0])
     assert host_reads[-1] == (85, 93)             # reaches before the pass: read back from the host
+
+
+def test_top_k_selection_reads_the_offloaded_cache_like_the_resident_one():
+    """The top-k policy reads every key (`keys`); the offloaded cache once lacked it."""
+    full, off = pair(max_len=100, resident=16, block=8)
+    feed([full, off], 60, seed=0)
+    assert torch.equal(full.keys(1), off.keys(1))
+    policy = SelectionPolicy("topk", 24, 4, 4)
+    query = [torch.randn(1, 4, D, dtype=torch.float64) for _ in range(CFG.num_layers)]
+    built = []
+    for cache in (full, off):
+        sparse = SparseKVCache(CFG, policy, 8, dtype=torch.float64)
+        sparse.rebuild(cache, query)
+        built.append(sparse)
+    assert torch.equal(built[0].k_buf, built[1].k_buf) and torch.equal(built[0].v_buf, built[1].v_buf)

@@ -69,12 +69,12 @@ class SdpaAttention:
 
         all_visible = k_start + k.shape[2] - 1 <= q_start and (
             sliding_window is None or k_start > q_start + q.shape[2] - 1 - sliding_window)
-        if all_visible and q.dtype in HALF and k.shape[2] > 0 and SdpaAttention.fused_partial_failed is None:
+        if all_visible and q.dtype in HALF and k.shape[2] > 0 and self.fused_partial_failed is None:
             try:
                 return fused_partial(q, k, v, scale=scale)
             except RuntimeError as e:  # a kernel this build or device lacks: the reference from now on
-                SdpaAttention.fused_partial_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
-                print(f"note: fused partial attention unavailable ({SdpaAttention.fused_partial_failed}); "
+                self.fused_partial_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
+                print(f"note: fused partial attention unavailable ({self.fused_partial_failed}); "
                       "using the tiled reference", file=sys.stderr)
         return partial_attention(q, k, v, scale=scale, q_start=q_start, k_start=k_start,
                                  sliding_window=sliding_window)

@@ -52,6 +52,9 @@ def _is_kernel_failure(e: Exception) -> bool:
     return type(e).__module__.startswith("triton") or isinstance(e, (RuntimeError, ImportError, OSError))
 
 
+TRITON_KERNELS = ("chunk scoring", "gather")
+
+
 class RetrievalKernels:
     """The scoring and gather a retrieval rebuild runs: Triton or the torch reference (top-k is
     always a device sort). A Triton kernel whose first call fails to compile or launch hands that
@@ -89,7 +92,7 @@ class RetrievalKernels:
 
     @property
     def name(self) -> str:
-        if not self.use_triton or len(self.failed) == 2:
+        if not self.use_triton or self.failed >= set(TRITON_KERNELS):
             return "torch"
         return "triton" if not self.failed else f"triton (torch {', '.join(sorted(self.failed))})"
 

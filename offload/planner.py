@@ -58,6 +58,12 @@ def kv_heads_share(m: ModelShape, tp: int) -> int:
     return largest_share(m.num_kv_heads, tp)
 
 
+def activation_bytes_per_token(m: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
+    """The live activations of one token in one layer's forward on one rank."""
+    heads = kv_heads_share(m, tp) * (m.num_heads // m.num_kv_heads)
+    return (6 * m.hidden_size + 2 * heads * m.head_dim + 3 * largest_share(m.intermediate_size, tp)) * dtype_bytes
+
+
 def weight_bytes(m: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
     """Parameter bytes on the rank with the largest share: attention split by whole KV heads
     (query heads follow their KV head), MLP by intermediate rows; embeddings, LM head and norms
@@ -168,8 +174,7 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
         slots = spec.sink_tokens + spec.draft_window_tokens + spec.draft_slack
         fixed["streaming_cache"] = slots * kv_bytes_per_token_layer(draft, d_bytes) * draft.num_layers
     verify_tokens = spec.gamma2 + 1
-    activation_per_token = (6 * model.hidden_size + 2 * heads * model.head_dim
-                            + 3 * largest_share(model.intermediate_size, tp)) * dtype_bytes
+    activation_per_token = activation_bytes_per_token(model, dtype_bytes, tp)
     logits = 2 * max(verify_tokens, 1) * model.vocab_size * 4
     gather = 2 * spec.budget * per_token_layer if spec.uses_sparse_cache else 0  # during a rebuild
 
@@ -179,13 +184,12 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
     graph_pool = 0
     if graphs:  # each drafting tier's runner: a graph per step length, each keeping its [T, vocab] logits
         longest = min(MAX_GRAPH_TOKENS, max(spec.gamma1, spec.gamma2) + 1)
-        def runner_pool(shape: ModelShape, element: int) -> int:
-            act = (6 * shape.hidden_size + 2 * shape.num_heads * shape.head_dim + 3 * shape.intermediate_size) * element
-            return longest * (longest + 1) // 2 * model.vocab_size * element + longest * act
+        logits_slots = longest * (longest + 1) // 2 * model.vocab_size
         if spec.uses_sparse_cache:
-            graph_pool += runner_pool(model, dtype_bytes)
+            graph_pool += logits_slots * dtype_bytes + longest * activation_per_token
         if draft is not None:
-            graph_pool += runner_pool(draft, draft_dtype_bytes or dtype_bytes)
+            element = draft_dtype_bytes or dtype_bytes
+            graph_pool += logits_slots * element + longest * activation_bytes_per_token(draft, element)
     # the last prefill chunk keeps every layer's queries until the retrieval cache is built from them
     def kept_queries(chunk: int) -> int:
         return model.num_layers * heads * model.head_dim * min(chunk, context) * dtype_bytes if spec.uses_sparse_cache else 0

@@ -74,42 +74,46 @@ def _cols(linear: nn.Linear, start: int, count: int) -> RowParallelLinear:
                              None if linear.bias is None else linear.bias.clone())
 
 
+def share_ranges(cfg, rank: int, world: int) -> tuple[dict, dict, Shard]:
+    """(rows, cols, shard): the (start, count) of output rows, by projection name, and of input
+    columns that rank `rank` keeps; one source for cutting a built model and for slicing a
+    checkpoint while loading."""
+    kv_start, kv_count = even_split(cfg.num_kv_heads, world)[rank]
+    inter = even_split(cfg.intermediate_size, world)[rank]
+    groups, dim = cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+    q_rows, kv_rows = (kv_start * groups * dim, kv_count * groups * dim), (kv_start * dim, kv_count * dim)
+    rows = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows, "gate_proj": inter, "up_proj": inter}
+    cols = {"o_proj": q_rows, "down_proj": inter}
+    return rows, cols, Shard(rank, world, (kv_start, kv_count), inter)
+
+
 def shard_model(model: nn.Module, rank: int, world: int) -> Shard:
     """Cut a built decoder (layers with self_attn.{q,k,v,o}_proj and mlp.{gate,up,down}_proj) down
     to rank `rank`'s share, in place. Returns the share."""
     cfg = model.config
-    kv_start, kv_count = even_split(cfg.num_kv_heads, world)[rank]
-    inter_start, inter_count = even_split(cfg.intermediate_size, world)[rank]
-    groups, dim = cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
+    rows, cols, shard = share_ranges(cfg, rank, world)
+    groups = cfg.num_heads // cfg.num_kv_heads
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        q_rows = (kv_start * groups * dim, kv_count * groups * dim)
-        kv_rows = (kv_start * dim, kv_count * dim)
-        attn.q_proj = _rows(attn.q_proj, *q_rows)
-        attn.k_proj = _rows(attn.k_proj, *kv_rows)
-        attn.v_proj = _rows(attn.v_proj, *kv_rows)
-        attn.o_proj = _cols(attn.o_proj, *q_rows)
-        attn.num_heads, attn.num_kv_heads = kv_count * groups, kv_count
-        mlp.gate_proj = _rows(mlp.gate_proj, inter_start, inter_count)
-        mlp.up_proj = _rows(mlp.up_proj, inter_start, inter_count)
-        mlp.down_proj = _cols(mlp.down_proj, inter_start, inter_count)
+        for parent in (attn, mlp):
+            for name, (start, count) in rows.items():
+                if hasattr(parent, name):
+                    setattr(parent, name, _rows(getattr(parent, name), start, count))
+            for name, (start, count) in cols.items():
+                if hasattr(parent, name):
+                    setattr(parent, name, _cols(getattr(parent, name), start, count))
+        attn.num_heads, attn.num_kv_heads = shard.kv_heads[1] * groups, shard.kv_heads[1]
         if rank != 0:  # biases of the reduced projections are added once, after the sum
             attn.o_proj.bias = None
             mlp.down_proj.bias = None
-    return Shard(rank, world, (kv_start, kv_count), (inter_start, inter_count))
+    return shard
 
 
 def shard_slicer(cfg, rank: int, world: int):
     """slice(name, tensor) -> the part of a whole checkpoint tensor that rank `rank` keeps after
     shard_model (None: the rank keeps none of it), so a rank slices each tensor on the host and
     never holds the whole model on its device."""
-    kv_start, kv_count = even_split(cfg.num_kv_heads, world)[rank]
-    inter_start, inter_count = even_split(cfg.intermediate_size, world)[rank]
-    groups, dim = cfg.num_heads // cfg.num_kv_heads, cfg.head_dim
-    rows = {"q_proj": (kv_start * groups * dim, kv_count * groups * dim), "k_proj": (kv_start * dim, kv_count * dim),
-            "v_proj": (kv_start * dim, kv_count * dim), "gate_proj": (inter_start, inter_count),
-            "up_proj": (inter_start, inter_count)}
-    cols = {"o_proj": rows["q_proj"], "down_proj": (inter_start, inter_count)}
+    rows, cols, _ = share_ranges(cfg, rank, world)
 
     def slice_for_rank(name: str, tensor: torch.Tensor) -> torch.Tensor | None:
         module, _, kind = name.rpartition(".")

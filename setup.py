@@ -16,6 +16,10 @@ setup(
     package_dir={
         "triforce": "triforce_core",
         "triforce.cli": "triforce_core/cli",
+        "triforce.model": "triforce_core/model",
+        "triforce.cache": "triforce_core/cache",
+        "triforce.decoding": "triforce_core/decoding",
+        "triforce.app": "triforce_core/app",
         "triforce.offload": "offload",
         "triforce.pinned": "pinned",
         "triforce.kernels": "kernels",
@@ -25,6 +29,10 @@ setup(
     packages=[
         "triforce",
         "triforce.cli",
+        "triforce.model",
+        "triforce.cache",
+        "triforce.decoding",
+        "triforce.app",
         "triforce.offload",
         "triforce.pinned",
         "triforce.kernels",

@@ -41,7 +41,7 @@ def time_transformers(hf_model, ids: list[int], new_tokens: int) -> dict:
 
 def time_triforce(lm, ids: list[int], new_tokens: int) -> dict:
     from triforce.config import SamplingParams, SpecParams
-    from triforce.engine import Engine
+    from triforce.decoding.engine import Engine
 
     stamps: list[float] = []
     started = time.perf_counter()
@@ -64,8 +64,8 @@ def time_triforce(lm, ids: list[int], new_tokens: int) -> dict:
 def main(model, contexts, new_tokens, repeats, as_json):
     from transformers import AutoModelForCausalLM
 
-    from triforce.loading import load_model
-    from triforce.texts import prose_prompt
+    from triforce.model.loading import load_model
+    from triforce.app.texts import prose_prompt
 
     lm = load_model(model, dtype="float32", device="cpu")
     hf = AutoModelForCausalLM.from_pretrained(str(lm.path), dtype=torch.float32).eval()

@@ -15,13 +15,13 @@ import click
 import torch
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.loading import load_model
+from triforce.decoding.engine import Engine
+from triforce.model.loading import load_model
 from triforce.offload.cost_model import full_verify_ms, tier1_ms
 from triforce.offload.planner import hardware
 from triforce.offload.profiles import load_profile
-from triforce.placement import make_plan
-from triforce.texts import prose_prompt
+from triforce.app.plan_and_cache import make_plan
+from triforce.app.texts import prose_prompt
 
 
 def measure(lm, spec: SpecParams, ids: list[int], new_tokens: int) -> dict:

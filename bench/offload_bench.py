@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from triforce.acceptance_trace import ReplayVerifier
+from triforce.decoding.acceptance_trace import ReplayVerifier
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.kv_cache import FullKVCache
+from triforce.decoding.engine import Engine
+from triforce.cache.resident import FullKVCache
 from triforce.offload.offloaded_cache import OffloadedKVCache
-from triforce.placement import build_kv_cache, make_plan
+from triforce.app.plan_and_cache import build_kv_cache, make_plan
 from triforce.bench.zero_inference import HostAttentionKVCache
 
 METHODS = ("ar-offload", "zero-inference", "triforce")

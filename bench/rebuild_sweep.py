@@ -12,10 +12,10 @@ from dataclasses import replace
 import click
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.evaluation import needle_prompt
-from triforce.loading import load_model
-from triforce.texts import prose_prompt
+from triforce.decoding.engine import Engine
+from triforce.app.evaluation import needle_prompt
+from triforce.model.loading import load_model
+from triforce.app.texts import prose_prompt
 
 
 @click.command()

@@ -14,10 +14,10 @@ import click
 import torch
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.evaluation import evaluate_acceptance, needle_prompt
-from triforce.loading import load_model
-from triforce.texts import prose_prompt
+from triforce.decoding.engine import Engine
+from triforce.app.evaluation import evaluate_acceptance, needle_prompt
+from triforce.model.loading import load_model
+from triforce.app.texts import prose_prompt
 
 
 def acceptance_table(lm, budgets: list[int], gen: int) -> list[dict]:

@@ -20,13 +20,13 @@ import time
 import click
 import torch
 
-from triforce.architectures import build_random_model
+from triforce.model.architectures import build_random_model
 from triforce.config import SpecParams
 from triforce.kernels import select_attention
-from triforce.kv_cache import FullKVCache
+from triforce.cache.resident import FullKVCache
 from triforce.offload.measure import memory_gbps
-from triforce.sparse_cache import SelectionPolicy
-from triforce.tiers import DraftModelTier, SparseTier
+from triforce.cache.sparse import SelectionPolicy
+from triforce.decoding.tiers import DraftModelTier, SparseTier
 
 
 def _sync(device):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from triforce.chunk_means import ChunkMeans
+from triforce.kernels.chunk_means import ChunkMeans
 from triforce.kernels import SDPA, TORCH_KERNELS, PartialAccumulator, RetrievalKernels, block_visible
 from triforce.offload.errors import OffloadError
 from triforce.offload.prefetcher import Prefetcher, TransferPlan

@@ -20,7 +20,7 @@ DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): b
 # here so planning needs no torch import, and a test keeps the two equal).
 MAX_SCORE_ELEMENTS = 1 << 22
 PREFILL_CHUNKS = (1024, 512, 256, 128, 64)  # tokens per prefill forward, largest that fits
-MAX_GRAPH_TOKENS = 16  # CUDA graphs are kept for steps of 1..16 new tokens (triforce.runner); longer run eagerly
+MAX_GRAPH_TOKENS = 16  # CUDA graphs are kept for steps of 1..16 new tokens (triforce.decoding.graph_runner); longer run eagerly
 
 
 class ModelShape(Protocol):
@@ -193,7 +193,7 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
     # the last prefill chunk keeps every layer's queries until the retrieval cache is built from them
     def kept_queries(chunk: int) -> int:
         return model.num_layers * heads * model.head_dim * min(chunk, context) * dtype_bytes if spec.uses_sparse_cache else 0
-    # mean keys of retrieval chunks, kept beside resident keys (triforce.chunk_means)
+    # mean keys of retrieval chunks, kept beside resident keys (triforce.kernels.chunk_means)
     means_per_token = per_token // (2 * spec.chunk_size) if spec.uses_sparse_cache and spec.method != "streaming" else 0
     resident_all = {**fixed, "workspace": workspace(PREFILL_CHUNKS[0]) + kept_queries(PREFILL_CHUNKS[0]),
                     "cuda_graph_pool": graph_pool,

@@ -32,11 +32,11 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def default_model_dir():
     """The real default model (SmolLM2-135M-Instruct), fetched and converted once."""
-    from triforce.default_model import default_model_dir as resolve
+    from triforce.model.default_model import default_model_dir as resolve
     return resolve()
 
 
 @pytest.fixture(scope="session")
 def default_lm(default_model_dir):
-    from triforce.loading import load_model
+    from triforce.model.loading import load_model
     return load_model(str(default_model_dir), dtype="float32", device="cpu")

@@ -10,9 +10,9 @@ import os
 import torch
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.loading import load_model
-from triforce.speculative import Verdict
+from triforce.decoding.engine import Engine
+from triforce.model.loading import load_model
+from triforce.decoding.verification import Verdict
 
 
 def p_direct_shortcut(drafts, draft_probs, target_probs, generator):

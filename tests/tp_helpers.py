@@ -4,8 +4,8 @@ import torch
 
 
 def save_logits_rank(rank: int, world: int, model_dir: str, ids: list[int], out_path: str) -> None:
-    from triforce.kv_cache import FullKVCache
-    from triforce.loading import load_model
+    from triforce.cache.resident import FullKVCache
+    from triforce.model.loading import load_model
 
     torch.set_num_threads(1)
     lm = load_model(model_dir, dtype="float64", device="cpu", shard=(rank, world))  # sliced while loading

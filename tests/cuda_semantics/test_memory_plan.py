@@ -4,14 +4,14 @@ before or after the model is loaded; pinned bytes equal the planned host bytes."
 import pytest
 import torch
 
-from triforce.architectures import arch_hf_config
+from triforce.model.architectures import arch_hf_config
 from triforce.config import ModelConfig, SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.loading import load_model
+from triforce.decoding.engine import Engine
+from triforce.model.loading import load_model
 from triforce.offload.profiles import load_profile
 from triforce.pinned import pinned_bytes
-from triforce.placement import auto_profile, build_kv_cache, make_plan
-from triforce.tiers import DraftModelTier, SparseTier
+from triforce.app.plan_and_cache import auto_profile, build_kv_cache, make_plan
+from triforce.decoding.tiers import DraftModelTier, SparseTier
 
 GIB = 2**30
 CUDA = torch.device("cuda", 0)

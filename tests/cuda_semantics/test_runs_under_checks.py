@@ -55,7 +55,8 @@ def test_offloaded_generate_and_bench_name_every_device(capsys, models, tmp_path
 
 def test_planted_bug_a_draw_without_device_is_caught(capsys, models, monkeypatch):
     """The sampled verifier as it was: its uniform drawn without naming the generator's device."""
-    from triforce import engine, speculative
+    from triforce.decoding import engine
+    from triforce.decoding import verification as speculative
 
     source = open(speculative.__file__).read()
     assert ", device=generator.device)" in source

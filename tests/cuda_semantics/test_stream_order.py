@@ -8,7 +8,7 @@ from transformers import LlamaConfig
 
 from checked_streams import CopyDisciplineError, StreamOrderError
 from triforce.config import ModelConfig
-from triforce.kv_cache import FullKVCache
+from triforce.cache.resident import FullKVCache
 from triforce.offload.offloaded_cache import OffloadedKVCache
 from triforce.offload.prefetcher import Prefetcher
 from triforce.pinned import HostKVStore

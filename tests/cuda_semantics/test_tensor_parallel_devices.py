@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from triforce.loading import load_model
+from triforce.model.loading import load_model
 from triforce.offload import tp
 from triforce.offload.tp import shard_model
-from triforce.runner import TierRunner
+from triforce.decoding.graph_runner import TierRunner
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -87,7 +87,7 @@ class CaptureStub(TierRunner):
 def retrieval_tokens(lm, runner=None, graphs="static") -> tuple[list[int], object]:
     """12 greedy tokens of the retrieval method; `runner(model, cache)` replaces its tier's runner."""
     from triforce.config import SamplingParams, SpecParams
-    from triforce.engine import Engine
+    from triforce.decoding.engine import Engine
 
     spec = SpecParams(method="retrieval", gamma2=4, budget=24, chunk_size=4, sink_tokens=4)
     ids = lm.tokenizer("the cat sat on the mat. the cat sat on the hat. the cat").input_ids

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tp_helpers import save_logits_rank
-from triforce.kv_cache import FullKVCache
-from triforce.loading import load_model
+from triforce.cache.resident import FullKVCache
+from triforce.model.loading import load_model
 from triforce.offload.errors import OffloadError
 from triforce.offload.tp import even_split, launch
 

@@ -8,7 +8,7 @@ from transformers import LlamaConfig
 from triforce.config import ModelConfig
 from triforce.kernels import SDPA
 from triforce.kernels.partial import partial_attention
-from triforce.kv_cache import FullKVCache
+from triforce.cache.resident import FullKVCache
 from triforce.offload.offloaded_cache import OffloadedKVCache
 
 pytestmark = [pytest.mark.gpu,

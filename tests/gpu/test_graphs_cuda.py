@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.loading import load_model
-from triforce.sync_count import SyncCounter
+from triforce.decoding.engine import Engine
+from triforce.model.loading import load_model
+from triforce.decoding.sync_count import SyncCounter
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.loading import load_model
+from triforce.decoding.engine import Engine
+from triforce.model.loading import load_model
 from triforce.offload.offloaded_cache import OffloadedKVCache
 
 pytestmark = [pytest.mark.gpu,

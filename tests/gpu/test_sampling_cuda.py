@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.loading import load_model
-from triforce.sampling import make_generator
-from triforce.speculative import verify_sampled
+from triforce.decoding.engine import Engine
+from triforce.model.loading import load_model
+from triforce.decoding.sampling import make_generator
+from triforce.decoding.verification import verify_sampled
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -6,8 +6,8 @@ import pytest
 
 from test_cli import run_cli
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.loading import load_model
+from triforce.decoding.engine import Engine
+from triforce.model.loading import load_model
 
 PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat and the dog sat on the log. the cat"
 

@@ -1,9 +1,9 @@
 """Chat bookkeeping: earlier turns' KV is kept, documents load, reset forgets."""
 import torch
 
-from triforce.chat import Chat
+from triforce.app.chat import Chat
 from triforce.config import SamplingParams
-from triforce.session import Session
+from triforce.decoding.full_tier import Session
 
 GREEDY = SamplingParams()
 

@@ -162,7 +162,7 @@ def test_installed_console_script_end_to_end(tiny_model_dir):
 
 
 def test_truncated_gguf(capsys, tmp_path, monkeypatch, default_model_dir):
-    from triforce.default_model import ensure_gguf
+    from triforce.model.default_model import ensure_gguf
     source = ensure_gguf()  # the real default GGUF, from the shared cache
     cut = tmp_path / "cut.gguf"
     with open(source, "rb") as f:

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from triforce.cli.main import main
-from triforce.evaluation import evaluate_acceptance, needle_prompt
+from triforce.app.evaluation import evaluate_acceptance, needle_prompt
 
 
 def run_cli(capsys, *args):

@@ -2,9 +2,9 @@
 import pytest
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.loading import load_model
-from triforce.texts import stdlib_prose
+from triforce.decoding.engine import Engine
+from triforce.model.loading import load_model
+from triforce.app.texts import stdlib_prose
 from tiny_models import make_tiny_model
 
 GREEDY = SamplingParams()

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from triforce.bench.zero_inference import HostAttentionKVCache
-from triforce.chat import Chat
+from triforce.app.chat import Chat
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.kv_cache import FullKVCache
-from triforce.loading import load_model
+from triforce.decoding.engine import Engine
+from triforce.cache.resident import FullKVCache
+from triforce.model.loading import load_model
 from triforce.offload.offloaded_cache import OffloadedKVCache
 from test_greedy_equivalence import tiny_spec
 

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from triforce.acceptance_trace import ReplayVerifier, load_trace
+from triforce.decoding.acceptance_trace import ReplayVerifier, load_trace
 from triforce.cli.main import main
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.loading import load_model
+from triforce.decoding.engine import Engine
+from triforce.model.loading import load_model
 from test_cli import assert_one_line_error, run_cli
 
 

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
-from triforce.loading import load_model
-from triforce.session import Session
+from triforce.decoding.engine import Engine
+from triforce.model.loading import load_model
+from triforce.decoding.full_tier import Session
 from tiny_models import FAMILIES
 
 SEQ_LEN = 72  # past the 32-token original length of the scaled-RoPE families and the 24-token window

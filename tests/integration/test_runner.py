@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
+from triforce.decoding.engine import Engine
 from triforce.errors import UserError
-from triforce.loading import load_model
-from triforce.runner import TierRunner, runner_mode
+from triforce.model.loading import load_model
+from triforce.decoding.graph_runner import TierRunner, runner_mode
 
 GREEDY = SamplingParams()
 PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat sat on the mat. the cat"

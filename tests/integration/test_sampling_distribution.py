@@ -6,9 +6,9 @@ from scipy.stats import chisquare
 
 from sampling_helpers import sample_counts
 from triforce.config import SamplingParams
-from triforce.loading import load_model
-from triforce.sampling import probabilities
-from triforce.session import Session
+from triforce.model.loading import load_model
+from triforce.decoding.sampling import probabilities
+from triforce.decoding.full_tier import Session
 
 SAMPLES = 20_000
 NEW_TOKENS = 3

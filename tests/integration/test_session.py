@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine
+from triforce.decoding.engine import Engine
 from triforce.errors import UserError
-from triforce.loading import load_model
-from triforce.session import Session
+from triforce.model.loading import load_model
+from triforce.decoding.full_tier import Session
 
 
 @pytest.fixture(scope="module")

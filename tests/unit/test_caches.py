@@ -5,10 +5,10 @@ from transformers import LlamaConfig
 
 from triforce.config import ModelConfig
 from triforce.kernels import attention
-from triforce.kv_cache import FullKVCache
-from triforce.rope import RotaryEmbedding, apply_rope
-from triforce.sparse_cache import SelectionPolicy, SparseKVCache
-from triforce.streaming_cache import StreamingKVCache
+from triforce.cache.resident import FullKVCache
+from triforce.model.rope import RotaryEmbedding, apply_rope
+from triforce.cache.sparse import SelectionPolicy, SparseKVCache
+from triforce.cache.streaming import StreamingKVCache
 
 HF = LlamaConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)

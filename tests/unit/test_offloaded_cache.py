@@ -7,9 +7,9 @@ import torch
 from transformers import LlamaConfig
 
 from triforce.config import ModelConfig
-from triforce.kv_cache import FullKVCache
+from triforce.cache.resident import FullKVCache
 from triforce.offload.offloaded_cache import OffloadedKVCache
-from triforce.sparse_cache import SelectionPolicy, SparseKVCache
+from triforce.cache.sparse import SelectionPolicy, SparseKVCache
 
 HF = LlamaConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)

@@ -1,7 +1,7 @@
 """The memory planner and its cost model: pure arithmetic checked against hand computations."""
 import pytest
 
-from triforce.architectures import arch_config
+from triforce.model.architectures import arch_config
 from triforce.config import SpecParams
 from triforce.offload.cost_model import (TIE_FRACTION, Acceptance, Gamma2Controller, Hardware, StepCosts, best_gammas,
                                          expected_tokens, full_verify_ms, gamma2_bounds, tier0_ms, tier1_ms,

@@ -5,11 +5,11 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from triforce.chunk_means import ChunkMeans
+from triforce.kernels.chunk_means import ChunkMeans
 from triforce.config import ModelConfig
 from triforce.kernels import RetrievalKernels, chunk_mean_keys, gather_into, grouped_scores, topk_sorted
-from triforce.kv_cache import FullKVCache
-from triforce.sparse_cache import SelectionPolicy, SparseKVCache
+from triforce.cache.resident import FullKVCache
+from triforce.cache.sparse import SelectionPolicy, SparseKVCache
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

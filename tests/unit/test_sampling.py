@@ -3,7 +3,7 @@ import torch
 
 from triforce.config import SamplingParams
 from triforce.errors import UserError
-from triforce.sampling import make_generator, next_token, probabilities
+from triforce.decoding.sampling import make_generator, next_token, probabilities
 
 
 def test_greedy_is_argmax():

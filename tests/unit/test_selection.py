@@ -1,7 +1,7 @@
 """Selection policies against plain loop references (no model)."""
 import torch
 
-from triforce.selection import select_retrieval, select_streaming, select_topk
+from triforce.cache.selection import select_retrieval, select_streaming, select_topk
 
 
 def loop_retrieval(query, keys, budget, chunk):

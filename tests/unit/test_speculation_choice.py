@@ -1,6 +1,6 @@
 """The cost model's choice of budget, chunk size and gammas, from measured acceptance rows."""
 
-from triforce.architectures import arch_config
+from triforce.model.architectures import arch_config
 from triforce.config import SpecParams
 from triforce.offload.speculation_choice import choose_speculation, measured_acceptance, plan_with_choice
 from triforce.offload.profiles import load_profile

@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from triforce.sync_count import SYNC_WARNING, SyncCounter
+from triforce.decoding.sync_count import SYNC_WARNING, SyncCounter
 
 
 def sync(times=1):

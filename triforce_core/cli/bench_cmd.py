@@ -49,7 +49,7 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     On CUDA the card is emulated with set_per_process_memory_fraction (the profile's gpu_bytes);
     peak GPU memory is reported against the plan and the budget.
     """
-    from triforce.acceptance_trace import load_trace
+    from triforce.decoding.acceptance_trace import load_trace
     from triforce.bench.offload_bench import METHODS
     from triforce.config import SpecParams
 
@@ -73,7 +73,7 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     request = BenchRequest(arch, model, context, profile, device_budget, chosen, trace, acceptance_trace, draft,
                            new_tokens, spec, not no_overlap, plot_path, dtype, device, as_json, attn,
                            "off" if no_graphs else "auto")
-    from triforce.parallel import run_on_ranks
+    from triforce.app.parallel import run_on_ranks
     run_on_ranks(tp, bench_rank, request)
 
 
@@ -108,8 +108,8 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     import torch
 
     from triforce.bench.offload_bench import Setup, measure_h2d_gbps, run_method, write_plot
-    from triforce.loading import resolve_device
-    from triforce.parallel import rank_device, share_threads
+    from triforce.model.loading import resolve_device
+    from triforce.app.parallel import rank_device, share_threads
 
     device = r.device
     if world > 1:
@@ -128,7 +128,7 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     h2d = measure_h2d_gbps(lm.device)
     prompt_ids = None
     if r.model is not None:  # a real model decodes after a real prompt, with its own acceptance
-        from triforce.evaluation import needle_prompt
+        from triforce.app.evaluation import needle_prompt
         prompt_ids = lm.tokenizer(needle_prompt(lm.tokenizer, r.context).text).input_ids
     setup = Setup(lm, drafter, prof, len(prompt_ids) if prompt_ids else r.context, r.new_tokens, r.spec, r.trace,
                   overlap=r.overlap, prompt_ids=prompt_ids, graphs=r.graphs)
@@ -153,7 +153,7 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
 
 
 def resolve_profile_for(r: BenchRequest, device):
-    from triforce.placement import resolve_profile
+    from triforce.app.plan_and_cache import resolve_profile
     return resolve_profile(r.profile, device, r.device_budget)
 
 
@@ -188,8 +188,8 @@ def print_table(out: dict, title: str, device_type: str, plotted: bool) -> None:
 
 def _load(arch, model, draft, dtype, device, shard=None):
     """(target, drafter, display name); shard (rank, world): the target's tensor-parallel share."""
-    from triforce.architectures import ARCHITECTURES, build_random_model
-    from triforce.loading import load_model
+    from triforce.model.architectures import ARCHITECTURES, build_random_model
+    from triforce.model.loading import load_model
 
     if arch is not None:
         lm = build_random_model(arch, dtype, device, shard=shard)

@@ -105,7 +105,7 @@ def chat(model, system, max_new_tokens, max_context, method, draft, budget, chun
                           params=build_sampling(temperature, top_p, top_k, seed), draft=draft, dtype=dtype,
                           device=device, profile=profile, device_budget=device_budget, attn=attn,
                           graphs="off" if no_graphs else "auto")
-    from triforce.parallel import run_on_ranks
+    from triforce.app.parallel import run_on_ranks
     run_on_ranks(tp, chat_rank, request, model)
 
 
@@ -176,11 +176,11 @@ class Console:
 
 
 def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
-    from triforce.chat import Chat
-    from triforce.loading import load_model
-    from triforce.parallel import agree_across_ranks, rank_device, share_threads
-    from triforce.placement import build_kv_cache
-    from triforce.textstream import TextStream
+    from triforce.app.chat import Chat
+    from triforce.model.loading import load_model
+    from triforce.app.parallel import agree_across_ranks, rank_device, share_threads
+    from triforce.app.plan_and_cache import build_kv_cache
+    from triforce.app.textstream import TextStream
 
     console = Console(rank, world)
     device = r.device

@@ -47,8 +47,8 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
     full cache's greedy continuation of the prompt (paper Table 1 in miniature)."""
     from tqdm import tqdm
 
-    from triforce.evaluation import evaluate_acceptance
-    from triforce.loading import load_model
+    from triforce.app.evaluation import evaluate_acceptance
+    from triforce.model.loading import load_model
 
     budget_list = _int_list(budgets, "--budgets")
     policy_list = [p.strip() for p in policies.split(",") if p.strip()]
@@ -90,8 +90,8 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
 def needle(model, context, out, depth, seed):
     """Write a needle-in-a-haystack prompt: a pass key hidden in filler text, ending in the
     question. The key goes to stdout; feed the file to `triforce generate --prompt-file`."""
-    from triforce.evaluation import needle_prompt
-    from triforce.loading import load_tokenizer, resolve_model_dir
+    from triforce.app.evaluation import needle_prompt
+    from triforce.model.loading import load_tokenizer, resolve_model_dir
 
     tokenizer = load_tokenizer(resolve_model_dir(model))
     prompt = needle_prompt(tokenizer, context, depth, seed)

@@ -83,7 +83,7 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
         ignore_eos=ignore_eos, dtype=dtype, device=device, profile=profile, device_budget=device_budget,
         overlap=not no_overlap, record_acceptance=record_acceptance, attn=attn, graphs="off" if no_graphs else "auto",
         count_syncs=count_syncs, as_json=as_json)
-    from triforce.parallel import run_on_ranks
+    from triforce.app.parallel import run_on_ranks
     run_on_ranks(tp, generate_rank, request, model)
 
 
@@ -118,12 +118,12 @@ def generate_rank(rank: int, world: int, request: GenerateRequest) -> None:
 
 def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     """Load, plan, prefill, decode; rank 0 prints."""
-    from triforce.engine import Engine
-    from triforce.loading import load_model
-    from triforce.parallel import agree_across_ranks, rank_device, share_threads
-    from triforce.placement import build_kv_cache
-    from triforce.sync_count import SyncCounter
-    from triforce.textstream import TextStream
+    from triforce.decoding.engine import Engine
+    from triforce.model.loading import load_model
+    from triforce.app.parallel import agree_across_ranks, rank_device, share_threads
+    from triforce.app.plan_and_cache import build_kv_cache
+    from triforce.decoding.sync_count import SyncCounter
+    from triforce.app.textstream import TextStream
 
     speaker = rank == 0
     device = r.device
@@ -203,7 +203,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
         "plan": plan.to_json(),
     }
     if r.record_acceptance:
-        from triforce.acceptance_trace import save_trace
+        from triforce.decoding.acceptance_trace import save_trace
         save_trace(r.record_acceptance, engine.rounds, {
             "model": str(lm.path), "method": method, "tiers": engine.describe(), "prompt_tokens": len(ids),
             "budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1, "gamma2": spec.gamma2,

@@ -76,7 +76,7 @@ def speculation_options(default_method: str):
 
 def build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold):
     """(SpecParams, the names of the tunable flags the user gave). Flags left out take the
-    dataclass defaults here; the cost model may replace them later (triforce.placement)."""
+    dataclass defaults here; the cost model may replace them later (triforce.app.plan_and_cache)."""
     from triforce.config import SpecParams
 
     given = {"budget": budget, "chunk_size": chunk_size, "gamma1": gamma1, "gamma2": gamma2}
@@ -96,7 +96,7 @@ def resolve_draft(draft: str | None, spec, dtype: str, device: str):
         raise UserError("--method naive needs a draft (a model path or 'lookup')")
     if draft in (None, "lookup", "none"):
         return draft or "lookup"
-    from triforce.loading import load_model
+    from triforce.model.loading import load_model
     return load_model(draft, dtype=dtype, device=device)
 
 
@@ -119,7 +119,7 @@ def offload_options(f):
 def plan_for_run(lm, spec, fixed, context: int, profile_name, device_budget, draft=None):
     """The RunPlan of a generate/chat run (memory plan, SpecParams with the cost model's choices).
     A plan that cannot fit is a UserError."""
-    from triforce.placement import plan_run, resolve_profile
+    from triforce.app.plan_and_cache import plan_run, resolve_profile
 
     profile = resolve_profile(profile_name, lm.device, device_budget)
     draft_lm = draft if hasattr(draft, "config") else None

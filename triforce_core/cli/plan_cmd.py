@@ -13,10 +13,10 @@ def _model_shape(model: str | None, arch: str | None):
     if (model is None) == (arch is None):
         raise UserError("give exactly one of --model and --arch")
     if arch is not None:
-        from triforce.architectures import arch_config
+        from triforce.model.architectures import arch_config
         return arch_config(arch), f"{arch} (shapes only)"
     from triforce.config import ModelConfig
-    from triforce.loading import read_hf_config, resolve_model_dir
+    from triforce.model.loading import read_hf_config, resolve_model_dir
 
     folder = resolve_model_dir(model)
     return ModelConfig.from_hf(read_hf_config(folder)), str(folder)
@@ -25,7 +25,7 @@ def _model_shape(model: str | None, arch: str | None):
 def _draft_shape(draft: str | None):
     if draft in (None, "lookup", "none"):
         return None
-    from triforce.architectures import ARCHITECTURES
+    from triforce.model.architectures import ARCHITECTURES
     if draft in ARCHITECTURES:
         return _model_shape(None, draft)[0]
     return _model_shape(draft, None)[0]

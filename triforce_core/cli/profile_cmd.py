@@ -72,7 +72,7 @@ def tune_cmd(out, name, acceptance_file):
 
     from triforce.errors import UserError
     from triforce.offload.profiles import load_profile, profile_to_toml
-    from triforce.tuning import STEPS, tune
+    from triforce.app.tuning import STEPS, tune
 
     rows = _acceptance_rows(acceptance_file) if acceptance_file else []
     with tqdm(total=len(STEPS), desc="measuring", file=sys.stderr, leave=False) as bar:

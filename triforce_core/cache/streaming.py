@@ -8,7 +8,7 @@ import torch
 
 from triforce.config import ModelConfig
 from triforce.kernels import SDPA
-from triforce.rope import RotaryEmbedding, apply_rope
+from triforce.model.rope import RotaryEmbedding, apply_rope
 
 
 class StreamingKVCache:

@@ -7,9 +7,9 @@ from typing import Callable
 import torch
 
 from triforce.errors import UserError
-from triforce.kv_cache import FullKVCache
-from triforce.loading import LoadedModel
-from triforce.runner import device_tokens
+from triforce.cache.resident import FullKVCache
+from triforce.model.loading import LoadedModel
+from triforce.decoding.graph_runner import device_tokens
 
 PREFILL_CHUNK = 1024  # tokens per prefill forward: bounds activation memory, drives progress
 
@@ -21,7 +21,7 @@ class Session:
     name = "full"
 
     def __init__(self, lm: LoadedModel, max_len: int, kv_cache=None, prefill_chunk: int = PREFILL_CHUNK):
-        """kv_cache: a prebuilt full cache (e.g. offloaded, see triforce.placement); default: a
+        """kv_cache: a prebuilt full cache (e.g. offloaded, see triforce.app.plan_and_cache); default: a
         FullKVCache of max_len tokens on the model's device. prefill_chunk: tokens per prefill
         forward (the memory plan sizes activations for it)."""
         if max_len < 1:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from triforce.config import ModelConfig
-from triforce.rope import RotaryEmbedding, apply_rope
+from triforce.model.rope import RotaryEmbedding, apply_rope
 
 
 class CacheView(Protocol):

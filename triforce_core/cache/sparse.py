@@ -9,8 +9,8 @@ import torch
 
 from triforce.config import ModelConfig
 from triforce.kernels import SDPA
-from triforce.kv_cache import FullKVCache
-from triforce.selection import select_by_chunk_scores, select_retrieval, select_streaming, select_topk
+from triforce.cache.resident import FullKVCache
+from triforce.cache.selection import select_by_chunk_scores, select_retrieval, select_streaming, select_topk
 
 
 @dataclass(frozen=True)

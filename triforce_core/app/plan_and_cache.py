@@ -82,7 +82,7 @@ def _size(dtype: torch.dtype) -> int:
 
 def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool = True):
     """A FullKVCache when the plan keeps everything resident, else an OffloadedKVCache."""
-    from triforce.kv_cache import FullKVCache
+    from triforce.cache.resident import FullKVCache
 
     if plan is None or plan.resident_tokens >= max_len:
         cache = FullKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device, attn=lm.attn)

@@ -22,8 +22,8 @@ def calibrate_forward(device: torch.device, weights_gbps: float) -> tuple[float,
     """(per-layer overhead in us, attention GB/s) from one-token forwards of a real decoder (random
     weights) through the real model code: at a tiny context, whatever the weights' bytes do not
     explain is overhead; the extra time at a long context is the attention reading the KV."""
-    from triforce.architectures import build_random_model
-    from triforce.kv_cache import FullKVCache
+    from triforce.model.architectures import build_random_model
+    from triforce.cache.resident import FullKVCache
     from triforce.offload.planner import kv_bytes_per_token_layer, weight_bytes
 
     dtype = "bfloat16" if device.type == "cuda" else "float32"

@@ -11,9 +11,9 @@ import torch
 from triforce.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from triforce.errors import UserError
 from triforce.kernels import SDPA, SdpaAttention
-from triforce.model import CausalLM
-from triforce.rope import RotaryEmbedding
-from triforce.weights import load_into, weight_files
+from triforce.model.decoder import CausalLM
+from triforce.model.rope import RotaryEmbedding
+from triforce.model.weights import load_into, weight_files
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -55,8 +55,8 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_model_dir(spec: str) -> Path:
     """A Hugging Face folder with config.json for `spec`, converting GGUF files once."""
-    from triforce.default_model import default_model_dir
-    from triforce.gguf_convert import convert_gguf, converted_dir_for
+    from triforce.model.default_model import default_model_dir
+    from triforce.model.gguf_convert import convert_gguf, converted_dir_for
 
     if spec == "default":
         return default_model_dir()
@@ -99,7 +99,7 @@ def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.
     slicer = None
     if shard is not None:
         from triforce.offload.tp import shard_slicer
-        from triforce.parallel import shard_meta_model
+        from triforce.app.parallel import shard_meta_model
 
         shard_meta_model(model, *shard)
         slicer = shard_slicer(cfg, *shard)

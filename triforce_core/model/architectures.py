@@ -64,9 +64,9 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
 
     import torch
 
-    from triforce.loading import LoadedModel, resolve_device, resolve_dtype
-    from triforce.model import CausalLM
-    from triforce.rope import RotaryEmbedding
+    from triforce.model.loading import LoadedModel, resolve_device, resolve_dtype
+    from triforce.model.decoder import CausalLM
+    from triforce.model.rope import RotaryEmbedding
 
     hf = arch_hf_config(name)
     torch_device = resolve_device(device)
@@ -76,7 +76,7 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
     with torch.device("meta"):
         model = CausalLM(cfg, rope).to(torch_dtype)
     if shard is not None:  # a rank's tensor-parallel share only: the whole model may not fit one card
-        from triforce.parallel import shard_meta_model
+        from triforce.app.parallel import shard_meta_model
         shard_meta_model(model, *shard)
     # cast on the meta device, then allocate: building in float32 first would need twice the
     # memory of bf16 weights on the device (a 7B model would not fit a 24 GB card)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from triforce.errors import UserError
-from triforce.speculative import Verdict
+from triforce.decoding.verification import Verdict
 
 TRACE_FORMAT = "triforce-acceptance-trace/1"
 

@@ -8,16 +8,16 @@ import numpy as np
 import torch
 
 from triforce.errors import UserError
-from triforce.kv_cache import FullKVCache
-from triforce.loading import LoadedModel
-from triforce.runner import TierRunner
-from triforce.sparse_cache import SelectionPolicy, SparseKVCache
-from triforce.streaming_cache import StreamingKVCache
+from triforce.cache.resident import FullKVCache
+from triforce.model.loading import LoadedModel
+from triforce.decoding.graph_runner import TierRunner
+from triforce.cache.sparse import SelectionPolicy, SparseKVCache
+from triforce.cache.streaming import StreamingKVCache
 
 
 class ModelTier:
     """A model over some cache; `logits(seq)` feeds seq[cache.length:]. runner_mode: how its
-    forward passes run (triforce.runner: eager, static, graph)."""
+    forward passes run (triforce.decoding.graph_runner: eager, static, graph)."""
 
     def __init__(self, name: str, lm: LoadedModel, cache, vocab_size: int, runner_mode: str = "eager"):
         self.name, self.lm, self.model, self.cache = name, lm, lm.model, cache

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from triforce.chunk_means import ChunkMeans
+from triforce.kernels.chunk_means import ChunkMeans
 from triforce.config import ModelConfig
 from triforce.errors import UserError
 from triforce.kernels import SDPA, RetrievalKernels

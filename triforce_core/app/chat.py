@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Callable
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.engine import Engine, GenerationResult
+from triforce.decoding.engine import Engine, GenerationResult
 from triforce.errors import UserError
-from triforce.loading import LoadedModel
-from triforce.session import PREFILL_CHUNK
+from triforce.model.loading import LoadedModel
+from triforce.decoding.full_tier import PREFILL_CHUNK
 
 PLAIN_TEMPLATE_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 

@@ -20,15 +20,15 @@ import torch
 
 from triforce.config import SamplingParams, SpecParams
 from triforce.errors import UserError
-from triforce.loading import LoadedModel
+from triforce.model.loading import LoadedModel
 from triforce.offload.planner import MAX_GRAPH_TOKENS
-from triforce.runner import runner_mode
-from triforce.sampling import make_generator, probabilities, sample
-from triforce.session import PREFILL_CHUNK, Session
-from triforce.sparse_cache import SelectionPolicy
-from triforce.speculative import Verdict, verify_greedy, verify_sampled
-from triforce.sync_count import SyncCounter
-from triforce.tiers import DraftModelTier, LookupDrafter, SparseTier
+from triforce.decoding.graph_runner import runner_mode
+from triforce.decoding.sampling import make_generator, probabilities, sample
+from triforce.decoding.full_tier import PREFILL_CHUNK, Session
+from triforce.cache.sparse import SelectionPolicy
+from triforce.decoding.verification import Verdict, verify_greedy, verify_sampled
+from triforce.decoding.sync_count import SyncCounter
+from triforce.decoding.tiers import DraftModelTier, LookupDrafter, SparseTier
 
 ROLLING_ROUNDS = 8  # full verifies in the rolling acceptance that can trigger a rebuild
 
@@ -53,10 +53,10 @@ class Engine:
     def __init__(self, lm: LoadedModel, spec: SpecParams, max_len: int,
                  draft: LoadedModel | str | None = None, kv_cache=None, prefill_chunk: int = PREFILL_CHUNK,
                  graphs: str = "auto"):
-        """kv_cache: the full cache to use (see triforce.placement.build_kv_cache); default resident.
+        """kv_cache: the full cache to use (see triforce.app.plan_and_cache.build_kv_cache); default resident.
         prefill_chunk: tokens per prefill forward (a memory plan's `prefill_chunk`). graphs: how
         the drafting tiers run (auto: CUDA graphs on CUDA, eager elsewhere; off: eager; static:
-        the graphs' fixed-shape path without capture, see triforce.runner)."""
+        the graphs' fixed-shape path without capture, see triforce.decoding.graph_runner)."""
         self.lm, self.spec = lm, spec
         self.runner_mode = runner_mode(graphs, lm.device)
         self.session = Session(lm, max_len, kv_cache, prefill_chunk)

@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from triforce.kernels import chunk_mean_keys
+from triforce.kernels.retrieval import chunk_mean_keys
 
 READ_TOKENS = 4096  # keys averaged per piece: bounds the temporary a long first read makes
 

@@ -56,7 +56,7 @@ def run_on_ranks(world: int, fn, request, model: str | None = None) -> None:
     from triforce.offload.tp import RankFailed, launch
 
     if model is not None:
-        from triforce.loading import resolve_model_dir
+        from triforce.model.loading import resolve_model_dir
         resolve_model_dir(model)
     try:
         launch(world, fn, (request,))

@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import torch
 
 from triforce.errors import UserError
-from triforce.loading import LoadedModel
-from triforce.sampling import probabilities
+from triforce.model.loading import LoadedModel
+from triforce.decoding.sampling import probabilities
 from triforce.config import SamplingParams
-from triforce.session import Session
-from triforce.sparse_cache import SelectionPolicy
-from triforce.tiers import SparseTier
+from triforce.decoding.full_tier import Session
+from triforce.cache.sparse import SelectionPolicy
+from triforce.decoding.tiers import SparseTier
 
 NEEDLE_INTRO = ("There is an important pass key hidden inside a lot of irrelevant text. "
                 "Find it and memorize it. I will quiz you about the pass key.\n\n")

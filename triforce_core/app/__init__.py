@@ -1,0 +1,1 @@
+"""The application layer: the runtime builder, planning, chat, evaluation, tuning, tensor-parallel launch."""

@@ -1,0 +1,1 @@
+"""Decoding: the engine, its tiers, verification math, sampling, the drafting tiers' graph runner."""

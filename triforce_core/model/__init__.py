@@ -1,0 +1,1 @@
+"""The model: decoder math, rotary embeddings, shapes, weights and loading, GGUF, named architectures."""

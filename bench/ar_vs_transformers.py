@@ -46,7 +46,7 @@ def time_triforce(lm, ids: list[int], new_tokens: int) -> dict:
     stamps: list[float] = []
     started = time.perf_counter()
     engine = Engine(lm, SpecParams(method="ar"), len(ids) + new_tokens)
-    engine.sync(ids)
+    engine.set_sequence(ids)
     result = engine.generate(new_tokens, SamplingParams(), frozenset(),
                              on_token=lambda _: stamps.append(time.perf_counter()))
     total = time.perf_counter() - started

@@ -14,19 +14,19 @@ import sys
 import click
 import torch
 
+from triforce.app.plan_and_cache import make_plan
+from triforce.app.texts import prose_prompt
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.model.loading import load_model
 from triforce.offload.cost_model import full_verify_ms, tier1_ms
 from triforce.offload.planner import hardware
 from triforce.offload.profiles import load_profile
-from triforce.app.plan_and_cache import make_plan
-from triforce.app.texts import prose_prompt
 
 
 def measure(lm, spec: SpecParams, ids: list[int], new_tokens: int) -> dict:
     engine = Engine(lm, spec, len(ids) + new_tokens + 8, "none" if spec.method == "triforce" else None)
-    engine.sync(ids)
+    engine.set_sequence(ids)
     engine.generate(4, SamplingParams(), frozenset())  # warm-up
     result = engine.generate(new_tokens, SamplingParams(), frozenset())
     return {"ms_per_token": 1000 * result.time_s / len(result.tokens),

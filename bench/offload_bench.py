@@ -11,15 +11,16 @@ from dataclasses import dataclass
 
 import torch
 
-from triforce.decoding.acceptance_trace import ReplayVerifier
-from triforce.config import SamplingParams, SpecParams
-from triforce.decoding.engine import Engine
-from triforce.cache.resident import FullKVCache
-from triforce.offload.offloaded_cache import OffloadedKVCache
-from triforce.app.plan_and_cache import build_kv_cache, make_plan
+from triforce.app.plan_and_cache import build_kv_cache
 from triforce.bench.zero_inference import HostAttentionKVCache
+from triforce.cache.resident import ResidentKVCache
+from triforce.config import SamplingParams, SpecParams
+from triforce.decoding.acceptance_trace import ReplayVerifier
+from triforce.errors import UserError
+from triforce.offload.offloaded_cache import OffloadedKVCache
 
 METHODS = ("ar-offload", "zero-inference", "triforce")
+ALL_GIVEN = frozenset({"budget", "chunk_size", "gamma1", "gamma2"})  # the bench's speculation is not re-chosen
 
 
 def measure_h2d_gbps(device: torch.device, num_bytes: int = 256 << 20, repeats: int = 3) -> float:
@@ -46,7 +47,7 @@ def fill_random_kv(cache, length: int, seed: int = 0) -> None:
     """Make `cache` hold `length` tokens of random KV without a prefill (timing only). Host
     blocks are copies of one random block, which fills tens of GiB at memcpy speed."""
     g = torch.Generator(device="cpu").manual_seed(seed)
-    if isinstance(cache, FullKVCache):
+    if isinstance(cache, ResidentKVCache):
         cache.k_buf[:, :, :, :length].normal_()
         cache.v_buf[:, :, :, :length].normal_()
     elif isinstance(cache, OffloadedKVCache):
@@ -70,8 +71,7 @@ def fill_random_kv(cache, length: int, seed: int = 0) -> None:
 
 @dataclass
 class Setup:
-    lm: object                 # the target (LoadedModel)
-    draft: object              # a LoadedModel, "lookup" or None
+    runtime: object            # triforce.app.runtime.Runtime: the target, the draft, the engines
     profile: object
     context: int
     new_tokens: int
@@ -79,7 +79,10 @@ class Setup:
     trace: dict | None
     overlap: bool = True
     prompt_ids: list[int] | None = None  # a real prompt to prefill; None: random KV (random weights)
-    graphs: str = "auto"                 # the drafting tiers' runner (Engine)
+
+    @property
+    def lm(self):
+        return self.runtime.lm
 
 
 def run_method(method: str, s: Setup) -> dict:
@@ -87,11 +90,10 @@ def run_method(method: str, s: Setup) -> dict:
     device = s.lm.device
     spec = s.spec if method == "triforce" else SpecParams(method="ar")
     max_len = s.context + s.new_tokens + 8
-    draft_cfg = s.draft.config if method == "triforce" and hasattr(s.draft, "config") else None
-    plan = make_plan(s.lm.config, s.profile, max_len, spec, s.lm.dtype, draft_cfg,
-                     s.draft.dtype if draft_cfg is not None else None)
-    if not plan.feasible:
-        return {"method": method, "error": plan.reason}
+    try:
+        plan = s.runtime.plan(max_len, spec, ALL_GIVEN).plan
+    except UserError as e:
+        return {"method": method, "error": str(e)}
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -100,20 +102,17 @@ def run_method(method: str, s: Setup) -> dict:
                                      host_budget_bytes=s.profile.host_bytes)
     else:
         cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap)
-    engine = Engine(s.lm, spec, max_len, s.draft if method == "triforce" else None, kv_cache=cache,
-                    prefill_chunk=plan.prefill_chunk, graphs=s.graphs)
+    replay = ReplayVerifier(s.trace) if method == "triforce" and s.trace is not None else None
+    engine = s.runtime.engine(max_len, spec=spec, fixed=ALL_GIVEN, kv_cache=cache, replay=replay)
     if s.prompt_ids is not None:
         ids = s.prompt_ids
-        engine.sync(ids)  # a real prefill: real models must see their real KV
+        engine.set_sequence(ids)  # a real prefill: real models must see their real KV
     else:
         vocab = min(s.lm.config.vocab_size, 32000)
         ids = torch.randint(3, vocab, (s.context,), generator=torch.Generator(device="cpu").manual_seed(1), device="cpu").tolist()
         fill_random_kv(cache, s.context - 1)
-        engine.session.tokens = ids[:-1]
-        engine.sync(ids)
-    if method == "triforce":
-        if s.trace is not None:
-            engine.replay = ReplayVerifier(s.trace)
+        engine.full.tokens = ids[:-1]
+        engine.set_sequence(ids)
     engine.generate(2, SamplingParams(), frozenset())  # warm-up: kernels, allocator, first copies
     before = _transfer_bytes(cache)
     _sync(device)

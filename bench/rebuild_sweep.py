@@ -11,11 +11,11 @@ from dataclasses import replace
 
 import click
 
+from triforce.app.evaluation import needle_prompt
+from triforce.app.texts import prose_prompt
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
-from triforce.app.evaluation import needle_prompt
 from triforce.model.loading import load_model
-from triforce.app.texts import prose_prompt
 
 
 @click.command()
@@ -36,7 +36,7 @@ def main(strides, thresholds, prompt_tokens, new_tokens, budget):
         for stride in stride_list:
             for threshold in (float(t) for t in thresholds.split(",")):
                 engine.spec = replace(widest, rebuild_stride=stride, rebuild_threshold=threshold)
-                engine.sync(ids)
+                engine.set_sequence(ids)
                 result = engine.generate(new_tokens, SamplingParams(), frozenset())
                 rows.append({"prompt": name, "stride": stride, "threshold": threshold,
                              "decode_tok_s": round(len(result.tokens) / result.time_s, 2),

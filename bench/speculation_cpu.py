@@ -13,11 +13,11 @@ import time
 import click
 import torch
 
+from triforce.app.evaluation import evaluate_acceptance, needle_prompt
+from triforce.app.texts import prose_prompt
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
-from triforce.app.evaluation import evaluate_acceptance, needle_prompt
 from triforce.model.loading import load_model
-from triforce.app.texts import prose_prompt
 
 
 def acceptance_table(lm, budgets: list[int], gen: int) -> list[dict]:
@@ -47,7 +47,7 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int) -> list[d
         for method in ("ar", "triforce", "retrieval", "streaming", "naive"):
             spec = SpecParams(method=method, budget=budget)
             engine = Engine(lm, spec, len(ids) + new_tokens, "lookup" if spec.uses_draft else None)
-            engine.sync(ids)
+            engine.set_sequence(ids)
             result = engine.generate(new_tokens, SamplingParams(), frozenset())
             if reference is None:
                 reference = result

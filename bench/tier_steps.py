@@ -20,13 +20,13 @@ import time
 import click
 import torch
 
-from triforce.model.architectures import build_random_model
-from triforce.config import SpecParams
-from triforce.kernels import select_attention
-from triforce.cache.resident import FullKVCache
-from triforce.offload.measure import memory_gbps
+from triforce.cache.resident import ResidentKVCache
 from triforce.cache.sparse import SelectionPolicy
+from triforce.config import SpecParams
 from triforce.decoding.tiers import DraftModelTier, SparseTier
+from triforce.kernels import select_attention
+from triforce.model.architectures import build_random_model
+from triforce.offload.measure import memory_gbps
 
 
 def _sync(device):
@@ -49,7 +49,7 @@ def weight_bytes(lm) -> int:
     return sum(p.numel() * p.element_size() for p in lm.model.parameters())
 
 
-def fill_random_kv(cache: FullKVCache, length: int) -> None:
+def fill_random_kv(cache: ResidentKVCache, length: int) -> None:
     g = torch.Generator(device=cache.k_buf.device).manual_seed(0)
     for buf in (cache.k_buf, cache.v_buf):
         for layer in range(buf.shape[0]):
@@ -61,7 +61,7 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
     device = target.device
     kv_per_token = 2 * target.config.num_layers * target.config.num_kv_heads * target.config.head_dim \
         * target.model.lm_head.weight.element_size()
-    full = FullKVCache(target.config, context + spec.gamma2 + 8, dtype=target.dtype, device=device, attn=target.attn)
+    full = ResidentKVCache(target.config, context + spec.gamma2 + 8, dtype=target.dtype, device=device, attn=target.attn)
     fill_random_kv(full, context)
     query = [torch.randn(1, target.config.num_heads, target.config.head_dim, dtype=target.dtype, device=device)
              for _ in range(target.config.num_layers)]
@@ -93,7 +93,7 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
     out["tier1_floor_bytes"] = weight_bytes(target) + (retrieval.cache.end + spec.gamma1 + 1) * kv_per_token
     if draft is not None:
         tier0 = DraftModelTier(draft, target, spec.sink_tokens, spec.draft_window_tokens, spec.draft_slack, mode)
-        tier0.sync(seq[:context + 1])
+        tier0.cover(seq[:context + 1])
         covered = tier0.cache.length
 
         def step0():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from triforce.cache_contract import CacheStep
 from triforce.kernels import attention
 from triforce.pinned import allocate_host, cpu_attention
 
@@ -53,24 +54,28 @@ class HostAttentionKVCache:
         """Nothing to prefetch: attention runs where the KV is."""
 
 
-class HostAttentionStep:
+class HostAttentionStep(CacheStep):
     def __init__(self, cache: HostAttentionKVCache, start: int, end: int):
-        self.cache, self.start, self.end = cache, start, end
-        self.positions = torch.arange(start, end, device=cache.device)[None]
+        super().__init__(start, end, torch.arange(start, end, device=cache.device)[None], cache.k_host.shape[0])
+        self.cache = cache
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def write(self, layer: int, first: int, k: torch.Tensor, v: torch.Tensor) -> None:
         c = self.cache
-        c.k_host[layer, :, :, self.start:self.end] = k.to("cpu")
-        c.v_host[layer, :, :, self.start:self.end] = v.to("cpu")
+        c.k_host[layer, :, :, first:first + k.shape[2]] = k.to("cpu")
+        c.v_host[layer, :, :, first:first + v.shape[2]] = v.to("cpu")
+        c.d2h_bytes += k.nbytes + v.nbytes
+
+    def attend_written(self, layer: int, q: torch.Tensor, first: int) -> torch.Tensor:
+        c, end = self.cache, first + q.shape[2]
         q_host = q.to("cpu")
-        c.d2h_bytes += k.nbytes + v.nbytes + q.nbytes
+        c.d2h_bytes += q.nbytes
         window = c.sliding_windows[layer]
         if q.shape[2] > 1:  # prefill: torch's vectorised CPU attention (the baseline times decoding)
-            out = attention(q_host, c.k_host[layer, :, :, :self.end], c.v_host[layer, :, :, :self.end],
+            out = attention(q_host, c.k_host[layer, :, :, :end], c.v_host[layer, :, :, :end],
                             scale=c.scale, sliding_window=window)
         else:
-            out = cpu_attention(q_host, c.k_host[layer], c.v_host[layer], scale=c.scale, q_start=self.start,
-                                num_keys=self.end, sliding_window=window)
+            out = cpu_attention(q_host, c.k_host[layer], c.v_host[layer], scale=c.scale, q_start=first,
+                                num_keys=end, sliding_window=window)
         out = out.to(device=c.device, dtype=q.dtype)
         c.h2d_bytes += out.nbytes
         return out

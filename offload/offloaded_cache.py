@@ -3,23 +3,28 @@
 Tokens [0, resident_tokens) of every layer stay in device buffers (k_res, v_res); later tokens
 live in the host KV store. Attention of new queries is merged by log-sum-exp from three parts:
 the resident keys, the host blocks streamed by the prefetcher, and the new tokens themselves.
-New tokens' KV goes to its home once its layer is done. The interface is the full cache's
-(step / rollback / chunk_scores / gather / kv_range), so the engine does not know the difference.
+New tokens' KV goes to its home once its layer is done. It implements the FullCache contract
+(triforce.cache_contract), so the engine does not know the difference.
 
-Prefill runs layer-major (`layer_major`): one layer over all new tokens before the next, so the
-host-bound KV of a layer is written once, not re-streamed for every prefill chunk."""
+Prefill runs layer-major (`layer_major`): one pass, one layer over all new tokens before the
+next, its queries attending in large groups, so a layer's host-bound KV is written once and its
+host blocks are streamed once per group rather than once per prefill chunk."""
 from __future__ import annotations
 
 import torch
 
-from triforce.kernels.chunk_means import ChunkMeans
+from triforce.cache_contract import CacheStep
 from triforce.kernels import SDPA, TORCH_KERNELS, PartialAccumulator, RetrievalKernels, block_visible
+from triforce.kernels.chunk_means import ChunkMeans
 from triforce.offload.errors import OffloadError
 from triforce.offload.prefetcher import Prefetcher, TransferPlan
 from triforce.pinned import HostKVStore, allocate_host
 
 
 RECENT_TOKENS = 64  # a pass's host-bound KV of at most this many tokens stays on the device until the next
+# an all-resident query group attends in one call when its [T, S] mask has at most this many
+# elements; longer groups go through the tiled partial path, whose temporaries are bounded
+ONE_SHOT_MASK_ELEMENTS = 1 << 25
 
 
 class OffloadedKVCache:
@@ -211,39 +216,36 @@ class OffloadedKVCache:
                 torch.stack([v[:, :, start - first:end - first] for first, _, v in layers]))
 
 
-class OffloadedCacheStep:
-    """One forward pass over new tokens [start, end). The model may call attend once per layer
-    (all new tokens) or, layer-major, once per chunk of them in order."""
+class OffloadedCacheStep(CacheStep):
+    """One forward pass over new tokens [start, end). In a layer-major prefill the model calls
+    attend once per query group of a layer, in order; each call streams the layer's host blocks
+    once, so a group as long as the prompt reads the host KV once per layer."""
 
     def __init__(self, cache: OffloadedKVCache, start: int, end: int, record_queries: bool, plan: TransferPlan):
-        self.cache, self.start, self.end, self.plan = cache, start, end, plan
-        self.positions = torch.arange(start, end, device=cache.device)[None]
-        self.queries: list[torch.Tensor] | None = [] if record_queries else None  # per layer [B, H, T, D]
-        self._filled = [0] * cache.num_layers
+        super().__init__(start, end, torch.arange(start, end, device=cache.device)[None], cache.num_layers,
+                         record_queries)
+        self.cache, self.plan = cache, plan
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # this layer's host-bound new KV
         self._scratch_layer = -1
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def write(self, layer: int, first: int, k: torch.Tensor, v: torch.Tensor) -> None:
         c = self.cache
-        resident = c.resident_tokens
-        window = c.sliding_windows[layer]
-        q_start = self.start + self._filled[layer]
-        q_end = q_start + q.shape[2]
-        self._filled[layer] += q.shape[2]
-        if self.queries is not None:
-            if len(self.queries) == layer:
-                self.queries.append(q)
-            else:
-                self.queries[layer] = q  # layer-major: keep the latest chunk's queries
-        if q_start < resident:
-            split = min(q_end, resident)
-            c.k_res[layer, :, :, q_start:split] = k[:, :, :split - q_start]
-            c.v_res[layer, :, :, q_start:split] = v[:, :, :split - q_start]
+        resident, last = c.resident_tokens, first + k.shape[2]
+        if first < resident:
+            split = min(last, resident)
+            c.k_res[layer, :, :, first:split] = k[:, :, :split - first]
+            c.v_res[layer, :, :, first:split] = v[:, :, :split - first]
         host_new_start = max(self.start, resident)
-        if q_end > host_new_start:
-            self._stage(layer, q_start, k, v, host_new_start)
+        if last > host_new_start:
+            self._stage(layer, first, k, v, host_new_start)
 
-        if self.start <= resident and q_end <= resident:  # everything resident: one-shot attention
+    def attend_written(self, layer: int, q: torch.Tensor, q_start: int) -> torch.Tensor:
+        c = self.cache
+        resident, window = c.resident_tokens, c.sliding_windows[layer]
+        q_end = q_start + q.shape[2]
+        host_new_start = max(self.start, resident)
+        if self.start <= resident and q_end <= resident and q.shape[2] * q_end <= ONE_SHOT_MASK_ELEMENTS:
+            # everything resident and the mask small: one-shot attention
             return c.attn.attend(q, c.k_res[layer, :, :, :q_end], c.v_res[layer, :, :, :q_end], scale=c.scale,
                                  sliding_window=window)
         acc = PartialAccumulator()
@@ -251,7 +253,7 @@ class OffloadedCacheStep:
         if resident_end > 0 and block_visible(q_start, q.shape[2], 0, resident_end, window):
             acc.add(*c.attn.partial(q, c.k_res[layer, :, :, :resident_end], c.v_res[layer, :, :, :resident_end],
                                     scale=c.scale, q_start=q_start, k_start=0, sliding_window=window))
-        for block, staged in c.prefetcher.read(self.plan, layer):
+        for block, staged in c.prefetcher.read(self.plan, layer, again=not self.layer_done(layer)):
             first = c.store.block_start(block)
             k_old, v_old = c.store.block_kv(staged, min(c.store.block_tokens, self.start - first))
             acc.add(*c.attn.partial(q, k_old, v_old, scale=c.scale, q_start=q_start, k_start=first,
@@ -261,7 +263,7 @@ class OffloadedCacheStep:
             count = q_end - host_new_start
             acc.add(*c.attn.partial(q, scratch_k[:, :, :count], scratch_v[:, :, :count], scale=c.scale,
                                     q_start=q_start, k_start=host_new_start, sliding_window=window))
-            if self._filled[layer] == self.end - self.start:  # the layer is done: send its KV home
+            if self.layer_done(layer):  # send the layer's KV home
                 c.prefetcher.write(layer, host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
                 if count <= RECENT_TOKENS:  # a verify pass, not a prefill: keep it on the device
                     c._recent[layer] = (host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])

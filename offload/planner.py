@@ -7,12 +7,13 @@ store and is streamed through two staging buffers during each full verify."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Protocol
 
 from triforce.offload.cost_model import (Acceptance, Hardware, StepCosts, full_verify_ms, tier0_ms, tier1_ms,
                                          triforce_ms_per_token)
 from triforce.offload.errors import OffloadError
 from triforce.offload.profiles import MemoryProfile, format_size
+from triforce.offload.shapes import (ModelShape, SpecShape, activation_bytes_per_token, kv_bytes_per_token_layer,
+                                     kv_heads_share, weight_bytes)
 
 ALIGN_TOKENS = 256             # resident and block sizes are multiples of this (chunk sizes divide it)
 DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): big copies, small footprint
@@ -20,69 +21,10 @@ DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): b
 # here so planning needs no torch import, and a test keeps the two equal).
 MAX_SCORE_ELEMENTS = 1 << 22
 PREFILL_CHUNKS = (1024, 512, 256, 128, 64)  # tokens per prefill forward, largest that fits
+# queries per attention call of a layer-major (offloaded) prefill: each call streams the layer's
+# host KV once, so a 32K prompt reads it 4 times per layer instead of 32 (at 1024-token chunks)
+PREFILL_GROUP = 8192
 MAX_GRAPH_TOKENS = 16  # CUDA graphs are kept for steps of 1..16 new tokens (triforce.decoding.graph_runner); longer run eagerly
-
-
-class ModelShape(Protocol):
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    tie_word_embeddings: bool
-
-
-class SpecShape(Protocol):
-    method: str
-    budget: int
-    gamma1: int
-    gamma2: int
-    chunk_size: int
-    uses_sparse_cache: bool
-    sparse_append_slots: int
-    sink_tokens: int
-    draft_window_tokens: int
-    draft_slack: int
-
-
-def largest_share(n: int, tp: int) -> int:
-    return -(-n // tp)
-
-
-def kv_heads_share(m: ModelShape, tp: int) -> int:
-    return largest_share(m.num_kv_heads, tp)
-
-
-def activation_bytes_per_token(m: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
-    """The live activations of one token in one layer's forward on one rank."""
-    heads = kv_heads_share(m, tp) * (m.num_heads // m.num_kv_heads)
-    return (6 * m.hidden_size + 2 * heads * m.head_dim + 3 * largest_share(m.intermediate_size, tp)) * dtype_bytes
-
-
-def weight_bytes(m: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
-    """Parameter bytes on the rank with the largest share: attention split by whole KV heads
-    (query heads follow their KV head), MLP by intermediate rows; embeddings, LM head and norms
-    replicated."""
-    kvh = kv_heads_share(m, tp)
-    qh = kvh * (m.num_heads // m.num_kv_heads)
-    inter = largest_share(m.intermediate_size, tp)
-    h, d = m.hidden_size, m.head_dim
-    attn = h * qh * d + 2 * h * kvh * d + qh * d * h
-    attn += (qh * d + 2 * kvh * d) * m.qkv_bias + h * m.o_bias
-    mlp = 3 * h * inter + (2 * inter + h) * m.mlp_bias
-    per_layer = attn + mlp + 2 * h
-    replicated = m.vocab_size * h * (1 if m.tie_word_embeddings else 2) + h
-    return (m.num_layers * per_layer + replicated) * dtype_bytes
-
-
-def kv_bytes_per_token_layer(m: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
-    """K and V of one token in one layer, on the rank with the most KV heads."""
-    return 2 * kv_heads_share(m, tp) * m.head_dim * dtype_bytes
 
 
 def choose_block_tokens(per_token_layer: int, staging_bytes: int, host_tokens: int) -> int:
@@ -92,8 +34,8 @@ def choose_block_tokens(per_token_layer: int, staging_bytes: int, host_tokens: i
     return min(block, _align_up(max(host_tokens, 1)))
 
 
-def _align_up(n: int) -> int:
-    return -(-n // ALIGN_TOKENS) * ALIGN_TOKENS
+def _align_up(n: int, to: int = ALIGN_TOKENS) -> int:
+    return -(-n // to) * to
 
 
 @dataclass(frozen=True)
@@ -110,6 +52,7 @@ class MemoryPlan:
     host_budget_bytes: int
     block_tokens: int                 # 0 when nothing is offloaded
     prefill_chunk: int                # tokens per prefill forward (bounds activation memory)
+    prefill_group: int = PREFILL_GROUP  # queries per attention call of a layer-major prefill
     predictions: dict = field(default_factory=dict)
     step_costs: StepCosts | None = None  # what each tier's forward pass moves and computes
 
@@ -190,9 +133,9 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
         if draft is not None:
             element = draft_dtype_bytes or dtype_bytes
             graph_pool += logits_slots * element + longest * activation_bytes_per_token(draft, element)
-    # the last prefill chunk keeps every layer's queries until the retrieval cache is built from them
+    # a prefill keeps every layer's query of its last token until the retrieval cache is built from them
     def kept_queries(chunk: int) -> int:
-        return model.num_layers * heads * model.head_dim * min(chunk, context) * dtype_bytes if spec.uses_sparse_cache else 0
+        return model.num_layers * heads * model.head_dim * dtype_bytes if spec.uses_sparse_cache else 0
     # mean keys of retrieval chunks, kept beside resident keys (triforce.kernels.chunk_means)
     means_per_token = per_token // (2 * spec.chunk_size) if spec.uses_sparse_cache and spec.method != "streaming" else 0
     resident_all = {**fixed, "workspace": workspace(PREFILL_CHUNKS[0]) + kept_queries(PREFILL_CHUNKS[0]),
@@ -209,13 +152,31 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
 
     block = choose_block_tokens(per_token_layer, _staging_bytes(profile), context)
     staging = 2 * block * per_token_layer
-    def tile_scores(chunk: int) -> int:  # the largest score tile partial attention makes
-        return min(MAX_SCORE_ELEMENTS, heads * min(chunk, context) * context) * (8 if dtype_bytes == 8 else 4)
+    def tile_scores(queries: int) -> int:  # the largest score tile partial attention makes
+        return min(MAX_SCORE_ELEMENTS, heads * min(queries, context) * context) * (8 if dtype_bytes == 8 else 4)
+
+    def sizes():
+        """(chunk, query group) from the largest down: a smaller group streams the host KV more
+        often but is tried before a smaller chunk, which slows every projection."""
+        for chunk in PREFILL_CHUNKS:
+            group = min(_align_up(context, chunk), max(chunk, PREFILL_GROUP // chunk * chunk))
+            while True:
+                yield chunk, group
+                if group == chunk:
+                    break
+                group = max(chunk, group // 2 // chunk * chunk)
+
+    def group_attention(group: int) -> int:
+        """A layer-major query group: its queries and attention output (dtype), and the running
+        merge and one block's partial result (float32, or float64)."""
+        calc = 8 if dtype_bytes == 8 else 4
+        return min(group, context) * heads * (model.head_dim * (2 * dtype_bytes + 2 * calc) + 2 * calc)
 
     # layer-major prefill: every prompt token's hidden state, its RoPE angles, one layer's new KV
     prefill_scratch = context * (model.hidden_size + 2 * model.head_dim + per_token_layer // dtype_bytes) * dtype_bytes
-    for chunk in PREFILL_CHUNKS:
-        offload = {**fixed, "workspace": workspace(chunk) + tile_scores(chunk) + kept_queries(chunk),
+    for chunk, group in sizes():
+        offload = {**fixed, "workspace": workspace(chunk) + tile_scores(group) + kept_queries(chunk)
+                   + group_attention(group),
                    "cuda_graph_pool": graph_pool,
                    "staging_buffers": staging, "prefill_scratch": prefill_scratch}
         room = budget - sum(offload.values())
@@ -226,8 +187,9 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
         return MemoryPlan(False, _too_big_reason(offload, budget, profile, tp, scratch_per_token),
                           breakdown={**offload, "resident_kv": 0, "chunk_means": 0},
                           resident_tokens=0, host_breakdown={"host_kv": 0}, block_tokens=block,
-                          prefill_chunk=chunk, **common)
-    resident_tokens = min(context, room // (per_token + means_per_token) // ALIGN_TOKENS * ALIGN_TOKENS)
+                          prefill_chunk=chunk, prefill_group=group, **common)
+    # below the context: this branch offloads (a plan that keeps every token resident is the one above)
+    resident_tokens = min(context - 1, room // (per_token + means_per_token)) // ALIGN_TOKENS * ALIGN_TOKENS
     host_tokens = context - resident_tokens
     block = min(block, _align_up(host_tokens))  # no block longer than the host range needs
     offload["staging_buffers"] = 2 * block * per_token_layer
@@ -248,7 +210,8 @@ def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: S
                   f"{profile.name} allows {format_size(profile.host_bytes)}: shorten the context to about "
                   f"{fits} tokens or raise host_bytes")
     plan = MemoryPlan(not reason, reason, breakdown=breakdown, resident_tokens=resident_tokens,
-                      host_breakdown=host, block_tokens=block, prefill_chunk=chunk, **common)
+                      host_breakdown=host, block_tokens=block, prefill_chunk=chunk, prefill_group=group,
+                      **common)
     return _with_predictions(plan, model, profile, spec, dtype_bytes, draft, tp, acceptance, has_tier0)
 
 

@@ -31,10 +31,13 @@ class TransferPlan:
     def order(self) -> list[tuple[int, int]]:
         return [(layer, block) for layer, blocks in enumerate(self.blocks) for block in blocks]
 
-    def after(self, layer: int, i: int) -> tuple[int, int] | None:
-        """The read that follows the i-th block of `layer` (layer -1: the pass's first read)."""
+    def after(self, layer: int, i: int, again: bool = False) -> tuple[int, int] | None:
+        """The read that follows the i-th block of `layer` (layer -1: the pass's first read);
+        again: the layer is read once more next (another query group of a layer-major pass)."""
         if layer >= 0 and i + 1 < len(self.blocks[layer]):
             return layer, self.blocks[layer][i + 1]
+        if again:
+            return layer, self.blocks[layer][0]
         for later in range(layer + 1, len(self.blocks)):
             if self.blocks[later]:
                 return later, self.blocks[later][0]
@@ -76,16 +79,17 @@ class Prefetcher:
         return layer, block, self._versions.get((layer, block), 0)
 
     # ---- reads --------------------------------------------------------------------------
-    def read(self, plan: TransferPlan, layer: int) -> Iterator[tuple[int, torch.Tensor]]:
+    def read(self, plan: TransferPlan, layer: int, again: bool = False) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield (block index, staging buffer [block_tokens, 2, B, Hkv, D]) for each block `plan`
-        reads in `layer`. A buffer is valid until the next item is requested."""
+        reads in `layer`. A buffer is valid until the next item is requested. again: the next
+        read is this layer once more (so its first block is the one to fetch ahead)."""
         for i, block in enumerate(plan.blocks[layer]):
             if not self.overlap:
                 self._copy_in_order(layer, block)
                 self.stats.misses += 1
                 yield block, self.staging_buf[0]
                 continue
-            upcoming = plan.after(layer, i)
+            upcoming = plan.after(layer, i, again)
             slot = self._held(layer, block)
             if slot is None:
                 slot = self._issue(layer, block, avoid=self._held(*upcoming) if upcoming else None)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from triforce.offload.cost_model import Acceptance, GAMMA1_RANGE, GAMMA2_RANGE, best_gammas, gamma2_bounds
-from triforce.offload.planner import ModelShape, hardware, plan_memory
+from triforce.offload.planner import hardware, plan_memory
 from triforce.offload.profiles import MemoryProfile, acceptance_table
+from triforce.offload.shapes import ModelShape
 
 TUNABLE = ("budget", "chunk_size", "gamma1", "gamma2")
 

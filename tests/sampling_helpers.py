@@ -11,8 +11,8 @@ import torch
 
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
-from triforce.model.loading import load_model
 from triforce.decoding.verification import Verdict
+from triforce.model.loading import load_model
 
 
 def p_direct_shortcut(drafts, draft_probs, target_probs, generator):
@@ -37,7 +37,7 @@ def _worker(job) -> dict:
     generator = torch.Generator().manual_seed(seed)
     counts: dict = {}
     for _ in range(samples):
-        engine.sync(prompt_ids)
+        engine.set_sequence(prompt_ids)
         tokens = tuple(engine.generate(new_tokens, params, generator=generator).tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
     return counts

@@ -4,14 +4,14 @@ before or after the model is loaded; pinned bytes equal the planned host bytes."
 import pytest
 import torch
 
-from triforce.model.architectures import arch_hf_config
+from triforce.app.plan_and_cache import auto_profile, build_kv_cache, make_plan
 from triforce.config import ModelConfig, SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
+from triforce.decoding.tiers import DraftModelTier, SparseTier
+from triforce.model.architectures import arch_hf_config
 from triforce.model.loading import load_model
 from triforce.offload.profiles import load_profile
 from triforce.pinned import pinned_bytes
-from triforce.app.plan_and_cache import auto_profile, build_kv_cache, make_plan
-from triforce.decoding.tiers import DraftModelTier, SparseTier
 
 GIB = 2**30
 CUDA = torch.device("cuda", 0)
@@ -57,13 +57,13 @@ def test_planned_bytes_equal_allocated_bytes(tiny_model_dir, pinning):
     spec = SpecParams(method="triforce", gamma1=3, gamma2=5, budget=64, chunk_size=8, sink_tokens=8)
     ids = lm.tokenizer("the cat sat on the mat. " * 20).input_ids
     max_len = len(ids) + 40
-    profile = load_profile("cpu").with_device_budget(2_300_000)
+    profile = load_profile("cpu").with_device_budget(2_400_000)
     plan = make_plan(lm.config, profile, max_len, spec, lm.dtype, draft.config, draft.dtype)
     assert plan.feasible and 0 < plan.resident_tokens < max_len, plan.reason
     pinned_before = pinned_bytes()
     cache = build_kv_cache(lm, max_len, plan)
     engine = Engine(lm, spec, max_len, draft, kv_cache=cache, prefill_chunk=plan.prefill_chunk)
-    engine.sync(ids)
+    engine.set_sequence(ids)
     engine.generate(20, SamplingParams())
     (tier0,) = [t for t in engine.levels if isinstance(t, DraftModelTier)]
     (tier1,) = [t for t in engine.levels if isinstance(t, SparseTier)]

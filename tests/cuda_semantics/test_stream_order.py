@@ -7,8 +7,8 @@ import torch
 from transformers import LlamaConfig
 
 from checked_streams import CopyDisciplineError, StreamOrderError
+from triforce.cache.resident import ResidentKVCache
 from triforce.config import ModelConfig
-from triforce.cache.resident import FullKVCache
 from triforce.offload.offloaded_cache import OffloadedKVCache
 from triforce.offload.prefetcher import Prefetcher
 from triforce.pinned import HostKVStore
@@ -60,7 +60,7 @@ def offloaded(cfg=CFG, overlap=True, pin=True):
 
 @pytest.mark.parametrize("cfg", [CFG, WINDOWED], ids=["full-attention", "sliding-window"])
 def test_overlapped_schedule_is_ordered_and_equals_resident(checked, cfg):
-    caches = (FullKVCache(cfg, 96, dtype=torch.float64), offloaded(cfg))
+    caches = (ResidentKVCache(cfg, 96, dtype=torch.float64), offloaded(cfg))
     assert caches[1].store.pinned
     session(caches, cfg)
     stats = caches[1].prefetcher.stats
@@ -68,13 +68,13 @@ def test_overlapped_schedule_is_ordered_and_equals_resident(checked, cfg):
 
 
 def test_plain_schedule_equals_overlapped(checked):
-    session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded(overlap=False)))
+    session((ResidentKVCache(CFG, 96, dtype=torch.float64), offloaded(overlap=False)))
 
 
 def test_planted_bug_missing_ready_wait_is_caught(checked, monkeypatch):
     monkeypatch.setattr(Prefetcher, "_wait_ready", lambda self, slot: None)
     with pytest.raises(StreamOrderError, match="read of device memory on the compute stream"):
-        session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded()))
+        session((ResidentKVCache(CFG, 96, dtype=torch.float64), offloaded()))
 
 
 def test_planted_bug_missing_free_wait_is_caught(checked, monkeypatch):
@@ -88,18 +88,18 @@ def test_planted_bug_missing_free_wait_is_caught(checked, monkeypatch):
 
     monkeypatch.setattr(Prefetcher, "_issue", issue_without_free_wait)
     with pytest.raises(StreamOrderError, match="write of device memory on the copy stream"):
-        session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded()))
+        session((ResidentKVCache(CFG, 96, dtype=torch.float64), offloaded()))
 
 
 def test_planted_bug_host_read_without_synchronize_is_caught(checked, monkeypatch):
     monkeypatch.setattr(Prefetcher, "synchronize", lambda self: None)
     with pytest.raises(StreamOrderError, match="host thread"):
-        session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded()))
+        session((ResidentKVCache(CFG, 96, dtype=torch.float64), offloaded()))
 
 
 def test_pageable_host_store_breaks_copy_discipline(checked):
     with pytest.raises(CopyDisciplineError, match="no pinned host side"):
-        session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded(pin=False)))
+        session((ResidentKVCache(CFG, 96, dtype=torch.float64), offloaded(pin=False)))
 
 
 def test_strided_host_write_breaks_copy_discipline(checked, monkeypatch):
@@ -111,4 +111,4 @@ def test_strided_host_write_breaks_copy_discipline(checked, monkeypatch):
 
     monkeypatch.setattr(HostKVStore, "write_packed", strided_write)
     with pytest.raises(CopyDisciplineError, match="non-contiguous host view"):
-        session((FullKVCache(CFG, 96, dtype=torch.float64), offloaded()))
+        session((ResidentKVCache(CFG, 96, dtype=torch.float64), offloaded()))

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from triforce.decoding.graph_runner import TierRunner
 from triforce.model.loading import load_model
 from triforce.offload import tp
 from triforce.offload.tp import shard_model
-from triforce.decoding.graph_runner import TierRunner
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -92,7 +92,7 @@ def retrieval_tokens(lm, runner=None, graphs="static") -> tuple[list[int], objec
     spec = SpecParams(method="retrieval", gamma2=4, budget=24, chunk_size=4, sink_tokens=4)
     ids = lm.tokenizer("the cat sat on the mat. the cat sat on the hat. the cat").input_ids
     engine = Engine(lm, spec, len(ids) + 20, graphs=graphs)
-    engine.sync(ids)
+    engine.set_sequence(ids)
     tier = engine.sparse_tiers[0]
     if runner is not None:
         tier.runner = runner(lm.model, tier.cache)

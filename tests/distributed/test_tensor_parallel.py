@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tp_helpers import save_logits_rank
-from triforce.cache.resident import FullKVCache
+from triforce.cache.resident import ResidentKVCache
 from triforce.model.loading import load_model
 from triforce.offload.errors import OffloadError
 from triforce.offload.tp import even_split, launch
@@ -20,7 +20,7 @@ PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capi
 
 def single_process_logits(model_dir, ids):
     lm = load_model(model_dir, dtype="float64", device="cpu")
-    step = FullKVCache(lm.config, len(ids), dtype=lm.dtype).step(len(ids))
+    step = ResidentKVCache(lm.config, len(ids), dtype=lm.dtype).step(len(ids))
     return lm.model(torch.tensor([ids]), step.positions, step)
 
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from triforce.cache.resident import ResidentKVCache
 from triforce.config import ModelConfig
 from triforce.kernels import SDPA
 from triforce.kernels.partial import partial_attention
-from triforce.cache.resident import FullKVCache
 from triforce.offload.offloaded_cache import OffloadedKVCache
 
 pytestmark = [pytest.mark.gpu,
@@ -32,7 +32,7 @@ def test_fused_partial_matches_the_reference_on_cuda(heads, kv_heads, queries):
 def test_offloaded_bf16_attention_matches_resident_on_cuda():
     cfg = ModelConfig.from_hf(LlamaConfig(vocab_size=10, hidden_size=256, intermediate_size=64, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=2))
-    full = FullKVCache(cfg, 2048, dtype=torch.bfloat16, device="cuda")
+    full = ResidentKVCache(cfg, 2048, dtype=torch.bfloat16, device="cuda")
     off = OffloadedKVCache(cfg, 2048, 256, 256, dtype=torch.bfloat16, device="cuda")
     assert off.store.pinned
     g = torch.Generator(device="cuda").manual_seed(1)

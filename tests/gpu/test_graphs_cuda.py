@@ -1,13 +1,15 @@
 """CUDA graphs for the drafting tiers, the Triton retrieval path and the sync counter on a real
 GPU: tokens and checks equal the eager run, graphs are replayed, and the per-phase count of host
 synchronisations is reported. Skipped without CUDA."""
+import dataclasses
+
 import pytest
 import torch
 
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
-from triforce.model.loading import load_model
 from triforce.decoding.sync_count import SyncCounter
+from triforce.model.loading import load_model
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -29,10 +31,10 @@ def run(lm, draft, graphs, method="triforce", new_tokens=40, counter=None):
                       draft_window=16)
     ids = lm.tokenizer(PROMPT).input_ids
     engine = Engine(lm, spec, len(ids) + new_tokens, draft, graphs=graphs)
-    engine.sync(ids)
+    engine.set_sequence(ids)
     if counter is not None:  # capture the graphs first: capturing synchronises the device by design
         engine.generate(new_tokens // 2, SamplingParams())
-        engine.sync_counter = counter
+        engine.hooks = dataclasses.replace(engine.hooks, sync_counter=counter)
         new_tokens -= new_tokens // 2
     result = engine.generate(new_tokens, SamplingParams())
     return result, engine
@@ -56,7 +58,7 @@ def test_triton_retrieval_is_used_on_cuda(pair):
     pytest.importorskip("triton")
     target, _ = pair
     _, engine = run(target, None, "auto", method="retrieval")
-    assert engine.session.cache.kernels.name == "triton"
+    assert engine.full.cache.kernels.name == "triton"
 
 
 def test_sync_counter_reports_per_phase(pair):

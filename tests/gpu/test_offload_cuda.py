@@ -24,7 +24,7 @@ def run(lm, method, cache=None, new_tokens=30):
     spec = SpecParams(method=method, gamma1=3, gamma2=5, budget=24, chunk_size=4, sink_tokens=4, rebuild_stride=8)
     ids = lm.tokenizer(PROMPT).input_ids
     engine = Engine(lm, spec, len(ids) + new_tokens, "lookup" if spec.uses_draft else None, kv_cache=cache)
-    engine.sync(ids)
+    engine.set_sequence(ids)
     return engine.generate(new_tokens, SamplingParams()).tokens
 
 

@@ -6,9 +6,9 @@ import torch
 
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
-from triforce.model.loading import load_model
 from triforce.decoding.sampling import make_generator
 from triforce.decoding.verification import verify_sampled
+from triforce.model.loading import load_model
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -30,6 +30,6 @@ def test_sampled_generation_runs_on_cuda(tiny_model_dir, method):
     spec = SpecParams(method=method, gamma1=3, gamma2=5, budget=24, chunk_size=4, sink_tokens=4, rebuild_stride=8)
     ids = lm.tokenizer(PROMPT).input_ids
     engine = Engine(lm, spec, len(ids) + 40, "lookup" if spec.uses_draft else None)
-    engine.sync(ids)
+    engine.set_sequence(ids)
     result = engine.generate(30, SamplingParams(temperature=0.7, top_p=0.9, seed=5))
     assert len(result.tokens) == 30

@@ -7,6 +7,7 @@ import pytest
 from test_cli import run_cli
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
+from triforce.decoding.hooks import EngineHooks
 from triforce.model.loading import load_model
 
 PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat and the dog sat on the log. the cat"
@@ -30,9 +31,9 @@ def lm(tiny_model_dir):
 
 def run(lm, spec, controller=None, new_tokens=40):
     ids = lm.tokenizer(PROMPT).input_ids
-    engine = Engine(lm, spec, len(ids) + new_tokens, "lookup" if spec.uses_draft else None)
-    engine.gamma2_controller = controller
-    engine.sync(ids)
+    engine = Engine(lm, spec, len(ids) + new_tokens, "lookup" if spec.uses_draft else None,
+                    hooks=EngineHooks(gamma2_controller=controller))
+    engine.set_sequence(ids)
     return engine, engine.generate(new_tokens, SamplingParams())
 
 

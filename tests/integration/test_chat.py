@@ -3,7 +3,7 @@ import torch
 
 from triforce.app.chat import Chat
 from triforce.config import SamplingParams
-from triforce.decoding.full_tier import Session
+from triforce.decoding.full_tier import FullTier
 
 GREEDY = SamplingParams()
 
@@ -11,15 +11,15 @@ GREEDY = SamplingParams()
 def test_second_turn_prefills_only_new_tokens(default_lm):
     chat = Chat(default_lm, 2048)
     chat.ask("What is 2 + 2?", GREEDY, 16)
-    total_after_first = len(chat.session.tokens)
+    total_after_first = len(chat.full.tokens)
     chat.ask("And 3 + 3?", GREEDY, 16)
     assert chat.last_prefill_tokens < 40 < total_after_first + 10
     # The kept KV gives the same next-token logits as a fresh prefill of the whole history.
     history = chat.render(chat.messages, add_generation_prompt=False)
-    fresh = Session(default_lm, 2048)
+    fresh = FullTier(default_lm, 2048)
     expected = fresh.prefill(history)
-    chat.session.sync_to(history[:-1])
-    assert torch.allclose(chat.session.prefill(history[-1:]), expected, atol=1e-3)
+    chat.full.cover(history[:-1])
+    assert torch.allclose(chat.full.prefill(history[-1:]), expected, atol=1e-3)
 
 
 def test_load_document_then_ask_about_it(default_lm, tmp_path):
@@ -37,4 +37,4 @@ def test_reset_forgets(default_lm):
     chat = Chat(default_lm, 1024, system="You are terse.")
     chat.ask("Hi", GREEDY, 4)
     chat.reset()
-    assert chat.session.tokens == [] and chat.messages == [{"role": "system", "content": "You are terse."}]
+    assert chat.full.tokens == [] and chat.messages == [{"role": "system", "content": "You are terse."}]

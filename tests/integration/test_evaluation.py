@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from triforce.cli.main import main
 from triforce.app.evaluation import evaluate_acceptance, needle_prompt
+from triforce.cli.main import main
 
 
 def run_cli(capsys, *args):

@@ -1,10 +1,10 @@
 """Lossless at temperature 0: every method's tokens equal plain AR greedy decoding (float64)."""
 import pytest
 
+from triforce.app.texts import stdlib_prose
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.model.loading import load_model
-from triforce.app.texts import stdlib_prose
 from tiny_models import make_tiny_model
 
 GREEDY = SamplingParams()
@@ -42,7 +42,7 @@ def tiny_spec(method):
 
 def run(lm, spec, ids, new_tokens, draft=None):
     engine = Engine(lm, spec, len(ids) + new_tokens, draft)
-    engine.sync(ids)
+    engine.set_sequence(ids)
     return engine.generate(new_tokens, GREEDY).tokens
 
 

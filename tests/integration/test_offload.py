@@ -4,11 +4,11 @@ ZeRO-Inference-style baseline decodes the same tokens."""
 import pytest
 import torch
 
-from triforce.bench.zero_inference import HostAttentionKVCache
 from triforce.app.chat import Chat
+from triforce.bench.zero_inference import HostAttentionKVCache
+from triforce.cache.resident import ResidentKVCache
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
-from triforce.cache.resident import FullKVCache
 from triforce.model.loading import load_model
 from triforce.offload.offloaded_cache import OffloadedKVCache
 from test_greedy_equivalence import tiny_spec
@@ -32,7 +32,7 @@ def offloaded(lm, max_len, overlap=True, resident=16, block=8):
 
 def decode(lm, spec, ids, new_tokens, draft=None, kv_cache=None):
     engine = Engine(lm, spec, len(ids) + new_tokens, draft, kv_cache=kv_cache)
-    engine.sync(ids)
+    engine.set_sequence(ids)
     return engine.generate(new_tokens, GREEDY)
 
 
@@ -60,16 +60,44 @@ def test_every_method_offloaded_equals_resident(models, overlap):
             assert cache.prefetcher.stats.h2d_bytes > 0
 
 
-def test_layer_major_forward_equals_token_major(models):
+@pytest.mark.parametrize("group", [13, 26, 1000])
+def test_layer_major_forward_equals_token_major(models, group):
     target, _ = models
     ids = torch.tensor([target.tokenizer(PROMPTS[0]).input_ids])
     positions = torch.arange(ids.shape[1])[None]
-    one = FullKVCache(target.config, 200, dtype=target.dtype)
-    other = FullKVCache(target.config, 200, dtype=target.dtype)
+    one = ResidentKVCache(target.config, 200, dtype=target.dtype)
+    other = ResidentKVCache(target.config, 200, dtype=target.dtype)
     expected = target.model(ids, positions, one.step(ids.shape[1]))[:, -1:]
-    got = target.model.forward_layer_major(ids, positions, other.step(ids.shape[1]), chunk_tokens=13)
+    got = target.model(ids, positions, other.step(ids.shape[1]), num_logits=1, chunk_tokens=13, group_tokens=group)
     assert torch.allclose(got, expected, atol=1e-10)
     assert torch.allclose(one.keys(1), other.keys(1), atol=1e-12)
+
+
+def test_layer_major_prefill_streams_old_host_kv_once_per_query_group(models):
+    """A second prompt after a first one whose KV went to the host: each attention call of a
+    layer streams the old host blocks once, so the prefill's copies scale with the number of
+    query groups, not of prefill chunks; the logits do not change."""
+    from triforce.decoding.full_tier import FullTier
+
+    target, _ = models
+    ids = target.tokenizer(" ".join(PROMPTS) * 2).input_ids
+    first, second = ids[:len(ids) // 2], ids[len(ids) // 2:]
+    results = {}
+    for group in (8, 64, 4096):
+        cache = offloaded(target, len(ids) + 8)
+        full = FullTier(target, len(ids) + 8, cache, prefill_chunk=8, prefill_group=group)
+        full.prefill(first)
+        before = cache.prefetcher.stats.h2d_bytes
+        results[group] = full.prefill(second), cache.prefetcher.stats.h2d_bytes - before
+    reference = FullTier(target, len(ids) + 8)
+    reference.prefill(first)
+    expected = reference.prefill(second)
+    groups = {g: -(-len(second) // g) for g in results}
+    per_group = results[4096][1]
+    assert groups[4096] == 1 and per_group > 0
+    for group, (logits, copied) in results.items():
+        assert torch.allclose(logits, expected, atol=1e-10)
+        assert copied == groups[group] * per_group
 
 
 def test_chat_turns_with_offloaded_kv_match_resident(models):
@@ -80,7 +108,7 @@ def test_chat_turns_with_offloaded_kv_match_resident(models):
         first = chat.ask("the cat sat on the mat. the cat", GREEDY, 20)
         first_turn = chat.last_prefill_tokens
         second = chat.ask("the dog sat on the log. the dog", GREEDY, 20)
-        assert chat.last_prefill_tokens <= len(chat.session.tokens) - first_turn  # the first turn was kept
+        assert chat.last_prefill_tokens <= len(chat.full.tokens) - first_turn  # the first turn was kept
         answers.append((first.tokens, second.tokens))
     assert answers[0] == answers[1]
 

@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from triforce.decoding.acceptance_trace import ReplayVerifier, load_trace
 from triforce.cli.main import main
 from triforce.config import SamplingParams, SpecParams
+from triforce.decoding.acceptance_trace import ReplayVerifier, load_trace
 from triforce.decoding.engine import Engine
+from triforce.decoding.hooks import EngineHooks
 from triforce.model.loading import load_model
 from test_cli import assert_one_line_error, run_cli
 
@@ -117,9 +118,8 @@ def test_recorded_trace_matches_the_runs_statistics(recorded, capsys):
     lm = load_model(str(folder), dtype="float32", device="cpu")
     spec = SpecParams(method="triforce", budget=24, chunk_size=4, gamma1=3, gamma2=5)
     ids = lm.tokenizer(prompt).input_ids
-    engine = Engine(lm, spec, len(ids) + 40, "lookup")
-    engine.sync(ids)
-    engine.replay = ReplayVerifier(trace)
+    engine = Engine(lm, spec, len(ids) + 40, "lookup", hooks=EngineHooks(replay=ReplayVerifier(trace)))
+    engine.set_sequence(ids)
     engine.generate(40, SamplingParams(), frozenset())
     assert [a for name, _, a in engine.rounds if name == "full"] == [a for _, a in full]
 

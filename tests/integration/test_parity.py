@@ -4,8 +4,8 @@ import torch
 
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
+from triforce.decoding.full_tier import FullTier
 from triforce.model.loading import load_model
-from triforce.decoding.full_tier import Session
 from tiny_models import FAMILIES
 
 SEQ_LEN = 72  # past the 32-token original length of the scaled-RoPE families and the 24-token window
@@ -18,12 +18,12 @@ def hf_model(folder):
 
 def greedy(lm, prompt, new_tokens):
     engine = Engine(lm, SpecParams(method="ar"), len(prompt) + new_tokens)
-    engine.sync(prompt)
+    engine.set_sequence(prompt)
     return engine.generate(new_tokens, SamplingParams()).tokens
 
 
 def our_logits(lm, ids):
-    session = Session(lm, len(ids))
+    session = FullTier(lm, len(ids))
     return session.forward(ids)
 
 

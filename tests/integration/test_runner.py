@@ -6,9 +6,9 @@ import torch
 
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
+from triforce.decoding.graph_runner import TierRunner, runner_mode
 from triforce.errors import UserError
 from triforce.model.loading import load_model
-from triforce.decoding.graph_runner import TierRunner, runner_mode
 
 GREEDY = SamplingParams()
 PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat sat on the mat. the cat"
@@ -30,7 +30,7 @@ def spec(**kw):
 def run(lm, draft, graphs, method="triforce", new_tokens=40, sampling=GREEDY):
     ids = lm.tokenizer(PROMPT).input_ids
     engine = Engine(lm, spec(method=method), len(ids) + new_tokens, draft, graphs=graphs)
-    engine.sync(ids)
+    engine.set_sequence(ids)
     result = engine.generate(new_tokens, sampling, generator=torch.Generator().manual_seed(3))
     return result.tokens, engine.rounds, engine
 
@@ -63,7 +63,7 @@ def test_static_step_matches_eager_step_on_a_sparse_cache(pair):
     ids = target.tokenizer(PROMPT).input_ids
     engines = [Engine(target, spec(method="retrieval"), len(ids) + 20, graphs=g) for g in ("off", "static")]
     for engine in engines:
-        engine.sync(ids)
+        engine.set_sequence(ids)
     tiers = [e.levels[0] for e in engines]
     seq = ids + [5, 9, 2, 7]
     for upto in (len(ids) + 1, len(ids) + 4, len(ids) + 5):
@@ -95,7 +95,7 @@ def test_steps_longer_than_the_graph_limit_run_eagerly(pair):
     engine = Engine(target, spec(), len(ids) + 30, draft, graphs="static")
     for tier in engine.levels[:-1]:
         tier.runner.max_graph_tokens = 2
-    engine.sync(ids)
+    engine.set_sequence(ids)
     tokens = engine.generate(30, GREEDY).tokens
     assert tokens == run(target, None, "off", method="ar", new_tokens=30)[0]
     assert all(t.runner.eager_runs > 0 for t in engine.levels[:-1])

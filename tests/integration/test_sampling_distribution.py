@@ -6,9 +6,9 @@ from scipy.stats import chisquare
 
 from sampling_helpers import sample_counts
 from triforce.config import SamplingParams
-from triforce.model.loading import load_model
+from triforce.decoding.full_tier import FullTier
 from triforce.decoding.sampling import probabilities
-from triforce.decoding.full_tier import Session
+from triforce.model.loading import load_model
 
 SAMPLES = 20_000
 NEW_TOKENS = 3
@@ -35,7 +35,7 @@ def target(folders):
 def exact_distribution(lm, prompt_ids, params):
     """p(x1, x2, x3) from the target's own conditionals, by enumeration."""
     def next_probs(ids):
-        return probabilities(Session(lm, len(ids)).forward(ids)[-1], params)
+        return probabilities(FullTier(lm, len(ids)).forward(ids)[-1], params)
 
     table = {}
     p1 = next_probs(prompt_ids)

@@ -3,12 +3,12 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from triforce.config import ModelConfig
-from triforce.kernels import attention
-from triforce.cache.resident import FullKVCache
-from triforce.model.rope import RotaryEmbedding, apply_rope
+from triforce.cache.resident import ResidentKVCache
 from triforce.cache.sparse import SelectionPolicy, SparseKVCache
 from triforce.cache.streaming import StreamingKVCache
+from triforce.config import ModelConfig
+from triforce.kernels import attention
+from triforce.model.rope import RotaryEmbedding, apply_rope
 
 HF = LlamaConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
@@ -31,7 +31,7 @@ def fill(cache, n, seed=0):
 
 
 def test_full_cache_rollback_and_overflow():
-    cache = FullKVCache(CFG, 20, dtype=torch.float64)
+    cache = ResidentKVCache(CFG, 20, dtype=torch.float64)
     _, first = fill(cache, 12)
     fill(cache, 5, seed=1)
     cache.rollback(12)
@@ -43,7 +43,7 @@ def test_full_cache_rollback_and_overflow():
 
 
 def test_sparse_cache_gathers_selection_appends_and_rolls_back():
-    full = FullKVCache(CFG, 100, dtype=torch.float64)
+    full = ResidentKVCache(CFG, 100, dtype=torch.float64)
     fill(full, 60)
     sparse = SparseKVCache(CFG, SelectionPolicy("streaming", budget=12, sink_tokens=4), 20, dtype=torch.float64)
     sparse.rebuild(full, None)
@@ -62,7 +62,7 @@ def test_sparse_cache_gathers_selection_appends_and_rolls_back():
 
 
 def test_sparse_attention_equals_attention_over_the_gathered_keys():
-    full = FullKVCache(CFG, 100, dtype=torch.float64)
+    full = ResidentKVCache(CFG, 100, dtype=torch.float64)
     fill(full, 50)
     policy = SelectionPolicy("retrieval", budget=24, chunk_size=4)
     sparse = SparseKVCache(CFG, policy, 8, dtype=torch.float64)

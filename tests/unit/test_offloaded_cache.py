@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from triforce.config import ModelConfig
-from triforce.cache.resident import FullKVCache
-from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.cache.resident import ResidentKVCache
 from triforce.cache.sparse import SelectionPolicy, SparseKVCache
+from triforce.config import ModelConfig
+from triforce.offload.offloaded_cache import OffloadedKVCache
 
 HF = LlamaConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
@@ -34,7 +34,7 @@ def feed(caches, num_new, seed, chunks=None):
 
 
 def pair(cfg=CFG, max_len=80, resident=16, block=8, overlap=True):
-    return (FullKVCache(cfg, max_len, dtype=torch.float64),
+    return (ResidentKVCache(cfg, max_len, dtype=torch.float64),
             OffloadedKVCache(cfg, max_len, resident, block, dtype=torch.float64, device="cpu", overlap=overlap,
                              pin=False))
 

@@ -1,13 +1,14 @@
 """The memory planner and its cost model: pure arithmetic checked against hand computations."""
 import pytest
 
-from triforce.model.architectures import arch_config
 from triforce.config import SpecParams
+from triforce.model.architectures import arch_config
 from triforce.offload.cost_model import (TIE_FRACTION, Acceptance, Gamma2Controller, Hardware, StepCosts, best_gammas,
                                          expected_tokens, full_verify_ms, gamma2_bounds, tier0_ms, tier1_ms,
                                          triforce_ms_per_token)
-from triforce.offload.planner import kv_bytes_per_token_layer, plan_memory, weight_bytes
+from triforce.offload.planner import plan_memory
 from triforce.offload.profiles import load_profile
+from triforce.offload.shapes import kv_bytes_per_token_layer, weight_bytes
 
 GiB = 2**30
 TRIFORCE = SpecParams(method="triforce", budget=4096, gamma1=2, gamma2=6)
@@ -42,12 +43,44 @@ def test_llama2_13b_128k_needs_two_cards():
     ("lwm-text-chat-128k", "rtx3090-24g", 1), ("llama3.1-8b", "rtx4080-16g", 1), ("llama3.1-8b", "h100-80g", 1),
     ("smollm2-135m", "cpu", 1),
 ])
-def test_every_breakdown_sums_to_its_total(arch, profile, tp):
+def test_planned_categories_equal_what_the_runtime_allocates(arch, profile, tp):
+    """Real architectures built on the meta device (no memory): the weights of the rank's share,
+    the draft, the retrieval, streaming and resident caches take exactly the planned bytes."""
+    import torch
+
+    from triforce.cache.resident import ResidentKVCache
+    from triforce.cache.sparse import SelectionPolicy, SparseKVCache
+    from triforce.cache.streaming import StreamingKVCache
+    from triforce.model.architectures import arch_hf_config
+    from triforce.model.decoder import CausalLM
+    from triforce.model.rope import RotaryEmbedding
+    from triforce.model.sharding import shard_meta_model
+
+    def meta_model(name, share=None):
+        rope = RotaryEmbedding(arch_hf_config(name))
+        with torch.device("meta"):
+            model = CausalLM(arch_config(name), rope).to(torch.bfloat16)
+        model.tie_weights()
+        if share is not None:
+            shard_meta_model(model, *share)
+        return model
+
     p = plan(arch, profile, tp=tp)
-    assert p.gpu_bytes_total == sum(p.breakdown.values())
-    assert p.host_bytes_total == sum(p.host_breakdown.values())
-    assert set(p.to_json()) >= {"feasible", "gpu_budget_bytes", "gpu_bytes_total", "resident_kv_bytes",
-                                "host_kv_bytes", "breakdown", "predictions"}
+    b = p.breakdown
+    target = meta_model(arch, (0, tp) if tp > 1 else None)
+    draft = meta_model("llama-68m")
+    assert sum(x.numel() * x.element_size() for x in target.parameters()) == b["target_weights"]
+    assert sum(x.numel() * x.element_size() for x in draft.parameters()) == b["draft_weights"]
+    meta = dict(dtype=torch.bfloat16, device="meta")
+    sparse = SparseKVCache(target.config, SelectionPolicy("retrieval", TRIFORCE.budget, TRIFORCE.chunk_size),
+                           TRIFORCE.sparse_append_slots, **meta)
+    assert sparse.k_buf.nbytes + sparse.v_buf.nbytes == b["retrieval_cache"]
+    streaming = StreamingKVCache(draft.config, None, TRIFORCE.sink_tokens, TRIFORCE.draft_window_tokens,
+                                 TRIFORCE.draft_slack, **meta)
+    assert streaming.k_buf.nbytes + streaming.v_buf.nbytes == b["streaming_cache"]
+    resident = ResidentKVCache(target.config, p.resident_tokens, **meta)
+    assert resident.k_buf.nbytes + resident.v_buf.nbytes == b["resident_kv"]
+    assert p.feasible == (sum(b.values()) <= p.gpu_budget_bytes and p.host_bytes_total <= load_profile(profile).host_bytes)
 
 
 def test_weight_bytes_by_hand():

@@ -5,11 +5,11 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from triforce.kernels.chunk_means import ChunkMeans
+from triforce.cache.resident import ResidentKVCache
+from triforce.cache.sparse import SelectionPolicy, SparseKVCache
 from triforce.config import ModelConfig
 from triforce.kernels import RetrievalKernels, chunk_mean_keys, gather_into, grouped_scores, topk_sorted
-from triforce.cache.resident import FullKVCache
-from triforce.cache.sparse import SelectionPolicy, SparseKVCache
+from triforce.kernels.chunk_means import ChunkMeans
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -85,7 +85,7 @@ def test_retrieval_rebuild_same_with_triton_and_torch_kernels(rt):
     cfg = ModelConfig.from_hf(LlamaConfig(vocab_size=10, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=2))
     g = torch.Generator().manual_seed(7)
-    full = FullKVCache(cfg, 600, device=DEVICE)
+    full = ResidentKVCache(cfg, 600, device=DEVICE)
     step = full.step(530)
     for layer in range(cfg.num_layers):
         q, k, v = (torch.randn(1, h, 530, cfg.head_dim, generator=g).to(DEVICE) for h in (4, 2, 2))

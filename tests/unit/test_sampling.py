@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from triforce.config import SamplingParams
-from triforce.errors import UserError
 from triforce.decoding.sampling import make_generator, next_token, probabilities
+from triforce.errors import UserError
 
 
 def test_greedy_is_argmax():

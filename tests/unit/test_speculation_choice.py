@@ -1,9 +1,9 @@
 """The cost model's choice of budget, chunk size and gammas, from measured acceptance rows."""
 
-from triforce.model.architectures import arch_config
 from triforce.config import SpecParams
-from triforce.offload.speculation_choice import choose_speculation, measured_acceptance, plan_with_choice
+from triforce.model.architectures import arch_config
 from triforce.offload.profiles import load_profile
+from triforce.offload.speculation_choice import choose_speculation, measured_acceptance, plan_with_choice
 
 MODEL = arch_config("llama2-7b-128k")
 PROFILE = load_profile("rtx4090-24g")

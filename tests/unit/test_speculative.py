@@ -1,8 +1,8 @@
 """Verification math on hand-made distributions."""
 import torch
 
-from triforce.decoding.verification import verify_greedy, verify_sampled
 from triforce.decoding.tiers import LookupDrafter
+from triforce.decoding.verification import verify_greedy, verify_sampled
 
 
 def test_greedy_accepts_matching_prefix_then_corrects():

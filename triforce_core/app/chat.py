@@ -6,21 +6,22 @@ from pathlib import Path
 from typing import Callable
 
 from triforce.config import SamplingParams, SpecParams
-from triforce.decoding.engine import Engine, GenerationResult
+from triforce.decoding.engine import Engine
+from triforce.decoding.statistics import GenerationResult
 from triforce.errors import UserError
 from triforce.model.loading import LoadedModel
-from triforce.decoding.full_tier import PREFILL_CHUNK
 
 PLAIN_TEMPLATE_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
 class Chat:
     def __init__(self, lm: LoadedModel, max_len: int, system: str | None = None,
-                 spec: SpecParams = SpecParams(), draft=None, kv_cache=None, prefill_chunk: int = PREFILL_CHUNK,
-                 graphs: str = "auto"):
+                 spec: SpecParams = SpecParams(), draft=None, kv_cache=None, engine: Engine | None = None):
+        """engine: one built by the runtime builder (triforce.app.runtime); without it, a plain
+        engine of max_len tokens over `kv_cache` (default resident) with `spec` and `draft`."""
         self.lm = lm
-        self.engine = Engine(lm, spec, max_len, draft, kv_cache, prefill_chunk, graphs)
-        self.session = self.engine.session
+        self.engine = engine or Engine(lm, spec, max_len, draft, kv_cache)
+        self.full = self.engine.full
         self.system = system
         self.messages: list[dict] = self._initial_messages()
         self.has_template = bool(getattr(lm.tokenizer, "chat_template", None))
@@ -44,12 +45,12 @@ class Chat:
     def _sync(self, messages: list[dict], add_generation_prompt: bool,
               progress: Callable[[int], None] | None, on_total: Callable[[int], None] | None) -> None:
         ids = self.render(messages, add_generation_prompt)
-        if len(ids) >= self.session.max_len:
+        if len(ids) >= self.full.max_len:
             raise UserError(f"the conversation is {len(ids)} tokens but the context holds "
-                            f"{self.session.max_len}; /reset to start over")
+                            f"{self.full.max_len}; /reset to start over")
         if on_total is not None:
-            on_total(len(ids) - 1 - self.session.reusable_prefix(ids[:-1]))
-        self.last_prefill_tokens = self.engine.sync(ids, progress)
+            on_total(len(ids) - 1 - self.full.reusable_prefix(ids[:-1]))
+        self.last_prefill_tokens = self.engine.set_sequence(ids, progress)
 
     def load_document(self, path: Path, progress=None, on_total=None) -> int:
         """Put a document into the context now, so the next question starts fast."""
@@ -61,7 +62,7 @@ class Chat:
         candidate = self.messages + [message]
         self._sync(candidate, False, progress, on_total)
         self.messages = candidate
-        return len(self.session.tokens)
+        return len(self.full.tokens)
 
     def ask(self, question: str, params: SamplingParams, max_new_tokens: int,
             on_token: Callable[[int], None] | None = None, progress=None, on_total=None) -> GenerationResult:
@@ -76,16 +77,16 @@ class Chat:
 
     def reset(self) -> None:
         self.messages = self._initial_messages()
-        self.session.truncate(0)
+        self.full.truncate(0)
         self.engine.seq = []
 
     def stats(self) -> dict:
-        s = self.session
+        s = self.full
         last = self.last_answer
         speculation = last.stats if last else {}
         return {
             "context_tokens": len(self.engine.seq),
-            "context_capacity": self.session.max_len,
+            "context_capacity": self.full.max_len,
             "turns": sum(m["role"] == "assistant" for m in self.messages),
             "last_answer_tokens": len(last.tokens) if last else 0,
             "last_answer_tokens_per_s": round(len(last.tokens) / last.time_s, 2) if last and last.time_s else None,
@@ -95,6 +96,6 @@ class Chat:
             "acceptance_rates": speculation.get("acceptance_rates"),
             "mean_tokens_per_full_verify": speculation.get("mean_tokens_per_full_verify"),
             "tier_time_s": speculation.get("tier_time_s"),
-            "kv_cache_bytes": self.session.cache.nbytes,
-            "kv_host_bytes": self.session.cache.host_nbytes,
+            "kv_cache_bytes": self.full.cache.nbytes,
+            "kv_host_bytes": self.full.cache.host_nbytes,
         }

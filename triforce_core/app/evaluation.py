@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
+from triforce.cache.sparse import SelectionPolicy
+from triforce.config import SamplingParams
+from triforce.decoding.full_tier import FullTier
+from triforce.decoding.sampling import probabilities
+from triforce.decoding.tiers import SparseTier
 from triforce.errors import UserError
 from triforce.model.loading import LoadedModel
-from triforce.decoding.sampling import probabilities
-from triforce.config import SamplingParams
-from triforce.decoding.full_tier import Session
-from triforce.cache.sparse import SelectionPolicy
-from triforce.decoding.tiers import SparseTier
 
 NEEDLE_INTRO = ("There is an important pass key hidden inside a lot of irrelevant text. "
                 "Find it and memorize it. I will quiz you about the pass key.\n\n")
@@ -54,9 +54,8 @@ def evaluate_acceptance(lm: LoadedModel, prompt_ids: list[int], budgets: list[in
     if len(prompt_ids) < 2:
         raise UserError("the prompt must have at least two tokens")
     params = SamplingParams(temperature=temperature)
-    full = Session(lm, len(prompt_ids) + gen)
-    full.prefill(prompt_ids[:-1], record_queries=True)
-    queries = full.last_queries
+    full = FullTier(lm, len(prompt_ids) + gen)
+    queries = full.cover(prompt_ids[:-1], record_queries=True)[1]
     configs = [(kind, budget) for kind in policies for budget in budgets]
     tiers = {}
     for kind, budget in configs:

@@ -1,15 +1,11 @@
 """Running the verifier over several GPUs (or several CPU processes with gloo): each rank loads
-the model, cuts it to its share (triforce.offload.tp), and runs the same engine on its own heads'
+the model, cuts it to its share (triforce.model.sharding), and runs the same engine on its own heads'
 KV. Every rank reaches the same logits; decisions are broadcast from rank 0 all the same."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
-from functools import partial
 
 import torch
-
-from triforce.offload.tp import all_ranks_ok, broadcast_ints, shard_model
 
 
 def rank_device(device: str, rank: int) -> str:
@@ -17,27 +13,6 @@ def rank_device(device: str, rank: int) -> str:
     if device in ("auto", "cuda") and torch.cuda.is_available():
         return f"cuda:{rank}"
     return "cpu" if device == "auto" else device
-
-
-def shard_meta_model(model, rank: int, world: int):
-    """Cut a model (built on the meta device, or loaded) to rank `rank`'s heads and MLP rows; its
-    config then describes the share (the caches it builds hold only those KV heads)."""
-    cfg = model.config
-    shard = shard_model(model, rank, world)
-    groups = cfg.num_heads // cfg.num_kv_heads
-    model.config = replace(cfg, num_heads=shard.kv_heads[1] * groups, num_kv_heads=shard.kv_heads[1],
-                           intermediate_size=shard.intermediate[1])
-    return model
-
-
-
-def agree_across_ranks(engine, device) -> None:
-    """Make the engine take rank 0's decisions (accepted counts, sampled tokens)."""
-    engine.agree = partial(broadcast_ints, device=device)
-    for tier in engine.levels:
-        runner = getattr(tier, "runner", None)
-        if runner is not None:  # graph capture succeeds on every rank or on none
-            runner.agree = partial(all_ranks_ok, device=device)
 
 
 def share_threads(world: int) -> None:

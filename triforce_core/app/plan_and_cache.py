@@ -81,11 +81,11 @@ def _size(dtype: torch.dtype) -> int:
 
 
 def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool = True):
-    """A FullKVCache when the plan keeps everything resident, else an OffloadedKVCache."""
-    from triforce.cache.resident import FullKVCache
+    """A ResidentKVCache when the plan keeps everything resident, else an OffloadedKVCache."""
+    from triforce.cache.resident import ResidentKVCache
 
     if plan is None or plan.resident_tokens >= max_len:
-        cache = FullKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device, attn=lm.attn)
+        cache = ResidentKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device, attn=lm.attn)
     else:
         from triforce.offload.offloaded_cache import OffloadedKVCache
 

@@ -23,13 +23,13 @@ def calibrate_forward(device: torch.device, weights_gbps: float) -> tuple[float,
     weights) through the real model code: at a tiny context, whatever the weights' bytes do not
     explain is overhead; the extra time at a long context is the attention reading the KV."""
     from triforce.model.architectures import build_random_model
-    from triforce.cache.resident import FullKVCache
-    from triforce.offload.planner import kv_bytes_per_token_layer, weight_bytes
+    from triforce.cache.resident import ResidentKVCache
+    from triforce.offload.shapes import kv_bytes_per_token_layer, weight_bytes
 
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     lm = build_random_model(CALIBRATION_ARCH, dtype, str(device))
     cfg = lm.config
-    cache = FullKVCache(cfg, CALIBRATION_CONTEXT + 8, dtype=lm.dtype, device=lm.device)
+    cache = ResidentKVCache(cfg, CALIBRATION_CONTEXT + 8, dtype=lm.dtype, device=lm.device)
     token = torch.zeros(1, 1, dtype=torch.long, device=lm.device)
 
     def forward_seconds(context: int) -> float:

@@ -1,20 +1,22 @@
-"""Full KV cache storage: preallocated per-layer K/V with append and rollback.
+"""The full KV cache held wholly on the device: preallocated per-layer K/V with append and rollback.
 
-Every cache in triforce hands the model a per-forward *step* object with `positions` (the RoPE
-positions of the new tokens) and `attend(layer, q, k, v)`; the caches differ only in what they
-keep. Keys are stored after RoPE, so an entry keeps its position wherever it is copied."""
+Every cache in triforce hands the model a per-forward *step* (triforce.cache_contract.CacheStep)
+with `positions` (the RoPE positions of the new tokens) and `attend(layer, q, k, v)`; the caches
+differ only in what they keep. Keys are stored after RoPE, so an entry keeps its position
+wherever it is copied."""
 from __future__ import annotations
 
 import torch
 
-from triforce.kernels.chunk_means import ChunkMeans
+from triforce.cache_contract import BufferStep
 from triforce.config import ModelConfig
 from triforce.errors import UserError
 from triforce.kernels import SDPA, RetrievalKernels
+from triforce.kernels.chunk_means import ChunkMeans
 
 
-class FullKVCache:
-    """Keys and values of every token so far, for every layer.
+class ResidentKVCache:
+    """Keys and values of every token so far, for every layer, on one device (a FullCache).
 
     k_buf, v_buf: [num_layers, B, Hkv, max_len, D]. Entries [0, length) are valid."""
 
@@ -38,7 +40,7 @@ class FullKVCache:
     def nbytes(self) -> int:
         return self.k_buf.nbytes + self.v_buf.nbytes + sum(m.nbytes for m in self._means.values())
 
-    def step(self, num_new: int, record_queries: bool = False) -> "FullCacheStep":
+    def step(self, num_new: int, record_queries: bool = False) -> BufferStep:
         """Reserve slots for `num_new` tokens and return the view one forward pass writes into.
         With record_queries, the step keeps each layer's post-RoPE queries (for retrieval)."""
         if self.length + num_new > self.max_len:
@@ -46,7 +48,8 @@ class FullKVCache:
                             f"{self.max_len} slots")
         start = self.length
         self.length += num_new
-        return FullCacheStep(self, start, self.length, record_queries)
+        positions = torch.arange(start, self.length, device=self.k_buf.device)[None]
+        return BufferStep(self, start, self.length, positions, record_queries, self.sliding_windows)
 
     def rollback(self, length: int) -> None:
         """Forget every entry at index >= length (rejected speculative tokens, an aborted step)."""
@@ -74,7 +77,7 @@ class FullKVCache:
     def values(self, layer: int) -> torch.Tensor:
         return self.v_buf[layer, :, :, :self.length]
 
-    # ---- the read interface sparse caches use (shared with the offloaded cache) ------------
+    # ---- the read interface sparse caches use (the FullCache contract) ----------------------
     def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
         """query [B, H, D] -> [B, Hkv, length // chunk_size]: q . mean key of each complete chunk.
         Mean keys are kept and extended only by chunks completed since the last call."""
@@ -96,29 +99,3 @@ class FullKVCache:
     def prepare_verify(self) -> None:
         """Nothing to fetch: every entry is resident."""
 
-
-class FullCacheStep:
-    """Writes one forward pass's new K/V into slots [start, end) and attends over what precedes
-    each query. The model may call attend once per layer with all new tokens or, layer-major,
-    once per chunk of them in order."""
-
-    def __init__(self, cache: FullKVCache, start: int, end: int, record_queries: bool):
-        self.cache, self.start, self.end = cache, start, end
-        self.positions = torch.arange(start, end, device=cache.k_buf.device)[None]
-        self.queries: list[torch.Tensor] | None = [] if record_queries else None  # per layer [B, H, T, D]
-        self._filled = [0] * cache.k_buf.shape[0]
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        c = self.cache
-        lo = self.start + self._filled[layer]
-        hi = lo + q.shape[2]
-        self._filled[layer] += q.shape[2]
-        c.k_buf[layer, :, :, lo:hi] = k
-        c.v_buf[layer, :, :, lo:hi] = v
-        if self.queries is not None:
-            if len(self.queries) == layer:
-                self.queries.append(q)
-            else:
-                self.queries[layer] = q  # layer-major: keep the latest chunk's queries
-        return c.attn.attend(q, c.k_buf[layer, :, :, :hi], c.v_buf[layer, :, :, :hi],
-                             scale=c.scale, sliding_window=c.sliding_windows[layer])

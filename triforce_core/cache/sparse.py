@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from triforce.cache.selection import select_by_chunk_scores, select_retrieval, select_streaming, select_topk
+from triforce.cache_contract import BufferStep, FullCache
 from triforce.config import ModelConfig
 from triforce.kernels import SDPA
-from triforce.cache.resident import FullKVCache
-from triforce.cache.selection import select_by_chunk_scores, select_retrieval, select_streaming, select_topk
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class SparseKVCache:
     def appended(self) -> int:
         return self.length - self.build_point
 
-    def rebuild(self, full: FullKVCache, queries: list[torch.Tensor] | None) -> None:
+    def rebuild(self, full: FullCache, queries: list[torch.Tensor] | None) -> None:
         """Select from the whole full cache. queries: per layer [B, H, D] (None for streaming)."""
         n = 0
         for layer in range(self.k_buf.shape[0]):
@@ -91,7 +91,7 @@ class SparseKVCache:
         self.num_selected = n
         self.build_point = self.length = full.length
 
-    def append_from(self, full: FullKVCache, start: int, end: int) -> None:
+    def append_from(self, full: FullCache, start: int, end: int) -> None:
         """Append the full cache's (exact) KV of tokens [start, end)."""
         if start != self.length:
             raise ValueError(f"append_from({start}) but the sparse cache covers {self.length}")
@@ -102,26 +102,16 @@ class SparseKVCache:
         self.k_buf[:, :, :, at:at + count], self.v_buf[:, :, :, at:at + count] = full.kv_range(start, end)
         self.length = end
 
-    def step(self, num_new: int) -> "SparseCacheStep":
+    def step(self, num_new: int) -> BufferStep:
         if num_new > self.room:
             raise ValueError("sparse cache overflow: rebuild first")
         start = self.end
         positions = torch.arange(self.length, self.length + num_new, device=self.k_buf.device)[None]
         self.length += num_new
-        return SparseCacheStep(self, start, start + num_new, positions)
+        return BufferStep(self, start, start + num_new, positions)
 
     def rollback(self, length: int) -> None:
         if not self.build_point <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}: covers {self.build_point}..{self.length}")
         self.length = length
 
-
-class SparseCacheStep:
-    def __init__(self, cache: SparseKVCache, start: int, end: int, positions: torch.Tensor):
-        self.cache, self.start, self.end, self.positions = cache, start, end, positions
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        c = self.cache
-        c.k_buf[layer, :, :, self.start:self.end] = k
-        c.v_buf[layer, :, :, self.start:self.end] = v
-        return c.attn.attend(q, c.k_buf[layer, :, :, :self.end], c.v_buf[layer, :, :, :self.end], scale=c.scale)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from triforce.cache_contract import BufferStep
 from triforce.config import ModelConfig
 from triforce.kernels import SDPA
 from triforce.model.rope import RotaryEmbedding, apply_rope
@@ -56,14 +57,14 @@ class StreamingKVCache:
         self.v_buf[:, :, :, dst] = self.v_buf[:, :, :, source:self.end].clone()
         self.end = self.sink_tokens + keep
 
-    def step(self, num_new: int) -> "StreamingCacheStep":
+    def step(self, num_new: int) -> BufferStep:
         if self.end + num_new > self.capacity:
             self._evict(num_new)
         start = self.end
         self.end += num_new
         self.length += num_new
         positions = torch.arange(start, self.end, device=self.k_buf.device)[None]
-        return StreamingCacheStep(self, start, self.end, positions)
+        return BufferStep(self, start, self.end, positions)
 
     def rollback(self, length: int) -> None:
         drop = self.length - length
@@ -72,13 +73,3 @@ class StreamingKVCache:
         self.length = length
         self.end -= drop
 
-
-class StreamingCacheStep:
-    def __init__(self, cache: StreamingKVCache, start: int, end: int, positions: torch.Tensor):
-        self.cache, self.start, self.end, self.positions = cache, start, end, positions
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        c = self.cache
-        c.k_buf[layer, :, :, self.start:self.end] = k
-        c.v_buf[layer, :, :, self.start:self.end] = v
-        return c.attn.attend(q, c.k_buf[layer, :, :, :self.end], c.v_buf[layer, :, :, :self.end], scale=c.scale)

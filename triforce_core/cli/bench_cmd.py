@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import click
 
-from triforce.cli.options import apply_attention, device_option, dtype_option, offload_options, runtime_options
+from triforce.app.runtime import RunConfig
+from triforce.cli.options import device_option, dtype_option, offload_options, runtime_options
 from triforce.errors import UserError
 
 
@@ -70,33 +71,24 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     spec = SpecParams(method="triforce", budget=budget or meta.get("budget", 4096),
                       gamma1=gamma1 or meta.get("gamma1", 2), gamma2=gamma2 or meta.get("gamma2", 6),
                       chunk_size=meta.get("chunk_size", 8))
-    request = BenchRequest(arch, model, context, profile, device_budget, chosen, trace, acceptance_trace, draft,
-                           new_tokens, spec, not no_overlap, plot_path, dtype, device, as_json, attn,
-                           "off" if no_graphs else "auto")
+    config = RunConfig(model=model, arch=arch, draft=draft or ("llama-68m" if arch is not None else "lookup"),
+                       spec=spec, dtype=dtype, device=device, profile=profile, device_budget=device_budget, attn=attn,
+                       graphs="off" if no_graphs else "auto", overlap=not no_overlap)
+    request = BenchRequest(config, context, chosen, trace, acceptance_trace, new_tokens, plot_path, as_json)
     from triforce.app.parallel import run_on_ranks
     run_on_ranks(tp, bench_rank, request)
 
 
 @dataclass(frozen=True)
 class BenchRequest:
-    arch: str | None
-    model: str | None
+    config: RunConfig
     context: int
-    profile: str | None
-    device_budget: str | None
     methods: tuple
     trace: dict | None
     trace_path: str | None
-    draft: str | None
     new_tokens: int
-    spec: object
-    overlap: bool
     plot_path: str
-    dtype: str
-    device: str
     as_json: bool
-    attn: str = "auto"
-    graphs: str = "auto"
 
 
 def bench_rank(rank: int, world: int, request: BenchRequest) -> None:
@@ -107,31 +99,30 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     """Every rank times the same steps in lockstep; rank 0 reports."""
     import torch
 
+    from triforce.app.parallel import rank_device
+    from triforce.app.plan_and_cache import resolve_profile
+    from triforce.app.runtime import build_runtime
     from triforce.bench.offload_bench import Setup, measure_h2d_gbps, run_method, write_plot
     from triforce.model.loading import resolve_device
-    from triforce.app.parallel import rank_device, share_threads
 
-    device = r.device
-    if world > 1:
-        device = rank_device(r.device, rank)
-        share_threads(world)
-    torch_device = resolve_device(device)
-    prof = resolve_profile_for(r, torch_device)
-    if torch_device.type == "cuda":
+    c = r.config
+    torch_device = resolve_device(rank_device(c.device, rank) if world > 1 else c.device)
+    prof = resolve_profile(c.profile, torch_device, c.device_budget)
+    if torch_device.type == "cuda":  # emulate the profile's card before anything is allocated
         total = torch.cuda.get_device_properties(torch_device).total_memory
         index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
         torch.cuda.set_per_process_memory_fraction(min(1.0, prof.gpu_bytes / total), index)
-    lm, drafter, name = _load(r.arch, r.model, r.draft, r.dtype, device, (rank, world) if world > 1 else None)
-    attn, attn_line = apply_attention([lm, drafter], r.attn)
-    if rank == 0:
-        print(attn_line, file=sys.stderr)
+    runtime = build_runtime(c, rank, world)
+    lm = runtime.lm
+    name = f"{c.arch} (random weights)" if c.arch is not None else lm.path.name
+    runtime.say_attention()
     h2d = measure_h2d_gbps(lm.device)
     prompt_ids = None
-    if r.model is not None:  # a real model decodes after a real prompt, with its own acceptance
+    if c.model is not None:  # a real model decodes after a real prompt, with its own acceptance
         from triforce.app.evaluation import needle_prompt
         prompt_ids = lm.tokenizer(needle_prompt(lm.tokenizer, r.context).text).input_ids
-    setup = Setup(lm, drafter, prof, len(prompt_ids) if prompt_ids else r.context, r.new_tokens, r.spec, r.trace,
-                  overlap=r.overlap, prompt_ids=prompt_ids, graphs=r.graphs)
+    setup = Setup(runtime, prof, len(prompt_ids) if prompt_ids else r.context, r.new_tokens, c.spec, r.trace,
+                  overlap=c.overlap, prompt_ids=prompt_ids)
     rows = []
     for method in r.methods:
         if rank == 0:
@@ -144,17 +135,12 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     plotted = write_plot(rows, h2d, title, r.plot_path)
     out = {"model": name, "context": r.context, "device": str(lm.device), "profile": prof.name, "tp": world,
            "pinned_h2d_gbps": round(h2d, 2), "rows": rows, "replayed_trace": r.trace_path,
-           "plot": r.plot_path if plotted else None, "attention": attn, "graphs": r.graphs,
-           "spec": {"budget": r.spec.budget, "gamma1": r.spec.gamma1, "gamma2": r.spec.gamma2}}
+           "plot": r.plot_path if plotted else None, "attention": runtime.attn_name, "graphs": c.graphs,
+           "spec": {"budget": c.spec.budget, "gamma1": c.spec.gamma1, "gamma2": c.spec.gamma2}}
     if r.as_json:
         print(json.dumps(out))
         return
     print_table(out, title, lm.device.type, plotted)
-
-
-def resolve_profile_for(r: BenchRequest, device):
-    from triforce.app.plan_and_cache import resolve_profile
-    return resolve_profile(r.profile, device, r.device_budget)
 
 
 def print_table(out: dict, title: str, device_type: str, plotted: bool) -> None:
@@ -184,22 +170,3 @@ def print_table(out: dict, title: str, device_type: str, plotted: bool) -> None:
             if other is not tri and "error" not in other:
                 print(f"  {other['ms_per_token'] / tri['ms_per_token']:.2f}x faster than {other['method']}")
     print(f"plot: {out['plot']}" if plotted else "plot skipped: install matplotlib (pip install 'triforce[bench]')")
-
-
-def _load(arch, model, draft, dtype, device, shard=None):
-    """(target, drafter, display name); shard (rank, world): the target's tensor-parallel share."""
-    from triforce.model.architectures import ARCHITECTURES, build_random_model
-    from triforce.model.loading import load_model
-
-    if arch is not None:
-        lm = build_random_model(arch, dtype, device, shard=shard)
-        name = f"{arch} (random weights)"
-    else:
-        lm = load_model(model, dtype=dtype, device=device, shard=shard)
-        name = lm.path.name
-    draft = draft or ("llama-68m" if arch is not None else "lookup")
-    if draft in ("lookup", "none"):
-        return lm, draft, name
-    if draft in ARCHITECTURES:
-        return lm, build_random_model(draft, dtype, device, seed=1), name
-    return lm, load_model(draft, dtype=dtype, device=device), name

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import click
 
-from triforce.cli.options import (apply_attention, build_sampling, build_spec, check_non_negative, device_option,
-                                  dtype_option, has_tier0, model_option, offload_options, plan_for_run,
-                                  resolve_draft, runtime_options, sampling_options, speculation_options)
+from triforce.app.runtime import RunConfig
+from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option, dtype_option,
+                                  model_option, offload_options, runtime_options, sampling_options,
+                                  speculation_options)
 from triforce.errors import UserError
 
 HELP_TEXT = """commands:
@@ -100,31 +101,21 @@ def chat(model, system, max_new_tokens, max_context, method, draft, budget, chun
     if tp < 1:
         raise UserError(f"--tp must be >= 1, got {tp}")
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    request = ChatRequest(model=model, system=system, max_new_tokens=max_new_tokens, max_context=max_context,
-                          spec=spec, fixed=fixed,
-                          params=build_sampling(temperature, top_p, top_k, seed), draft=draft, dtype=dtype,
-                          device=device, profile=profile, device_budget=device_budget, attn=attn,
-                          graphs="off" if no_graphs else "auto")
+    config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
+                       device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto")
+    request = ChatRequest(config=config, system=system, max_new_tokens=max_new_tokens, max_context=max_context,
+                          params=build_sampling(temperature, top_p, top_k, seed))
     from triforce.app.parallel import run_on_ranks
     run_on_ranks(tp, chat_rank, request, model)
 
 
 @dataclass(frozen=True)
 class ChatRequest:
-    model: str
+    config: RunConfig
     system: str | None
     max_new_tokens: int
     max_context: int | None
-    spec: object
-    fixed: frozenset
     params: object
-    draft: str | None
-    dtype: str
-    device: str
-    profile: str | None
-    device_budget: str | None
-    attn: str = "auto"
-    graphs: str = "auto"
 
 
 def chat_rank(rank: int, world: int, request: ChatRequest) -> None:
@@ -177,37 +168,28 @@ class Console:
 
 def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     from triforce.app.chat import Chat
-    from triforce.model.loading import load_model
-    from triforce.app.parallel import agree_across_ranks, rank_device, share_threads
-    from triforce.app.plan_and_cache import build_kv_cache
+    from triforce.app.runtime import build_runtime
     from triforce.app.textstream import TextStream
 
     console = Console(rank, world)
-    device = r.device
-    if world > 1:
-        device = rank_device(r.device, rank)
-        share_threads(world)
-    lm = load_model(r.model, dtype=r.dtype, device=device, shard=(rank, world) if world > 1 else None)
-    drafter = resolve_draft(r.draft, r.spec, r.dtype, device)
-    attn, _ = apply_attention([lm, drafter], r.attn)
+    runtime = build_runtime(r.config, rank, world)
+    lm = runtime.lm
     context = lm.config.max_position_embeddings
     if r.max_context is not None and not 1 < r.max_context <= context:
         raise UserError(f"--max-context must be in 2..{context} (the model's context), got {r.max_context}")
     max_len = r.max_context or context
-    run = plan_for_run(lm, r.spec, r.fixed, max_len, r.profile, r.device_budget, drafter)
-    plan = run.plan
-    session = Chat(lm, max_len, system=r.system, spec=run.spec, draft=drafter,
-                   kv_cache=build_kv_cache(lm, max_len, plan), prefill_chunk=plan.prefill_chunk, graphs=r.graphs)
-    session.engine.gamma2_controller = run.gamma2_controller(has_tier0(drafter))
-    if world > 1:
-        agree_across_ranks(session.engine, lm.device if lm.device.type == "cuda" else "cpu")
-        session.engine.stop_requested = lambda: console.stop_requested(session.engine.agree)
+    stop = None
+    if world > 1:  # every rank asks rank 0 whether Ctrl-C was pressed, once per round
+        stop = lambda: console.stop_requested(engine.hooks.agree)  # noqa: E731
+    engine = runtime.engine(max_len, stop_requested=stop)
+    plan = runtime.last_run.plan
+    session = Chat(lm, max_len, system=r.system, engine=engine)
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
     console.say(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}), "
-                f"{session.session.max_len}-token context, {session.engine.describe()}, attention {attn}"
+                f"{session.full.max_len}-token context, {session.engine.describe()}, attention {runtime.attn_name}"
                 f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}"
                 f"{', tensor-parallel over %d ranks' % world if world > 1 else ''}. "
                 "/help for commands, Ctrl-D to leave.")

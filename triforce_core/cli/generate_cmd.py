@@ -9,9 +9,10 @@ from pathlib import Path
 
 import click
 
-from triforce.cli.options import (apply_attention, build_sampling, build_spec, check_non_negative, device_option,
-                                  dtype_option, has_tier0, model_option, offload_options, plan_for_run,
-                                  resolve_draft, runtime_options, sampling_options, speculation_options)
+from triforce.app.runtime import RunConfig
+from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option, dtype_option,
+                                  model_option, offload_options, runtime_options, sampling_options,
+                                  speculation_options)
 from triforce.errors import UserError
 
 
@@ -77,12 +78,12 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
     if tp < 1:
         raise UserError(f"--tp must be >= 1, got {tp}")
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    request = GenerateRequest(
-        model=model, text=read_prompt(prompt, prompt_file), as_chat=as_chat, draft=draft, spec=spec, fixed=fixed,
-        params=build_sampling(temperature, top_p, top_k, seed), max_new_tokens=max_new_tokens,
-        ignore_eos=ignore_eos, dtype=dtype, device=device, profile=profile, device_budget=device_budget,
-        overlap=not no_overlap, record_acceptance=record_acceptance, attn=attn, graphs="off" if no_graphs else "auto",
-        count_syncs=count_syncs, as_json=as_json)
+    config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
+                       device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
+                       overlap=not no_overlap, count_syncs=count_syncs)
+    request = GenerateRequest(config=config, text=read_prompt(prompt, prompt_file), as_chat=as_chat,
+                              params=build_sampling(temperature, top_p, top_k, seed), max_new_tokens=max_new_tokens,
+                              ignore_eos=ignore_eos, record_acceptance=record_acceptance, as_json=as_json)
     from triforce.app.parallel import run_on_ranks
     run_on_ranks(tp, generate_rank, request, model)
 
@@ -90,24 +91,13 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
 @dataclass(frozen=True)
 class GenerateRequest:
     """Everything a generate run needs, picklable so tensor-parallel ranks can receive it."""
-    model: str
+    config: RunConfig
     text: str
     as_chat: bool
-    draft: str | None
-    spec: object                  # SpecParams
-    fixed: frozenset              # speculation flags the user gave (the cost model fills the rest)
-    params: object
+    params: object                # SamplingParams
     max_new_tokens: int
     ignore_eos: bool
-    dtype: str
-    device: str
-    profile: str | None
-    device_budget: str | None
-    overlap: bool
     record_acceptance: str | None
-    attn: str                     # auto | flash | sdpa
-    graphs: str                   # auto | off (see Engine)
-    count_syncs: bool
     as_json: bool
 
 
@@ -118,23 +108,12 @@ def generate_rank(rank: int, world: int, request: GenerateRequest) -> None:
 
 def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     """Load, plan, prefill, decode; rank 0 prints."""
-    from triforce.decoding.engine import Engine
-    from triforce.model.loading import load_model
-    from triforce.app.parallel import agree_across_ranks, rank_device, share_threads
-    from triforce.app.plan_and_cache import build_kv_cache
-    from triforce.decoding.sync_count import SyncCounter
+    from triforce.app.runtime import build_runtime
     from triforce.app.textstream import TextStream
 
     speaker = rank == 0
-    device = r.device
-    if world > 1:
-        device = rank_device(r.device, rank)
-        share_threads(world)
-    started = time.perf_counter()
-    lm = load_model(r.model, dtype=r.dtype, device=device, shard=(rank, world) if world > 1 else None)
-    drafter = resolve_draft(r.draft, r.spec, r.dtype, device)
-    attn, attn_line = apply_attention([lm, drafter], r.attn)
-    load_s = time.perf_counter() - started
+    runtime = build_runtime(r.config, rank, world)
+    lm = runtime.lm
     ids = encode_prompt(lm, r.text, r.as_chat)
     context = lm.config.max_position_embeddings
     max_new_tokens = r.max_new_tokens
@@ -147,18 +126,10 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
         if speaker:
             print(f"note: generating at most {max_new_tokens} tokens to stay within the "
                   f"{context}-token context", file=sys.stderr)
-
     max_len = len(ids) + max(max_new_tokens, 1)
-    run = plan_for_run(lm, r.spec, r.fixed, max_len, r.profile, r.device_budget, drafter)
+    engine = runtime.engine(max_len)
+    run = runtime.last_run
     plan, spec = run.plan, run.spec
-    kv_cache = build_kv_cache(lm, max_len, plan, overlap=r.overlap)
-    engine = Engine(lm, spec, max_len, drafter, kv_cache=kv_cache, prefill_chunk=plan.prefill_chunk,
-                    graphs=r.graphs)
-    engine.gamma2_controller = run.gamma2_controller(has_tier0(drafter))
-    if r.count_syncs:
-        engine.sync_counter = SyncCounter()
-    if world > 1:
-        agree_across_ranks(engine, lm.device if lm.device.type == "cuda" else "cpu")
     stream = TextStream(lm.tokenizer)
 
     def show(token: int) -> None:
@@ -166,10 +137,10 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
             sys.stdout.write(stream.push(token))
             sys.stdout.flush()
 
-    if speaker and not r.as_json:
-        print(attn_line, file=sys.stderr)
+    if not r.as_json:
+        runtime.say_attention()
     run_started = time.perf_counter()
-    engine.sync(ids)
+    engine.set_sequence(ids)
     prefill_s = time.perf_counter() - run_started
     stop_ids = frozenset() if r.ignore_eos else lm.eos_ids
     result = engine.generate(max_new_tokens, r.params, stop_ids, on_token=show)
@@ -192,13 +163,13 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
         "dtype": str(lm.dtype).removeprefix("torch."),
         "device": str(lm.device),
         "tp": world,
-        "attention": attn,
+        "attention": runtime.attn_name,
         "drafting_runner": engine.runner_mode,
-        "load_s": round(load_s, 3),
+        "load_s": round(runtime.load_s, 3),
         **result.stats,
         "speculation": {"budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1,
                         "gamma2_start": spec.gamma2, "gamma2_range": list(spec.gamma2_range),
-                        "chosen_by_cost_model": sorted(set(("budget", "chunk_size", "gamma1", "gamma2")) - r.fixed)
+                        "chosen_by_cost_model": sorted(set(("budget", "chunk_size", "gamma1", "gamma2")) - r.config.fixed)
                         if run.choice else []} if spec.method != "ar" else None,
         "plan": plan.to_json(),
     }
@@ -219,7 +190,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     offload = ""
     if plan.offloaded:
         offload = f", KV of {plan.context - plan.resident_tokens} of {plan.context} tokens offloaded to host memory"
-    if r.count_syncs:
+    if r.config.count_syncs:
         print(f"host syncs: {summary['host_syncs']}", file=sys.stderr)
     print(f"[{summary['new_tokens']} tokens, {summary['tokens_per_s']} tok/s decode, "
           f"prompt {len(ids)} tokens in {summary['prefill_s']} s, stopped by {result.stopped_by}"

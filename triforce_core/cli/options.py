@@ -86,25 +86,6 @@ def build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebui
     return spec, fixed
 
 
-def resolve_draft(draft: str | None, spec, dtype: str, device: str):
-    """'lookup' / 'none' stay strings; anything else is loaded as a model."""
-    if not spec.uses_draft:
-        if draft not in (None, "none", "lookup"):
-            raise UserError(f"--draft is only used by --method triforce and naive, not {spec.method}")
-        return None
-    if draft == "none" and spec.method == "naive":
-        raise UserError("--method naive needs a draft (a model path or 'lookup')")
-    if draft in (None, "lookup", "none"):
-        return draft or "lookup"
-    from triforce.model.loading import load_model
-    return load_model(draft, dtype=dtype, device=device)
-
-
-def has_tier0(draft) -> bool:
-    """A draft model or prompt lookup feeds the retrieval tier ('none' and no draft do not)."""
-    return draft is not None and draft != "none"
-
-
 def offload_options(f):
     """--profile and --device-budget: where the KV cache lives (see `triforce plan`)."""
     f = click.option("--device-budget", default=None,
@@ -114,21 +95,6 @@ def offload_options(f):
                      help="Memory profile: a name from `triforce profile list` or a .toml file "
                           "(default: cpu on a CPU, the detected card on CUDA).")(f)
     return f
-
-
-def plan_for_run(lm, spec, fixed, context: int, profile_name, device_budget, draft=None):
-    """The RunPlan of a generate/chat run (memory plan, SpecParams with the cost model's choices).
-    A plan that cannot fit is a UserError."""
-    from triforce.app.plan_and_cache import plan_run, resolve_profile
-
-    profile = resolve_profile(profile_name, lm.device, device_budget)
-    draft_lm = draft if hasattr(draft, "config") else None
-    run = plan_run(lm.config, profile, context, spec, fixed, lm.dtype,
-                   draft_lm.config if draft_lm else None, draft_lm.dtype if draft_lm else None,
-                   has_tier0=has_tier0(draft))
-    if not run.plan.feasible:
-        raise UserError(f"the model does not fit profile {profile.name}: {run.plan.reason}")
-    return run
 
 
 def runtime_options(count_syncs: bool = True):
@@ -145,18 +111,3 @@ def runtime_options(count_syncs: bool = True):
                          help="Attention kernel: flash-attn on CUDA when it is installed (auto), or PyTorch SDPA.")(f)
         return f
     return decorate
-
-
-def apply_attention(lms, choice: str) -> tuple[str, str]:
-    """Give the loaded models (target, draft) the chosen attention backend. Returns its name and
-    a line saying what was chosen and why (to show once)."""
-    from triforce.kernels import select_attention
-
-    models = [lm for lm in lms if hasattr(lm, "attn")]
-    try:
-        backend, line = select_attention(choice, models[0].device)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    for lm in models:
-        lm.attn = backend
-    return backend.name, line

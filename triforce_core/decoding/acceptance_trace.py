@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from triforce.errors import UserError
 from triforce.decoding.verification import Verdict
+from triforce.errors import UserError
 
 TRACE_FORMAT = "triforce-acceptance-trace/1"
 

@@ -1,4 +1,6 @@
-"""The full tier: one sequence's full KV cache and the target model over it."""
+"""The full tier: the target model over its full KV cache (resident or offloaded), holding the
+sequence whose KV the cache has. It prefills prompts and verifies the tiers' proposals; a pass
+that records queries returns them (per layer) with its logits, for the retrieval cache."""
 from __future__ import annotations
 
 import time
@@ -6,36 +8,37 @@ from typing import Callable
 
 import torch
 
-from triforce.errors import UserError
-from triforce.cache.resident import FullKVCache
-from triforce.model.loading import LoadedModel
+from triforce.cache.resident import ResidentKVCache
+from triforce.cache_contract import CacheStep, FullCache
 from triforce.decoding.graph_runner import device_tokens
+from triforce.errors import UserError
+from triforce.model.loading import LoadedModel
+from triforce.offload.planner import PREFILL_CHUNKS, PREFILL_GROUP
 
-PREFILL_CHUNK = 1024  # tokens per prefill forward: bounds activation memory, drives progress
+PREFILL_CHUNK = PREFILL_CHUNKS[0]  # tokens per prefill forward: bounds activation memory, drives progress
+
+Queries = list[torch.Tensor]  # per layer, post-RoPE queries: [B, H, T, D] of a pass, [B, H, D] of one token
 
 
-class Session:
-    """Holds `tokens`, the sequence whose KV is in `cache`. Also serves as the top tier of the
-    speculative engine (`logits`, `truncate`)."""
-
+class FullTier:
     name = "full"
 
-    def __init__(self, lm: LoadedModel, max_len: int, kv_cache=None, prefill_chunk: int = PREFILL_CHUNK):
-        """kv_cache: a prebuilt full cache (e.g. offloaded, see triforce.app.plan_and_cache); default: a
-        FullKVCache of max_len tokens on the model's device. prefill_chunk: tokens per prefill
-        forward (the memory plan sizes activations for it)."""
+    def __init__(self, lm: LoadedModel, max_len: int, kv_cache: FullCache | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK, prefill_group: int = PREFILL_GROUP):
+        """kv_cache: a prebuilt full cache (offloaded, see triforce.app.plan_and_cache); default: a
+        resident cache of max_len tokens on the model's device. prefill_chunk, prefill_group:
+        tokens per prefill forward and queries per layer-major attention call (the memory plan's)."""
         if max_len < 1:
             raise UserError("the context must hold at least one token")
         self.lm = lm
         self.model = lm.model
         self.cache = kv_cache if kv_cache is not None else \
-            FullKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device, attn=lm.attn)
-        self.prefill_chunk = prefill_chunk
+            ResidentKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device, attn=lm.attn)
+        self.prefill_chunk, self.prefill_group = prefill_chunk, prefill_group
         self.tokens: list[int] = []
-        self.last_queries: list[torch.Tensor] | None = None  # per layer [B, H, T, D], last recorded forward
-        # queries of the last token of a prefill, by cache length, so a re-sync to the same prefix
+        # the last prefilled token's queries, by cache length, so covering the same prefix again
         # needs no re-run; dropped when the cache is truncated below that length
-        self._query_memo: dict[int, list[torch.Tensor]] = {}
+        self._query_memo: dict[int, Queries] = {}
         self.prefill_tokens = 0
         self.prefill_s = 0.0
         self.time_s = 0.0  # in forward passes
@@ -44,74 +47,94 @@ class Session:
     def max_len(self) -> int:
         return self.cache.max_len
 
-    def forward(self, ids: list[int], num_logits: int | None = None, record_queries: bool = False) -> torch.Tensor:
+    # ---- passes ------------------------------------------------------------------------------
+    def forward(self, ids: list[int], num_logits: int | None = None) -> torch.Tensor:
         """Run `ids` through the model after self.tokens; returns logits [T', V]."""
-        return self._step(ids, record_queries,
-                          lambda tokens, step: self.model(tokens, step.positions, step, num_logits=num_logits))[0]
+        return self._pass(ids, num_logits, False)[0]
 
-    def _step(self, ids: list[int], record_queries: bool, run) -> torch.Tensor:
-        """One forward pass over `ids` through the cache; the cache rolls back if it fails."""
+    def logits(self, seq: list[int]) -> torch.Tensor:
+        """Feed the part of `seq` not yet cached; logits for each fed token [n, V]."""
+        return self.forward(seq[len(self.tokens):])
+
+    def verify(self, seq: list[int], record_queries: bool = False) -> tuple[torch.Tensor, Queries | None]:
+        """As logits, and with record_queries each layer's queries of the fed tokens [B, H, n, D]."""
+        return self._pass(seq[len(self.tokens):], None, record_queries)
+
+    def _pass(self, ids: list[int], num_logits: int | None, record_queries: bool, layer_major: bool = False,
+              progress: Callable[[int], None] | None = None,
+              record_last: bool = False) -> tuple[torch.Tensor, Queries | None]:
+        """One forward pass over `ids` through the cache; the cache rolls back if it fails.
+        record_queries: return every fed token's queries; record_last: only the last token's
+        [B, H, D] (a prefill keeps no more than that)."""
         started = time.perf_counter()
         start = len(self.tokens)
         tokens = device_tokens(ids, self.lm.device)
         step = self.cache.step(len(ids), record_queries)
+        view = _PrefillView(step, len(ids), progress, record_last) if progress or record_last else step
+        chunking = dict(chunk_tokens=self.prefill_chunk, group_tokens=self.prefill_group) if layer_major else {}
         try:
-            logits = run(tokens, step)
+            logits = self.model(tokens, step.positions, view, num_logits=num_logits, **chunking)[0]
         except BaseException:
             self.cache.rollback(start)
             raise
         self.tokens.extend(ids)
-        if record_queries:
-            self.last_queries = step.queries
         self.time_s += time.perf_counter() - started
-        return logits
+        return logits, view.last_queries if record_last else step.queries
 
-    def logits(self, seq: list[int], record_queries: bool = False) -> torch.Tensor:
-        """Feed the part of `seq` not yet cached; logits for each fed token [n, V]."""
-        return self.forward(seq[len(self.tokens):], record_queries=record_queries)
-
+    # ---- input -------------------------------------------------------------------------------
     def prefill(self, ids: list[int], progress: Callable[[int], None] | None = None,
-                chunk: int | None = None, record_queries: bool = False) -> torch.Tensor | None:
-        """Append `ids` in chunks; `progress(n)` after each chunk. Returns the last logits [V].
-        With record_queries, last_queries holds each layer's query of the last token [B, H, D]."""
+                chunk: int | None = None) -> torch.Tensor | None:
+        """Append `ids`; `progress(n)` as they go. Returns the last logits [V]."""
+        return self._prefill(ids, progress, chunk, False)[0]
+
+    def _prefill(self, ids: list[int], progress, chunk: int | None,
+                 record_queries: bool) -> tuple[torch.Tensor | None, Queries | None]:
+        """Caches that keep everything on the device take the prompt in chunks through all
+        layers; a layer-major cache (offloaded) takes it in one pass, layer by layer."""
         if not ids:
-            return None
-        chunk = chunk or self.prefill_chunk
+            return None, None
         if len(self.tokens) + len(ids) > self.max_len:
             raise UserError(f"input of {len(ids)} tokens does not fit: the context holds "
                             f"{len(self.tokens)} of {self.max_len} tokens")
         started = time.perf_counter()
         if self.cache.layer_major:
-            logits = self._prefill_layer_major(ids, progress, chunk, record_queries)
+            logits, queries = self._pass(ids, 1, False, layer_major=True, progress=progress,
+                                         record_last=record_queries)
         else:
-            logits = None
+            chunk = chunk or self.prefill_chunk
             for begin in range(0, len(ids), chunk):
                 piece = ids[begin:begin + chunk]
-                last_chunk = begin + chunk >= len(ids)
-                logits = self.forward(piece, num_logits=1, record_queries=record_queries and last_chunk)[-1]
+                logits, queries = self._pass(piece, 1, False, record_last=record_queries and begin + chunk >= len(ids))
                 if progress is not None:
                     progress(len(piece))
         if record_queries:
-            self.last_queries = [q[:, :, -1] for q in self.last_queries]
-            self._query_memo = {len(self.tokens): self.last_queries}
+            self._query_memo = {len(self.tokens): queries}
         self.prefill_tokens += len(ids)
         self.prefill_s += time.perf_counter() - started
-        return logits
+        return logits[-1], queries
 
-    def _prefill_layer_major(self, ids: list[int], progress, chunk: int, record_queries: bool) -> torch.Tensor:
-        """One layer at a time over all of `ids` (caches that send each finished layer's KV to
-        the host); progress advances by a layer's share of the tokens."""
-        layers = self.lm.config.num_layers
-        reported = [0]
+    def cover(self, ids: list[int], progress: Callable[[int], None] | None = None,
+              record_queries: bool = False) -> tuple[int, Queries | None]:
+        """Make the cache hold exactly `ids`, reusing the longest common prefix. Returns the
+        number of tokens prefilled and, with record_queries, the last token's queries."""
+        keep = self.reusable_prefix(ids)
+        if record_queries and keep == len(ids) and keep > 0:
+            self.truncate(keep)
+            if keep in self._query_memo:
+                return 0, self._query_memo[keep]
+            keep -= 1  # re-run the last token so its queries are recorded
+        self.truncate(keep)
+        queries = self._prefill(ids[keep:], progress, None, record_queries)[1]
+        return len(ids) - keep, queries
 
-        def on_layer(index: int) -> None:
-            done = len(ids) * (index + 1) // layers
-            if progress is not None and done > reported[0]:
-                progress(done - reported[0])
-            reported[0] = done
-
-        return self._step(ids, record_queries, lambda tokens, step: self.model.forward_layer_major(
-            tokens, step.positions, step, chunk, 1, on_layer))[0, -1]
+    def reusable_prefix(self, ids: list[int]) -> int:
+        """How many leading tokens of `ids` already have their KV cached."""
+        common = 0
+        for a, b in zip(self.tokens, ids):
+            if a != b:
+                break
+            common += 1
+        return common
 
     def prepare_verify(self) -> None:
         """Let the cache fetch ahead what the coming full verify reads (offloaded caches)."""
@@ -124,26 +147,23 @@ class Session:
             del self.tokens[length:]
             self._query_memo = {n: q for n, q in self._query_memo.items() if n <= length}
 
-    def reusable_prefix(self, ids: list[int]) -> int:
-        """How many leading tokens of `ids` already have their KV cached."""
-        common = 0
-        for a, b in zip(self.tokens, ids):
-            if a != b:
-                break
-            common += 1
-        return common
 
-    def sync_to(self, ids: list[int], progress: Callable[[int], None] | None = None,
-                record_queries: bool = False) -> int:
-        """Make the cache hold exactly `ids`, reusing the longest common prefix.
-        Returns the number of tokens prefilled."""
-        keep = self.reusable_prefix(ids)
-        if record_queries and keep == len(ids) and keep > 0:
-            self.truncate(keep)
-            if keep in self._query_memo:
-                self.last_queries = self._query_memo[keep]
-                return 0
-            keep -= 1  # re-run the last token so its queries are recorded
-        self.truncate(keep)
-        self.prefill(ids[keep:], progress, record_queries=record_queries)
-        return len(ids) - keep
+class _PrefillView:
+    """A prefill's view of its step: reports progress as layers finish (a layer's share of the
+    pass's tokens) and, with record_last, keeps each layer's query of the last token only."""
+
+    def __init__(self, step: CacheStep, total: int, progress: Callable[[int], None] | None, record_last: bool):
+        self.step, self.total, self.progress, self.reported = step, total, progress, 0
+        self.positions = step.positions
+        self.last_queries: Queries | None = [None] * step.num_layers if record_last else None
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = self.step.attend(layer, q, k, v)
+        if self.last_queries is not None:
+            self.last_queries[layer] = q[:, :, -1].clone()  # not a view: the pass's queries are freed
+        if self.progress is not None and self.step.layer_done(layer):
+            done = self.total * (layer + 1) // self.step.num_layers
+            if done > self.reported:
+                self.progress(done - self.reported)
+                self.reported = done
+        return out

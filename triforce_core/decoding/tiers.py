@@ -7,12 +7,15 @@ import time
 import numpy as np
 import torch
 
-from triforce.errors import UserError
-from triforce.cache.resident import FullKVCache
-from triforce.model.loading import LoadedModel
-from triforce.decoding.graph_runner import TierRunner
 from triforce.cache.sparse import SelectionPolicy, SparseKVCache
 from triforce.cache.streaming import StreamingKVCache
+from triforce.cache_contract import FullCache
+from triforce.config import SpecParams
+from triforce.decoding.draft import Draft
+from triforce.decoding.graph_runner import TierRunner
+from triforce.errors import UserError
+from triforce.model.loading import LoadedModel
+from triforce.offload.planner import MAX_GRAPH_TOKENS
 
 
 class ModelTier:
@@ -61,11 +64,11 @@ class SparseTier(ModelTier):
         super().__init__(name, lm, cache, lm.config.vocab_size, runner_mode)
         self.rebuilds = 0
 
-    def rebuild(self, full: FullKVCache, queries: list[torch.Tensor] | None) -> None:
+    def rebuild(self, full: FullCache, queries: list[torch.Tensor] | None) -> None:
         self.cache.rebuild(full, queries)
         self.rebuilds += 1
 
-    def commit(self, full: FullKVCache, start: int, end: int) -> None:
+    def commit(self, full: FullCache, start: int, end: int) -> None:
         """Replace what this tier computed for tokens [start, end) with the full cache's KV."""
         self.cache.rollback(start)
         self.cache.append_from(full, start, end)
@@ -92,7 +95,7 @@ class DraftModelTier(ModelTier):
         super().truncate(length)
         del self.tokens[length:]
 
-    def sync(self, seq: list[int]) -> None:
+    def cover(self, seq: list[int]) -> None:
         """Cover seq[:-1]: roll back if the cache already stands for it (within the window),
         else prefill only the sink tokens and the most recent window."""
         cache = self.cache
@@ -150,3 +153,32 @@ class LookupDrafter:
 
     def truncate(self, length: int) -> None:
         pass
+
+
+def build_levels(lm: LoadedModel, spec: SpecParams, draft: Draft, full, runner_mode: str, agree_ok=None) -> list:
+    """The tiers from bottom to top: tier 0 (draft model or lookup) where the method has one, the
+    sparse tier (retrieval or streaming) where it has one, and the full tier. agree_ok: under
+    tensor parallelism, graph capture succeeds on every rank or on none."""
+    levels: list = []
+    if draft.kind == "lookup":
+        levels.append(LookupDrafter())
+    elif draft.kind == "model":
+        levels.append(DraftModelTier(draft.model, lm, spec.sink_tokens, spec.draft_window_tokens, spec.draft_slack,
+                                     runner_mode))
+    if spec.uses_sparse_cache:
+        kind = "streaming" if spec.method == "streaming" else "retrieval"
+        policy = SelectionPolicy(kind, spec.budget, spec.chunk_size, spec.sink_tokens)
+        levels.append(SparseTier(kind, lm, policy, spec.sparse_append_slots, runner_mode))
+    levels.append(full)
+    for tier in levels:
+        if agree_ok is not None and getattr(tier, "runner", None) is not None:
+            tier.runner.agree = agree_ok
+    return levels
+
+
+def prepare_graphs(levels: list, spec: SpecParams) -> None:
+    """Capture the drafting tiers' CUDA graphs for every step length they will run, up front."""
+    longest = min(MAX_GRAPH_TOKENS, max(spec.gamma1, spec.gamma2) + 1)
+    for tier in levels:
+        if getattr(tier, "runner", None) is not None:
+            tier.runner.prepare(range(1, longest + 1))

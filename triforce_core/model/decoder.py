@@ -4,25 +4,23 @@
 the cache view stores the keys and values and returns attention over whatever it holds, so the
 same math serves the full cache, sparse caches and offloaded caches. No placement logic here.
 Parameter names follow transformers' so checkpoints load without renaming.
+
+There is one loop over the layers. A long pass may bound its activations: with `chunk_tokens`
+each layer runs its projections and MLP on pieces of that many tokens, and with `group_tokens`
+the cache view is asked for attention once per group of that many queries (in order), so an
+offloaded cache streams its host KV once per group rather than once per chunk. Prefill of an
+offloaded cache is one such pass over the whole prompt: layer-major, each layer finished (and
+its KV sent home) before the next starts.
 """
 from __future__ import annotations
-
-from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from triforce.cache_contract import CacheView
 from triforce.config import ModelConfig
 from triforce.model.rope import RotaryEmbedding, apply_rope
-
-
-class CacheView(Protocol):
-    """One forward pass's access to a KV cache."""
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Store the new k, v ([B, Hkv, T, D], after RoPE) of `layer` and return the attention
-        output [B, H, T, D] of q ([B, H, T, D]) over the cached keys plus the new ones."""
 
 
 class RMSNorm(nn.Module):
@@ -47,13 +45,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
 
-    def forward(self, x, cos, sin, layer: int, cache_view: CacheView) -> torch.Tensor:
+    def project(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, hidden] -> q [B, H, T, D], k, v [B, Hkv, T, D], after RoPE."""
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = cache_view.attend(layer, q, k, v)  # [B, H, T, D]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """Attention output [B, H, T, D] -> [B, T, hidden]."""
+        batch, _, length, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
 
@@ -76,9 +78,30 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, layer: int, cache_view: CacheView):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, cache_view)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, layer: int, cache_view: CacheView, chunk: int | None = None,
+                group: int | None = None) -> torch.Tensor:
+        """x [B, T, hidden] -> this layer's output. Without chunk and group (short passes): one
+        attend call over all T tokens. Otherwise x is updated in place, group by group."""
+        length = x.shape[1]
+        if (chunk is None or chunk >= length) and (group is None or group >= length):
+            x = x + self.self_attn.output(cache_view.attend(layer, *self.self_attn.project(
+                self.input_layernorm(x), cos, sin)))
+            return x + self.mlp(self.post_attention_layernorm(x))
+        chunk = min(chunk or length, length)
+        group = max(chunk, group or length) // chunk * chunk
+        for g0 in range(0, length, group):
+            pieces = [slice(s, min(length, s + chunk)) for s in range(g0, min(length, g0 + group), chunk)]
+            qkv = [self.self_attn.project(self.input_layernorm(x[:, p]), cos[:, :, p], sin[:, :, p])
+                   for p in pieces]
+            q, k, v = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=2) for parts in zip(*qkv))
+            del qkv
+            out = cache_view.attend(layer, q, k, v)  # the group's queries at once
+            del q, k, v
+            first = pieces[0].start
+            for p in pieces:
+                h = x[:, p] + self.self_attn.output(out[:, :, p.start - first:p.stop - first])
+                x[:, p] = h + self.mlp(self.post_attention_layernorm(h))
+        return x
 
 
 class Backbone(nn.Module):
@@ -103,32 +126,14 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache_view: CacheView,
-                num_logits: int | None = None) -> torch.Tensor:
+                num_logits: int | None = None, chunk_tokens: int | None = None,
+                group_tokens: int | None = None) -> torch.Tensor:
         """tokens, positions: [B, T] int64. Returns logits [B, T', V] for the last T' = num_logits
-        positions (all T when None)."""
+        positions (all T when None). chunk_tokens, group_tokens: see the module's docstring."""
         x = self.model.embed_tokens(tokens)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, index, cache_view)
+            x = layer(x, cos, sin, index, cache_view, chunk_tokens, group_tokens)
         if num_logits is not None:
             x = x[:, -num_logits:]
         return self.lm_head(self.model.norm(x))
-
-    @torch.inference_mode()
-    def forward_layer_major(self, tokens: torch.Tensor, positions: torch.Tensor, cache_view: CacheView,
-                            chunk_tokens: int, num_logits: int = 1,
-                            on_layer: Callable[[int], None] | None = None) -> torch.Tensor:
-        """The same logits as forward, computed one layer at a time over all tokens (in chunks of
-        `chunk_tokens`, in order), so a cache can finish each layer's KV before the next layer
-        starts. on_layer(i) runs after layer i."""
-        x = self.model.embed_tokens(tokens)
-        cos, sin = self.rope.cos_sin(positions, x.dtype)
-        length = tokens.shape[1]
-        for index, layer in enumerate(self.model.layers):
-            for start in range(0, length, chunk_tokens):
-                end = min(length, start + chunk_tokens)
-                x[:, start:end] = layer(x[:, start:end], cos[:, :, start:end], sin[:, :, start:end], index,
-                                        cache_view)
-            if on_layer is not None:
-                on_layer(index)
-        return self.lm_head(self.model.norm(x[:, -num_logits:]))

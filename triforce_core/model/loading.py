@@ -99,7 +99,7 @@ def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.
     slicer = None
     if shard is not None:
         from triforce.offload.tp import shard_slicer
-        from triforce.app.parallel import shard_meta_model
+        from triforce.model.sharding import shard_meta_model
 
         shard_meta_model(model, *shard)
         slicer = shard_slicer(cfg, *shard)

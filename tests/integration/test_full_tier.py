@@ -5,9 +5,9 @@ import torch
 
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
+from triforce.decoding.full_tier import FullTier
 from triforce.errors import UserError
 from triforce.model.loading import load_model
-from triforce.decoding.full_tier import Session
 
 
 @pytest.fixture(scope="module")
@@ -21,15 +21,15 @@ def ids_of(n, seed=0):
 
 def test_chunked_prefill_equals_one_shot(lm):
     ids = ids_of(50)
-    one = Session(lm, 64)
-    chunked = Session(lm, 64)
+    one = FullTier(lm, 64)
+    chunked = FullTier(lm, 64)
     assert torch.allclose(one.prefill(ids, chunk=1000), chunked.prefill(ids, chunk=7), atol=1e-10)
     assert torch.allclose(one.cache.keys(1), chunked.cache.keys(1), atol=1e-10)
 
 
 def test_rollback_then_recompute_gives_same_logits(lm):
     ids = ids_of(30)
-    s = Session(lm, 40)
+    s = FullTier(lm, 40)
     expected = s.prefill(ids)
     s.prefill(ids_of(5, seed=9))  # tokens to be rejected
     s.truncate(29)
@@ -37,30 +37,42 @@ def test_rollback_then_recompute_gives_same_logits(lm):
     assert len(s.tokens) == s.cache.length == 30
 
 
-def test_sync_to_reuses_common_prefix(lm):
-    s = Session(lm, 64)
+def test_cover_reuses_common_prefix(lm):
+    s = FullTier(lm, 64)
     first = ids_of(40)
-    assert s.sync_to(first) == 40
+    assert s.cover(first) == (40, None)
     second = first[:35] + ids_of(10, seed=3)
-    assert s.sync_to(second) == 10  # only the tokens after the common prefix are prefilled
-    fresh = Session(lm, 64)
+    assert s.cover(second)[0] == 10  # only the tokens after the common prefix are prefilled
+    fresh = FullTier(lm, 64)
     fresh.prefill(second)
     assert torch.allclose(s.cache.keys(1), fresh.cache.keys(1), atol=1e-12)
-    assert s.sync_to(second) == 0
+    assert s.cover(second)[0] == 0
 
 
-def test_recorded_queries_are_reused_on_resync(lm):
-    s = Session(lm, 64)
-    s.sync_to(ids_of(20), record_queries=True)
-    first = s.last_queries
-    assert s.sync_to(ids_of(20), record_queries=True) == 0 and s.last_queries is first
+def test_recorded_queries_are_reused_on_recover(lm):
+    s = FullTier(lm, 64)
+    _, first = s.cover(ids_of(20), record_queries=True)
+    assert len(first) == lm.config.num_layers and first[0].shape == (1, lm.config.num_heads, lm.config.head_dim)
+    prefilled, again = s.cover(ids_of(20), record_queries=True)
+    assert prefilled == 0 and again is first
     s.truncate(10)
-    assert s.sync_to(ids_of(20), record_queries=True) == 10
+    prefilled, fresh = s.cover(ids_of(20), record_queries=True)
+    assert prefilled == 10 and all(torch.allclose(a, b, atol=1e-12) for a, b in zip(first, fresh))
+
+
+def test_verify_returns_the_queries_of_every_fed_token(lm):
+    s = FullTier(lm, 64)
+    ids = ids_of(20)
+    s.prefill(ids[:15])
+    logits, queries = s.verify(ids, record_queries=True)
+    assert logits.shape[0] == 5 and queries[0].shape[2] == 5
+    _, last = FullTier(lm, 64).cover(ids, record_queries=True)
+    assert all(torch.allclose(q[:, :, -1], l, atol=1e-12) for q, l in zip(queries, last))
 
 
 def generate(lm, prompt, n, params=SamplingParams(), stop=frozenset()):
     engine = Engine(lm, SpecParams(method="ar"), len(prompt) + n)
-    engine.sync(prompt)
+    engine.set_sequence(prompt)
     return engine.generate(n, params, stop)
 
 
@@ -75,7 +87,7 @@ def test_decode_stops_at_eos_and_respects_length(lm):
 
 def test_decode_stops_when_the_context_is_full(lm):
     engine = Engine(lm, SpecParams(method="triforce", budget=16, chunk_size=4, sink_tokens=4), 14)
-    engine.sync(ids_of(10))
+    engine.set_sequence(ids_of(10))
     result = engine.generate(50, SamplingParams())
     assert result.stopped_by == "context" and len(engine.seq) == 15
 
@@ -86,7 +98,7 @@ def test_sampling_is_reproducible_with_seed(lm):
 
 
 def test_overflowing_the_cache_is_a_clear_error(lm):
-    s = Session(lm, 16)
+    s = FullTier(lm, 16)
     with pytest.raises(UserError, match="does not fit"):
         s.prefill(ids_of(20))
     assert s.cache.length == 0

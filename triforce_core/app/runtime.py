@@ -1,0 +1,132 @@
+"""One runtime builder for every entry point (generate, chat, bench, and later the server):
+load the target and the draft, choose attention, then plan, build the full cache and the engine
+with its hooks. The CLI only parses flags into a RunConfig."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+from triforce.app.plan_and_cache import RunPlan, build_kv_cache, resolve_profile, plan_run
+from triforce.config import SpecParams
+from triforce.decoding.draft import Draft, resolve_draft
+from triforce.decoding.engine import Engine
+from triforce.decoding.hooks import EngineHooks
+from triforce.errors import UserError
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a runtime needs; picklable, so tensor-parallel ranks can receive it."""
+    model: str | None = "default"  # Hugging Face folder, .gguf file or 'default'
+    arch: str | None = None        # instead of model: a named architecture with random weights (timing)
+    draft: str | None = None       # model path, architecture name, 'lookup', 'none' (None: lookup)
+    spec: SpecParams = field(default_factory=SpecParams)
+    fixed: frozenset = frozenset()  # speculation flags the user gave (the cost model fills the rest)
+    dtype: str = "auto"
+    device: str = "auto"
+    profile: str | None = None
+    device_budget: str | None = None
+    attn: str = "auto"              # auto | flash | sdpa
+    graphs: str = "auto"            # auto | off | static (see Engine)
+    overlap: bool = True            # prefetch offloaded KV while drafting
+    count_syncs: bool = False       # host synchronisations per decoding phase (CUDA)
+
+
+class Runtime:
+    """The loaded models of one rank and the engines built over them."""
+
+    def __init__(self, config: RunConfig, rank: int = 0, world: int = 1):
+        from triforce.app.parallel import rank_device, share_threads
+        from triforce.kernels import select_attention
+
+        self.config, self.rank, self.world = config, rank, world
+        device = config.device
+        if world > 1:
+            device = rank_device(config.device, rank)
+            share_threads(world)
+        started = time.perf_counter()
+        shard = (rank, world) if world > 1 else None
+        self.lm = _load(config.arch, config.model, config.dtype, device, shard)
+        self.draft: Draft = resolve_draft(config.draft, config.spec,
+                                          load=lambda name: _load_draft(name, config.dtype, device))
+        try:
+            backend, self.attn_line = select_attention(config.attn, self.lm.device)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        self.lm.attn = backend
+        if self.draft.model is not None:
+            self.draft.model.attn = backend
+        self.attn_name = backend.name
+        self.load_s = time.perf_counter() - started
+        self.last_run: RunPlan | None = None  # the plan of the latest engine
+
+    def plan(self, max_len: int, spec: SpecParams | None = None, fixed: frozenset | None = None) -> RunPlan:
+        """The memory plan and the cost model's speculation choices for a context of max_len;
+        a plan that cannot fit is a UserError."""
+        c = self.config
+        spec = spec or c.spec
+        profile = resolve_profile(c.profile, self.lm.device, c.device_budget)
+        draft = self.draft.model if spec.uses_draft else None
+        run = plan_run(self.lm.config, profile, max_len, spec, c.fixed if fixed is None else fixed, self.lm.dtype,
+                       draft.config if draft else None, draft.dtype if draft else None,
+                       has_tier0=self.draft.has_tier0 and spec.uses_draft)
+        if not run.plan.feasible:
+            raise UserError(f"the model does not fit profile {profile.name}: {run.plan.reason}")
+        return run
+
+    def engine(self, max_len: int, *, spec: SpecParams | None = None, fixed: frozenset | None = None,
+               kv_cache=None, replay=None, stop_requested=None) -> Engine:
+        """Plan for max_len tokens, build the full cache the plan calls for (or use kv_cache),
+        and the engine with every hook this run has."""
+        from triforce.decoding.sync_count import SyncCounter
+
+        run = self.last_run = self.plan(max_len, spec, fixed)
+        if kv_cache is None:
+            kv_cache = build_kv_cache(self.lm, max_len, run.plan, overlap=self.config.overlap)
+        hooks = EngineHooks(replay=replay, stop_requested=stop_requested,
+                            gamma2_controller=run.gamma2_controller(self.draft.has_tier0),
+                            sync_counter=SyncCounter() if self.config.count_syncs else None,
+                            **self._rank_agreement())
+        draft = self.draft if run.spec.uses_draft else None
+        return Engine(self.lm, run.spec, max_len, draft, kv_cache=kv_cache, prefill_chunk=run.plan.prefill_chunk,
+                      prefill_group=run.plan.prefill_group, graphs=self.config.graphs, hooks=hooks)
+
+    def _rank_agreement(self) -> dict:
+        """Under tensor parallelism rank 0's decisions win, and graph capture must succeed on all."""
+        if self.world == 1:
+            return {}
+        from triforce.offload.tp import all_ranks_ok, broadcast_ints
+
+        device = self.lm.device if self.lm.device.type == "cuda" else "cpu"
+        return {"agree": partial(broadcast_ints, device=device), "agree_ok": partial(all_ranks_ok, device=device)}
+
+    def say_attention(self) -> None:
+        if self.rank == 0:
+            print(self.attn_line, file=sys.stderr)
+
+
+def build_runtime(config: RunConfig, rank: int = 0, world: int = 1) -> Runtime:
+    return Runtime(config, rank, world)
+
+
+def _load(arch: str | None, model: str | None, dtype: str, device: str, shard):
+    from triforce.model.architectures import build_random_model
+    from triforce.model.loading import load_model
+
+    if (arch is None) == (model is None):
+        raise UserError("give exactly one of a model and an architecture")
+    if arch is not None:
+        return build_random_model(arch, dtype, device, shard=shard)
+    return load_model(model, dtype=dtype, device=device, shard=shard)
+
+
+def _load_draft(name: str, dtype: str, device: str):
+    """A draft model: an architecture name (random weights, for timing) or a model path."""
+    from triforce.model.architectures import ARCHITECTURES, build_random_model
+    from triforce.model.loading import load_model
+
+    if name in ARCHITECTURES:
+        return build_random_model(name, dtype, device, seed=1)
+    return load_model(name, dtype=dtype, device=device)

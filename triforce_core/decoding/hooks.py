@@ -1,0 +1,18 @@
+"""What the application plugs into the engine's loop, all optional, given at construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from triforce.decoding.sync_count import SyncCounter
+
+
+@dataclass(frozen=True)
+class EngineHooks:
+    """What the application plugs into the loop, all optional."""
+    replay: object = None  # a ReplayVerifier decides checks instead of the models (benchmarks)
+    agree: Callable[[list[int]], list[int]] | None = None  # tensor parallelism: rank 0's decisions win
+    agree_ok: Callable[[bool], bool] | None = None         # ... and graph capture succeeds everywhere or nowhere
+    stop_requested: Callable[[], bool] | None = None       # asked before each round (TP chat's Ctrl-C)
+    gamma2_controller: object = None                       # picks gamma2 from the observed acceptance
+    sync_counter: SyncCounter | None = None                # host synchronisations per phase (CUDA)

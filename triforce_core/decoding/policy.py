@@ -1,0 +1,88 @@
+"""The decisions a decoding loop makes from what it has seen: when to rebuild the retrieval
+cache and how many tokens to propose to the next full verify (SpeculationPolicy: no model, so
+the rules are tested on their own), and the upkeep that carries them out on the sparse tiers."""
+from __future__ import annotations
+
+from collections import deque
+
+from triforce.config import SpecParams
+
+ROLLING_ROUNDS = 8  # full verifies in the rolling acceptance that can trigger a rebuild
+
+
+class SpeculationPolicy:
+    """Keeps the full tier's acceptance over the last ROLLING_ROUNDS verifies.
+
+    A sparse cache is rebuilt when it has taken `rebuild_stride` tokens since its selection
+    (stale), or when the rolling acceptance falls below `rebuild_threshold` once it has taken at
+    least two verifies' worth (struggling). gamma2 follows the controller (the cost model's
+    choice at the rolling acceptance) when there is one, else stays where it started."""
+
+    def __init__(self, spec: SpecParams, gamma2_controller=None):
+        self.spec = spec
+        self.controller = gamma2_controller
+        self.gamma2 = spec.gamma2
+        self._rolling: deque[tuple[int, int]] = deque(maxlen=ROLLING_ROUNDS)
+
+    def full_verified(self, proposed: int, accepted: int) -> None:
+        self._rolling.append((proposed, accepted))
+
+    @property
+    def rolling_acceptance(self) -> float | None:
+        proposed = sum(p for p, _ in self._rolling)
+        return sum(a for _, a in self._rolling) / proposed if proposed else None
+
+    def should_rebuild(self, appended: int) -> bool:
+        """Whether a sparse cache that has taken `appended` tokens since its selection is due."""
+        if appended >= self.spec.rebuild_stride:
+            return True
+        rolling = self.rolling_acceptance
+        return rolling is not None and rolling < self.spec.rebuild_threshold and appended >= 2 * self.spec.gamma2
+
+    def rebuilt(self) -> None:
+        """A fresh selection: the acceptance seen with the old one no longer speaks for it."""
+        self._rolling.clear()
+
+    def next_gamma2(self) -> int:
+        rolling = self.rolling_acceptance
+        if self.controller is not None and rolling is not None:
+            self.gamma2 = self.controller.choose(rolling)
+        return self.gamma2
+
+    def room_needed(self) -> int:
+        """Tokens a sparse cache must have room for before a round starts."""
+        return self.spec.gamma1 + self.spec.gamma2_range[1] + 2
+
+
+class SparseUpkeep:
+    """Keeps the sparse tiers in step with the full cache: the exact KV of committed tokens after
+    each full verify, a rebuild from the latest committed token's queries when the policy says so
+    or a tier runs out of room."""
+
+    def __init__(self, tiers: list, full, policy: SpeculationPolicy):
+        self.tiers, self.full, self.policy = tiers, full, policy
+        self.latest_queries = None  # per layer [B, H, D], of the last committed token
+
+    def start(self, queries) -> None:
+        """A new sequence: select from the whole full cache with its last token's queries."""
+        self.latest_queries = queries
+        for tier in self.tiers:
+            tier.rebuild(self.full.cache, queries)
+
+    def make_room(self) -> None:
+        for tier in self.tiers:
+            if tier.cache.room < self.policy.room_needed():
+                tier.rebuild(self.full.cache, self.latest_queries)
+
+    def after_full_verify(self, committed_before: int, committed: int, queries) -> None:
+        """queries: the verify pass's, one row per token it fed from committed_before on."""
+        if not self.tiers:
+            return
+        row = committed - 1 - committed_before  # the last committed token's row in the verify pass
+        if queries is not None and 0 <= row < queries[0].shape[2]:
+            self.latest_queries = [q[:, :, row] for q in queries]
+        for tier in self.tiers:
+            tier.commit(self.full.cache, committed_before, committed)
+            if self.policy.should_rebuild(tier.cache.appended):
+                tier.rebuild(self.full.cache, self.latest_queries)
+                self.policy.rebuilt()

@@ -36,7 +36,7 @@ class HostAttentionKVCache:
     def host_nbytes(self) -> int:
         return self.k_host.nbytes + self.v_host.nbytes
 
-    def step(self, num_new: int, record_queries: bool = False) -> "HostAttentionStep":
+    def step(self, num_new: int, record_queries: bool = False, prefill: bool = False) -> "HostAttentionStep":
         if record_queries:
             raise ValueError("the ZeRO-Inference baseline runs plain autoregressive decoding only")
         if self.length + num_new > self.max_len:

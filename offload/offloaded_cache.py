@@ -21,7 +21,6 @@ from triforce.offload.prefetcher import Prefetcher, TransferPlan
 from triforce.pinned import HostKVStore, allocate_host
 
 
-RECENT_TOKENS = 64  # a pass's host-bound KV of at most this many tokens stays on the device until the next
 # an all-resident query group attends in one call when its [T, S] mask has at most this many
 # elements; longer groups go through the tiled partial path, whose temporaries are bounded
 ONE_SHOT_MASK_ELEMENTS = 1 << 25
@@ -71,14 +70,14 @@ class OffloadedKVCache:
         staging = sum(t.nbytes for t in self._gather_staging)
         return self.store.nbytes + means + staging
 
-    def step(self, num_new: int, record_queries: bool = False) -> "OffloadedCacheStep":
+    def step(self, num_new: int, record_queries: bool = False, prefill: bool = False) -> "OffloadedCacheStep":
         if self.length + num_new > self.max_len:
             raise OffloadError(f"context full: {self.length} + {num_new} tokens exceed the cache's "
                                f"{self.max_len} slots")
         start = self.length
         self.length += num_new
         self._recent = {}  # this pass rewrites the positions they held
-        return OffloadedCacheStep(self, start, self.length, record_queries, self.transfer_plan(start))
+        return OffloadedCacheStep(self, start, self.length, record_queries, self.transfer_plan(start), prefill)
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
@@ -221,10 +220,11 @@ class OffloadedCacheStep(CacheStep):
     attend once per query group of a layer, in order; each call streams the layer's host blocks
     once, so a group as long as the prompt reads the host KV once per layer."""
 
-    def __init__(self, cache: OffloadedKVCache, start: int, end: int, record_queries: bool, plan: TransferPlan):
+    def __init__(self, cache: OffloadedKVCache, start: int, end: int, record_queries: bool, plan: TransferPlan,
+                 prefill: bool = False):
         super().__init__(start, end, torch.arange(start, end, device=cache.device)[None], cache.num_layers,
                          record_queries)
-        self.cache, self.plan = cache, plan
+        self.cache, self.plan, self.prefill = cache, plan, prefill
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # this layer's host-bound new KV
         self._scratch_layer = -1
 
@@ -265,7 +265,7 @@ class OffloadedCacheStep(CacheStep):
                                     q_start=q_start, k_start=host_new_start, sliding_window=window))
             if self.layer_done(layer):  # send the layer's KV home
                 c.prefetcher.write(layer, host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
-                if count <= RECENT_TOKENS:  # a verify pass, not a prefill: keep it on the device
+                if not self.prefill:  # a verify pass: keep its KV on the device for the sparse tiers
                     c._recent[layer] = (host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
                 self._scratch = None
         return acc.result(q.dtype)

@@ -47,8 +47,9 @@ class FullCache(Protocol):
     def host_nbytes(self) -> int:
         """Host bytes held."""
 
-    def step(self, num_new: int, record_queries: bool = False) -> "CacheStep":
-        """Reserve `num_new` slots; the returned view is what one forward pass writes into."""
+    def step(self, num_new: int, record_queries: bool = False, prefill: bool = False) -> "CacheStep":
+        """Reserve `num_new` slots; the returned view is what one forward pass writes into.
+        prefill: the pass appends input (not a verify whose tokens the sparse tiers will take)."""
 
     def rollback(self, length: int) -> None:
         """Forget every entry at index >= length."""

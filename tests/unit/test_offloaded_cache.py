@@ -18,12 +18,12 @@ WINDOWED = dataclasses.replace(CFG, sliding_windows=(None, 11))
 D = CFG.head_dim
 
 
-def feed(caches, num_new, seed, chunks=None):
+def feed(caches, num_new, seed, chunks=None, prefill=False):
     """The same random q, k, v through every cache's step; chunks: layer-major pieces per layer.
     Returns each cache's outputs [layer][piece]."""
     g = torch.Generator().manual_seed(seed)
     chunks = chunks or [num_new]
-    steps = [c.step(num_new) for c in caches]
+    steps = [c.step(num_new, prefill=prefill) for c in caches]
     outs = [[] for _ in caches]
     for layer in range(CFG.num_layers):
         for n in chunks:
@@ -134,7 +134,7 @@ def test_chunk_size_that_does_not_divide_the_blocks_is_refused():
 
 def test_kv_range_of_a_verify_pass_comes_from_the_device(monkeypatch):
     full, off = pair(max_len=200, resident=16, block=8)
-    feed([full, off], 90, seed=0)                 # a prefill: too long to keep on the device
+    feed([full, off], 90, seed=0, prefill=True)   # a prefill: its KV is not kept on the device
     host_reads = []
     real_read = off.store.read
     monkeypatch.setattr(off.store, "read", lambda s, e: host_reads.append((s, e)) or real_read(s, e))
@@ -149,6 +149,9 @@ def test_kv_range_of_a_verify_pass_comes_from_the_device(monkeypatch):
     assert len(host_reads) == 1                   # served by the pass's device copies
     assert torch.equal(off.kv_range(85, 93)[0], full.kv_range(85, 93)[0])
     assert host_reads[-1] == (85, 93)             # reaches before the pass: read back from the host
+    feed([full, off], 5, seed=2, prefill=True)    # a short prefill is still a prefill: said, not guessed
+    assert torch.equal(off.kv_range(93, 98)[0], full.kv_range(93, 98)[0])
+    assert host_reads[-1] == (93, 98)
 
 
 def test_top_k_selection_reads_the_offloaded_cache_like_the_resident_one():

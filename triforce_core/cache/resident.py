@@ -40,7 +40,7 @@ class ResidentKVCache:
     def nbytes(self) -> int:
         return self.k_buf.nbytes + self.v_buf.nbytes + sum(m.nbytes for m in self._means.values())
 
-    def step(self, num_new: int, record_queries: bool = False) -> BufferStep:
+    def step(self, num_new: int, record_queries: bool = False, prefill: bool = False) -> BufferStep:
         """Reserve slots for `num_new` tokens and return the view one forward pass writes into.
         With record_queries, the step keeps each layer's post-RoPE queries (for retrieval)."""
         if self.length + num_new > self.max_len:

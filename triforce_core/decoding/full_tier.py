@@ -60,8 +60,8 @@ class FullTier:
         """As logits, and with record_queries each layer's queries of the fed tokens [B, H, n, D]."""
         return self._pass(seq[len(self.tokens):], None, record_queries)
 
-    def _pass(self, ids: list[int], num_logits: int | None, record_queries: bool, layer_major: bool = False,
-              progress: Callable[[int], None] | None = None,
+    def _pass(self, ids: list[int], num_logits: int | None, record_queries: bool, prefill: bool = False,
+              layer_major: bool = False, progress: Callable[[int], None] | None = None,
               record_last: bool = False) -> tuple[torch.Tensor, Queries | None]:
         """One forward pass over `ids` through the cache; the cache rolls back if it fails.
         record_queries: return every fed token's queries; record_last: only the last token's
@@ -69,7 +69,7 @@ class FullTier:
         started = time.perf_counter()
         start = len(self.tokens)
         tokens = device_tokens(ids, self.lm.device)
-        step = self.cache.step(len(ids), record_queries)
+        step = self.cache.step(len(ids), record_queries, prefill=prefill)
         view = _PrefillView(step, len(ids), progress, record_last) if progress or record_last else step
         chunking = dict(chunk_tokens=self.prefill_chunk, group_tokens=self.prefill_group) if layer_major else {}
         try:
@@ -98,13 +98,14 @@ class FullTier:
                             f"{len(self.tokens)} of {self.max_len} tokens")
         started = time.perf_counter()
         if self.cache.layer_major:
-            logits, queries = self._pass(ids, 1, False, layer_major=True, progress=progress,
+            logits, queries = self._pass(ids, 1, False, prefill=True, layer_major=True, progress=progress,
                                          record_last=record_queries)
         else:
             chunk = chunk or self.prefill_chunk
             for begin in range(0, len(ids), chunk):
                 piece = ids[begin:begin + chunk]
-                logits, queries = self._pass(piece, 1, False, record_last=record_queries and begin + chunk >= len(ids))
+                logits, queries = self._pass(piece, 1, False, prefill=True,
+                                             record_last=record_queries and begin + chunk >= len(ids))
                 if progress is not None:
                     progress(len(piece))
         if record_queries:

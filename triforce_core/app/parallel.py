@@ -20,20 +20,44 @@ def share_threads(world: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
 
 
-def run_on_ranks(world: int, fn, request, model: str | None = None) -> None:
+def run_on_ranks(world: int, fn, request, model: str | None = None, device: str = "auto",
+                 arch: str | None = None) -> None:
     """Run fn(rank, world, request) on `world` ranks (in this process alone when world is 1); a
-    failing rank becomes one UserError line. `model` is fetched or converted once first, so the
-    ranks do not race to do it."""
+    failing rank becomes one UserError line. Before any rank starts, `world` is checked against
+    the model's KV heads and the GPUs or cores there are, and `model` is fetched or converted once,
+    so the ranks neither race to do it nor start only to fail."""
     if world == 1:
         fn(0, 1, request)
         return
     from triforce.errors import UserError
     from triforce.offload.tp import RankFailed, launch
 
-    if model is not None:
-        from triforce.model.loading import resolve_model_dir
-        resolve_model_dir(model)
+    check_world(world, device, model, arch)
     try:
         launch(world, fn, (request,))
     except RankFailed as e:
         raise UserError(str(e)) from None
+
+
+def check_world(world: int, device: str, model: str | None = None, arch: str | None = None) -> None:
+    """--tp N must split the model's KV heads and fit the GPUs (CUDA) or cores (CPU) present."""
+    from triforce.errors import UserError
+
+    if world < 1:
+        raise UserError(f"--tp must be >= 1, got {world}")
+    on_cuda = torch.cuda.is_available() and device in ("auto", "cuda")
+    if on_cuda and world > torch.cuda.device_count():
+        raise UserError(f"--tp {world} needs {world} GPUs but {torch.cuda.device_count()} are visible")
+    cores = os.cpu_count() or 1
+    if not on_cuda and world > cores:
+        raise UserError(f"--tp {world} on the CPU needs a core per rank but this machine has {cores}")
+    kv_heads = None
+    if arch is not None:
+        from triforce.model.architectures import arch_config
+        kv_heads = arch_config(arch).num_kv_heads
+    elif model is not None:
+        from triforce.model.loading import read_hf_config, resolve_model_dir
+        hf = read_hf_config(resolve_model_dir(model))
+        kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+    if kv_heads is not None and world > kv_heads:
+        raise UserError(f"--tp {world} cannot split the model's {kv_heads} KV heads (--tp at most {kv_heads})")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import click
 
 from triforce.app.runtime import RunConfig
-from triforce.cli.options import device_option, dtype_option, offload_options, runtime_options
+from triforce.cli.options import check_output_path, device_option, dtype_option, offload_options, runtime_options
 from triforce.errors import UserError
 
 
@@ -62,6 +62,7 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
         raise UserError("give exactly one of --arch and --model")
     if context < 2 or new_tokens < 1 or tp < 1:
         raise UserError("--context must be >= 2, --new-tokens >= 1 and --tp >= 1")
+    check_output_path("--plot", plot_path)
     trace = load_trace(acceptance_trace) if acceptance_trace else None
     if arch is not None and "triforce" in chosen and trace is None:
         raise UserError("random weights cannot accept drafts honestly: record a trace with "
@@ -76,7 +77,7 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
                        graphs="off" if no_graphs else "auto", overlap=not no_overlap)
     request = BenchRequest(config, context, chosen, trace, acceptance_trace, new_tokens, plot_path, as_json)
     from triforce.app.parallel import run_on_ranks
-    run_on_ranks(tp, bench_rank, request)
+    run_on_ranks(tp, bench_rank, request, model, device, arch)
 
 
 @dataclass(frozen=True)

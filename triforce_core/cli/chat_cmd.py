@@ -106,7 +106,7 @@ def chat(model, system, max_new_tokens, max_context, method, draft, budget, chun
     request = ChatRequest(config=config, system=system, max_new_tokens=max_new_tokens, max_context=max_context,
                           params=build_sampling(temperature, top_p, top_k, seed))
     from triforce.app.parallel import run_on_ranks
-    run_on_ranks(tp, chat_rank, request, model)
+    run_on_ranks(tp, chat_rank, request, model, device)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from triforce.app.runtime import RunConfig
-from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option, dtype_option,
+from triforce.cli.options import (build_sampling, build_spec, check_non_negative, check_output_path, device_option,
+                                  dtype_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
 from triforce.errors import UserError
@@ -75,6 +76,7 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
     KV stays on the device; the rest is offloaded to host memory.
     """
     check_non_negative("--max-new-tokens", max_new_tokens)
+    check_output_path("--record-acceptance", record_acceptance)
     if tp < 1:
         raise UserError(f"--tp must be >= 1, got {tp}")
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
@@ -85,7 +87,7 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
                               params=build_sampling(temperature, top_p, top_k, seed), max_new_tokens=max_new_tokens,
                               ignore_eos=ignore_eos, record_acceptance=record_acceptance, as_json=as_json)
     from triforce.app.parallel import run_on_ranks
-    run_on_ranks(tp, generate_rank, request, model)
+    run_on_ranks(tp, generate_rank, request, model, device)
 
 
 @dataclass(frozen=True)
@@ -173,14 +175,20 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
                         if run.choice else []} if spec.method != "ar" else None,
         "plan": plan.to_json(),
     }
+    trace_error = None
     if r.record_acceptance:
         from triforce.decoding.acceptance_trace import save_trace
-        save_trace(r.record_acceptance, engine.rounds, {
-            "model": str(lm.path), "method": method, "tiers": engine.describe(), "prompt_tokens": len(ids),
-            "budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
-            "temperature": r.params.temperature})
+        try:
+            save_trace(r.record_acceptance, engine.rounds, {
+                "model": str(lm.path), "method": method, "tiers": engine.describe(), "prompt_tokens": len(ids),
+                "budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
+                "temperature": r.params.temperature})
+        except UserError as e:  # checked before the run, yet the disk may fill: the result still prints
+            trace_error = e
     if r.as_json:
         print(json.dumps(summary))
+        if trace_error is not None:
+            raise trace_error
         return
     print()
     speculation = ""
@@ -195,3 +203,5 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     print(f"[{summary['new_tokens']} tokens, {summary['tokens_per_s']} tok/s decode, "
           f"prompt {len(ids)} tokens in {summary['prefill_s']} s, stopped by {result.stopped_by}"
           f"{speculation}{offload}{', tp %d' % world if world > 1 else ''}]", file=sys.stderr)
+    if trace_error is not None:
+        raise trace_error

@@ -32,6 +32,24 @@ def build_sampling(temperature: float, top_p: float, top_k: int, seed: int | Non
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
 
 
+def check_output_path(flag: str, path: str | None) -> None:
+    """An output file the run will write at its end: refuse it now, before any work, if it
+    cannot be written (a folder, a missing or read-only parent, a read-only file)."""
+    if path is None:
+        return
+    import os
+    from pathlib import Path
+
+    target = Path(path).expanduser()
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise UserError(f"{flag} {path} is a directory; give a file path")
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: the folder {parent} does not exist")
+    if target.exists() and not os.access(target, os.W_OK) or not target.exists() and not os.access(parent, os.W_OK):
+        raise UserError(f"{flag} {path} cannot be written (permission denied)")
+
+
 def check_non_negative(name: str, value: int) -> None:
     if value < 0:
         raise UserError(f"{name} must be >= 0, got {value}")

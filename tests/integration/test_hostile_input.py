@@ -1,0 +1,80 @@
+"""Careless input is refused before any expensive work, and a computed result is never lost.
+Each case asserts the exit code, a single `triforce: error:` line and no traceback."""
+import json
+
+import pytest
+
+from test_cli import assert_one_line_error, run_cli
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if a run gets as far as loading a model or starting ranks."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("expensive work started before validation")
+
+    monkeypatch.setattr("triforce.app.runtime.Runtime.__init__", refuse)
+    monkeypatch.setattr("triforce.offload.tp.launch", refuse)
+
+
+TP_CASES = [  # (command line after the model flag, fragment of the error, cores this machine claims)
+    (["generate", "--prompt", "hi", "--tp", "99"], "core per rank", None),
+    (["chat", "--tp", "99"], "core per rank", None),
+    (["generate", "--prompt", "hi", "--tp", "8"], "KV heads", 64),
+    (["chat", "--tp", "8"], "KV heads", 64),
+]
+
+
+@pytest.mark.parametrize("args,fragment,cores", TP_CASES)
+def test_tp_is_checked_before_any_rank_starts(capsys, tiny_model_dir, monkeypatch, no_work, args, fragment, cores):
+    model = str(tiny_model_dir("llama-gqa"))
+    capsys.readouterr()  # making the tiny model prints progress
+    if cores is not None:
+        monkeypatch.setattr("os.cpu_count", lambda: cores)
+    code, _, err = run_cli(capsys, args[0], "--model", model, *args[1:])
+    assert_one_line_error(code, err, fragment)
+
+
+def test_bench_tp_is_checked_against_the_architecture(capsys, monkeypatch, no_work):
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    code, _, err = run_cli(capsys, "bench", "offload", "--arch", "tiny-test", "--context", "64", "--draft", "lookup",
+                           "--methods", "ar-offload", "--tp", "16")
+    assert_one_line_error(code, err, "KV heads")
+
+
+def output_cases(tmp_path):
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    missing = tmp_path / "missing" / "out.json"
+    return [
+        (["generate", "--prompt", "hi", "--record-acceptance", str(folder)], "is a directory"),
+        (["generate", "--prompt", "hi", "--record-acceptance", str(missing)], "does not exist"),
+        (["bench", "offload", "--context", "64", "--plot", str(folder)], "is a directory"),
+        (["bench", "offload", "--context", "64", "--plot", str(missing)], "does not exist"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_output_paths_are_checked_before_the_work(capsys, tiny_model_dir, tmp_path, no_work, case):
+    args, fragment = output_cases(tmp_path)[case]
+    model = str(tiny_model_dir("llama-gqa"))
+    capsys.readouterr()
+    split = 2 if args[0] == "bench" else 1
+    code, _, err = run_cli(capsys, *args[:split], "--model", model, *args[split:])
+    assert_one_line_error(code, err, fragment)
+
+
+def test_a_trace_that_cannot_be_written_after_the_run_keeps_the_result(capsys, tiny_model_dir, tmp_path, monkeypatch):
+    from triforce.errors import UserError
+
+    def disk_full(*args, **kwargs):
+        raise UserError("cannot write the acceptance trace: No space left on device")
+
+    monkeypatch.setattr("triforce.decoding.acceptance_trace.save_trace", disk_full)
+    model = str(tiny_model_dir("llama-gqa"))
+    capsys.readouterr()
+    code, out, err = run_cli(capsys, "generate", "--model", model, "--prompt", "the cat",
+                             "--max-new-tokens", "4", "--method", "retrieval", "--budget", "32", "--chunk-size", "4",
+                             "--record-acceptance", str(tmp_path / "trace.json"), "--json")
+    assert_one_line_error(code, err, "No space left")
+    assert len(json.loads(out)["tokens"]) == 4  # the run's result was printed all the same

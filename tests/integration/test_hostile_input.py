@@ -78,3 +78,47 @@ def test_a_trace_that_cannot_be_written_after_the_run_keeps_the_result(capsys, t
                              "--record-acceptance", str(tmp_path / "trace.json"), "--json")
     assert_one_line_error(code, err, "No space left")
     assert len(json.loads(out)["tokens"]) == 4  # the run's result was printed all the same
+
+
+def file_cases(tmp_path):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    huge = tmp_path / "huge.txt"
+    huge.write_text("the cat sat on the mat. " * 2000)  # 48 KB: far beyond a 128-token context
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf\xe9 au lait")
+    return [
+        (str(tmp_path / "nope.txt"), "does not exist"),
+        (str(folder), "is a directory"),
+        ("/dev/zero", "not a regular file"),
+        (str(huge), "too long for the model's 128-token context"),
+        (str(bad), "not UTF-8"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_prompt_files_are_refused_by_kind_and_size_before_being_read(capsys, tiny_model_dir, tmp_path, monkeypatch,
+                                                                      case):
+    path, fragment = file_cases(tmp_path)[case]
+    model = str(tiny_model_dir("llama-gqa"))
+    capsys.readouterr()
+    read = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda f, *a, **k: read.append(str(f)) or real_open(f, *a, **k))
+    code, _, err = run_cli(capsys, "generate", "--model", model, "--prompt-file", path)
+    assert_one_line_error(code, err, fragment)
+    assert path not in read or fragment == "not UTF-8"  # refused by its size or kind, unread
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_chat_load_refuses_what_cannot_fit_and_keeps_the_session(tiny_model_dir, tmp_path, case):
+    from triforce.app.chat import Chat
+    from triforce.errors import UserError
+    from triforce.model.loading import load_model
+
+    path, fragment = file_cases(tmp_path)[case]
+    fragment = fragment.replace("the model's 128-token context", "the 40 tokens left")
+    chat = Chat(load_model(str(tiny_model_dir("llama-gqa")), dtype="float32", device="cpu"), 40)
+    with pytest.raises(UserError, match=fragment):
+        chat.load_document(__import__("pathlib").Path(path))
+    assert chat.messages == [] and chat.full.tokens == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from triforce.app.inputs import read_text_file, text_bound
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.decoding.statistics import GenerationResult
@@ -54,10 +55,9 @@ class Chat:
 
     def load_document(self, path: Path, progress=None, on_total=None) -> int:
         """Put a document into the context now, so the next question starts fast."""
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as e:
-            raise UserError(f"cannot read {path}: {e.strerror}") from None
+        left = self.full.max_len - len(self.engine.seq)
+        text = read_text_file(path, "document", text_bound(left), f"the {left} tokens left in the context "
+                              "(/reset, or a larger --max-context)", errors="replace")
         message = {"role": "user", "content": f"Here is the document {path.name}:\n\n{text}"}
         candidate = self.messages + [message]
         self._sync(candidate, False, progress, on_total)

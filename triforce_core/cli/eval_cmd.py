@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from triforce.app.inputs import read_text_file, text_bound
 from triforce.cli.generate_cmd import read_prompt
 from triforce.cli.options import device_option, dtype_option, model_option
 from triforce.errors import UserError
@@ -62,9 +63,12 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
     for b in budget_list:
         if b < 2 * chunk_size or b <= sink_tokens:
             raise UserError(f"budget {b} must hold two chunks ({2 * chunk_size}) and exceed {sink_tokens} sinks")
+    text = read_prompt(None, prompt_file)  # stdin now; a file is checked now and read below
     lm = load_model(model, dtype=dtype, device=device)
-    ids = lm.tokenizer(read_prompt(None, prompt_file)).input_ids
     context = lm.config.max_position_embeddings
+    if text is None:
+        text = read_text_file(prompt_file, "prompt file", text_bound(context), f"the model's {context}-token context")
+    ids = lm.tokenizer(text).input_ids
     if len(ids) + gen > context:
         raise UserError(f"the prompt has {len(ids)} tokens; with --gen {gen} that exceeds the model's "
                         f"context of {context} tokens")

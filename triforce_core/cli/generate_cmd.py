@@ -5,10 +5,10 @@ import json
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import click
 
+from triforce.app.inputs import check_text_file, read_text_file, text_bound
 from triforce.app.runtime import RunConfig
 from triforce.cli.options import (build_sampling, build_spec, check_non_negative, check_output_path, device_option,
                                   dtype_option,
@@ -17,20 +17,26 @@ from triforce.cli.options import (build_sampling, build_spec, check_non_negative
 from triforce.errors import UserError
 
 
-def read_prompt(prompt: str | None, prompt_file: str | None) -> str:
+STDIN_PROMPT_BYTES = 64 << 20  # stdin has no size to check first: read at most this much
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
+    """The prompt text now, for --prompt and stdin; None for a file, which is checked now and read
+    after the model is known (app.inputs.read_text_file), so its size can be bounded by the context."""
     if (prompt is None) == (prompt_file is None):
         raise UserError("give exactly one of --prompt and --prompt-file")
     if prompt is not None:
         return prompt
-    path = Path(prompt_file)
     if prompt_file == "-":
-        return sys.stdin.read()
-    if not path.is_file():
-        raise UserError(f"prompt file '{prompt_file}' does not exist")
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read prompt file '{prompt_file}': {e}") from None
+        data = sys.stdin.buffer.read(STDIN_PROMPT_BYTES + 1)
+        if len(data) > STDIN_PROMPT_BYTES:
+            raise UserError(f"the prompt on stdin is longer than {STDIN_PROMPT_BYTES:,} bytes")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"the prompt on stdin is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    check_text_file(prompt_file, "prompt file")
+    return None
 
 
 def encode_prompt(lm, text: str, as_chat: bool) -> list[int]:
@@ -83,7 +89,8 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
     config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
                        device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
                        overlap=not no_overlap, count_syncs=count_syncs)
-    request = GenerateRequest(config=config, text=read_prompt(prompt, prompt_file), as_chat=as_chat,
+    request = GenerateRequest(config=config, text=read_prompt(prompt, prompt_file), prompt_file=prompt_file,
+                              as_chat=as_chat,
                               params=build_sampling(temperature, top_p, top_k, seed), max_new_tokens=max_new_tokens,
                               ignore_eos=ignore_eos, record_acceptance=record_acceptance, as_json=as_json)
     from triforce.app.parallel import run_on_ranks
@@ -94,7 +101,8 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
 class GenerateRequest:
     """Everything a generate run needs, picklable so tensor-parallel ranks can receive it."""
     config: RunConfig
-    text: str
+    text: str | None              # the prompt, or None: read prompt_file once the context is known
+    prompt_file: str | None
     as_chat: bool
     params: object                # SamplingParams
     max_new_tokens: int
@@ -116,8 +124,10 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     speaker = rank == 0
     runtime = build_runtime(r.config, rank, world)
     lm = runtime.lm
-    ids = encode_prompt(lm, r.text, r.as_chat)
     context = lm.config.max_position_embeddings
+    text = r.text if r.text is not None else read_text_file(
+        r.prompt_file, "prompt file", text_bound(context), f"the model's {context}-token context")
+    ids = encode_prompt(lm, text, r.as_chat)
     max_new_tokens = r.max_new_tokens
     if not ids:
         raise UserError("the prompt is empty after tokenisation")

@@ -91,9 +91,10 @@ def run_method(method: str, s: Setup) -> dict:
     spec = s.spec if method == "triforce" else SpecParams(method="ar")
     max_len = s.context + s.new_tokens + 8
     try:
-        plan = s.runtime.plan(max_len, spec, ALL_GIVEN).plan
+        run = s.runtime.plan(max_len, spec, ALL_GIVEN)
     except UserError as e:
         return {"method": method, "error": str(e)}
+    plan = run.plan
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -103,7 +104,7 @@ def run_method(method: str, s: Setup) -> dict:
     else:
         cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap)
     replay = ReplayVerifier(s.trace) if method == "triforce" and s.trace is not None else None
-    engine = s.runtime.engine(max_len, spec=spec, fixed=ALL_GIVEN, kv_cache=cache, replay=replay)
+    engine = s.runtime.engine(max_len, run, kv_cache=cache, replay=replay)
     if s.prompt_ids is not None:
         ids = s.prompt_ids
         engine.set_sequence(ids)  # a real prefill: real models must see their real KV

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from triforce.config import ModelConfig, SpecParams
 from triforce.offload.cost_model import (Acceptance, Hardware, StepCosts, full_verify_ms, tier0_ms, tier1_ms,
                                          triforce_ms_per_token)
 from triforce.offload.errors import OffloadError
 from triforce.offload.profiles import MemoryProfile, format_size
-from triforce.offload.shapes import (ModelShape, SpecShape, activation_bytes_per_token, kv_bytes_per_token_layer,
-                                     kv_heads_share, weight_bytes)
+from triforce.offload.shapes import activation_bytes_per_token, kv_bytes_per_token_layer, kv_heads_share, weight_bytes
 
 ALIGN_TOKENS = 256             # resident and block sizes are multiples of this (chunk sizes divide it)
 DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): big copies, small footprint
@@ -84,8 +84,8 @@ class MemoryPlan:
         return out
 
 
-def plan_memory(model: ModelShape, profile: MemoryProfile, context: int, spec: SpecShape, *,
-                dtype_bytes: int, draft: ModelShape | None = None, draft_dtype_bytes: int | None = None,
+def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: SpecParams, *,
+                dtype_bytes: int, draft: ModelConfig | None = None, draft_dtype_bytes: int | None = None,
                 tp: int = 1, graphs: bool | None = None, acceptance: Acceptance = Acceptance(),
                 has_tier0: bool | None = None) -> MemoryPlan:
     """Place weights, caches and as much KV as fits on each GPU; the rest of the KV on the host.
@@ -236,8 +236,8 @@ def _too_big_reason(parts: dict, budget: int, profile: MemoryProfile, tp: int, s
             f"{format_size(parts[biggest])}) but the budget is {format_size(budget)}: try " + ", ".join(hints))
 
 
-def step_costs(plan: "MemoryPlan", model: ModelShape, spec: SpecShape, dtype_bytes: int,
-               draft: ModelShape | None, tp: int) -> StepCosts:
+def step_costs(plan: "MemoryPlan", model: ModelConfig, spec: SpecParams, dtype_bytes: int,
+               draft: ModelConfig | None, tp: int) -> StepCosts:
     """What one forward pass of each tier moves and computes on a GPU of this plan."""
     b = plan.breakdown
     per_token = kv_bytes_per_token_layer(model, dtype_bytes, tp) * model.num_layers
@@ -258,8 +258,8 @@ def hardware(profile: MemoryProfile) -> Hardware:
                     profile.attention_gbps)
 
 
-def _with_predictions(plan: MemoryPlan, model: ModelShape, profile: MemoryProfile, spec: SpecShape,
-                      dtype_bytes: int, draft: ModelShape | None, tp: int, acceptance: Acceptance,
+def _with_predictions(plan: MemoryPlan, model: ModelConfig, profile: MemoryProfile, spec: SpecParams,
+                      dtype_bytes: int, draft: ModelConfig | None, tp: int, acceptance: Acceptance,
                       has_tier0: bool) -> MemoryPlan:
     costs = step_costs(plan, model, spec, dtype_bytes, draft, tp)
     hw = hardware(profile)

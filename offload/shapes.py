@@ -1,52 +1,26 @@
-"""What the planner needs of a model and of the speculation settings, and the byte counts that
-follow from a model's shape (per GPU, for the rank with the largest share under tensor parallelism)."""
+"""The byte counts that follow from a model's shape (per GPU, for the rank with the largest share
+under tensor parallelism). The planner takes the core's own configuration types: a ModelConfig
+(loaded, or a named architecture's shapes) and SpecParams."""
 from __future__ import annotations
 
-from typing import Protocol
-
-
-class ModelShape(Protocol):
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    tie_word_embeddings: bool
-
-
-class SpecShape(Protocol):
-    method: str
-    budget: int
-    gamma1: int
-    gamma2: int
-    chunk_size: int
-    uses_sparse_cache: bool
-    sparse_append_slots: int
-    sink_tokens: int
-    draft_window_tokens: int
-    draft_slack: int
+from triforce.config import ModelConfig
 
 
 def largest_share(n: int, tp: int) -> int:
     return -(-n // tp)
 
 
-def kv_heads_share(m: ModelShape, tp: int) -> int:
+def kv_heads_share(m: ModelConfig, tp: int) -> int:
     return largest_share(m.num_kv_heads, tp)
 
 
-def activation_bytes_per_token(m: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
+def activation_bytes_per_token(m: ModelConfig, dtype_bytes: int, tp: int = 1) -> int:
     """The live activations of one token in one layer's forward on one rank."""
     heads = kv_heads_share(m, tp) * (m.num_heads // m.num_kv_heads)
     return (6 * m.hidden_size + 2 * heads * m.head_dim + 3 * largest_share(m.intermediate_size, tp)) * dtype_bytes
 
 
-def weight_bytes(m: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
+def weight_bytes(m: ModelConfig, dtype_bytes: int, tp: int = 1) -> int:
     """Parameter bytes on the rank with the largest share: attention split by whole KV heads
     (query heads follow their KV head), MLP by intermediate rows; embeddings, LM head and norms
     replicated."""
@@ -62,6 +36,6 @@ def weight_bytes(m: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
     return (m.num_layers * per_layer + replicated) * dtype_bytes
 
 
-def kv_bytes_per_token_layer(m: ModelShape, dtype_bytes: int, tp: int = 1) -> int:
+def kv_bytes_per_token_layer(m: ModelConfig, dtype_bytes: int, tp: int = 1) -> int:
     """K and V of one token in one layer, on the rank with the most KV heads."""
     return 2 * kv_heads_share(m, tp) * m.head_dim * dtype_bytes

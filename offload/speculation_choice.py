@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from triforce.config import ModelConfig
 from triforce.offload.cost_model import Acceptance, GAMMA1_RANGE, GAMMA2_RANGE, best_gammas, gamma2_bounds
 from triforce.offload.planner import hardware, plan_memory
 from triforce.offload.profiles import MemoryProfile, acceptance_table
-from triforce.offload.shapes import ModelShape
 
 TUNABLE = ("budget", "chunk_size", "gamma1", "gamma2")
 
@@ -42,8 +42,8 @@ def measured_acceptance(rows: list[dict], policy: str) -> dict[tuple[int, int], 
     return table
 
 
-def choose_speculation(model: ModelShape, profile: MemoryProfile, context: int, spec, *, dtype_bytes: int,
-                       fixed: frozenset[str] = frozenset(), draft: ModelShape | None = None, tp: int = 1,
+def choose_speculation(model: ModelConfig, profile: MemoryProfile, context: int, spec, *, dtype_bytes: int,
+                       fixed: frozenset[str] = frozenset(), draft: ModelConfig | None = None, tp: int = 1,
                        rows: list[dict] = (), assumed: Acceptance = Acceptance(),
                        has_tier0: bool | None = None) -> Choice | None:
     """The lowest predicted ms/token over measured (budget, chunk) pairs and the gamma grid,
@@ -76,8 +76,8 @@ def choose_speculation(model: ModelShape, profile: MemoryProfile, context: int, 
     return Choice(budget, chunk, g1, g2, min(low, g2), max(high, g2), ms, acceptance)
 
 
-def plan_with_choice(model: ModelShape, profile: MemoryProfile, context: int, spec, fixed: frozenset[str], *,
-                     dtype_bytes: int, draft: ModelShape | None = None, draft_dtype_bytes: int | None = None,
+def plan_with_choice(model: ModelConfig, profile: MemoryProfile, context: int, spec, fixed: frozenset[str], *,
+                     dtype_bytes: int, draft: ModelConfig | None = None, draft_dtype_bytes: int | None = None,
                      tp: int = 1, assumed: Acceptance = Acceptance(), has_tier0: bool | None = None):
     """Choose what the user left open (budget, chunk size, gammas) by the cost model, with the
     acceptance measured for the profile where there is some, then plan memory for it.

@@ -60,14 +60,14 @@ class Runtime:
             self.draft.model.attn = backend
         self.attn_name = backend.name
         self.load_s = time.perf_counter() - started
-        self.last_run: RunPlan | None = None  # the plan of the latest engine
+        # once: an automatic profile reads the device, and counts what is loaded the same either way
+        self.profile = resolve_profile(config.profile, self.lm.device, config.device_budget)
 
     def plan(self, max_len: int, spec: SpecParams | None = None, fixed: frozenset | None = None) -> RunPlan:
         """The memory plan and the cost model's speculation choices for a context of max_len;
         a plan that cannot fit is a UserError."""
-        c = self.config
+        c, profile = self.config, self.profile
         spec = spec or c.spec
-        profile = resolve_profile(c.profile, self.lm.device, c.device_budget)
         draft = self.draft.model if spec.uses_draft else None
         run = plan_run(self.lm.config, profile, max_len, spec, c.fixed if fixed is None else fixed, self.lm.dtype,
                        draft.config if draft else None, draft.dtype if draft else None,
@@ -76,13 +76,13 @@ class Runtime:
             raise UserError(f"the model does not fit profile {profile.name}: {run.plan.reason}")
         return run
 
-    def engine(self, max_len: int, *, spec: SpecParams | None = None, fixed: frozenset | None = None,
-               kv_cache=None, replay=None, stop_requested=None) -> Engine:
-        """Plan for max_len tokens, build the full cache the plan calls for (or use kv_cache),
-        and the engine with every hook this run has."""
+    def engine(self, max_len: int, run: RunPlan | None = None, *, kv_cache=None, replay=None,
+               stop_requested=None) -> Engine:
+        """The engine for max_len tokens under `run` (default: self.plan(max_len)), over the full
+        cache the plan calls for (or kv_cache), with every hook this run has."""
         from triforce.decoding.sync_count import SyncCounter
 
-        run = self.last_run = self.plan(max_len, spec, fixed)
+        run = run or self.plan(max_len)
         if kv_cache is None:
             kv_cache = build_kv_cache(self.lm, max_len, run.plan, overlap=self.config.overlap)
         hooks = EngineHooks(replay=replay, stop_requested=stop_requested,

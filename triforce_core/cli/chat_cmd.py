@@ -181,8 +181,9 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     stop = None
     if world > 1:  # every rank asks rank 0 whether Ctrl-C was pressed, once per round
         stop = lambda: console.stop_requested(engine.hooks.agree)  # noqa: E731
-    engine = runtime.engine(max_len, stop_requested=stop)
-    plan = runtime.last_run.plan
+    run = runtime.plan(max_len)
+    engine = runtime.engine(max_len, run, stop_requested=stop)
+    plan = run.plan
     session = Chat(lm, max_len, system=r.system, engine=engine)
     try:
         import readline  # noqa: F401  (line editing and history for input())

@@ -139,8 +139,8 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
             print(f"note: generating at most {max_new_tokens} tokens to stay within the "
                   f"{context}-token context", file=sys.stderr)
     max_len = len(ids) + max(max_new_tokens, 1)
-    engine = runtime.engine(max_len)
-    run = runtime.last_run
+    run = runtime.plan(max_len)
+    engine = runtime.engine(max_len, run)
     plan, spec = run.plan, run.spec
     stream = TextStream(lm.tokenizer)
 

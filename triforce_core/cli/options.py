@@ -46,7 +46,7 @@ def check_output_path(flag: str, path: str | None) -> None:
         raise UserError(f"{flag} {path} is a directory; give a file path")
     if not parent.is_dir():
         raise UserError(f"{flag} {path}: the folder {parent} does not exist")
-    if target.exists() and not os.access(target, os.W_OK) or not target.exists() and not os.access(parent, os.W_OK):
+    if not os.access(target if target.exists() else parent, os.W_OK):
         raise UserError(f"{flag} {path} cannot be written (permission denied)")
 
 

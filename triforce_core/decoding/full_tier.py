@@ -61,7 +61,7 @@ class FullTier:
         return self._pass(seq[len(self.tokens):], None, record_queries)
 
     def _pass(self, ids: list[int], num_logits: int | None, record_queries: bool, prefill: bool = False,
-              layer_major: bool = False, progress: Callable[[int], None] | None = None,
+              progress: Callable[[int], None] | None = None,
               record_last: bool = False) -> tuple[torch.Tensor, Queries | None]:
         """One forward pass over `ids` through the cache; the cache rolls back if it fails.
         record_queries: return every fed token's queries; record_last: only the last token's
@@ -71,6 +71,7 @@ class FullTier:
         tokens = device_tokens(ids, self.lm.device)
         step = self.cache.step(len(ids), record_queries, prefill=prefill)
         view = _PrefillView(step, len(ids), progress, record_last) if progress or record_last else step
+        layer_major = prefill and self.cache.layer_major  # the whole prompt in one pass, layer by layer
         chunking = dict(chunk_tokens=self.prefill_chunk, group_tokens=self.prefill_group) if layer_major else {}
         try:
             logits = self.model(tokens, step.positions, view, num_logits=num_logits, **chunking)[0]
@@ -98,7 +99,7 @@ class FullTier:
                             f"{len(self.tokens)} of {self.max_len} tokens")
         started = time.perf_counter()
         if self.cache.layer_major:
-            logits, queries = self._pass(ids, 1, False, prefill=True, layer_major=True, progress=progress,
+            logits, queries = self._pass(ids, 1, False, prefill=True, progress=progress,
                                          record_last=record_queries)
         else:
             chunk = chunk or self.prefill_chunk

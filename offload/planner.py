@@ -84,6 +84,19 @@ class MemoryPlan:
         return out
 
 
+def check_tp(tp: int, model: ModelConfig, profile: MemoryProfile) -> None:
+    """The same limits generate and chat apply before starting ranks (triforce.app.parallel),
+    with the profile's GPUs or cores standing for the machine's."""
+    if tp > model.num_kv_heads:
+        raise OffloadError(f"--tp {tp} cannot split the model's {model.num_kv_heads} KV heads "
+                           f"(--tp at most {model.num_kv_heads})")
+    if profile.num_gpus > 0 and tp > profile.num_gpus:
+        raise OffloadError(f"--tp {tp} needs {tp} GPUs but profile {profile.name} has {profile.num_gpus}")
+    if profile.num_gpus == 0 and tp > profile.cpu_threads:
+        raise OffloadError(f"--tp {tp} on the CPU needs a core per rank but profile {profile.name} "
+                           f"has {profile.cpu_threads}")
+
+
 def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: SpecParams, *,
                 dtype_bytes: int, draft: ModelConfig | None = None, draft_dtype_bytes: int | None = None,
                 tp: int = 1, graphs: bool | None = None, acceptance: Acceptance = Acceptance(),
@@ -96,8 +109,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
         raise OffloadError("the context must be at least one token")
     if tp < 1:
         raise OffloadError(f"--tp must be >= 1, got {tp}")
-    if tp > max(profile.num_gpus, 1) and profile.num_gpus > 0:
-        raise OffloadError(f"--tp {tp} needs {tp} GPUs but profile {profile.name} has {profile.num_gpus}")
+    check_tp(tp, model, profile)
     graphs = profile.num_gpus > 0 if graphs is None else graphs
     budget = profile.device_budget_bytes
     per_token_layer = kv_bytes_per_token_layer(model, dtype_bytes, tp)
@@ -184,7 +196,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
             break
     if room < 0:
         scratch_per_token = prefill_scratch / context
-        return MemoryPlan(False, _too_big_reason(offload, budget, profile, tp, scratch_per_token),
+        return MemoryPlan(False, _too_big_reason(offload, budget, profile, model, tp, scratch_per_token, logits),
                           breakdown={**offload, "resident_kv": 0, "chunk_means": 0},
                           resident_tokens=0, host_breakdown={"host_kv": 0}, block_tokens=block,
                           prefill_chunk=chunk, prefill_group=group, **common)
@@ -220,19 +232,25 @@ def _staging_bytes(profile: MemoryProfile) -> int:
     return int(value) if isinstance(value, int) and value > 0 else DEFAULT_STAGING_BYTES
 
 
-def _too_big_reason(parts: dict, budget: int, profile: MemoryProfile, tp: int, scratch_per_token: float) -> str:
+def _too_big_reason(parts: dict, budget: int, profile: MemoryProfile, model: ModelConfig, tp: int,
+                    scratch_per_token: float, verify_logits: int) -> str:
+    """What does not fit, and only hints that can work: a --tp the profile's GPUs and the
+    model's KV heads allow, never a GPU hint on the CPU profile."""
     need = sum(parts.values())
     biggest = max(parts, key=parts.get)
     hints = []
     without_scratch = need - parts["prefill_scratch"]
+    if verify_logits > need // 2:  # the verify logits grow with gamma2 and dwarf the rest
+        hints.append(f"a smaller --gamma2 (the verify logits alone take {format_size(verify_logits)})")
     if without_scratch < budget:  # only the context-sized prefill buffers do not fit
         hints.append(f"a context of at most about {int((budget - without_scratch) / scratch_per_token)} tokens")
-    if profile.num_gpus > tp:
-        hints.append(f"--tp {profile.num_gpus}")
-    elif tp == 1:
+    wider = [n for n in range(tp + 1, profile.num_gpus + 1) if model.num_kv_heads % n == 0]
+    if wider:
+        hints.append(f"--tp {wider[-1]}")
+    elif profile.num_gpus == 1 and tp == 1 and model.num_kv_heads % 2 == 0:
         hints.append("a two-GPU profile with --tp 2")
     hints += ["a smaller --budget or draft model", "a larger --device-budget"]
-    return (f"weights and buffers need {format_size(need)} per GPU before any KV (largest: {biggest} "
+    return (f"weights and buffers need {format_size(need)} per device before any KV (largest: {biggest} "
             f"{format_size(parts[biggest])}) but the budget is {format_size(budget)}: try " + ", ".join(hints))
 
 

@@ -5,6 +5,7 @@ are bytes or strings such as "24GiB", "600MB" (MB = 10^6 bytes, MiB = 2^20); ban
 GB/s with GB = 10^9 bytes."""
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, fields, replace
@@ -16,6 +17,11 @@ from triforce.offload.errors import OffloadError
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+MAX_BYTES = 1 << 60  # 1 EiB: beyond any machine, so a larger size is a typo
+MAX_GPUS = 64        # per profile: more than any single host holds
+MAX_THREADS = 1 << 12
 
 
 def parse_size(value: int | float | str, what: str = "size") -> int:
@@ -30,8 +36,8 @@ def parse_size(value: int | float | str, what: str = "size") -> int:
             raise OffloadError(f"{what} must be a size such as '24GiB', '600MB' or a number of bytes, "
                                f"got {value!r}")
         number, unit = float(match.group(1)), match.group(2).lower()
-    if number < 0:
-        raise OffloadError(f"{what} must not be negative, got {value!r}")
+    if not math.isfinite(number) or number < 0 or number * _UNITS[unit] > MAX_BYTES:
+        raise OffloadError(f"{what} must be a size from 0 to 1 EiB, got {value!r}")
     return int(number * _UNITS[unit])
 
 
@@ -63,8 +69,9 @@ class MemoryProfile:
     extras: tuple = ()        # (key, value) pairs a newer tool wrote; kept, not interpreted
 
     def __post_init__(self):
-        if self.num_gpus < 0:
-            raise OffloadError(f"profile {self.name}: field 'num_gpus' must be >= 0, got {self.num_gpus}")
+        if not 0 <= self.num_gpus <= MAX_GPUS:
+            raise OffloadError(f"profile {self.name}: field 'num_gpus' must be from 0 to {MAX_GPUS}, "
+                               f"got {self.num_gpus}")
         if self.gpu_bytes <= 0:
             raise OffloadError(f"profile {self.name}: field 'gpu_bytes' must be positive")
         if not 0 <= self.reserved_bytes < self.gpu_bytes:
@@ -72,8 +79,8 @@ class MemoryProfile:
         for name in ("pcie_h2d_gbps", "pcie_d2h_gbps", "hbm_gbps"):
             if not getattr(self, name) > 0:
                 raise OffloadError(f"profile {self.name}: field '{name}' must be a positive number of GB/s")
-        if self.cpu_threads < 1:
-            raise OffloadError(f"profile {self.name}: field 'cpu_threads' must be >= 1")
+        if not 1 <= self.cpu_threads <= MAX_THREADS:
+            raise OffloadError(f"profile {self.name}: field 'cpu_threads' must be from 1 to {MAX_THREADS}")
         if self.compute_tflops is not None and not self.compute_tflops > 0:
             raise OffloadError(f"profile {self.name}: field 'compute_tflops' must be a positive number")
         if self.attention_gbps is not None and not self.attention_gbps > 0:
@@ -100,6 +107,9 @@ _OPTIONAL = {"name": str, "description": str, "reserved_bytes": "size", "pcie_d2
              "attention_gbps": float}
 
 
+_KIND_NAMES = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
+
+
 def profile_from_dict(data: dict, source: str) -> MemoryProfile:
     def field(key, kind):
         value = data[key]
@@ -107,12 +117,14 @@ def profile_from_dict(data: dict, source: str) -> MemoryProfile:
         if kind == "size":
             return parse_size(value, where)
         if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # TOML spells them inf and nan
+                raise OffloadError(f"{where} must be a finite number, got {value!r}")
             return float(value)
         if kind is int and isinstance(value, int) and not isinstance(value, bool):
             return value
         if kind in (str, bool) and isinstance(value, kind):
             return value
-        raise OffloadError(f"{where} must be {'a number' if kind in (int, float) else kind.__name__}, "
+        raise OffloadError(f"{where} must be {_KIND_NAMES.get(kind, getattr(kind, '__name__', kind))}, "
                            f"got {value!r}")
 
     missing = [k for k in _REQUIRED if k not in data]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from triforce.config import ModelConfig
 from triforce.offload.cost_model import Acceptance, GAMMA1_RANGE, GAMMA2_RANGE, best_gammas, gamma2_bounds
+from triforce.offload.errors import OffloadError
 from triforce.offload.planner import hardware, plan_memory
 from triforce.offload.profiles import MemoryProfile, acceptance_table
 
@@ -76,12 +77,25 @@ def choose_speculation(model: ModelConfig, profile: MemoryProfile, context: int,
     return Choice(budget, chunk, g1, g2, min(low, g2), max(high, g2), ms, acceptance)
 
 
+def within_context(spec, fixed: frozenset[str], model: ModelConfig, context: int):
+    """Refuse sizes the user gave that no context of this model can use (they would only
+    inflate the plan until some unrelated buffer took the blame); a rebuild stride past the
+    context never triggers, so it is the same as the context itself."""
+    limit = max(context, model.max_position_embeddings)
+    for name in sorted(fixed & {"budget", "gamma1", "gamma2", "chunk_size"}):
+        if getattr(spec, name) >= limit:
+            raise OffloadError(f"--{name.replace('_', '-')} {getattr(spec, name)} must be below the "
+                               f"model's context of {limit} tokens")
+    return replace(spec, rebuild_stride=min(spec.rebuild_stride, context))
+
+
 def plan_with_choice(model: ModelConfig, profile: MemoryProfile, context: int, spec, fixed: frozenset[str], *,
                      dtype_bytes: int, draft: ModelConfig | None = None, draft_dtype_bytes: int | None = None,
                      tp: int = 1, assumed: Acceptance = Acceptance(), has_tier0: bool | None = None):
     """Choose what the user left open (budget, chunk size, gammas) by the cost model, with the
     acceptance measured for the profile where there is some, then plan memory for it.
     Returns (MemoryPlan, spec with the choices, Choice or None)."""
+    spec = within_context(spec, fixed, model, context)
     choice = None
     rows = acceptance_table(profile)
     policy = "streaming" if spec.method == "streaming" else "retrieval"

@@ -10,6 +10,7 @@ from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.decoding.statistics import GenerationResult
 from triforce.errors import UserError
+from triforce.model.chat_template import render_chat
 from triforce.model.loading import LoadedModel
 
 PLAIN_TEMPLATE_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
@@ -35,8 +36,7 @@ class Chat:
     def render(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
         tok = self.lm.tokenizer
         if self.has_template:
-            text = tok.apply_chat_template(messages, tokenize=False,
-                                           add_generation_prompt=add_generation_prompt)
+            text = render_chat(tok, messages, add_generation_prompt, text_bound(self.full.max_len))
         else:  # base models: a plain transcript
             text = "".join(f"{PLAIN_TEMPLATE_ROLES[m['role']]}: {m['content']}\n\n" for m in messages)
             if add_generation_prompt:

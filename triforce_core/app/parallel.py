@@ -56,7 +56,8 @@ def check_world(world: int, device: str, model: str | None = None, arch: str | N
         from triforce.model.architectures import arch_config
         kv_heads = arch_config(arch).num_kv_heads
     elif model is not None:
-        from triforce.model.loading import read_hf_config, resolve_model_dir
+        from triforce.model.hf_config import read_hf_config
+        from triforce.model.loading import resolve_model_dir
         hf = read_hf_config(resolve_model_dir(model))
         kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
     if kv_heads is not None and world > kv_heads:

@@ -82,8 +82,12 @@ class SparseKVCache:
         return self.length - self.build_point
 
     def rebuild(self, full: FullCache, queries: list[torch.Tensor] | None) -> None:
-        """Select from the whole full cache. queries: per layer [B, H, D] (None for streaming)."""
+        """Select from the whole full cache. queries: per layer [B, H, D] (None for streaming, and
+        for an empty full cache: a one-token prompt leaves nothing to select from)."""
         n = 0
+        if full.length == 0:
+            self.num_selected = self.build_point = self.length = 0
+            return
         for layer in range(self.k_buf.shape[0]):
             index = self.policy.select_from(full, layer, None if queries is None else queries[layer])
             n = index.shape[-1]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import click
 
 from triforce.app.runtime import RunConfig
-from triforce.cli.options import check_output_path, device_option, dtype_option, offload_options, runtime_options
+from triforce.cli.options import INT, check_output_path, device_option, dtype_option, offload_options, runtime_options
 from triforce.errors import UserError
 
 
@@ -21,7 +21,7 @@ def bench_group():
 @bench_group.command("offload")
 @click.option("--arch", default=None, help="A named architecture with random weights (e.g. llama2-7b-128k).")
 @click.option("--model", default=None, help="A real model instead (folder, .gguf or 'default').")
-@click.option("--context", type=int, required=True,
+@click.option("--context", type=INT, required=True,
               help="Tokens already in the KV cache when decoding starts (with --model: a needle prompt this long).")
 @offload_options
 @click.option("--methods", default="ar-offload,zero-inference,triforce", show_default=True)
@@ -31,15 +31,15 @@ def bench_group():
 @click.option("--draft", default=None,
               help="Tier-0 drafter: an architecture name, a model path or 'lookup' "
                    "(default: llama-68m with --arch, lookup with --model).")
-@click.option("--new-tokens", type=int, default=16, show_default=True, help="Tokens timed per method.")
-@click.option("--budget", type=int, default=None, help="Retrieval budget (default: the trace's, else 4096).")
-@click.option("--gamma1", type=int, default=None, help="Default: the trace's, else 2.")
-@click.option("--gamma2", type=int, default=None, help="Default: the trace's, else 6.")
+@click.option("--new-tokens", type=INT, default=16, show_default=True, help="Tokens timed per method.")
+@click.option("--budget", type=INT, default=None, help="Retrieval budget (default: the trace's, else 4096).")
+@click.option("--gamma1", type=INT, default=None, help="Default: the trace's, else 2.")
+@click.option("--gamma2", type=INT, default=None, help="Default: the trace's, else 6.")
 @click.option("--no-overlap", is_flag=True, help="Use the plain (non-overlapped) copy schedule.")
 @click.option("--plot", "plot_path", default="offload-bench.png", show_default=True, help="PNG to write.")
 @dtype_option
 @device_option
-@click.option("--tp", type=int, default=1, show_default=True,
+@click.option("--tp", type=INT, default=1, show_default=True,
               help="Tensor-parallel ranks: each GPU streams its own heads' KV over its own link.")
 @runtime_options(count_syncs=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

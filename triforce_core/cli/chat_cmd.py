@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from triforce.app.runtime import RunConfig
-from triforce.cli.options import (build_sampling, build_spec, check_non_negative, device_option, dtype_option,
+from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, device_option, dtype_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
 from triforce.errors import UserError
@@ -78,15 +78,15 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 @click.command()
 @model_option
 @click.option("--system", default=None, help="System prompt.")
-@click.option("--max-new-tokens", type=int, default=512, show_default=True, help="Longest answer, in tokens.")
-@click.option("--max-context", type=int, default=None,
+@click.option("--max-new-tokens", type=INT, default=512, show_default=True, help="Longest answer, in tokens.")
+@click.option("--max-context", type=INT, default=None,
               help="Context size in tokens (default: the model's own maximum).")
 @speculation_options(default_method="ar")
 @sampling_options(default_temperature=0.7)
 @dtype_option
 @device_option
 @offload_options
-@click.option("--tp", type=int, default=1, show_default=True,
+@click.option("--tp", type=INT, default=1, show_default=True,
               help="Tensor-parallel ranks (GPUs; gloo processes on a CPU). Rank 0 talks to the terminal.")
 @runtime_options(count_syncs=False)
 def chat(model, system, max_new_tokens, max_context, method, draft, budget, chunk_size, gamma1, gamma2,
@@ -148,6 +148,11 @@ class Console:
                     break
                 except KeyboardInterrupt:
                     print()
+                    continue
+                except UnicodeDecodeError:  # a strict-UTF-8 terminal
+                    line = "\udcff"
+                if not _is_utf8(line):
+                    print("(that line is not valid UTF-8 text; nothing was sent)", file=sys.stderr)
                     continue
                 if line:
                     break
@@ -229,3 +234,12 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
                 print(f"error: {e}", file=sys.stderr)
         except KeyboardInterrupt:
             console.say("\n[stopped]")
+
+
+def _is_utf8(line: str) -> bool:
+    """Python keeps undecodable input bytes as lone surrogates, which tokenizers reject."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

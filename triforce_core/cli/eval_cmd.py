@@ -9,7 +9,7 @@ import click
 
 from triforce.app.inputs import read_text_file, text_bound
 from triforce.cli.generate_cmd import read_prompt
-from triforce.cli.options import device_option, dtype_option, model_option
+from triforce.cli.options import FLOAT, INT, SEED, device_option, dtype_option, model_option
 from triforce.errors import UserError
 
 
@@ -34,10 +34,10 @@ def eval_group():
 @click.option("--budgets", default="256,512,1024", show_default=True, help="Sparse cache sizes in tokens.")
 @click.option("--policies", default="streaming,retrieval,topk", show_default=True,
               help="Any of streaming, retrieval, topk.")
-@click.option("--gen", type=int, default=64, show_default=True, help="Continuation tokens to score.")
-@click.option("--chunk-size", type=int, default=8, show_default=True)
-@click.option("--sink-tokens", type=int, default=16, show_default=True, help="StreamingLLM sink tokens.")
-@click.option("--temperature", type=float, default=0.6, show_default=True,
+@click.option("--gen", type=INT, default=64, show_default=True, help="Continuation tokens to score.")
+@click.option("--chunk-size", type=INT, default=8, show_default=True)
+@click.option("--sink-tokens", type=INT, default=16, show_default=True, help="StreamingLLM sink tokens.")
+@click.option("--temperature", type=FLOAT, default=0.6, show_default=True,
               help="Temperature of the expected-acceptance figure.")
 @dtype_option
 @device_option
@@ -87,10 +87,10 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
 
 @eval_group.command("needle")
 @model_option
-@click.option("--context", type=int, required=True, help="Prompt length in tokens (approximate).")
+@click.option("--context", type=INT, required=True, help="Prompt length in tokens (approximate).")
 @click.option("--out", required=True, help="File to write the prompt to.")
-@click.option("--depth", type=float, default=0.5, show_default=True, help="Where the key sits: 0 start, 1 end.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Chooses the pass key.")
+@click.option("--depth", type=FLOAT, default=0.5, show_default=True, help="Where the key sits: 0 start, 1 end.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Chooses the pass key.")
 def needle(model, context, out, depth, seed):
     """Write a needle-in-a-haystack prompt: a pass key hidden in filler text, ending in the
     question. The key goes to stdout; feed the file to `triforce generate --prompt-file`."""

@@ -10,7 +10,7 @@ import click
 
 from triforce.app.inputs import check_text_file, read_text_file, text_bound
 from triforce.app.runtime import RunConfig
-from triforce.cli.options import (build_sampling, build_spec, check_non_negative, check_output_path, device_option,
+from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, check_output_path, device_option,
                                   dtype_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
@@ -39,13 +39,15 @@ def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
     return None
 
 
-def encode_prompt(lm, text: str, as_chat: bool) -> list[int]:
+def encode_prompt(lm, text: str, as_chat: bool, context: int) -> list[int]:
     tok = lm.tokenizer
     if as_chat:
         if not getattr(tok, "chat_template", None):
             raise UserError("--chat needs a model with a chat template")
-        rendered = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                           add_generation_prompt=True)
+        from triforce.app.inputs import text_bound
+        from triforce.model.chat_template import render_chat
+
+        rendered = render_chat(tok, [{"role": "user", "content": text}], True, text_bound(context))
         return tok(rendered, add_special_tokens=False).input_ids
     return tok(text).input_ids  # exactly the tokenizer's default, special tokens included
 
@@ -55,7 +57,7 @@ def encode_prompt(lm, text: str, as_chat: bool) -> list[int]:
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", default=None, help="Read the prompt from this file ('-' = stdin).")
 @speculation_options(default_method="ar")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True, help="Tokens to generate at most.")
+@click.option("--max-new-tokens", type=INT, default=128, show_default=True, help="Tokens to generate at most.")
 @sampling_options(default_temperature=0.0)
 @dtype_option
 @device_option
@@ -65,7 +67,7 @@ def encode_prompt(lm, text: str, as_chat: bool) -> list[int]:
 @click.option("--no-overlap", is_flag=True, help="Copy offloaded KV with the plain schedule (no prefetch).")
 @click.option("--record-acceptance", default=None,
               help="Write each check's proposed/accepted counts to this JSON file (for `bench offload`).")
-@click.option("--tp", type=int, default=1, show_default=True,
+@click.option("--tp", type=INT, default=1, show_default=True,
               help="Tensor-parallel ranks: the verifier's heads and KV split over N GPUs (gloo processes on a CPU).")
 @runtime_options()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streamed text.")
@@ -127,7 +129,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     context = lm.config.max_position_embeddings
     text = r.text if r.text is not None else read_text_file(
         r.prompt_file, "prompt file", text_bound(context), f"the model's {context}-token context")
-    ids = encode_prompt(lm, text, r.as_chat)
+    ids = encode_prompt(lm, text, r.as_chat, context)
     max_new_tokens = r.max_new_tokens
     if not ids:
         raise UserError("the prompt is empty after tokenisation")

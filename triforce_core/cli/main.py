@@ -45,7 +45,19 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _check_utf8(argv: list[str]) -> None:
+    """Python keeps bytes that are not UTF-8 in arguments as lone surrogates, which every
+    tokenizer rejects with a traceback: name the argument instead."""
+    for position, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            _fail(f"argument {position} ({shown[:40]!r}) is not valid UTF-8", 2)
+
+
 def main(argv: list[str] | None = None) -> None:
+    _check_utf8(sys.argv[1:] if argv is None else argv)
     try:
         result = cli.main(args=argv, prog_name="triforce", standalone_mode=False)
     except click.UsageError as e:

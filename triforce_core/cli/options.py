@@ -1,10 +1,29 @@
 """Flags shared by several commands, and turning them into config objects."""
 from __future__ import annotations
 
+import math
+
 import click
 
 from triforce.config import SamplingParams
 from triforce.errors import UserError
+
+class FiniteFloat(click.ParamType):
+    """A float flag: 'nan' and 'inf' parse as floats but mean nothing as a temperature or a depth."""
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+# integer flags hold token counts, sizes and ranks: bounded so that a huge value is one error
+# line here rather than an overflow deep inside torch
+INT = click.IntRange(-2**31, 2**31 - 1)
+SEED = click.IntRange(-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
+FLOAT = FiniteFloat()
 
 model_option = click.option("--model", "model", default="default", show_default=True,
                             help="Hugging Face folder, .gguf file, or 'default' (SmolLM2-135M-Instruct).")
@@ -17,12 +36,12 @@ device_option = click.option("--device", default="auto", show_default=True,
 
 def sampling_options(default_temperature: float):
     def decorate(f):
-        f = click.option("--seed", type=int, default=None, help="Random seed for reproducible sampling.")(f)
-        f = click.option("--top-k", type=int, default=0, show_default=True,
+        f = click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")(f)
+        f = click.option("--top-k", type=INT, default=0, show_default=True,
                          help="Keep only the k most likely tokens (0 = off).")(f)
-        f = click.option("--top-p", type=float, default=1.0, show_default=True,
+        f = click.option("--top-p", type=FLOAT, default=1.0, show_default=True,
                          help="Nucleus sampling mass, in (0, 1].")(f)
-        f = click.option("--temperature", type=float, default=default_temperature, show_default=True,
+        f = click.option("--temperature", type=FLOAT, default=default_temperature, show_default=True,
                          help="0 = greedy (argmax).")(f)
         return f
     return decorate
@@ -70,20 +89,20 @@ def speculation_options(default_method: str):
             click.option("--draft", default=None,
                          help="Tier-0 drafter: a model path (same tokenizer as the target), 'lookup' "
                               "(prompt n-gram lookup, the default) or 'none' (triforce with two tiers)."),
-            click.option("--budget", type=int, default=None,
+            click.option("--budget", type=INT, default=None,
                          help=f"Tokens in the retrieval / streaming cache (default: chosen by the cost model "
                               f"from the profile's measured acceptance, else {d.budget})."),
-            click.option("--chunk-size", type=int, default=None,
+            click.option("--chunk-size", type=INT, default=None,
                          help=f"Retrieval chunk size in tokens (default: chosen with the budget, else {d.chunk_size})."),
-            click.option("--gamma1", type=int, default=None,
+            click.option("--gamma1", type=INT, default=None,
                          help=f"Drafts per retrieval-tier check (triforce; default: chosen by the cost model, "
                               f"else {d.gamma1})."),
-            click.option("--gamma2", type=int, default=None,
+            click.option("--gamma2", type=INT, default=None,
                          help="Tokens proposed to each full-cache verify (default: chosen by the cost model "
                               "and adapted to the acceptance seen while generating; a value given here is kept)."),
-            click.option("--rebuild-stride", type=int, default=d.rebuild_stride, show_default=True,
+            click.option("--rebuild-stride", type=INT, default=d.rebuild_stride, show_default=True,
                          help="Rebuild the retrieval cache every N generated tokens."),
-            click.option("--rebuild-threshold", type=float, default=d.rebuild_threshold, show_default=True,
+            click.option("--rebuild-threshold", type=FLOAT, default=d.rebuild_threshold, show_default=True,
                          help="Rebuild sooner when the full tier's rolling acceptance falls below this."),
         ]
         for opt in reversed(opts):

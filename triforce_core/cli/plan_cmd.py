@@ -5,7 +5,7 @@ import json
 
 import click
 
-from triforce.cli.options import offload_options, speculation_options
+from triforce.cli.options import INT, offload_options, speculation_options
 from triforce.errors import UserError
 
 
@@ -16,7 +16,8 @@ def _model_shape(model: str | None, arch: str | None):
         from triforce.model.architectures import arch_config
         return arch_config(arch), f"{arch} (shapes only)"
     from triforce.config import ModelConfig
-    from triforce.model.loading import read_hf_config, resolve_model_dir
+    from triforce.model.hf_config import read_hf_config
+    from triforce.model.loading import resolve_model_dir
 
     folder = resolve_model_dir(model)
     return ModelConfig.from_hf(read_hf_config(folder)), str(folder)
@@ -51,10 +52,10 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 @click.command()
 @click.option("--model", default=None, help="A model folder, .gguf file or 'default' (reads its shapes only).")
 @click.option("--arch", default=None, help="A named architecture, e.g. llama2-7b-128k (shapes only).")
-@click.option("--context", type=int, required=True, help="Tokens the full KV cache must hold.")
+@click.option("--context", type=INT, required=True, help="Tokens the full KV cache must hold.")
 @offload_options
 @speculation_options(default_method="triforce")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel GPUs (the KV splits by heads).")
+@click.option("--tp", type=INT, default=1, show_default=True, help="Tensor-parallel GPUs (the KV splits by heads).")
 @click.option("--dtype", type=click.Choice(["auto", *_DTYPE_BYTES]), default="auto", show_default=True,
               help="auto = bfloat16 for GPU profiles, float32 for the cpu profile.")
 @click.option("--acceptance", default=None,

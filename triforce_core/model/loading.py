@@ -1,17 +1,16 @@
 """Resolve `--model` (default | HF folder | .gguf file) and load model plus tokenizer."""
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from triforce.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from triforce.config import ModelConfig
 from triforce.errors import UserError
 from triforce.kernels import SDPA, SdpaAttention
 from triforce.model.decoder import CausalLM
+from triforce.model.hf_config import generation_eos, read_hf_config
 from triforce.model.rope import RotaryEmbedding
 from triforce.model.weights import load_into, weight_files
 
@@ -43,14 +42,22 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_device(name: str) -> torch.device:
+    """cpu, cuda or cuda:N (N a present card): torch names other devices (mps, xla, meta)
+    that this build cannot run or that hold no data."""
+    import re
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but no CUDA device is available")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise UserError(f"unknown device '{name}' (use cpu, cuda or cuda:N)") from None
+    match = re.fullmatch(r"(cpu|cuda)(?::(\d{1,4}))?", name)
+    if match is None or (match.group(1) == "cpu" and match.group(2) is not None):
+        raise UserError(f"unknown device '{name}' (use auto, cpu, cuda or cuda:N)")
+    if match.group(1) == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {name} was asked for but no CUDA device is available")
+        index, count = int(match.group(2) or 0), torch.cuda.device_count()
+        if index >= count:
+            raise UserError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return torch.device(name)
 
 
 def resolve_model_dir(spec: str) -> Path:
@@ -72,20 +79,6 @@ def resolve_model_dir(spec: str) -> Path:
     if len(ggufs) > 1:
         raise UserError(f"{path} holds several .gguf files; name one of them")
     raise UserError(f"'{spec}' is neither a Hugging Face model folder (no config.json) nor a .gguf file")
-
-
-def read_hf_config(folder: Path):
-    from transformers import AutoConfig
-
-    try:
-        raw = json.loads((folder / "config.json").read_text())
-    except ValueError as e:
-        raise UserError(f"{folder / 'config.json'} is not valid JSON: {e}") from None
-    model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise UserError(f"unsupported architecture '{model_type}' in {folder} "
-                        f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    return AutoConfig.from_pretrained(str(folder))
 
 
 def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.device,
@@ -115,7 +108,7 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
     hf_config = read_hf_config(folder)
     model = build_model(hf_config, weight_files(folder), torch_dtype, torch_device, shard)
     tokenizer = load_tokenizer(folder)
-    eos_ids = _eos_ids(_generation_eos(folder, hf_config), tokenizer.eos_token_id)
+    eos_ids = _eos_ids(generation_eos(folder, hf_config), tokenizer.eos_token_id)
     return LoadedModel(model, tokenizer, folder, torch_dtype, torch_device, eos_ids)
 
 
@@ -137,15 +130,3 @@ def load_tokenizer(folder: Path):
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"cannot load the tokenizer from {folder}: {msg}") from None
-
-
-def _generation_eos(folder: Path, hf_config):
-    gen = folder / "generation_config.json"
-    if gen.exists():
-        try:
-            eos = json.loads(gen.read_text()).get("eos_token_id")
-            if eos is not None:
-                return eos
-        except ValueError:
-            print(f"warning: ignoring unreadable {gen}", file=sys.stderr)
-    return getattr(hf_config, "eos_token_id", None)

@@ -51,6 +51,7 @@ setup(
         "nvidia-ml-py",
         "click>=8",
         "tqdm",
+        "filelock",  # one process builds each cache entry; the others wait
     ],
     extras_require={
         "flash": ["flash-attn"],

@@ -1,7 +1,9 @@
 """Turn a GGUF file into a cached Hugging Face folder (config, tokenizer, float32 safetensors).
 
 Dequantising through transformers takes tens of seconds; doing it once and keeping the result
-makes every later start fast."""
+makes every later start fast. The file's header is checked first (readable, a supported
+architecture, room in the cache folder), and a conversion that would leave any tensor at its
+random initial value is refused, so nothing wrong is ever cached."""
 from __future__ import annotations
 
 import hashlib
@@ -11,7 +13,10 @@ import tempfile
 from pathlib import Path
 
 from triforce.errors import UserError
+from triforce.model.cache_entry import building, cache_error, damage, partial_prefix, record_sizes, remove
 from triforce.paths import cache_root
+
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")  # GGUF names of the decoders triforce runs
 
 
 def converted_dir_for(gguf_path: Path) -> Path:
@@ -21,42 +26,64 @@ def converted_dir_for(gguf_path: Path) -> Path:
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
-    """Write the converted folder to `out_dir` atomically (a temp folder renamed at the end)."""
+    """The converted folder `out_dir`, built once (see triforce.model.cache_entry) and rebuilt
+    when it is found damaged."""
+    if out_dir.exists() and damage(out_dir) is None:
+        return out_dir
+    float_bytes = _check_header(gguf_path)
+    try:
+        with building(out_dir, f"the conversion of {gguf_path.name}"):
+            if out_dir.exists():  # another process may have finished it while we waited
+                problem = damage(out_dir)
+                if problem is None:
+                    return out_dir
+                print(f"the cached model {out_dir} is damaged ({problem}); converting it again", file=sys.stderr)
+                remove(out_dir)
+            free = shutil.disk_usage(out_dir.parent).free
+            if free < float_bytes:
+                raise UserError(f"converting {gguf_path.name} needs about {float_bytes / 1e9:.1f} GB in the cache "
+                                f"folder {cache_root()} but {free / 1e9:.1f} GB are free (set TRIFORCE_CACHE "
+                                "to a folder with room)")
+            print(f"converting {gguf_path.name} to safetensors (one time; cached in {out_dir})", file=sys.stderr)
+            tmp = Path(tempfile.mkdtemp(prefix=partial_prefix(out_dir), dir=out_dir.parent))
+            try:
+                _convert_into(gguf_path, tmp)
+                record_sizes(tmp)
+                tmp.rename(out_dir)
+            finally:
+                remove(tmp)
+    except OSError as e:
+        raise cache_error(e, f"the conversion of {gguf_path.name}") from None
+    return out_dir
+
+
+def _convert_into(gguf_path: Path, folder: Path) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if (out_dir / "config.json").exists():
-        return out_dir
-    _check_readable(gguf_path)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    print(f"converting {gguf_path.name} to safetensors (one time; cached in {out_dir})", file=sys.stderr)
-    folder, name = str(gguf_path.parent), gguf_path.name
-    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=out_dir.parent))
+    where, name = str(gguf_path.parent), gguf_path.name
     try:
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-        except Exception as e:
-            raise _unreadable(gguf_path, e) from None
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if model.config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
-        model.config.quantization_config = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.config.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        del model, state
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+        tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        model, info = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32,
+                                                           output_loading_info=True)
+    except Exception as e:
+        raise _unreadable(gguf_path, e) from None
+    missing = sorted(set(info.get("missing_keys", ())) - ({"lm_head.weight"} if model.config.tie_word_embeddings
+                                                           else set()))
+    if missing:
+        raise UserError(f"GGUF file {gguf_path} lacks {len(missing)} tensor(s) the model needs, e.g. "
+                        f"'{missing[0]}' (an incomplete or edited file); nothing was converted or cached")
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    model.config.quantization_config = None  # the weights are dequantised: say so, as before
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.save_pretrained(folder)
+    model.generation_config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _unreadable(gguf_path: Path, error: Exception) -> UserError:
@@ -64,10 +91,18 @@ def _unreadable(gguf_path: Path, error: Exception) -> UserError:
     return UserError(f"cannot read GGUF file {gguf_path} (corrupt, truncated or unsupported?): {msg}")
 
 
-def _check_readable(gguf_path: Path) -> None:
-    """Parse the header and tensor table (memory-mapped, cheap) before any slow work."""
+def _check_header(gguf_path: Path) -> int:
+    """Parse the header and tensor table (memory-mapped, cheap) before any slow work: the
+    architecture must be one triforce runs. Returns the bytes of the float32 conversion."""
     from gguf import GGUFReader
     try:
-        GGUFReader(str(gguf_path))
+        reader = GGUFReader(str(gguf_path))
+        field = reader.fields.get("general.architecture")
+        arch = field.contents() if field is not None else None
+        elements = sum(int(t.n_elements) for t in reader.tensors)
     except Exception as e:
         raise _unreadable(gguf_path, e) from None
+    if arch not in GGUF_ARCHITECTURES:
+        raise UserError(f"GGUF file {gguf_path} holds a '{arch}' model; triforce runs "
+                        f"{', '.join(GGUF_ARCHITECTURES)} (nothing was converted)")
+    return 4 * elements + (64 << 20)  # float32 weights plus the tokenizer and config

@@ -12,6 +12,7 @@ from triforce.kernels import SDPA, SdpaAttention
 from triforce.model.decoder import CausalLM
 from triforce.model.hf_config import generation_eos, read_hf_config
 from triforce.model.rope import RotaryEmbedding
+from triforce.paths import cache_root
 from triforce.model.weights import load_into, weight_files
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64,
@@ -105,9 +106,14 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     folder = resolve_model_dir(spec)
-    hf_config = read_hf_config(folder)
-    model = build_model(hf_config, weight_files(folder), torch_dtype, torch_device, shard)
-    tokenizer = load_tokenizer(folder)
+    try:
+        hf_config = read_hf_config(folder)
+        model = build_model(hf_config, weight_files(folder), torch_dtype, torch_device, shard)
+        tokenizer = load_tokenizer(folder)
+    except UserError as e:
+        if cache_root().resolve() in folder.resolve().parents:  # damage the size check cannot see
+            raise UserError(f"{e} -- a damaged cache entry: delete {folder} and it is rebuilt") from None
+        raise
     eos_ids = _eos_ids(generation_eos(folder, hf_config), tokenizer.eos_token_id)
     return LoadedModel(model, tokenizer, folder, torch_dtype, torch_device, eos_ids)
 

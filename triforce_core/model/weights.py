@@ -46,7 +46,7 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 for name in f.keys():
                     yield name, f.get_tensor(name)
         else:
-            state = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
+            state = _load_bin(path)
             for name in list(state):
                 yield name, state.pop(name)
     except UserError:
@@ -54,6 +54,22 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     except Exception as e:  # safetensors, pickle and zip errors have no common base
         raise UserError(f"cannot read weights file {path} (corrupt or truncated?): "
                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def _load_bin(path: Path) -> dict:
+    """A PyTorch .bin: only the zip format, and only tensors (weights_only): anything else would
+    have to run pickle code from the file, so it is refused by name, not called corrupt."""
+    import pickle
+    import zipfile
+
+    unsafe = (f"{path} is not a safe checkpoint format ({{}}); triforce does not load it: convert it to "
+              "safetensors with a tool you trust")
+    if not zipfile.is_zipfile(path):
+        raise UserError(unsafe.format("a legacy PyTorch pickle, not the zip format"))
+    try:
+        return torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError:
+        raise UserError(unsafe.format("it holds Python objects besides tensors")) from None
 
 
 def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, slicer=None) -> None:

@@ -117,8 +117,48 @@ def test_chat_load_refuses_what_cannot_fit_and_keeps_the_session(tiny_model_dir,
     from triforce.model.loading import load_model
 
     path, fragment = file_cases(tmp_path)[case]
-    fragment = fragment.replace("the model's 128-token context", "the 40 tokens left")
+    fragment = fragment.replace("the model's 128-token context", "the whole 40-token context (start the chat with")
     chat = Chat(load_model(str(tiny_model_dir("llama-gqa")), dtype="float32", device="cpu"), 40)
-    with pytest.raises(UserError, match=fragment):
+    with pytest.raises(UserError, match=__import__("re").escape(fragment)):
         chat.load_document(__import__("pathlib").Path(path))
     assert chat.messages == [] and chat.full.tokens == []
+
+
+def _chat(tiny_model_dir, max_len):
+    from triforce.app.chat import Chat
+    from triforce.model.loading import load_model
+
+    return Chat(load_model(str(tiny_model_dir("llama-gqa")), dtype="float32", device="cpu"), max_len)
+
+
+def test_chat_says_reset_only_where_a_reset_helps(tiny_model_dir, tmp_path):
+    from triforce.config import SamplingParams
+    from triforce.errors import UserError
+
+    chat = _chat(tiny_model_dir, 120)
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("the cat sat on the mat. " * 3)  # ~75 tokens: fits alone, not twice
+    second.write_text("the dog sat on the log. " * 3)
+    chat.load_document(first)
+    with pytest.raises(UserError, match="/reset to start over"):
+        chat.load_document(second)
+    with pytest.raises(UserError, match="this message alone is .* larger --max-context"):
+        chat.ask("why " * 60, SamplingParams(), 4)
+    chat.reset()
+    chat.load_document(second)  # the reset did help
+
+
+def test_an_interrupted_load_leaves_the_conversation_and_its_stats(tiny_model_dir, tmp_path):
+    chat = _chat(tiny_model_dir, 120)
+    doc = tmp_path / "doc.txt"
+    doc.write_text("the cat sat on the mat. " * 3)
+    before = chat.stats()["context_tokens"]
+
+    def interrupt(tokens):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        chat.load_document(doc, progress=interrupt)
+    assert chat.messages == [] and chat.stats()["context_tokens"] == before
+    chat.load_document(doc)  # and the next load works
+    assert chat.stats()["context_tokens"] > before

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from triforce.app.inputs import read_text_file, text_bound
+from triforce.app.inputs import check_text_file, read_text_file, text_bound
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.decoding.statistics import GenerationResult
@@ -47,17 +47,29 @@ class Chat:
               progress: Callable[[int], None] | None, on_total: Callable[[int], None] | None) -> None:
         ids = self.render(messages, add_generation_prompt)
         if len(ids) >= self.full.max_len:
+            alone = self.render(self._initial_messages() + messages[-1:], add_generation_prompt)
+            if len(alone) >= self.full.max_len:  # /reset cannot help
+                raise UserError(f"this message alone is {len(alone)} tokens but the context holds "
+                                f"{self.full.max_len} (start the chat with a larger --max-context)")
             raise UserError(f"the conversation is {len(ids)} tokens but the context holds "
                             f"{self.full.max_len}; /reset to start over")
         if on_total is not None:
             on_total(len(ids) - 1 - self.full.reusable_prefix(ids[:-1]))
-        self.last_prefill_tokens = self.engine.set_sequence(ids, progress)
+        before = self.engine.seq
+        try:
+            self.last_prefill_tokens = self.engine.set_sequence(ids, progress)
+        except BaseException:  # Ctrl-C during a /load: the conversation (and /stats) stay as they were
+            self.engine.seq = before
+            raise
 
     def load_document(self, path: Path, progress=None, on_total=None) -> int:
         """Put a document into the context now, so the next question starts fast."""
-        left = self.full.max_len - len(self.engine.seq)
-        text = read_text_file(path, "document", text_bound(left), f"the {left} tokens left in the context "
-                              "(/reset, or a larger --max-context)", errors="replace")
+        whole = self.full.max_len
+        left = whole - len(self.engine.seq)
+        room = f"the {left} tokens left in the context (/reset, or a larger --max-context)"
+        if check_text_file(path, "document").stat().st_size > text_bound(whole):  # /reset cannot help
+            room = f"the whole {whole}-token context (start the chat with a larger --max-context)"
+        text = read_text_file(path, "document", text_bound(left), room, errors="replace")
         message = {"role": "user", "content": f"Here is the document {path.name}:\n\n{text}"}
         candidate = self.messages + [message]
         self._sync(candidate, False, progress, on_total)

@@ -14,3 +14,23 @@ def save_logits_rank(rank: int, world: int, model_dir: str, ids: list[int], out_
     logits = lm.model(torch.tensor([ids]), step.positions, step)
     if rank == 0:
         torch.save({"logits": logits, "kv_heads": lm.config.num_kv_heads}, out_path)
+
+
+def orphan_rank(rank: int, world: int, folder: str) -> None:
+    """Rank 1 says its pid and waits forever; rank 0 waits for that, then dies by SIGKILL (as
+    a parent killed by the out-of-memory killer or `kill -9` would)."""
+    import os
+    import pathlib
+    import signal
+    import time
+
+    marker = pathlib.Path(folder) / "worker.pid"
+    if rank == 1:
+        # torch's spawn sends SIGINT when the parent dies, which a chat rank takes for Ctrl-C
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        marker.write_text(str(os.getpid()))
+        while True:
+            time.sleep(1)
+    while not marker.exists():
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)

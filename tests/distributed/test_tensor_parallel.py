@@ -86,3 +86,30 @@ def test_tp_chat_gives_the_same_answers(tiny_model_dir):
     answers = [[line for line in run.stdout.splitlines() if line.startswith(">>> ") and "[" in line] for run in runs]
     assert len(answers[0]) == 3 and answers[0] == answers[1]
     assert "tensor-parallel over 2 ranks" in runs[1].stdout
+
+
+def test_workers_die_with_their_parent(tmp_path):
+    """A killed rank 0 gets no chance to stop its workers: they must notice and end themselves."""
+    code = ("import sys; sys.path.insert(0, sys.argv[2]); from tp_helpers import orphan_rank; "
+            "from triforce.offload.tp import launch; launch(2, orphan_rank, (sys.argv[1],))")
+    tests = os.path.dirname(os.path.dirname(__file__))
+    parent = subprocess.run([sys.executable, "-c", code, str(tmp_path), tests], capture_output=True, text=True,
+                            timeout=300)
+    assert parent.returncode == -9, parent.stderr
+    worker = int((tmp_path / "worker.pid").read_text())
+    deadline = time.monotonic() + 60  # an upper bound, not a race: it ends within a second or two
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie has exited already: only its parent's (here: init's) wait is missing
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -84,6 +84,7 @@ class Runtime:
 
         run = run or self.plan(max_len)
         if kv_cache is None:
+            self._check_host_room(run, max_len)
             kv_cache = build_kv_cache(self.lm, max_len, run.plan, overlap=self.config.overlap)
         hooks = EngineHooks(replay=replay, stop_requested=stop_requested,
                             gamma2_controller=run.gamma2_controller(self.draft.has_tier0),
@@ -92,6 +93,19 @@ class Runtime:
         draft = self.draft if run.spec.uses_draft else None
         return Engine(self.lm, run.spec, max_len, draft, kv_cache=kv_cache, prefill_chunk=run.plan.prefill_chunk,
                       prefill_group=run.plan.prefill_group, graphs=self.config.graphs, hooks=hooks)
+
+    def _check_host_room(self, run: RunPlan, max_len: int) -> None:
+        """The plan's host side (pinned KV store; on a CPU also the 'device' caches and buffers,
+        the weights being loaded already) against what the host has free now."""
+        from triforce.model.host_memory import check_host_room
+
+        plan = run.plan
+        needed = plan.host_bytes_total
+        if self.lm.device.type == "cpu":
+            weights = plan.breakdown.get("target_weights", 0) + plan.breakdown.get("draft_weights", 0)
+            needed += plan.gpu_bytes_total - weights
+        check_host_room(needed, f"the caches and buffers of a {max_len}-token context",
+                        "a shorter context (--max-context), or a smaller --budget")
 
     def _rank_agreement(self) -> dict:
         """Under tensor parallelism rank 0's decisions win, and graph capture must succeed on all."""

@@ -80,6 +80,10 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
         shard_meta_model(model, *shard)
     # cast on the meta device, then allocate: building in float32 first would need twice the
     # memory of bf16 weights on the device (a 7B model would not fit a 24 GB card)
+    if torch_device.type == "cpu":
+        from triforce.model.host_memory import check_host_room, meta_model_bytes
+        check_host_room(meta_model_bytes(model, torch_dtype), f"{name} in {str(torch_dtype).removeprefix('torch.')}",
+                        "a smaller architecture, --dtype bfloat16, or --tp over more ranks")
     model = model.to_empty(device=torch_device)
     generator = torch.Generator(device=torch_device).manual_seed(seed)
     with torch.no_grad():

@@ -97,6 +97,10 @@ def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.
 
         shard_meta_model(model, *shard)
         slicer = shard_slicer(cfg, *shard)
+    if device.type == "cpu":
+        from triforce.model.host_memory import check_host_room, meta_model_bytes
+        check_host_room(meta_model_bytes(model, dtype), f"the model in {str(dtype).removeprefix('torch.')}",
+                        "--dtype bfloat16, or a smaller model")
     load_into(model, files, dtype, device, slicer)
     return model.eval()
 

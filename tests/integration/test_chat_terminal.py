@@ -13,7 +13,9 @@ PROMPT = ">>> "
 @pytest.fixture
 def chat_process(default_model_dir, tmp_path):
     exe = os.path.join(os.path.dirname(sys.executable), "triforce")
-    child = pexpect.spawn(exe, ["chat", "--model", "default", "--temperature", "0", "--max-new-tokens", "48"],
+    # a token limit far beyond what streams before the interrupt lands: under load a 48-token
+    # answer once ended by length before Ctrl-C arrived, and "[stopped]" never came
+    child = pexpect.spawn(exe, ["chat", "--model", "default", "--temperature", "0", "--max-new-tokens", "1024"],
                           encoding="utf-8", timeout=120, dimensions=(40, 200))
     child.expect_exact(PROMPT)
     yield child

@@ -162,3 +162,26 @@ def test_an_interrupted_load_leaves_the_conversation_and_its_stats(tiny_model_di
     assert chat.messages == [] and chat.stats()["context_tokens"] == before
     chat.load_document(doc)  # and the next load works
     assert chat.stats()["context_tokens"] > before
+
+
+@pytest.mark.parametrize("weights_fit,fragment", [(False, "the model in float32 needs"),
+                                                  (True, "the caches and buffers of a")])
+def test_host_memory_is_checked_before_allocating(capsys, tiny_model_dir, monkeypatch, weights_fit, fragment):
+    monkeypatch.setattr("triforce.model.host_memory.available_bytes", lambda: 1024)  # a nearly full host
+    if weights_fit:
+        monkeypatch.setattr("triforce.model.host_memory.meta_model_bytes", lambda model, dtype: 0)
+    built = []
+    monkeypatch.setattr("triforce.app.runtime.build_kv_cache", lambda *a, **k: built.append(a))
+    model = str(tiny_model_dir("llama-gqa"))
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, "generate", "--model", model, "--prompt", "the cat", "--max-new-tokens", "4")
+    assert_one_line_error(code, err, fragment, "GiB of host memory")
+    assert not built
+
+
+def test_bench_refuses_random_weights_the_host_cannot_hold(capsys, monkeypatch):
+    monkeypatch.setattr("triforce.model.host_memory.available_bytes", lambda: 1 << 30)
+    monkeypatch.setattr("torch.nn.Module.to_empty", lambda *a, **k: pytest.fail("allocated before the check"))
+    code, _, err = run_cli(capsys, "bench", "offload", "--arch", "llama2-7b-128k", "--context", "130000",
+                           "--methods", "ar-offload")
+    assert_one_line_error(code, err, "llama2-7b-128k in float32 needs")

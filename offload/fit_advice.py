@@ -20,15 +20,15 @@ def check_tp(tp: int, model: ModelConfig, profile: MemoryProfile) -> None:
 
 
 def too_big_reason(parts: dict, budget: int, profile: MemoryProfile, model: ModelConfig, tp: int,
-                    scratch_per_token: float, verify_logits: int) -> str:
+                    scratch_per_token: float, gamma_bytes: int) -> str:
     """What does not fit, and only hints that can work: a --tp the profile's GPUs and the
     model's KV heads allow, never a GPU hint on the CPU profile."""
     need = sum(parts.values())
     biggest = max(parts, key=parts.get)
     hints = []
     without_scratch = need - parts["prefill_scratch"]
-    if verify_logits > need // 2:  # the verify logits grow with gamma2 and dwarf the rest
-        hints.append(f"a smaller --gamma2 (the verify logits alone take {format_size(verify_logits)})")
+    if gamma_bytes > need // 4:  # verify logits and the sparse cache's room grow with the gammas
+        hints.append(f"a smaller --gamma2 (what grows with it takes {format_size(gamma_bytes)})")
     if without_scratch < budget:  # only the context-sized prefill buffers do not fit
         hints.append(f"a context of at most about {int((budget - without_scratch) / scratch_per_token)} tokens")
     wider = [n for n in range(tp + 1, profile.num_gpus + 1) if model.num_kv_heads % n == 0]

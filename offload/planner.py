@@ -120,6 +120,8 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
     activation_per_token = activation_bytes_per_token(model, dtype_bytes, tp)
     logits = 2 * max(verify_tokens, 1) * model.vocab_size * 4
     gather = 2 * spec.budget * per_token_layer if spec.uses_sparse_cache else 0  # during a rebuild
+    gamma_slots = 2 * (spec.gamma1 + spec.gamma2_range[1]) if spec.uses_sparse_cache else 0
+    gamma_bytes = logits + gamma_slots * per_token  # what a fit error blames on the gammas
 
     def workspace(chunk: int) -> int:
         return min(chunk, context) * activation_per_token + logits + gather
@@ -184,7 +186,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
             break
     if room < 0:
         scratch_per_token = prefill_scratch / context
-        return MemoryPlan(False, too_big_reason(offload, budget, profile, model, tp, scratch_per_token, logits),
+        return MemoryPlan(False, too_big_reason(offload, budget, profile, model, tp, scratch_per_token, gamma_bytes),
                           breakdown={**offload, "resident_kv": 0, "chunk_means": 0},
                           resident_tokens=0, host_breakdown={"host_kv": 0}, block_tokens=block,
                           prefill_chunk=chunk, prefill_group=group, **common)

@@ -185,3 +185,25 @@ def test_bench_refuses_random_weights_the_host_cannot_hold(capsys, monkeypatch):
     code, _, err = run_cli(capsys, "bench", "offload", "--arch", "llama2-7b-128k", "--context", "130000",
                            "--methods", "ar-offload")
     assert_one_line_error(code, err, "llama2-7b-128k in float32 needs")
+
+
+FIT_CASES = [  # (plan flags, fragments the error has, fragments it must not have)
+    (["--arch", "llama2-7b-128k", "--context", "130000", "--profile", "cpu"], ["does not fit"],
+     ["--tp", "two-GPU"]),
+    (["--arch", "llama2-7b-128k", "--context", "130000", "--profile", "rtx4090-24g", "--device-budget", "10GB"],
+     ["a two-GPU profile with --tp 2"], ["--gamma2"]),
+    (["--arch", "llama2-7b-128k", "--context", "130000", "--profile", "2x-rtx4090-24g", "--device-budget", "10GB"],
+     ["try --tp 2"], ["two-GPU"]),
+    (["--arch", "llama2-7b-128k", "--context", "120000", "--profile", "rtx4090-24g", "--gamma2", "60000",
+      "--method", "retrieval"], ["a smaller --gamma2"], []),
+    (["--arch", "llama2-7b-128k", "--context", "64", "--profile", "cpu", "--tp", "3"], ["core per rank"], []),
+    (["--arch", "tiny-test", "--context", "64", "--tp", "3"], ["cannot split the model's 2 KV heads"], []),
+    (["--arch", "tiny-test", "--context", "64", "--gamma2", "100000"], ["below the model's context"], []),
+]
+
+
+@pytest.mark.parametrize("flags,has,lacks", FIT_CASES)
+def test_fit_errors_only_give_advice_that_can_work(capsys, flags, has, lacks):
+    code, _, err = run_cli(capsys, "plan", *flags)
+    assert_one_line_error(code, err, *has)
+    assert not any(fragment in err for fragment in lacks), err

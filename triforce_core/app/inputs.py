@@ -10,6 +10,16 @@ from triforce.errors import UserError
 BYTES_PER_TOKEN = 64  # far above any tokenizer's average: text this long cannot fit the tokens left
 
 
+def is_utf8(text: str) -> bool:
+    """Python keeps bytes that are not UTF-8 (in arguments, on stdin) as lone surrogates,
+    which every tokenizer rejects with a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def text_bound(tokens: int) -> int:
     """The most bytes a text of at most `tokens` tokens can reasonably take."""
     return max(tokens, 1) * BYTES_PER_TOKEN

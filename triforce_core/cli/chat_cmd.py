@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from triforce.app.inputs import is_utf8
 from triforce.app.runtime import RunConfig
 from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, device_option, dtype_option,
                                   model_option, offload_options, runtime_options, sampling_options,
@@ -151,7 +152,7 @@ class Console:
                     continue
                 except UnicodeDecodeError:  # a strict-UTF-8 terminal
                     line = "\udcff"
-                if not _is_utf8(line):
+                if not is_utf8(line):
                     print("(that line is not valid UTF-8 text; nothing was sent)", file=sys.stderr)
                     continue
                 if line:
@@ -234,12 +235,3 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
                 print(f"error: {e}", file=sys.stderr)
         except KeyboardInterrupt:
             console.say("\n[stopped]")
-
-
-def _is_utf8(line: str) -> bool:
-    """Python keeps undecodable input bytes as lone surrogates, which tokenizers reject."""
-    try:
-        line.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -46,12 +46,11 @@ def _fail(message: str, code: int) -> None:
 
 
 def _check_utf8(argv: list[str]) -> None:
-    """Python keeps bytes that are not UTF-8 in arguments as lone surrogates, which every
-    tokenizer rejects with a traceback: name the argument instead."""
+    """Name an argument that is not UTF-8 instead of failing in the tokenizer."""
+    from triforce.app.inputs import is_utf8
+
     for position, arg in enumerate(argv, 1):
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
+        if not is_utf8(arg):
             shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             _fail(f"argument {position} ({shown[:40]!r}) is not valid UTF-8", 2)
 

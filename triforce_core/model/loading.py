@@ -7,13 +7,13 @@ from pathlib import Path
 import torch
 
 from triforce.config import ModelConfig
-from triforce.errors import UserError
+from triforce.errors import DamagedFileError, UserError
 from triforce.kernels import SDPA, SdpaAttention
 from triforce.model.decoder import CausalLM
 from triforce.model.hf_config import generation_eos, read_hf_config
 from triforce.model.rope import RotaryEmbedding
-from triforce.paths import cache_root
 from triforce.model.weights import load_into, weight_files
+from triforce.paths import cache_root
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -114,9 +114,9 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
         hf_config = read_hf_config(folder)
         model = build_model(hf_config, weight_files(folder), torch_dtype, torch_device, shard)
         tokenizer = load_tokenizer(folder)
-    except UserError as e:
+    except DamagedFileError as e:
         if cache_root().resolve() in folder.resolve().parents:  # damage the size check cannot see
-            raise UserError(f"{e} -- a damaged cache entry: delete {folder} and it is rebuilt") from None
+            raise DamagedFileError(f"{e} -- a damaged cache entry: delete {folder} and it is rebuilt") from None
         raise
     eos_ids = _eos_ids(generation_eos(folder, hf_config), tokenizer.eos_token_id)
     return LoadedModel(model, tokenizer, folder, torch_dtype, torch_device, eos_ids)
@@ -139,4 +139,4 @@ def load_tokenizer(folder: Path):
         return AutoTokenizer.from_pretrained(str(folder))
     except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f"cannot load the tokenizer from {folder}: {msg}") from None
+        raise DamagedFileError(f"cannot load the tokenizer from {folder}: {msg}") from None

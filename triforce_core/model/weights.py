@@ -9,7 +9,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from triforce.errors import UserError
+from triforce.errors import DamagedFileError, UserError
 
 # Buffers some checkpoints carry that the model recomputes.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -52,7 +52,7 @@ def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     except UserError:
         raise
     except Exception as e:  # safetensors, pickle and zip errors have no common base
-        raise UserError(f"cannot read weights file {path} (corrupt or truncated?): "
+        raise DamagedFileError(f"cannot read weights file {path} (corrupt or truncated?): "
                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 

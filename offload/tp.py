@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from triforce.kernels.cpu_linear import linear as cpu_linear
 from triforce.offload.errors import OffloadError
 
 FAIL_RANK_ENV = "TRIFORCE_TP_FAIL_RANK"  # tests: make this rank fail after it starts
@@ -53,7 +54,7 @@ class RowParallelLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.nn.functional.linear(x, self.weight)
+        out = cpu_linear(x, self.weight)  # the small-rows CPU kernels while decoding (weights load later)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(out)
         return out if self.bias is None else out + self.bias
@@ -106,6 +107,8 @@ def shard_model(model: nn.Module, rank: int, world: int) -> Shard:
         if rank != 0:  # biases of the reduced projections are added once, after the sum
             attn.o_proj.bias = None
             mlp.down_proj.bias = None
+    if getattr(model, "kernels", None) == "fused":  # a loaded model: fuse the share, not the whole
+        model.use_kernels("fused")
     return shard
 
 

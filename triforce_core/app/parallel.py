@@ -16,8 +16,13 @@ def rank_device(device: str, rank: int) -> str:
 
 
 def share_threads(world: int) -> None:
-    """CPU ranks split the cores instead of each taking all of them."""
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    """CPU ranks split the cores instead of each taking all of them (torch's threads and the
+    numba kernels' alike)."""
+    import numba
+
+    share = max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(share)
+    numba.set_num_threads(min(share, numba.config.NUMBA_NUM_THREADS))
 
 
 def run_on_ranks(world: int, fn, request, model: str | None = None, device: str = "auto",

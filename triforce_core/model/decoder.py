@@ -5,6 +5,13 @@ the cache view stores the keys and values and returns attention over whatever it
 same math serves the full cache, sparse caches and offloaded caches. No placement logic here.
 Parameter names follow transformers' so checkpoints load without renaming.
 
+Two ways to run the projections (`CausalLM.use_kernels`): "reference", one nn.Linear per
+checkpoint matrix (transformers' math, what the tests compare with), and "fused" (the default
+once loaded): q/k/v and gate/up as one matrix each, through triforce.kernels.cpu_linear, whose
+small-rows kernels read the weights at the memory limit on a CPU. Fusing concatenates the
+checkpoint matrices once and re-points the nn.Linear weights at row slices of the result, so
+both ways share one copy of the weights.
+
 There is one loop over the layers. A long pass may bound its activations: with `chunk_tokens`
 each layer runs its projections and MLP on pieces of that many tokens, and with `group_tokens`
 the cache view is asked for attention once per group of that many queries (in order), so an
@@ -20,6 +27,7 @@ from torch import nn
 
 from triforce.cache_contract import CacheView
 from triforce.config import ModelConfig
+from triforce.kernels.cpu_linear import FusedLinear
 from triforce.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -44,19 +52,29 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.fused: tuple | None = None  # (qkv, o) while fused
+
+    def fuse(self, on: bool) -> None:
+        self.fused = (_concat_rows(self.q_proj, self.k_proj, self.v_proj), _single(self.o_proj)) if on else None
 
     def project(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B, T, hidden] -> q [B, H, T, D], k, v [B, Hkv, T, D], after RoPE."""
         batch, length, _ = x.shape
-        q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.fused is not None:
+            q, k, v = self.fused[0](x).split([self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
+                                              self.num_kv_heads * self.head_dim], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def output(self, out: torch.Tensor) -> torch.Tensor:
         """Attention output [B, H, T, D] -> [B, T, hidden]."""
         batch, _, length, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        o_proj = self.o_proj if self.fused is None else self.fused[1]
+        return o_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
 
 class MLP(nn.Module):
@@ -65,9 +83,39 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.fused: tuple | None = None  # (gate_up, down) while fused
+
+    def fuse(self, on: bool) -> None:
+        self.fused = (_concat_rows(self.gate_proj, self.up_proj), _single(self.down_proj)) if on else None
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.fused[0](x).chunk(2, dim=-1)
+        return self.fused[1](F.silu(gate) * up)
+
+
+def _single(module: nn.Module):
+    """A plain nn.Linear through the kernels; any other module (a tensor-parallel one that sums
+    across ranks) stays as it is."""
+    return FusedLinear(module.weight, module.bias) if type(module) is nn.Linear else module
+
+
+def _concat_rows(*linears: nn.Linear) -> FusedLinear:
+    """One matrix holding the linears' weights one above the other; each linear's weight (and
+    bias) becomes a view of its rows, so the checkpoint matrices are not kept twice. Made anew on
+    each call (a model cut for tensor parallelism fuses its own share)."""
+    fused_w = torch.cat([m.weight.detach() for m in linears])
+    biases = [m.bias for m in linears]
+    fused_b = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    row = 0
+    for m in linears:
+        rows = m.weight.shape[0]
+        m.weight = nn.Parameter(fused_w[row:row + rows], requires_grad=False)
+        if fused_b is not None:
+            m.bias = nn.Parameter(fused_b[row:row + rows], requires_grad=False)
+        row += rows
+    return FusedLinear(fused_w, fused_b)
 
 
 class DecoderLayer(nn.Module):
@@ -124,6 +172,19 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    kernels = "reference"
+    _head: FusedLinear | None = None
+
+    def use_kernels(self, kind: str) -> None:
+        """"fused" or "reference" projections (see the module's docstring); same tokens either way."""
+        if kind not in ("fused", "reference"):
+            raise ValueError(f"unknown kernels '{kind}' (fused or reference)")
+        for layer in self.model.layers:
+            layer.self_attn.fuse(kind == "fused")
+            layer.mlp.fuse(kind == "fused")
+        self._head = FusedLinear(self.lm_head.weight) if kind == "fused" else None
+        self.kernels = kind
+
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache_view: CacheView,
                 num_logits: int | None = None, chunk_tokens: int | None = None,
@@ -136,4 +197,4 @@ class CausalLM(nn.Module):
             x = layer(x, cos, sin, index, cache_view, chunk_tokens, group_tokens)
         if num_logits is not None:
             x = x[:, -num_logits:]
-        return self.lm_head(self.model.norm(x))
+        return (self._head or self.lm_head)(self.model.norm(x))

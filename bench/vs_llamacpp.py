@@ -1,0 +1,133 @@
+"""triforce's AR decoding and prefill against llama.cpp's llama-bench on the same weights, and
+against the memory bandwidth of this machine, measured side by side in one run.
+
+    bash ../shared/tools/build_llamacpp.sh ~/.cache/llamacpp HF_DIR bf16 model-bf16.gguf   # and f32
+    python -m triforce.bench.vs_llamacpp --llama-bench ~/.cache/llamacpp/bin/llama-bench \\
+        --gguf float32=model-f32.gguf --gguf bfloat16=model-bf16.gguf --depths 2048,6144
+
+Each row alternates the two programs (llama-bench, then ours) `--repeats` times and keeps each
+side's best, so a noisy neighbour costs both. Decode: `--new-tokens` greedy tokens after a
+prose context of `depth` tokens (llama-bench -d depth -n N). Prefill: a `--prefill` prompt
+(llama-bench -p N). Bytes per token = weights + KV read at that depth; bandwidth = a 512 MB
+sum over all threads, taken in the same run. llama.cpp keeps its KV in float16 (its default).
+"reference kernels" is our decode through one nn.Linear per matrix (before the fused kernels)."""
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import time
+
+import click
+import torch
+
+
+def memory_bandwidth() -> float:
+    """Bytes/s of a 512 MB float32 sum over torch's threads (best of 5)."""
+    data = torch.ones(128 * 1024 * 1024)
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - started)
+    return data.nbytes / best
+
+
+def llama_bench(binary: str, gguf: str, threads: int, *, depth: int = 0, gen: int = 0, prompt: int = 0) -> float:
+    """tokens/s that llama-bench reports for one test (one repetition)."""
+    cmd = [binary, "-m", gguf, "-t", str(threads), "-p", str(prompt), "-n", str(gen), "-d", str(depth),
+           "-r", "1", "-o", "json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return float(json.loads(done.stdout)[0]["avg_ts"])
+
+
+def ours_decode(lm, ids: list[int], new_tokens: int) -> float:
+    """tokens/s of AR decoding after prefilling `ids` (the first token, from prefill, not counted)."""
+    from triforce.config import SamplingParams, SpecParams
+    from triforce.decoding.engine import Engine
+
+    engine = Engine(lm, SpecParams(method="ar"), len(ids) + new_tokens + 1)
+    engine.set_sequence(ids)
+    stamps: list[float] = []
+    engine.generate(new_tokens + 1, SamplingParams(), on_token=lambda _: stamps.append(time.perf_counter()))
+    return new_tokens / (stamps[-1] - stamps[0])
+
+
+def ours_prefill(lm, ids: list[int]) -> float:
+    from triforce.config import SpecParams
+    from triforce.decoding.engine import Engine
+
+    engine = Engine(lm, SpecParams(method="ar"), len(ids) + 1)
+    started = time.perf_counter()
+    engine.set_sequence(ids + [0])  # the whole prompt goes into the cache
+    return len(ids) / (time.perf_counter() - started)
+
+
+def bytes_per_token(lm, depth: int) -> int:
+    """Weights (tied embeddings once) plus the KV of `depth` tokens in the model's dtype."""
+    weights = sum(p.nbytes for p in {p.data_ptr(): p for p in lm.model.parameters()}.values())
+    cfg = lm.config
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * depth * lm.dtype.itemsize
+    return weights + kv
+
+
+@click.command()
+@click.option("--llama-bench", "binary", required=True, help="Path of a llama-bench binary.")
+@click.option("--gguf", "ggufs", multiple=True, required=True,
+              help="DTYPE=PATH: the GGUF of the default model in that dtype (float32, bfloat16).")
+@click.option("--model", default="default", show_default=True, help="Our side: the same weights as the GGUFs.")
+@click.option("--depths", default="2048,6144", show_default=True, help="Context depths for decoding.")
+@click.option("--new-tokens", type=click.IntRange(2, 4096), default=64, show_default=True)
+@click.option("--prefill", type=click.IntRange(0, 65536), default=2048, show_default=True,
+              help="Prompt length of the prefill row (0: no prefill row).")
+@click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, as_json):
+    from triforce.app.texts import prose_prompt
+    from triforce.model.loading import load_model
+
+    threads = torch.get_num_threads()
+    bandwidth = memory_bandwidth()
+    rows = []
+    for item in ggufs:
+        dtype, _, gguf = item.partition("=")
+        lm = load_model(model, dtype=dtype, device="cpu")
+        tests = [("decode", int(d)) for d in depths.split(",")] + ([("prefill", prefill)] if prefill else [])
+        for kind, n in tests:
+            ids = lm.tokenizer(prose_prompt(lm.tokenizer, n + 8), add_special_tokens=False).input_ids[:n]
+            theirs, ours, reference = 0.0, 0.0, 0.0
+            for _ in range(repeats):
+                if kind == "decode":
+                    theirs = max(theirs, llama_bench(binary, gguf, threads, depth=n, gen=new_tokens))
+                    ours = max(ours, ours_decode(lm, ids, new_tokens))
+                    lm.model.use_kernels("reference")  # the plain nn.Linear path, for the gain
+                    reference = max(reference, ours_decode(lm, ids, new_tokens))
+                    lm.model.use_kernels("fused")
+                else:
+                    theirs = max(theirs, llama_bench(binary, gguf, threads, prompt=n))
+                    ours = max(ours, ours_prefill(lm, ids))
+            row = {"dtype": dtype, "test": kind, "tokens": n, "triforce_tok_s": round(ours, 2),
+                   "llamacpp_tok_s": round(theirs, 2), "ratio": round(ours / theirs, 3)}
+            if kind == "decode":
+                row["reference_tok_s"] = round(reference, 2)
+                row["triforce_gb_s"] = round(bytes_per_token(lm, n) * ours / 1e9, 1)
+            rows.append(row)
+            if not as_json:
+                print(json.dumps(row), flush=True)
+        del lm
+    info = {"machine": f"{platform.machine()} {platform.processor() or ''} {threads} threads, torch {torch.__version__}",
+            "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1), "new_tokens": new_tokens, "rows": rows}
+    if as_json:
+        print(json.dumps(info))
+        return
+    print(f"{info['machine']}; memory bandwidth (512 MB sum): {info['memory_bandwidth_gb_s']} GB/s")
+    print("| dtype | test | tokens | triforce tok/s | llama.cpp tok/s | ratio | triforce GB/s | "
+          "reference kernels tok/s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['dtype']} | {r['test']} | {r['tokens']} | {r['triforce_tok_s']} | {r['llamacpp_tok_s']} | "
+              f"{r['ratio']} | {r.get('triforce_gb_s', '')} | {r.get('reference_tok_s', '')} |")
+
+
+if __name__ == "__main__":
+    main()

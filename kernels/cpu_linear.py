@@ -1,0 +1,86 @@
+"""Linear layers for a few rows on the CPU: decoding's matrix-vector products at the memory limit.
+
+Why: for one to a few input rows, `F.linear` on this build (MKL sgemm, oneDNN for bfloat16) reads
+the weights at about a third of the memory bandwidth the same two cores reach with a plain sum
+(measured by bench/vs_llamacpp.py). Decoding reads every weight once per token, so the weight
+stream is the token's cost. These numba kernels walk the weight row by row (each row read from
+memory once and used for every input row), split the rows across the cores and accumulate in
+float32 with the reductions vectorised (fastmath: reassociated sums, no other licence needed).
+
+bfloat16 weights travel as raw bits (numba has no bfloat16) and are widened to float32 per row;
+the result is rounded to the weight dtype once, as torch's bfloat16 linear does. More rows
+than SMALL_ROWS (prefill) go to F.linear, whose blocked GEMM is compute-efficient there."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+import torch.nn.functional as F
+from numba import prange
+
+SMALL_ROWS = 16  # up to this many input rows the weight stream dominates: the kernels below
+MIN_WEIGHTS = 1 << 17  # smaller matrices sit in cache, where F.linear's lower call cost wins
+_ROW_BLOCK = 16  # weight rows per parallel job: a job is long enough to amortise its start
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def _linear_f32(x, w, out):
+    rows, width = x.shape
+    n = w.shape[0]
+    for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
+        for r in range(block * _ROW_BLOCK, min(n, (block + 1) * _ROW_BLOCK)):
+            for i in range(rows):
+                acc = np.float32(0.0)
+                for j in range(width):
+                    acc += w[r, j] * x[i, j]
+                out[i, r] = acc
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def _linear_bf16(x, w_bits, out):
+    rows, width = x.shape
+    n = w_bits.shape[0]
+    for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
+        bits = np.empty(width, np.uint32)
+        wide = bits.view(np.float32)  # bfloat16 is the top half of a float32
+        for r in range(block * _ROW_BLOCK, min(n, (block + 1) * _ROW_BLOCK)):
+            for j in range(width):
+                bits[j] = np.uint32(w_bits[r, j]) << 16
+            for i in range(rows):
+                acc = np.float32(0.0)
+                for j in range(width):
+                    acc += wide[j] * x[i, j]
+                out[i, r] = acc
+
+
+class FusedLinear:
+    """A linear layer over `weight` [out, in] (and `bias`) made once, called per pass: the small-
+    rows kernel on the CPU (float32, bfloat16) when a pass has few rows, F.linear otherwise. The
+    numpy views are made here, so a call costs the kernel plus a few microseconds."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
+        self._kernel = None
+        if self.weight.device.type == "cpu" and self.weight.is_contiguous() and self.weight.numel() >= MIN_WEIGHTS:
+            if self.weight.dtype == torch.float32:
+                self._kernel, self._w = _linear_f32, self.weight.numpy()
+            elif self.weight.dtype == torch.bfloat16:
+                self._kernel, self._w = _linear_bf16, self.weight.view(torch.int16).numpy().view(np.uint16)
+        self._bias32 = None if self.bias is None else self.bias.to(torch.float32)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        if self._kernel is None or rows.shape[0] > SMALL_ROWS or x.dtype != self.weight.dtype:
+            return F.linear(x, self.weight, self.bias)
+        if rows.dtype != torch.float32 or not rows.is_contiguous():
+            rows = rows.to(torch.float32, memory_format=torch.contiguous_format)
+        out = torch.empty(rows.shape[0], self.weight.shape[0], dtype=torch.float32, device="cpu")
+        self._kernel(rows.numpy(), self._w, out.numpy())
+        if self._bias32 is not None:
+            out += self._bias32
+        return out.view(*x.shape[:-1], self.weight.shape[0]).to(self.weight.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear's contract (x [..., in], weight [out, in]) through FusedLinear (one-offs)."""
+    return FusedLinear(weight, bias)(x)

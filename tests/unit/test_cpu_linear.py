@@ -1,0 +1,89 @@
+"""The small-rows CPU linear kernels against F.linear, and the fused projections of the decoder
+against its reference path (one nn.Linear per checkpoint matrix)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from triforce.kernels import cpu_linear
+from triforce.kernels.cpu_linear import SMALL_ROWS, FusedLinear, linear
+
+
+@pytest.fixture(autouse=True)
+def _kernels_for_small_matrices(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "MIN_WEIGHTS", 1)  # the shapes below are small on purpose
+
+
+def _reference(x, w, b):
+    return F.linear(x.double(), w.double(), None if b is None else b.double())
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("rows", [1, 3, SMALL_ROWS])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kernel_matches_float64(dtype, tol, rows, with_bias):
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(37, 100, generator=g).to(dtype)  # widths that are no multiple of a vector
+    b = torch.randn(37, generator=g).to(dtype) if with_bias else None
+    x = torch.randn(1, rows, 100, generator=g).to(dtype)
+    out = linear(x, w, b)
+    assert out.shape == (1, rows, 37) and out.dtype == dtype
+    ref = _reference(x, w, b)
+    assert torch.allclose(out.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+    if dtype == torch.bfloat16:  # one rounding of a float32 sum, as torch's bf16 linear: within 1 ulp
+        torch.testing.assert_close(out, F.linear(x, w, b), rtol=2 ** -7, atol=2 ** -7 * ref.abs().max().item())
+
+
+def test_matrices_that_fit_in_cache_take_f_linear(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "MIN_WEIGHTS", 1 << 17)
+    assert FusedLinear(torch.randn(64, 128))._kernel is None
+    assert FusedLinear(torch.randn(256, 512))._kernel is not None
+
+
+def test_strided_input_and_many_rows():
+    w = torch.randn(24, 16)
+    x = torch.randn(16, 3).t()  # rows not contiguous
+    torch.testing.assert_close(linear(x, w), F.linear(x, w))
+    many = torch.randn(SMALL_ROWS + 1, 16)  # prefill: F.linear itself
+    assert torch.equal(linear(many, w), F.linear(many, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_other_dtypes_take_f_linear(dtype):
+    w, x = torch.randn(8, 8, dtype=dtype), torch.randn(1, 8, dtype=dtype)
+    op = FusedLinear(w)
+    assert op._kernel is None and torch.equal(op(x), F.linear(x, w))
+
+
+def test_fused_projections_share_the_weights_and_give_the_same_tokens(default_lm):
+    from triforce.config import SamplingParams, SpecParams
+    from triforce.decoding.engine import Engine
+
+    model = default_lm.model
+    assert model.kernels == "fused"  # what loading gives
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    qkv, gate_up = attn.fused[0].weight, mlp.fused[0].weight
+    # the checkpoint matrices are row slices of the fused ones: one copy of the weights
+    assert attn.q_proj.weight.data_ptr() == qkv.data_ptr()
+    assert attn.v_proj.weight.data_ptr() == qkv[-attn.v_proj.weight.shape[0]:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == gate_up[mlp.gate_proj.weight.shape[0]:].data_ptr()
+
+    ids = default_lm.tokenizer("The history of the printing press begins", add_special_tokens=False).input_ids
+    results = {}
+    try:
+        for kind in ("reference", "fused"):
+            model.use_kernels(kind)
+            engine = Engine(default_lm, SpecParams(method="ar"), len(ids) + 24)
+            engine.set_sequence(ids)
+            step = engine.full.cache.step(1)
+            logits = model(torch.tensor([[ids[-1]]]), step.positions, step)
+            engine.full.cache.rollback(step.start)
+            results[kind] = (logits, engine.generate(24, SamplingParams()).tokens)
+    finally:
+        model.use_kernels("fused")
+    torch.testing.assert_close(results["fused"][0], results["reference"][0], rtol=1e-4, atol=1e-4)
+    assert results["fused"][1] == results["reference"][1]
+
+
+def test_unknown_kernels_name_is_refused(default_lm):
+    with pytest.raises(ValueError, match="unknown kernels"):
+        default_lm.model.use_kernels("fast")

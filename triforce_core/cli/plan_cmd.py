@@ -57,7 +57,7 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 @speculation_options(default_method="triforce")
 @click.option("--tp", type=INT, default=1, show_default=True, help="Tensor-parallel GPUs (the KV splits by heads).")
 @click.option("--dtype", type=click.Choice(["auto", *_DTYPE_BYTES]), default="auto", show_default=True,
-              help="auto = bfloat16 for GPU profiles, float32 for the cpu profile.")
+              help="auto = bfloat16 for GPU profiles and on CPUs with native bfloat16, else float32.")
 @click.option("--acceptance", default=None,
               help="FULL[,RETRIEVAL] acceptance rates for the prediction (default 0.9,0.8, assumed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
@@ -80,7 +80,8 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
     if device_budget is not None:
         prof = prof.with_device_budget(parse_size(device_budget, "--device-budget"))
     if dtype == "auto":
-        dtype = "bfloat16" if prof.num_gpus > 0 else "float32"
+        from triforce.model.cpu_features import native_bf16
+        dtype = "bfloat16" if prof.num_gpus > 0 or native_bf16() else "float32"
     result, spec, choice = plan_with_choice(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
                                             draft=_draft_shape(draft) if spec.uses_draft else None, tp=tp,
                                             assumed=_acceptance(acceptance),

@@ -35,7 +35,8 @@ def acceptance_table(lm, budgets: list[int], gen: int) -> list[dict]:
     return rows
 
 
-def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int) -> list[dict]:
+def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
+                 methods=("ar", "triforce", "retrieval", "streaming", "naive")) -> list[dict]:
 
     prompts = {
         "prose": lm.tokenizer(prose_prompt(lm.tokenizer, prompt_tokens)).input_ids,
@@ -44,7 +45,7 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int) -> list[d
     rows = []
     for name, ids in prompts.items():
         reference = None
-        for method in ("ar", "triforce", "retrieval", "streaming", "naive"):
+        for method in methods:
             spec = SpecParams(method=method, budget=budget)
             engine = Engine(lm, spec, len(ids) + new_tokens, "lookup" if spec.uses_draft else None)
             engine.set_sequence(ids)
@@ -71,14 +72,21 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int) -> list[d
 @click.option("--prompt-tokens", type=int, default=8000, show_default=True, help="Prompt length for --speed.")
 @click.option("--new-tokens", type=int, default=64, show_default=True)
 @click.option("--budget", type=int, default=1024, show_default=True, help="Sparse cache budget for --speed.")
-def main(table, speed, budgets, gen, prompt_tokens, new_tokens, budget):
+@click.option("--methods", default="ar,triforce,retrieval,streaming,naive", show_default=True,
+              help="Methods timed by --speed (ar first: the others are compared with it).")
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--max-context", type=int, default=None, help="With --rope-scaling: stretch the model this far.")
+@click.option("--rope-scaling", type=click.Choice(["yarn", "linear", "dynamic"]), default=None)
+def main(table, speed, budgets, gen, prompt_tokens, new_tokens, budget, methods, dtype, max_context, rope_scaling):
 
-    lm = load_model("default", dtype="float32", device="cpu")
-    out = {"machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"}
+    stretch = (max_context, rope_scaling) if rope_scaling else None
+    lm = load_model("default", dtype=dtype, device="cpu", rope_scaling=stretch)
+    out = {"machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
+           "dtype": dtype, "rope_scaling": stretch}
     if table:
         out["acceptance"] = acceptance_table(lm, [int(b) for b in budgets.split(",")], gen)
     if speed:
-        out["speed"] = method_speed(lm, prompt_tokens, new_tokens, budget)
+        out["speed"] = method_speed(lm, prompt_tokens, new_tokens, budget, methods.split(","))
     print(json.dumps(out, indent=1))
 
 

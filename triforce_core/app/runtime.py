@@ -14,6 +14,7 @@ from triforce.decoding.draft import Draft, resolve_draft
 from triforce.decoding.engine import Engine
 from triforce.decoding.hooks import EngineHooks
 from triforce.errors import UserError
+from triforce.model.context_stretch import run_context
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class RunConfig:
     graphs: str = "auto"            # auto | off | static (see Engine)
     overlap: bool = True            # prefetch offloaded KV while drafting
     count_syncs: bool = False       # host synchronisations per decoding phase (CUDA)
+    max_context: int | None = None  # tokens the context holds (None: the model's own)
+    rope_scaling: str | None = None  # stretch the RoPE to max_context (yarn | linear | dynamic)
 
 
 class Runtime:
@@ -48,7 +51,11 @@ class Runtime:
             share_threads(world)
         started = time.perf_counter()
         shard = (rank, world) if world > 1 else None
-        self.lm = _load(config.arch, config.model, config.dtype, device, shard)
+        if config.rope_scaling is not None and config.max_context is None:
+            raise UserError("--rope-scaling needs --max-context N, the context to stretch the model to")
+        stretch = (config.max_context, config.rope_scaling) if config.rope_scaling is not None else None
+        self.lm = _load(config.arch, config.model, config.dtype, device, shard, stretch)
+        self.context = run_context(self.lm.config.max_position_embeddings, config.max_context)
         self.draft: Draft = resolve_draft(config.draft, config.spec,
                                           load=lambda name: _load_draft(name, config.dtype, device))
         try:
@@ -125,15 +132,15 @@ def build_runtime(config: RunConfig, rank: int = 0, world: int = 1) -> Runtime:
     return Runtime(config, rank, world)
 
 
-def _load(arch: str | None, model: str | None, dtype: str, device: str, shard):
+def _load(arch: str | None, model: str | None, dtype: str, device: str, shard, rope_scaling=None):
     from triforce.model.architectures import build_random_model
     from triforce.model.loading import load_model
 
     if (arch is None) == (model is None):
         raise UserError("give exactly one of a model and an architecture")
     if arch is not None:
-        return build_random_model(arch, dtype, device, shard=shard)
-    return load_model(model, dtype=dtype, device=device, shard=shard)
+        return build_random_model(arch, dtype, device, shard=shard, rope_scaling=rope_scaling)
+    return load_model(model, dtype=dtype, device=device, shard=shard, rope_scaling=rope_scaling)
 
 
 def _load_draft(name: str, dtype: str, device: str):

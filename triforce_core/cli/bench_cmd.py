@@ -11,6 +11,7 @@ import click
 from triforce.app.runtime import RunConfig
 from triforce.cli.options import INT, check_output_path, device_option, dtype_option, offload_options, runtime_options
 from triforce.errors import UserError
+from triforce.model.context_stretch import KINDS
 
 
 @click.group("bench")
@@ -39,12 +40,14 @@ def bench_group():
 @click.option("--plot", "plot_path", default="offload-bench.png", show_default=True, help="PNG to write.")
 @dtype_option
 @device_option
+@click.option("--rope-scaling", type=click.Choice(KINDS), default=None,
+              help="Stretch the model's RoPE past its trained context to hold --context plus --new-tokens.")
 @click.option("--tp", type=INT, default=1, show_default=True,
               help="Tensor-parallel ranks: each GPU streams its own heads' KV over its own link.")
 @runtime_options(count_syncs=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def offload(arch, model, context, profile, device_budget, methods, acceptance_trace, draft, new_tokens, budget,
-            gamma1, gamma2, no_overlap, plot_path, dtype, device, tp, attn, no_graphs, as_json):
+            gamma1, gamma2, no_overlap, plot_path, dtype, device, rope_scaling, tp, attn, no_graphs, as_json):
     """Time ms/token of offloaded decoding methods at a context length, on a budget.
 
     On CUDA the card is emulated with set_per_process_memory_fraction (the profile's gpu_bytes);
@@ -74,7 +77,8 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
                       chunk_size=meta.get("chunk_size", 8))
     config = RunConfig(model=model, arch=arch, draft=draft or ("llama-68m" if arch is not None else "lookup"),
                        spec=spec, dtype=dtype, device=device, profile=profile, device_budget=device_budget, attn=attn,
-                       graphs="off" if no_graphs else "auto", overlap=not no_overlap)
+                       graphs="off" if no_graphs else "auto", overlap=not no_overlap,
+                       max_context=context + new_tokens + 1 if rope_scaling else None, rope_scaling=rope_scaling)
     request = BenchRequest(config, context, chosen, trace, acceptance_trace, new_tokens, plot_path, as_json)
     from triforce.app.parallel import run_on_ranks
     run_on_ranks(tp, bench_rank, request, model, device, arch)

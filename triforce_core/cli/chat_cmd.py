@@ -10,7 +10,8 @@ import click
 
 from triforce.app.inputs import is_utf8
 from triforce.app.runtime import RunConfig
-from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, device_option, dtype_option,
+from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, context_options,
+                                  device_option, dtype_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
 from triforce.errors import UserError
@@ -80,8 +81,7 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 @model_option
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--max-new-tokens", type=INT, default=512, show_default=True, help="Longest answer, in tokens.")
-@click.option("--max-context", type=INT, default=None,
-              help="Context size in tokens (default: the model's own maximum).")
+@context_options
 @speculation_options(default_method="ar")
 @sampling_options(default_temperature=0.7)
 @dtype_option
@@ -90,7 +90,7 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 @click.option("--tp", type=INT, default=1, show_default=True,
               help="Tensor-parallel ranks (GPUs; gloo processes on a CPU). Rank 0 talks to the terminal.")
 @runtime_options(count_syncs=False)
-def chat(model, system, max_new_tokens, max_context, method, draft, budget, chunk_size, gamma1, gamma2,
+def chat(model, system, max_new_tokens, max_context, rope_scaling, method, draft, budget, chunk_size, gamma1, gamma2,
          rebuild_stride, rebuild_threshold, temperature, top_p, top_k, seed, dtype, device, profile, device_budget,
          tp, attn, no_graphs):
     """Chat with a model in the terminal.
@@ -103,8 +103,9 @@ def chat(model, system, max_new_tokens, max_context, method, draft, budget, chun
         raise UserError(f"--tp must be >= 1, got {tp}")
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
-                       device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto")
-    request = ChatRequest(config=config, system=system, max_new_tokens=max_new_tokens, max_context=max_context,
+                       device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
+                       max_context=max_context, rope_scaling=rope_scaling)
+    request = ChatRequest(config=config, system=system, max_new_tokens=max_new_tokens,
                           params=build_sampling(temperature, top_p, top_k, seed))
     from triforce.app.parallel import run_on_ranks
     run_on_ranks(tp, chat_rank, request, model, device)
@@ -115,7 +116,6 @@ class ChatRequest:
     config: RunConfig
     system: str | None
     max_new_tokens: int
-    max_context: int | None
     params: object
 
 
@@ -180,10 +180,7 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     console = Console(rank, world)
     runtime = build_runtime(r.config, rank, world)
     lm = runtime.lm
-    context = lm.config.max_position_embeddings
-    if r.max_context is not None and not 1 < r.max_context <= context:
-        raise UserError(f"--max-context must be in 2..{context} (the model's context), got {r.max_context}")
-    max_len = r.max_context or context
+    max_len = runtime.context
     stop = None
     if world > 1:  # every rank asks rank 0 whether Ctrl-C was pressed, once per round
         stop = lambda: console.stop_requested(engine.hooks.agree)  # noqa: E731

@@ -9,7 +9,7 @@ import click
 
 from triforce.app.inputs import read_text_file, text_bound
 from triforce.cli.generate_cmd import read_prompt
-from triforce.cli.options import FLOAT, INT, SEED, device_option, dtype_option, model_option
+from triforce.cli.options import FLOAT, INT, SEED, context_options, device_option, dtype_option, model_option
 from triforce.errors import UserError
 
 
@@ -41,14 +41,16 @@ def eval_group():
               help="Temperature of the expected-acceptance figure.")
 @dtype_option
 @device_option
+@context_options
 @click.option("--json", "as_json", is_flag=True, help='Print {"results": [...]} as JSON.')
 def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_tokens, temperature, dtype,
-               device, as_json):
+               device, max_context, rope_scaling, as_json):
     """Greedy match rate and expected acceptance of each sparse cache policy and budget, over the
     full cache's greedy continuation of the prompt (paper Table 1 in miniature)."""
     from tqdm import tqdm
 
     from triforce.app.evaluation import evaluate_acceptance
+    from triforce.model.context_stretch import run_context
     from triforce.model.loading import load_model
 
     budget_list = _int_list(budgets, "--budgets")
@@ -64,13 +66,16 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
         if b < 2 * chunk_size or b <= sink_tokens:
             raise UserError(f"budget {b} must hold two chunks ({2 * chunk_size}) and exceed {sink_tokens} sinks")
     text = read_prompt(None, prompt_file)  # stdin now; a file is checked now and read below
-    lm = load_model(model, dtype=dtype, device=device)
-    context = lm.config.max_position_embeddings
+    if rope_scaling is not None and max_context is None:
+        raise UserError("--rope-scaling needs --max-context N, the context to stretch the model to")
+    lm = load_model(model, dtype=dtype, device=device,
+                    rope_scaling=None if rope_scaling is None else (max_context, rope_scaling))
+    context = run_context(lm.config.max_position_embeddings, max_context)
     if text is None:
-        text = read_text_file(prompt_file, "prompt file", text_bound(context), f"the model's {context}-token context")
+        text = read_text_file(prompt_file, "prompt file", text_bound(context), f"the {context}-token context")
     ids = lm.tokenizer(text).input_ids
     if len(ids) + gen > context:
-        raise UserError(f"the prompt has {len(ids)} tokens; with --gen {gen} that exceeds the model's "
+        raise UserError(f"the prompt has {len(ids)} tokens; with --gen {gen} that exceeds the "
                         f"context of {context} tokens")
     total = gen + gen * len(budget_list) * len(policy_list)
     with tqdm(total=total, desc="scoring", unit="tok", file=sys.stderr, leave=False) as bar:

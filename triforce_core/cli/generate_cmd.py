@@ -10,8 +10,8 @@ import click
 
 from triforce.app.inputs import check_text_file, read_text_file, text_bound
 from triforce.app.runtime import RunConfig
-from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, check_output_path, device_option,
-                                  dtype_option,
+from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, check_output_path,
+                                  context_options, device_option, dtype_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
 from triforce.errors import UserError
@@ -58,6 +58,7 @@ def encode_prompt(lm, text: str, as_chat: bool, context: int) -> list[int]:
 @click.option("--prompt-file", default=None, help="Read the prompt from this file ('-' = stdin).")
 @speculation_options(default_method="ar")
 @click.option("--max-new-tokens", type=INT, default=128, show_default=True, help="Tokens to generate at most.")
+@context_options
 @sampling_options(default_temperature=0.0)
 @dtype_option
 @device_option
@@ -72,7 +73,8 @@ def encode_prompt(lm, text: str, as_chat: bool, context: int) -> list[int]:
 @runtime_options()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streamed text.")
 def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
-             rebuild_threshold, max_new_tokens, temperature, top_p, top_k, seed, dtype, device, as_chat,
+             rebuild_threshold, max_new_tokens, max_context, rope_scaling, temperature, top_p, top_k, seed, dtype,
+             device, as_chat,
              ignore_eos, profile, device_budget, no_overlap, record_acceptance, tp, attn, no_graphs, count_syncs,
              as_json):
     """Generate a continuation of a prompt.
@@ -90,7 +92,8 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
                        device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
-                       overlap=not no_overlap, count_syncs=count_syncs)
+                       overlap=not no_overlap, count_syncs=count_syncs, max_context=max_context,
+                       rope_scaling=rope_scaling)
     request = GenerateRequest(config=config, text=read_prompt(prompt, prompt_file), prompt_file=prompt_file,
                               as_chat=as_chat,
                               params=build_sampling(temperature, top_p, top_k, seed), max_new_tokens=max_new_tokens,
@@ -126,15 +129,15 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     speaker = rank == 0
     runtime = build_runtime(r.config, rank, world)
     lm = runtime.lm
-    context = lm.config.max_position_embeddings
+    context = runtime.context
     text = r.text if r.text is not None else read_text_file(
-        r.prompt_file, "prompt file", text_bound(context), f"the model's {context}-token context")
+        r.prompt_file, "prompt file", text_bound(context), f"the {context}-token context")
     ids = encode_prompt(lm, text, r.as_chat, context)
     max_new_tokens = r.max_new_tokens
     if not ids:
         raise UserError("the prompt is empty after tokenisation")
     if len(ids) >= context:
-        raise UserError(f"the prompt has {len(ids)} tokens but the model's context is {context} tokens")
+        raise UserError(f"the prompt has {len(ids)} tokens but the context is {context} tokens")
     if len(ids) + max_new_tokens > context:
         max_new_tokens = context - len(ids)
         if speaker:

@@ -29,7 +29,9 @@ model_option = click.option("--model", "model", default="default", show_default=
                             help="Hugging Face folder, .gguf file, or 'default' (SmolLM2-135M-Instruct).")
 dtype_option = click.option("--dtype", type=click.Choice(["auto", "float32", "float64", "bfloat16", "float16"]),
                             default="auto", show_default=True,
-                            help="Weights and KV precision; auto = float32 on CPU, bfloat16 on CUDA.")
+                            help="Weights and KV precision; auto = bfloat16 on CUDA and on CPUs with native bfloat16 "
+                                 "(AVX512_BF16, AMX, Arm BF16), float32 elsewhere. Greedy tokens equal plain "
+                                 "decoding exactly in float32/float64.")
 device_option = click.option("--device", default="auto", show_default=True,
                              help="cpu, cuda or cuda:N; auto picks CUDA when present.")
 
@@ -148,3 +150,17 @@ def runtime_options(count_syncs: bool = True):
                          help="Attention kernel: flash-attn on CUDA when it is installed (auto), or PyTorch SDPA.")(f)
         return f
     return decorate
+
+
+def context_options(f):
+    """--max-context and --rope-scaling: how many tokens the context holds, past the model's
+    trained context when its RoPE is stretched (see triforce.model.context_stretch)."""
+    from triforce.model.context_stretch import KINDS
+
+    f = click.option("--rope-scaling", type=click.Choice(KINDS), default=None,
+                     help="Stretch the model's RoPE to --max-context tokens, past its trained context "
+                          "(factor = max context / trained context), as llama.cpp's --rope-scaling.")(f)
+    f = click.option("--max-context", type=INT, default=None,
+                     help="Context size in tokens (default: the model's own). Beyond the trained context "
+                          "it needs --rope-scaling.")(f)
+    return f

@@ -57,9 +57,9 @@ def arch_config(name: str) -> ModelConfig:
 
 
 def build_random_model(name: str, dtype: str = "auto", device: str = "auto", seed: int = 0,
-                       shard: tuple[int, int] | None = None):
+                       shard: tuple[int, int] | None = None, rope_scaling: tuple[int, str] | None = None):
     """A LoadedModel of architecture `name` with random weights (std 0.02), made on `device`
-    directly. It has no tokenizer; its `path` says it is random."""
+    directly. It has no tokenizer; its `path` says it is random. rope_scaling: see load_model."""
     from pathlib import Path
 
     import torch
@@ -72,6 +72,12 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     cfg = ModelConfig.from_hf(hf)
+    if rope_scaling is not None:
+        from dataclasses import replace
+
+        from triforce.model.context_stretch import stretch
+        hf, context = stretch(hf, *rope_scaling)
+        cfg = replace(cfg, max_position_embeddings=context)
     rope = RotaryEmbedding(hf)
     with torch.device("meta"):
         model = CausalLM(cfg, rope).to(torch_dtype)
@@ -95,4 +101,5 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
             else:
                 p.zero_()
     model.tie_weights()
+    model.use_kernels("fused")
     return LoadedModel(model.eval(), None, Path(f"random:{name}"), torch_dtype, torch_device, frozenset())

@@ -1,7 +1,7 @@
 """Resolve `--model` (default | HF folder | .gguf file) and load model plus tokenizer."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -9,6 +9,7 @@ import torch
 from triforce.config import ModelConfig
 from triforce.errors import DamagedFileError, UserError
 from triforce.kernels import SDPA, SdpaAttention
+from triforce.model.context_stretch import stretch
 from triforce.model.decoder import CausalLM
 from triforce.model.hf_config import generation_eos, read_hf_config
 from triforce.model.rope import RotaryEmbedding
@@ -35,8 +36,11 @@ class LoadedModel:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on CUDA and on CPUs with native bfloat16 (see triforce.model.cpu_features)."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        from triforce.model import cpu_features
+        native = device.type == "cuda" or cpu_features.native_bf16()
+        return torch.bfloat16 if native else torch.float32
     if name not in DTYPES:
         raise UserError(f"unknown dtype '{name}' (choose from auto, {', '.join(DTYPES)})")
     return DTYPES[name]
@@ -83,10 +87,13 @@ def resolve_model_dir(spec: str) -> Path:
 
 
 def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.device,
-                shard: tuple[int, int] | None = None) -> CausalLM:
+                shard: tuple[int, int] | None = None, context: int | None = None) -> CausalLM:
     """shard (rank, world): build rank's tensor-parallel share and slice each checkpoint tensor
-    on the host, so a model that needs two cards never has to fit on one."""
+    on the host, so a model that needs two cards never has to fit on one. context: the model's
+    context when it differs from the config's (a stretched one, see triforce.model.context_stretch)."""
     cfg = ModelConfig.from_hf(hf_config)
+    if context is not None:
+        cfg = replace(cfg, max_position_embeddings=context)
     rope = RotaryEmbedding(hf_config)  # outside the meta context: it holds real frequencies
     with torch.device("meta"):
         model = CausalLM(cfg, rope)
@@ -102,17 +109,21 @@ def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.
         check_host_room(meta_model_bytes(model, dtype), f"the model in {str(dtype).removeprefix('torch.')}",
                         "--dtype bfloat16, or a smaller model")
     load_into(model, files, dtype, device, slicer)
+    model.use_kernels("fused")
     return model.eval()
 
 
 def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
-               shard: tuple[int, int] | None = None) -> LoadedModel:
+               shard: tuple[int, int] | None = None, rope_scaling: tuple[int, str] | None = None) -> LoadedModel:
+    """rope_scaling (context, kind): stretch the model's RoPE to that context (--rope-scaling)."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     folder = resolve_model_dir(spec)
     try:
-        hf_config = read_hf_config(folder)
-        model = build_model(hf_config, weight_files(folder), torch_dtype, torch_device, shard)
+        hf_config, context = read_hf_config(folder), None
+        if rope_scaling is not None:
+            hf_config, context = stretch(hf_config, *rope_scaling)
+        model = build_model(hf_config, weight_files(folder), torch_dtype, torch_device, shard, context)
         tokenizer = load_tokenizer(folder)
     except DamagedFileError as e:
         if cache_root().resolve() in folder.resolve().parents:  # damage the size check cannot see

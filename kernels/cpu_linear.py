@@ -58,8 +58,12 @@ class FusedLinear:
     rows kernel on the CPU (float32, bfloat16) when a pass has few rows, F.linear otherwise. The
     numpy views are made here, so a call costs the kernel plus a few microseconds."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, keep_float32: bool = False):
+        """keep_float32: 16-bit weights give float32 results, the kernels' sums unrounded (a
+        model's logits: bfloat16's spacing of 0.125 at logit 16 would make exact ties of near ones)."""
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
+        half = self.weight.dtype in (torch.bfloat16, torch.float16)
+        self.out_dtype = torch.float32 if keep_float32 and half else self.weight.dtype
         self._kernel = None
         if self.weight.device.type == "cpu" and self.weight.is_contiguous() and self.weight.numel() >= MIN_WEIGHTS:
             if self.weight.dtype == torch.float32:
@@ -71,14 +75,14 @@ class FusedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if self._kernel is None or rows.shape[0] > SMALL_ROWS or x.dtype != self.weight.dtype:
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, self.weight, self.bias).to(self.out_dtype)
         if rows.dtype != torch.float32 or not rows.is_contiguous():
             rows = rows.to(torch.float32, memory_format=torch.contiguous_format)
         out = torch.empty(rows.shape[0], self.weight.shape[0], dtype=torch.float32, device="cpu")
         self._kernel(rows.numpy(), self._w, out.numpy())
         if self._bias32 is not None:
             out += self._bias32
-        return out.view(*x.shape[:-1], self.weight.shape[0]).to(self.weight.dtype)
+        return out.view(*x.shape[:-1], self.weight.shape[0]).to(self.out_dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -87,3 +87,14 @@ def test_fused_projections_share_the_weights_and_give_the_same_tokens(default_lm
 def test_unknown_kernels_name_is_refused(default_lm):
     with pytest.raises(ValueError, match="unknown kernels"):
         default_lm.model.use_kernels("fast")
+
+
+def test_logits_of_a_bfloat16_model_stay_float32():
+    w = torch.randn(300, 512).to(torch.bfloat16)
+    x = torch.randn(2, 512).to(torch.bfloat16)
+    head = FusedLinear(w, keep_float32=True)
+    out = head(x)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, F.linear(x.float(), w.float()), rtol=1e-5, atol=1e-4)
+    assert head(torch.randn(SMALL_ROWS + 1, 512).to(torch.bfloat16)).dtype == torch.float32
+    assert FusedLinear(w.double(), keep_float32=True)(x.double()).dtype == torch.float64  # never lowered

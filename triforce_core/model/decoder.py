@@ -182,7 +182,8 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fuse(kind == "fused")
             layer.mlp.fuse(kind == "fused")
-        self._head = FusedLinear(self.lm_head.weight) if kind == "fused" else None
+        # logits stay float32 (in a bfloat16 model too): rounding them makes ties of near-ties
+        self._head = FusedLinear(self.lm_head.weight, keep_float32=True) if kind == "fused" else None
         self.kernels = kind
 
     @torch.inference_mode()

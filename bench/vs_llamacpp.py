@@ -71,6 +71,28 @@ def bytes_per_token(lm, depth: int) -> int:
     return weights + kv
 
 
+def plot(rows: list[dict], path: str, machine: str) -> None:
+    """Grouped bars: tokens/s of each side per dtype and test (decode and prefill on own axes)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, kind in zip(axes, ("decode", "prefill")):
+        chosen = [r for r in rows if r["test"] == kind]
+        labels = [f"{r['dtype']}\n{r['tokens']}" for r in chosen]
+        x = range(len(chosen))
+        ax.bar([i - 0.2 for i in x], [r["triforce_tok_s"] for r in chosen], 0.4, label="triforce (ar)")
+        ax.bar([i + 0.2 for i in x], [r["llamacpp_tok_s"] for r in chosen], 0.4, label="llama.cpp")
+        ax.set_xticks(list(x), labels)
+        ax.set_ylabel("tokens/s")
+        ax.set_title(f"{kind} ({'context depth' if kind == 'decode' else 'prompt'} tokens)")
+        ax.legend()
+    fig.suptitle(machine, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 @click.command()
 @click.option("--llama-bench", "binary", required=True, help="Path of a llama-bench binary.")
 @click.option("--gguf", "ggufs", multiple=True, required=True,
@@ -81,8 +103,10 @@ def bytes_per_token(lm, depth: int) -> int:
 @click.option("--prefill", type=click.IntRange(0, 65536), default=2048, show_default=True,
               help="Prompt length of the prefill row (0: no prefill row).")
 @click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True)
+@click.option("--transformers", "with_hf", is_flag=True, help="Also time transformers' generate (decode rows).")
+@click.option("--plot", "plot_path", default=None, help="Also draw the table as a PNG here.")
 @click.option("--json", "as_json", is_flag=True)
-def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, as_json):
+def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, with_hf, plot_path, as_json):
     from triforce.app.texts import prose_prompt
     from triforce.model.loading import load_model
 
@@ -92,10 +116,14 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, as_json):
     for item in ggufs:
         dtype, _, gguf = item.partition("=")
         lm = load_model(model, dtype=dtype, device="cpu")
+        hf = None
+        if with_hf:
+            from transformers import AutoModelForCausalLM
+            hf = AutoModelForCausalLM.from_pretrained(str(lm.path), dtype=lm.dtype).eval()
         tests = [("decode", int(d)) for d in depths.split(",")] + ([("prefill", prefill)] if prefill else [])
         for kind, n in tests:
             ids = lm.tokenizer(prose_prompt(lm.tokenizer, n + 8), add_special_tokens=False).input_ids[:n]
-            theirs, ours, reference = 0.0, 0.0, 0.0
+            theirs, ours, reference, hf_rate = 0.0, 0.0, 0.0, 0.0
             for _ in range(repeats):
                 if kind == "decode":
                     theirs = max(theirs, llama_bench(binary, gguf, threads, depth=n, gen=new_tokens))
@@ -103,6 +131,9 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, as_json):
                     lm.model.use_kernels("reference")  # the plain nn.Linear path, for the gain
                     reference = max(reference, ours_decode(lm, ids, new_tokens))
                     lm.model.use_kernels("fused")
+                    if hf is not None:
+                        from triforce.bench.ar_vs_transformers import time_transformers
+                        hf_rate = max(hf_rate, time_transformers(hf, ids, new_tokens)["decode_tokens_per_s"])
                 else:
                     theirs = max(theirs, llama_bench(binary, gguf, threads, prompt=n))
                     ours = max(ours, ours_prefill(lm, ids))
@@ -110,23 +141,28 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, as_json):
                    "llamacpp_tok_s": round(theirs, 2), "ratio": round(ours / theirs, 3)}
             if kind == "decode":
                 row["reference_tok_s"] = round(reference, 2)
+                if hf is not None:
+                    row["transformers_tok_s"] = round(hf_rate, 2)
                 row["triforce_gb_s"] = round(bytes_per_token(lm, n) * ours / 1e9, 1)
             rows.append(row)
             if not as_json:
                 print(json.dumps(row), flush=True)
-        del lm
+        del lm, hf
     info = {"machine": f"{platform.machine()} {platform.processor() or ''} {threads} threads, torch {torch.__version__}",
             "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1), "new_tokens": new_tokens, "rows": rows}
+    if plot_path:
+        plot(rows, plot_path, info["machine"])
     if as_json:
         print(json.dumps(info))
         return
     print(f"{info['machine']}; memory bandwidth (512 MB sum): {info['memory_bandwidth_gb_s']} GB/s")
     print("| dtype | test | tokens | triforce tok/s | llama.cpp tok/s | ratio | triforce GB/s | "
-          "reference kernels tok/s |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+          "reference kernels tok/s | transformers tok/s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['dtype']} | {r['test']} | {r['tokens']} | {r['triforce_tok_s']} | {r['llamacpp_tok_s']} | "
-              f"{r['ratio']} | {r.get('triforce_gb_s', '')} | {r.get('reference_tok_s', '')} |")
+              f"{r['ratio']} | {r.get('triforce_gb_s', '')} | {r.get('reference_tok_s', '')} | "
+              f"{r.get('transformers_tok_s', '')} |")
 
 
 if __name__ == "__main__":

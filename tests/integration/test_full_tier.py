@@ -109,3 +109,22 @@ def test_every_dtype_generates(tiny_model_dir, dtype):
     lm16 = load_model(str(tiny_model_dir("llama-gqa")), dtype=dtype, device="cpu")
     assert lm16.model.lm_head.weight.dtype == lm16.dtype
     assert len(generate(lm16, ids_of(8), 8).tokens) == 8
+
+
+def test_an_adopted_prefill_decodes_as_its_own(lm):
+    """One prefill handed from an AR engine to a triforce engine (bench/speculation_cpu.py)."""
+    ids = ids_of(40, seed=3)
+    spec = SpecParams(method="triforce", budget=16, chunk_size=4, gamma1=2, gamma2=4, sink_tokens=4)
+    fresh = Engine(lm, spec, 64, "lookup")
+    fresh.set_sequence(ids)
+    expected = fresh.generate(12, SamplingParams()).tokens
+
+    ar = Engine(lm, SpecParams(method="ar"), 64)
+    ar.set_sequence(ids)
+    assert ar.generate(12, SamplingParams()).tokens == expected
+    shared = Engine(lm, spec, 64, "lookup", kv_cache=ar.full.cache)
+    shared.full.adopt(ids[:-1])
+    assert shared.set_sequence(ids) == 1  # only the last token runs again, for its queries
+    assert shared.generate(12, SamplingParams()).tokens == expected
+    with pytest.raises(ValueError, match="the cache holds"):
+        FullTier(lm, 64).adopt(ids)

@@ -129,6 +129,15 @@ class FullTier:
         queries = self._prefill(ids[keep:], progress, None, record_queries)[1]
         return len(ids) - keep, queries
 
+    def adopt(self, tokens: list[int]) -> None:
+        """Take the cache's first len(tokens) entries as the KV of `tokens`: another engine of
+        the same model filled this cache (one long prefill shared by several methods)."""
+        if len(tokens) > self.cache.length:
+            raise ValueError(f"the cache holds {self.cache.length} tokens, not {len(tokens)}")
+        self.cache.rollback(len(tokens))
+        self.tokens = list(tokens)
+        self._query_memo = {}
+
     def reusable_prefix(self, ids: list[int]) -> int:
         """How many leading tokens of `ids` already have their KV cached."""
         common = 0

@@ -78,8 +78,9 @@ def test_a_failing_rank_ends_the_others_with_a_clear_error():
 def test_tp_chat_gives_the_same_answers(tiny_model_dir):
     folder = str(tiny_model_dir("llama-gqa"))
     lines = "the cat sat on the mat\n/reset\nthe dog sat on the log\nand the cat\n"
+    # float32 named: the subprocesses do not see conftest's pin of --dtype auto (bf16 on this CPU)
     args = ["-m", "triforce.cli.main", "chat", "--model", folder, "--temperature", "0", "--max-new-tokens", "12",
-            "--method", "triforce", "--budget", "24", "--chunk-size", "4"]
+            "--method", "triforce", "--budget", "24", "--chunk-size", "4", "--dtype", "float32"]
     runs = [subprocess.run([sys.executable, *args, *extra], input=lines, capture_output=True, text=True, timeout=300)
             for extra in ([], ["--tp", "2"])]
     assert all(run.returncode == 0 for run in runs), runs[1].stderr[-2000:]

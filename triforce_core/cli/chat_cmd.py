@@ -170,6 +170,8 @@ class Console:
 
     def on_sigint(self, signum, frame) -> None:
         self.interrupted = True
+        if self.world == 1:  # one process: stop at once, a prefill too; the flag, checked each
+            raise KeyboardInterrupt  # round, still stops decoding should native code swallow this
 
 
 def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
@@ -181,7 +183,7 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     runtime = build_runtime(r.config, rank, world)
     lm = runtime.lm
     max_len = runtime.context
-    stop = None
+    stop = lambda: console.interrupted  # noqa: E731  (Ctrl-C seen since the answer began)
     if world > 1:  # every rank asks rank 0 whether Ctrl-C was pressed, once per round
         stop = lambda: console.stop_requested(engine.hooks.agree)  # noqa: E731
     run = runtime.plan(max_len)
@@ -215,8 +217,8 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
 
             bar = ProgressBar("prefill", enabled=rank == 0)
             previous = None
-            if world > 1 and rank == 0:  # Ctrl-C sets a flag all ranks read each round
-                console.interrupted = False
+            console.interrupted = False
+            if rank == 0:  # Ctrl-C sets a flag the engine reads each round (all ranks, under --tp)
                 previous = signal.signal(signal.SIGINT, console.on_sigint)
             try:
                 result = session.ask(line, r.params, r.max_new_tokens, show, bar.update, bar.total)

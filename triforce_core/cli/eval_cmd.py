@@ -72,7 +72,8 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
                     rope_scaling=None if rope_scaling is None else (max_context, rope_scaling))
     context = run_context(lm.config.max_position_embeddings, max_context)
     if text is None:
-        text = read_text_file(prompt_file, "prompt file", text_bound(context), f"the {context}-token context")
+        whose = "the model's" if max_context is None else "the"
+        text = read_text_file(prompt_file, "prompt file", text_bound(context), f"{whose} {context}-token context")
     ids = lm.tokenizer(text).input_ids
     if len(ids) + gen > context:
         raise UserError(f"the prompt has {len(ids)} tokens; with --gen {gen} that exceeds the "

@@ -130,14 +130,15 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     runtime = build_runtime(r.config, rank, world)
     lm = runtime.lm
     context = runtime.context
+    whose = "the model's" if r.config.max_context is None else "the"
     text = r.text if r.text is not None else read_text_file(
-        r.prompt_file, "prompt file", text_bound(context), f"the {context}-token context")
+        r.prompt_file, "prompt file", text_bound(context), f"{whose} {context}-token context")
     ids = encode_prompt(lm, text, r.as_chat, context)
     max_new_tokens = r.max_new_tokens
     if not ids:
         raise UserError("the prompt is empty after tokenisation")
     if len(ids) >= context:
-        raise UserError(f"the prompt has {len(ids)} tokens but the context is {context} tokens")
+        raise UserError(f"the prompt has {len(ids)} tokens but {whose} context is {context} tokens")
     if len(ids) + max_new_tokens > context:
         max_new_tokens = context - len(ids)
         if speaker:

@@ -9,8 +9,10 @@ Two ways to run the projections (`CausalLM.use_kernels`): "reference", one nn.Li
 checkpoint matrix (transformers' math, what the tests compare with), and "fused" (the default
 once loaded): q/k/v and gate/up as one matrix each, through triforce.kernels.cpu_linear, whose
 small-rows kernels read the weights at the memory limit on a CPU. Fusing concatenates the
-checkpoint matrices once and re-points the nn.Linear weights at row slices of the result, so
-both ways share one copy of the weights.
+checkpoint matrices and re-points the nn.Linear weights at row slices of the result (the
+separate matrices are freed), so both ways share one copy of the weights. The fused operators
+hold the tensors they were made from: a model whose parameters are moved or replaced afterwards
+must call use_kernels("fused") again (tensor-parallel sharding does).
 
 There is one loop over the layers. A long pass may bound its activations: with `chunk_tokens`
 each layer runs its projections and MLP on pieces of that many tokens, and with `group_tokens`

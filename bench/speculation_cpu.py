@@ -17,6 +17,7 @@ from triforce.app.evaluation import evaluate_acceptance, needle_prompt
 from triforce.app.texts import prose_prompt
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
+from triforce.model.context_stretch import KINDS, stretch_request
 from triforce.model.loading import load_model
 
 
@@ -85,11 +86,11 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
 @click.option("--prompts", default="prose,needle", show_default=True, help="Prompt kinds timed by --speed.")
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--max-context", type=int, default=None, help="With --rope-scaling: stretch the model this far.")
-@click.option("--rope-scaling", type=click.Choice(["yarn", "linear", "dynamic"]), default=None)
+@click.option("--rope-scaling", type=click.Choice(KINDS), default=None)
 def main(table, speed, budgets, gen, prompt_tokens, new_tokens, budget, methods, prompts, dtype, max_context,
          rope_scaling):
 
-    stretch = (max_context, rope_scaling) if rope_scaling else None
+    stretch = stretch_request(max_context, rope_scaling)
     lm = load_model("default", dtype=dtype, device="cpu", rope_scaling=stretch)
     out = {"machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
            "dtype": dtype, "rope_scaling": stretch}

@@ -1,7 +1,8 @@
 """triforce's AR decoding and prefill against llama.cpp's llama-bench on the same weights, and
 against the memory bandwidth of this machine, measured side by side in one run.
 
-    bash ../shared/tools/build_llamacpp.sh ~/.cache/llamacpp HF_DIR bf16 model-bf16.gguf   # and f32
+    # llama-bench: build llama.cpp with cmake (`cmake --build build --target llama-bench`); the
+    # GGUFs: llama.cpp's convert_hf_to_gguf.py on the default model's folder, --outtype f32 and bf16
     python -m triforce.bench.vs_llamacpp --llama-bench ~/.cache/llamacpp/bin/llama-bench \\
         --gguf float32=model-f32.gguf --gguf bfloat16=model-bf16.gguf --depths 2048,6144
 
@@ -21,6 +22,8 @@ import time
 import click
 import torch
 
+from triforce.bench.ar_vs_transformers import time_transformers, time_triforce
+
 
 def memory_bandwidth() -> float:
     """Bytes/s of a 512 MB float32 sum over torch's threads (best of 5)."""
@@ -39,18 +42,6 @@ def llama_bench(binary: str, gguf: str, threads: int, *, depth: int = 0, gen: in
            "-r", "1", "-o", "json"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return float(json.loads(done.stdout)[0]["avg_ts"])
-
-
-def ours_decode(lm, ids: list[int], new_tokens: int) -> float:
-    """tokens/s of AR decoding after prefilling `ids` (the first token, from prefill, not counted)."""
-    from triforce.config import SamplingParams, SpecParams
-    from triforce.decoding.engine import Engine
-
-    engine = Engine(lm, SpecParams(method="ar"), len(ids) + new_tokens + 1)
-    engine.set_sequence(ids)
-    stamps: list[float] = []
-    engine.generate(new_tokens + 1, SamplingParams(), on_token=lambda _: stamps.append(time.perf_counter()))
-    return new_tokens / (stamps[-1] - stamps[0])
 
 
 def ours_prefill(lm, ids: list[int]) -> float:
@@ -127,12 +118,11 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, with_hf, pl
             for _ in range(repeats):
                 if kind == "decode":
                     theirs = max(theirs, llama_bench(binary, gguf, threads, depth=n, gen=new_tokens))
-                    ours = max(ours, ours_decode(lm, ids, new_tokens))
+                    ours = max(ours, time_triforce(lm, ids, new_tokens + 1)["decode_tokens_per_s"])
                     lm.model.use_kernels("reference")  # the plain nn.Linear path, for the gain
-                    reference = max(reference, ours_decode(lm, ids, new_tokens))
+                    reference = max(reference, time_triforce(lm, ids, new_tokens + 1)["decode_tokens_per_s"])
                     lm.model.use_kernels("fused")
                     if hf is not None:
-                        from triforce.bench.ar_vs_transformers import time_transformers
                         hf_rate = max(hf_rate, time_transformers(hf, ids, new_tokens)["decode_tokens_per_s"])
                 else:
                     theirs = max(theirs, llama_bench(binary, gguf, threads, prompt=n))

@@ -14,7 +14,7 @@ from triforce.decoding.draft import Draft, resolve_draft
 from triforce.decoding.engine import Engine
 from triforce.decoding.hooks import EngineHooks
 from triforce.errors import UserError
-from triforce.model.context_stretch import run_context
+from triforce.model.context_stretch import run_context, stretch_request
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,7 @@ class Runtime:
             share_threads(world)
         started = time.perf_counter()
         shard = (rank, world) if world > 1 else None
-        if config.rope_scaling is not None and config.max_context is None:
-            raise UserError("--rope-scaling needs --max-context N, the context to stretch the model to")
-        stretch = (config.max_context, config.rope_scaling) if config.rope_scaling is not None else None
+        stretch = stretch_request(config.max_context, config.rope_scaling)
         self.lm = _load(config.arch, config.model, config.dtype, device, shard, stretch)
         self.context = run_context(self.lm.config.max_position_embeddings, config.max_context)
         self.draft: Draft = resolve_draft(config.draft, config.spec,

@@ -50,7 +50,7 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
     from tqdm import tqdm
 
     from triforce.app.evaluation import evaluate_acceptance
-    from triforce.model.context_stretch import run_context
+    from triforce.model.context_stretch import run_context, stretch_request
     from triforce.model.loading import load_model
 
     budget_list = _int_list(budgets, "--budgets")
@@ -66,10 +66,7 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
         if b < 2 * chunk_size or b <= sink_tokens:
             raise UserError(f"budget {b} must hold two chunks ({2 * chunk_size}) and exceed {sink_tokens} sinks")
     text = read_prompt(None, prompt_file)  # stdin now; a file is checked now and read below
-    if rope_scaling is not None and max_context is None:
-        raise UserError("--rope-scaling needs --max-context N, the context to stretch the model to")
-    lm = load_model(model, dtype=dtype, device=device,
-                    rope_scaling=None if rope_scaling is None else (max_context, rope_scaling))
+    lm = load_model(model, dtype=dtype, device=device, rope_scaling=stretch_request(max_context, rope_scaling))
     context = run_context(lm.config.max_position_embeddings, max_context)
     if text is None:
         whose = "the model's" if max_context is None else "the"

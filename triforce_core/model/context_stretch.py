@@ -50,6 +50,15 @@ def stretch(hf_config, context: int, kind: str):
     return stretched, context
 
 
+def stretch_request(max_context: int | None, kind: str | None) -> tuple[int, str] | None:
+    """(context, kind) for load_model's rope_scaling, or None without --rope-scaling."""
+    if kind is None:
+        return None
+    if max_context is None:
+        raise UserError("--rope-scaling needs --max-context N, the context to stretch the model to")
+    return max_context, kind
+
+
 def run_context(model_context: int, wanted: int | None) -> int:
     """A run's context: --max-context within the model's (stretched) context, else the model's."""
     if wanted is None:

@@ -174,8 +174,11 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    kernels = "reference"
-    _head: FusedLinear | None = None
+    _head: FusedLinear | None = None  # the fused lm_head, present exactly while fused
+
+    @property
+    def kernels(self) -> str:
+        return "reference" if self._head is None else "fused"
 
     def use_kernels(self, kind: str) -> None:
         """"fused" or "reference" projections (see the module's docstring); same tokens either way."""
@@ -186,7 +189,6 @@ class CausalLM(nn.Module):
             layer.mlp.fuse(kind == "fused")
         # logits stay float32 (in a bfloat16 model too): rounding them makes ties of near-ties
         self._head = FusedLinear(self.lm_head.weight, keep_float32=True) if kind == "fused" else None
-        self.kernels = kind
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache_view: CacheView,

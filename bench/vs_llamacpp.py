@@ -11,7 +11,8 @@ side's best, so a noisy neighbour costs both. Decode: `--new-tokens` greedy toke
 prose context of `depth` tokens (llama-bench -d depth -n N). Prefill: a `--prefill` prompt
 (llama-bench -p N). Bytes per token = weights + KV read at that depth; bandwidth = a 512 MB
 sum over all threads, taken in the same run. llama.cpp keeps its KV in float16 (its default).
-"reference kernels" is our decode through one nn.Linear per matrix (before the fused kernels)."""
+"reference kernels" is our decode through one nn.Linear per matrix and PyTorch's SDPA (the plain
+paths, before the CPU kernels)."""
 from __future__ import annotations
 
 import json
@@ -52,6 +53,19 @@ def ours_prefill(lm, ids: list[int]) -> float:
     started = time.perf_counter()
     engine.set_sequence(ids + [0])  # the whole prompt goes into the cache
     return len(ids) / (time.perf_counter() - started)
+
+
+def reference_decode(lm, ids: list[int], new_tokens: int) -> float:
+    """Decode tok/s through the plain paths (one nn.Linear per matrix, PyTorch SDPA), for the gain."""
+    from triforce.kernels import SDPA, SdpaReference
+
+    lm.model.use_kernels("reference")
+    lm.attn = SdpaReference()
+    try:
+        return time_triforce(lm, ids, new_tokens)["decode_tokens_per_s"]
+    finally:
+        lm.model.use_kernels("fused")
+        lm.attn = SDPA
 
 
 def bytes_per_token(lm, depth: int) -> int:
@@ -119,9 +133,7 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, with_hf, pl
                 if kind == "decode":
                     theirs = max(theirs, llama_bench(binary, gguf, threads, depth=n, gen=new_tokens))
                     ours = max(ours, time_triforce(lm, ids, new_tokens + 1)["decode_tokens_per_s"])
-                    lm.model.use_kernels("reference")  # the plain nn.Linear path, for the gain
-                    reference = max(reference, time_triforce(lm, ids, new_tokens + 1)["decode_tokens_per_s"])
-                    lm.model.use_kernels("fused")
+                    reference = max(reference, reference_decode(lm, ids, new_tokens + 1))
                     if hf is not None:
                         hf_rate = max(hf_rate, time_transformers(hf, ids, new_tokens)["decode_tokens_per_s"])
                 else:

@@ -10,6 +10,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from triforce.kernels import cpu_attention
+
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device,
                 sliding_window: int | None = None) -> torch.Tensor:
@@ -24,9 +26,13 @@ def causal_mask(num_queries: int, num_keys: int, device: torch.device,
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-              sliding_window: int | None = None, fold_masked_gqa: bool | None = None) -> torch.Tensor:
+              sliding_window: int | None = None, fold_masked_gqa: bool | None = None,
+              cpu_kernel: bool = True) -> torch.Tensor:
     """q: [B, H, T, D]; k, v: [B, Hkv, S, D] with H a multiple of Hkv. Returns [B, H, T, D].
-    fold_masked_gqa (default: on CUDA) serves masked GQA by folding query heads into rows."""
+    fold_masked_gqa (default: on CUDA) serves masked GQA by folding query heads into rows.
+    cpu_kernel: decoding steps on the CPU go to triforce.kernels.cpu_attention (False: SDPA)."""
+    if cpu_kernel and cpu_attention.takes(q, k, v, sliding_window):
+        return cpu_attention.attention(q, k, v, scale=scale)
     num_queries, num_keys = q.shape[-2], k.shape[-2]
     window_binds = sliding_window is not None and num_keys > sliding_window
     gqa = q.shape[1] != k.shape[1]
@@ -53,13 +59,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
 
 
 class SdpaAttention:
-    """PyTorch scaled_dot_product_attention for whole views, the tiled torch kernel for partial
-    attention. The reference path: works on every device and dtype."""
+    """PyTorch scaled_dot_product_attention for whole views (decoding steps on the CPU: the
+    kernel of triforce.kernels.cpu_attention), the tiled torch kernel for partial attention.
+    Works on every device and dtype."""
 
     name = "sdpa"
+    cpu_kernel = True
 
     def attend(self, q, k, v, *, scale: float, sliding_window: int | None = None) -> torch.Tensor:
-        return attention(q, k, v, scale=scale, sliding_window=sliding_window)
+        return attention(q, k, v, scale=scale, sliding_window=sliding_window, cpu_kernel=self.cpu_kernel)
 
     fused_partial_failed: str | None = None  # why the fused path was given up, if it was
 
@@ -95,6 +103,14 @@ class SdpaAttention:
         mask = visible.repeat(groups, 1)  # row g * T + t sees what query t sees
         out = F.scaled_dot_product_attention(folded, k_cache, v_cache, attn_mask=mask, scale=scale)
         return out.reshape(batch, heads, num_new, dim)
+
+
+class SdpaReference(SdpaAttention):
+    """PyTorch SDPA for every whole view, the CPU's decoding steps too: the reference the CPU
+    kernel is compared with (tests, bench/vs_llamacpp.py's "reference kernels")."""
+
+    name = "sdpa-reference"
+    cpu_kernel = False
 
 
 SDPA = SdpaAttention()
@@ -160,11 +176,16 @@ class FlashAttention(SdpaAttention):
         return out.float(), lse.float()
 
 
+ATTN_CHOICES = ("auto", "flash", "sdpa", "sdpa-reference")
+
+
 def select_attention(choice: str, device: torch.device) -> tuple[SdpaAttention, str]:
-    """`--attn auto|flash|sdpa` -> (backend, a line saying what was chosen and why). auto takes
-    flash-attn on CUDA when it is importable."""
-    if choice not in ("auto", "flash", "sdpa"):
-        raise ValueError(f"unknown attention backend '{choice}' (choose auto, flash or sdpa)")
+    """`--attn auto|flash|sdpa|sdpa-reference` -> (backend, a line saying what was chosen and
+    why). auto takes flash-attn on CUDA when it is importable."""
+    if choice not in ATTN_CHOICES:
+        raise ValueError(f"unknown attention backend '{choice}' (choose {', '.join(ATTN_CHOICES)})")
+    if choice == "sdpa-reference":
+        return SdpaReference(), "attention: PyTorch SDPA for every step (--attn sdpa-reference)"
     if choice == "sdpa":
         return SDPA, "attention: PyTorch SDPA (--attn sdpa)"
     try:

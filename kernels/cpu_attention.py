@@ -1,0 +1,189 @@
+"""Attention of a few queries over a long KV view on the CPU: decoding's other memory stream.
+
+Why: PyTorch's CPU flash kernel reads a decoding step's keys and values at 4-13 GB/s of the ~34
+these two cores reach (bench/vs_llamacpp.py), and has only the KV heads (3 for SmolLM2) to spread
+over the cores. Here a job is one KV head and one split of SPLIT keys: it reads each key and value
+row once for every query row sharing that head (the query heads of a group times the new tokens),
+keeps (max, sum of exponentials, weighted values) per row, and the splits are merged by
+log-sum-exp, so both cores share even a single head's keys.
+
+Batch-invariant: a row's result does not depend on how many query rows a call has. A row always
+sums over whole SPLIT-long blocks (keys it may not see, and slots past the view, count as exact
+zeros), and the merge runs over the splits in order without reassociation. With the small-rows
+linear kernels this makes a verify of T tokens compute each token exactly as decoding it alone
+would, so greedy speculative decoding matches AR token for token in bfloat16 too.
+
+bfloat16 keys and values travel as raw bits (numba has no bfloat16) and are widened to float32
+per row; scores, softmax and sums are float32, as in PyTorch's CPU kernels for this dtype. The
+kernels index a C-contiguous [heads, rows, dim] block laid over the view's storage (a view of a
+cache buffer's first `keys` rows); numba vectorises only such arrays."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+from numba import prange
+
+SMALL_QUERIES = 16  # beyond this many new tokens (prefill) the blocked SDPA kernel is the better one
+SPLIT = 512         # keys per job: 3 heads of 2K keys make 12 jobs for 2 cores
+# KV heads x head dim below this (test-sized models) stay on SDPA: a call's fixed cost (~30 us)
+# would outweigh its work. A property of the model, never of the context, so a model's AR steps
+# and verify passes always take the same kernel.
+MIN_KV_WIDTH = 128
+
+
+@numba.njit(fastmath=True, cache=True)
+def _scores(q, k, n, kind, out, row, bits):
+    """out[r, s] = q[r] . k[s] for s < n; k float32 or bfloat16 bits (kind 1), widened into row."""
+    rows, dim = q.shape
+    for s in range(n):
+        if kind == 1:
+            for d in range(dim):
+                bits[d] = np.uint32(k[s, d]) << 16
+        else:
+            for d in range(dim):
+                row[d] = k[s, d]
+        for r in range(rows):
+            a = np.float32(0.0)
+            for d in range(dim):
+                a += q[r, d] * row[d]
+            out[r, s] = a
+
+
+@numba.njit(fastmath=True, cache=True)
+def _softmax(sc, visible, m_out, l_out):
+    """Row r: exponentials of its first visible[r] scores less their max, zeros after (to SPLIT),
+    and their (max, sum). A row that sees none of the split gets (-inf, 0)."""
+    rows, width = sc.shape
+    for r in range(rows):
+        seen = visible[r]
+        if seen <= 0:
+            sc[r, :] = 0.0
+            m_out[r] = -np.inf
+            l_out[r] = 0.0
+            continue
+        m = sc[r, 0]
+        for s in range(seen):
+            m = max(m, sc[r, s])
+        for s in range(width):
+            sc[r, s] = np.exp(sc[r, s] - m) if s < seen else np.float32(0.0)
+        total = np.float32(0.0)
+        for s in range(width):  # always the whole split: the grouping of the sum never changes
+            total += sc[r, s]
+        m_out[r] = m
+        l_out[r] = total
+
+
+@numba.njit(fastmath=True, cache=True)
+def _values(p, v, n, kind, acc, row, bits):
+    """acc[r] = sum over s < n of p[r, s] * v[s] (keys in order; hidden ones weigh an exact 0)."""
+    rows, dim = acc.shape
+    acc[:, :] = 0.0
+    for s in range(n):
+        if kind == 1:
+            for d in range(dim):
+                bits[d] = np.uint32(v[s, d]) << 16
+        else:
+            for d in range(dim):
+                row[d] = v[s, d]
+        for r in range(rows):
+            w = p[r, s]
+            for d in range(dim):
+                acc[r, d] += w * row[d]
+
+
+@numba.njit(cache=True)
+def _merge(m, l, acc, out):
+    """out[h, r] = the splits' weighted values by log-sum-exp, split by split in order (no
+    fastmath: the order is what keeps a row's sum the same whatever else the call holds)."""
+    heads, splits, rows = m.shape
+    for h in range(heads):
+        for r in range(rows):
+            top = -np.inf
+            for c in range(splits):
+                top = max(top, m[h, c, r])
+            total = np.float32(0.0)
+            out[h, r, :] = 0.0
+            for c in range(splits):
+                if m[h, c, r] == -np.inf:
+                    continue
+                w = np.float32(np.exp(m[h, c, r] - top))
+                total += l[h, c, r] * w
+                for d in range(out.shape[2]):
+                    out[h, r, d] += acc[h, c, r, d] * w
+            for d in range(out.shape[2]):
+                out[h, r, d] /= total
+
+
+@numba.njit(parallel=True, cache=True)
+def _attend(q, k, v, kind, keys, queries, out):
+    """q [Hkv, R, D] float32, pre-scaled, row r = g * queries + t; k, v [Hkv, >= keys, D]. Row r
+    sees keys s <= keys - queries + t (the new tokens are the view's last ones)."""
+    heads, rows, dim = q.shape
+    splits = (keys + SPLIT - 1) // SPLIT
+    m = np.empty((heads, splits, rows), np.float32)
+    l = np.empty((heads, splits, rows), np.float32)
+    acc = np.empty((heads, splits, rows, dim), np.float32)
+    for job in prange(heads * splits):
+        h = job // splits
+        c = job - h * splits
+        lo = c * SPLIT
+        n = min(keys, lo + SPLIT) - lo
+        sc = np.empty((rows, SPLIT), np.float32)
+        row = np.empty(dim, np.float32)
+        bits = row.view(np.uint32)  # bfloat16 is the top half of a float32
+        visible = np.empty(rows, np.int64)
+        for r in range(rows):
+            visible[r] = min(n, keys - queries + r % queries + 1 - lo)
+        _scores(q[h], k[h, lo:lo + n], n, kind, sc, row, bits)
+        _softmax(sc, visible, m[h, c], l[h, c])
+        _values(sc, v[h, lo:lo + n], n, kind, acc[h, c], row, bits)
+    _merge(m, l, acc, out)
+
+
+def _whole(t: torch.Tensor):
+    """[Hkv, S, D] with rows of D contiguous and heads a whole number of rows apart -> the numpy
+    [Hkv, head stride / D, D] block over the same storage (raw bits for bfloat16)."""
+    heads, _, dim = t.shape
+    block = torch.as_strided(t, (heads, t.stride(0) // dim, dim), (t.stride(0), dim, 1), t.storage_offset())
+    if t.dtype == torch.bfloat16:
+        return block.view(torch.int16).numpy().view(np.uint16)
+    return block.numpy()
+
+
+def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int | None) -> bool:
+    """Whether this kernel serves the call: CPU float32 or bfloat16, one sequence, at most
+    SMALL_QUERIES new tokens, KV heads x head dim >= MIN_KV_WIDTH, no sliding window that hides
+    keys, and k, v laid out as rows of a cache buffer (contiguous rows, heads whole rows apart,
+    the block within the storage)."""
+    if q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype:
+        return False
+    if q.shape[0] != 1 or not 0 < q.shape[2] <= min(SMALL_QUERIES, k.shape[2]) or q.shape[1] % k.shape[1]:
+        return False
+    if k.shape[1] * k.shape[3] < MIN_KV_WIDTH:
+        return False
+    if sliding_window is not None and k.shape[2] > sliding_window:
+        return False
+    return all(_lays_out(t, k.shape) for t in (k, v))
+
+
+def _lays_out(t: torch.Tensor, shape) -> bool:
+    _, heads, keys, dim = shape
+    if t.shape != shape or t.stride(3) != 1 or t.stride(2) != dim:
+        return False
+    head = t.stride(1)
+    if head % dim or head < keys * dim:
+        return False
+    return t.storage_offset() + heads * head <= t.untyped_storage().nbytes() // t.element_size()
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """q [1, H, T, D]; k, v [1, Hkv, S, D] (see `takes`): causal, bottom-right aligned (query t
+    sees key j iff j <= S - T + t). Returns [1, H, T, D] in q's dtype."""
+    _, heads, queries, dim = q.shape
+    kv_heads, keys = k.shape[1], k.shape[2]
+    rows = heads // kv_heads * queries
+    q32 = (q[0].to(torch.float32) * scale).reshape(kv_heads, rows, dim).contiguous()
+    out = torch.empty(kv_heads, rows, dim, dtype=torch.float32, device="cpu")
+    _attend(q32.numpy(), _whole(k[0]), _whole(v[0]), int(q.dtype == torch.bfloat16), keys, queries, out.numpy())
+    return out.reshape(1, heads, queries, dim).to(q.dtype)

@@ -1,0 +1,104 @@
+"""The CPU decoding-attention kernel against float64 SDPA, its batch invariance (a query's result
+does not depend on the other queries of the call), which calls it takes, and the default model
+decoding the same tokens through it as through the reference SDPA path."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from triforce.config import SamplingParams, SpecParams
+from triforce.decoding.engine import Engine
+from triforce.kernels import SDPA, SdpaReference, attention, causal_mask
+from triforce.kernels import cpu_attention
+from triforce.kernels.cpu_attention import SMALL_QUERIES, SPLIT, takes
+
+
+def _cache_views(dtype, keys, capacity, kv_heads=3, dim=64, seed=0):
+    """k, v [1, Hkv, keys, D]: prefix views of [L, 1, Hkv, capacity, D] buffers, as caches hand out."""
+    g = torch.Generator().manual_seed(seed)
+    k_buf = torch.randn(2, 1, kv_heads, capacity, dim, generator=g).to(dtype)
+    v_buf = torch.randn(2, 1, kv_heads, capacity, dim, generator=g).to(dtype)
+    return k_buf[1, :, :, :keys], v_buf[1, :, :, :keys]
+
+
+def _reference(q, k, v, scale):
+    groups = q.shape[1] // k.shape[1]
+    k64, v64 = (t.double().repeat_interleave(groups, 1) for t in (k, v))
+    mask = causal_mask(q.shape[2], k.shape[2], q.device)
+    return F.scaled_dot_product_attention(q.double(), k64, v64, attn_mask=mask, scale=scale)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("keys, queries", [(keys, queries) for keys in (1, 7, SPLIT, SPLIT + 1, 3 * SPLIT - 5)
+                                           for queries in (1, 3, SMALL_QUERIES) if queries <= keys])
+def test_kernel_matches_float64(dtype, tol, keys, queries):
+    k, v = _cache_views(dtype, keys, keys + 40)
+    q = torch.randn(1, 9, queries, 64, generator=torch.Generator().manual_seed(keys)).to(dtype)
+    assert takes(q, k, v, None)
+    out = cpu_attention.attention(q, k, v, scale=0.125)
+    assert out.shape == q.shape and out.dtype == dtype
+    torch.testing.assert_close(out.double(), _reference(q, k, v, 0.125), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_query_gets_the_same_bits_alone_or_among_others(dtype):
+    """Verifying T tokens computes each as decoding it alone would: what makes greedy
+    speculation equal AR in bfloat16 (with the small-rows linear kernels)."""
+    keys, queries = 2 * SPLIT + 37, SMALL_QUERIES
+    k, v = _cache_views(dtype, keys, keys + 8)
+    q = torch.randn(1, 9, queries, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    together = cpu_attention.attention(q, k, v, scale=0.125)
+    for t in range(queries):
+        seen = keys - queries + t + 1
+        alone = cpu_attention.attention(q[:, :, t:t + 1], k[:, :, :seen], v[:, :, :seen], scale=0.125)
+        assert torch.equal(alone[:, :, 0], together[:, :, t]), f"query {t} differs"
+
+
+def test_which_calls_it_takes():
+    k, v = _cache_views(torch.float32, 100, 128)
+    q = torch.randn(1, 9, 1, 64)
+    assert takes(q, k, v, None) and takes(q, k, v, sliding_window=100)
+    assert not takes(q, k, v, sliding_window=99)                       # the window hides keys
+    assert not takes(torch.randn(1, 9, SMALL_QUERIES + 1, 64), k, v, None)  # prefill: SDPA's blocks
+    assert not takes(q.double(), k.double(), v.double(), None)         # float64: the reference
+    assert not takes(q.half(), k.half(), v.half(), None)
+    assert not takes(torch.randn(2, 9, 1, 64), k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1), None)
+    assert not takes(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, None)  # rows not contiguous
+    assert not takes(q, k, v[:, :, :99], None)                          # k and v disagree
+    assert not takes(torch.randn(1, 8, 1, 64), k, v, None)              # heads not a multiple
+    small_k, small_v = _cache_views(torch.float32, 100, 128, kv_heads=2, dim=16)
+    assert not takes(torch.randn(1, 4, 1, 16), small_k, small_v, None)  # a test-sized model: SDPA
+    tight = torch.randn(1, 3, 100, 64)[:, :, 2:]                        # the block would pass the storage
+    assert not takes(q, tight, tight, None)
+
+
+def test_calls_it_refuses_still_get_sdpa():
+    k, v = _cache_views(torch.float32, 100, 128)
+    q = torch.randn(1, 9, 1, 64)
+    out = attention(q, k, v, scale=0.125, sliding_window=40)
+    ref = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(3, 1),
+                                         v.double().repeat_interleave(3, 1), scale=0.125,
+                                         attn_mask=causal_mask(1, 100, q.device, 40))
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    assert SdpaReference.cpu_kernel is False and SDPA.cpu_kernel is True
+
+
+def test_default_model_decodes_the_same_through_kernel_and_reference(default_lm):
+    ids = default_lm.tokenizer("The history of the printing press begins", add_special_tokens=False).input_ids
+    tokens = {}
+    try:
+        for backend in (SdpaReference(), SDPA):
+            default_lm.attn = backend
+            engine = Engine(default_lm, SpecParams(method="ar"), len(ids) + 24)
+            engine.set_sequence(ids)
+            tokens[backend.name] = engine.generate(24, SamplingParams()).tokens
+    finally:
+        default_lm.attn = SDPA
+    assert tokens["sdpa"] == tokens["sdpa-reference"]
+
+
+def test_attn_sdpa_reference_selects_the_plain_path():
+    from triforce.kernels import select_attention
+
+    backend, line = select_attention("sdpa-reference", torch.device("cpu"))
+    assert isinstance(backend, SdpaReference) and not backend.cpu_kernel and "every step" in line
+    assert select_attention("sdpa", torch.device("cpu"))[0] is SDPA

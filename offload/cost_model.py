@@ -9,11 +9,13 @@ Python); a full verify also moves the offloaded KV over PCIe. Acceptance is trea
 drafts yields (1 - alpha^(gamma+1)) / (1 - alpha) tokens on average."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from triforce.offload.errors import OffloadError
 
-GAMMA2_RANGE = range(1, 17)
+# at most 15 drafts: a verify pass of <= 16 tokens stays within the CPU kernels' small-rows limit,
+# where each token is computed as a one-token step would be (bfloat16 greedy equals AR; README)
+GAMMA2_RANGE = range(1, 16)
 GAMMA1_RANGE = range(1, 9)
 # Predictions this close count as a tie, broken toward longer speculation: every check also costs
 # engine bookkeeping the model leaves out, so fewer checks per token win a near-tie (measured on CPU:
@@ -106,6 +108,21 @@ def triforce_ms_per_token(c: StepCosts, hw: Hardware, acceptance: Acceptance, ga
     verify = full_verify_ms(c, hw, gamma2 + 1)
     return {"triforce_ms_per_token": (verify + drafting) / per_verify, "full_verify_ms": verify,
             "drafting_ms_per_verify": drafting, "expected_tokens_per_full_verify": per_verify}
+
+
+def naive_ms_per_token(c: StepCosts, hw: Hardware, alpha: float, gamma: int) -> float:
+    """Predicted ms/token of tier-0 drafts checked by the full cache directly (--method naive),
+    each accepted with rate alpha."""
+    return (gamma * tier0_ms(c, hw) + full_verify_ms(c, hw, gamma + 1)) / expected_tokens(alpha, gamma)
+
+
+def costs_at(c: StepCosts, resident_tokens: int, length: int) -> StepCosts:
+    """The same run's step costs once its sequence is `length` tokens long: the first
+    resident_tokens of the KV on the device, the rest crossing PCIe at each full verify."""
+    per_token = (c.resident_kv_bytes + c.host_kv_bytes) / max(c.context, 1)
+    resident = min(length, resident_tokens)
+    return replace(c, resident_kv_bytes=int(resident * per_token), host_kv_bytes=int((length - resident) * per_token),
+                   context=length)
 
 
 def best_gammas(c: StepCosts, hw: Hardware, acceptance: Acceptance, has_tier0: bool,

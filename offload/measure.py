@@ -50,13 +50,23 @@ def memory_gbps(device: torch.device, num_bytes: int = 512 << 20) -> float:
     return 2 * num_bytes / seconds / 1e9
 
 
+def _decode_linear(device: torch.device):
+    """What a model's projections run for a few rows: F.linear on CUDA, the small-rows kernel on
+    a CPU (triforce.kernels.cpu_linear)."""
+    if device.type == "cuda":
+        return torch.nn.functional.linear
+    from triforce.kernels.cpu_linear import linear
+    return linear
+
+
 def gemv_gbps(device: torch.device) -> float:
     """Weights read per second by a matrix-vector product (one token through a projection)."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = 32768 if device.type == "cuda" else 16384
     weight = torch.randn(rows, 4096, device=device, dtype=dtype)
     x = torch.randn(1, 4096, device=device, dtype=dtype)
-    seconds = _best_seconds(lambda: torch.nn.functional.linear(x, weight), _syncer(device))
+    linear = _decode_linear(device)
+    seconds = _best_seconds(lambda: linear(x, weight), _syncer(device))
     return weight.nbytes / seconds / 1e9
 
 
@@ -66,7 +76,8 @@ def matmul_tflops(device: torch.device, rows: int = 16) -> float:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     weight = torch.randn(16384, 4096, device=device, dtype=dtype)
     x = torch.randn(rows, 4096, device=device, dtype=dtype)
-    seconds = _best_seconds(lambda: torch.nn.functional.linear(x, weight), _syncer(device))
+    linear = _decode_linear(device)
+    seconds = _best_seconds(lambda: linear(x, weight), _syncer(device))
     return 2 * rows * weight.numel() / seconds / 1e12
 
 

@@ -98,6 +98,7 @@ class SamplingParams:
 
 
 METHODS = ("ar", "triforce", "retrieval", "streaming", "naive")
+AUTO = "auto"  # the cost model picks one of the methods (triforce.offload.method_choice)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ class SpecParams:
     """How to speculate.
 
     method: ar | triforce (draft -> retrieval -> full) | retrieval (retrieval -> full) |
-    streaming (target with a StreamingLLM cache -> full) | naive (draft -> full).
+    streaming (target with a StreamingLLM cache -> full) | naive (draft -> full) | auto (one of
+    them, chosen when the run is planned; nothing decodes with auto itself).
     gamma2: tokens proposed to each full verify (the engine may adapt it within [gamma2_min,
     gamma2_max], both gamma2 unless set); gamma1: drafts per retrieval-tier check (triforce only).
     budget: tokens in the retrieval/streaming cache. The retrieval cache is rebuilt every
@@ -124,8 +126,8 @@ class SpecParams:
     gamma2_max: int | None = None
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise UserError(f"unknown method '{self.method}' (choose from {', '.join(METHODS)})")
+        if self.method not in METHODS + (AUTO,):
+            raise UserError(f"unknown method '{self.method}' (choose from {', '.join(METHODS + (AUTO,))})")
         for name in ("gamma1", "gamma2", "chunk_size", "rebuild_stride", "draft_window"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -149,7 +151,7 @@ class SpecParams:
 
     @property
     def uses_draft(self) -> bool:
-        return self.method in ("triforce", "naive")
+        return self.method in ("triforce", "naive", AUTO)  # auto may pick a drafting method
 
     @property
     def uses_sparse_cache(self) -> bool:

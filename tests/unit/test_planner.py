@@ -3,7 +3,7 @@ import pytest
 
 from triforce.config import SpecParams
 from triforce.model.architectures import arch_config
-from triforce.offload.cost_model import (TIE_FRACTION, Acceptance, Gamma2Controller, Hardware, StepCosts, best_gammas,
+from triforce.offload.cost_model import (GAMMA2_RANGE, TIE_FRACTION, Acceptance, Gamma2Controller, Hardware, StepCosts, best_gammas,
                                          expected_tokens, full_verify_ms, gamma2_bounds, tier0_ms, tier1_ms,
                                          triforce_ms_per_token)
 from triforce.offload.planner import plan_memory
@@ -158,7 +158,7 @@ def test_best_gammas_follow_acceptance():
     assert high[1] > low[1]
     # the choice is within the tie margin of the grid's minimum, and the longest such gamma2
     times = {g2: triforce_ms_per_token(c, hw, Acceptance(full=0.98), 1, g2, False)["triforce_ms_per_token"]
-             for g2 in range(1, 17)}
+             for g2 in GAMMA2_RANGE}
     fastest = min(times.values())
     assert high[2] <= fastest * (1 + TIE_FRACTION)
     assert high[1] == max(g2 for g2, ms in times.items() if ms <= fastest * (1 + TIE_FRACTION))

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from triforce.config import ModelConfig, SpecParams
+from triforce.config import AUTO, ModelConfig, SpecParams
 from triforce.offload.cost_model import Acceptance, Gamma2Controller
+from triforce.offload.method_choice import MethodChoice, choose_method
 from triforce.offload.planner import MemoryPlan, hardware, plan_memory
 from triforce.offload.profiles import MemoryProfile, load_profile, parse_size
 from triforce.offload.speculation_choice import Choice, plan_with_choice
@@ -56,6 +57,12 @@ class RunPlan:
     spec: SpecParams                 # with the cost model's choices for the flags left out
     choice: Choice | None            # what the cost model chose (None: nothing to choose)
     profile: MemoryProfile
+    auto: MethodChoice | None = None  # --method auto: the method chosen and why
+
+    @property
+    def speculate_from(self) -> int:
+        """Sequence length below which the engine decodes as ar (auto only; 0: from the start)."""
+        return self.auto.speculate_from if self.auto is not None else 0
 
     def gamma2_controller(self, has_tier0: bool) -> Gamma2Controller | None:
         """Adapts gamma2 to the observed acceptance when its range is open."""
@@ -69,11 +76,19 @@ class RunPlan:
 def plan_run(cfg: ModelConfig, profile: MemoryProfile, context: int, spec: SpecParams, fixed: frozenset[str],
              dtype: torch.dtype, draft_cfg: ModelConfig | None = None, draft_dtype: torch.dtype | None = None,
              tp: int = 1, assumed: Acceptance = Acceptance(), has_tier0: bool | None = None) -> RunPlan:
-    """The cost model's choices for the flags left open, and the memory plan for them."""
+    """The cost model's choices for the flags left open (the method too, for auto), and the
+    memory plan for them."""
+    auto = None
+    if spec.method == AUTO:
+        auto, spec = choose_method(cfg, profile, context, spec, fixed, dtype_bytes=_size(dtype), draft=draft_cfg,
+                                   draft_dtype_bytes=_size(draft_dtype) if draft_dtype else None, tp=tp,
+                                   has_tier0=bool(has_tier0) if has_tier0 is not None else True)
+        if not spec.uses_draft:
+            draft_cfg, draft_dtype, has_tier0 = None, None, False
     plan, spec, choice = plan_with_choice(cfg, profile, context, spec, fixed, dtype_bytes=_size(dtype),
                                           draft=draft_cfg, draft_dtype_bytes=_size(draft_dtype) if draft_dtype else None,
                                           tp=tp, assumed=assumed, has_tier0=has_tier0)
-    return RunPlan(plan, spec, choice, profile)
+    return RunPlan(plan, spec, choice, profile, auto)
 
 
 def _size(dtype: torch.dtype) -> int:

@@ -29,7 +29,7 @@ class RunConfig:
     device: str = "auto"
     profile: str | None = None
     device_budget: str | None = None
-    attn: str = "auto"              # auto | flash | sdpa
+    attn: str = "auto"              # auto | flash | sdpa | sdpa-reference
     graphs: str = "auto"            # auto | off | static (see Engine)
     overlap: bool = True            # prefetch offloaded KV while drafting
     count_syncs: bool = False       # host synchronisations per decoding phase (CUDA)
@@ -97,7 +97,8 @@ class Runtime:
                             **self._rank_agreement())
         draft = self.draft if run.spec.uses_draft else None
         return Engine(self.lm, run.spec, max_len, draft, kv_cache=kv_cache, prefill_chunk=run.plan.prefill_chunk,
-                      prefill_group=run.plan.prefill_group, graphs=self.config.graphs, hooks=hooks)
+                      prefill_group=run.plan.prefill_group, graphs=self.config.graphs, hooks=hooks,
+                      speculate_from=run.speculate_from)
 
     def _check_host_room(self, run: RunPlan, max_len: int) -> None:
         """The plan's host side (pinned KV store; on a CPU also the 'device' caches and buffers,

@@ -82,7 +82,7 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--max-new-tokens", type=INT, default=512, show_default=True, help="Longest answer, in tokens.")
 @context_options
-@speculation_options(default_method="ar")
+@speculation_options(default_method="auto")
 @sampling_options(default_temperature=0.7)
 @dtype_option
 @device_option
@@ -190,6 +190,8 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     engine = runtime.engine(max_len, run, stop_requested=stop)
     plan = run.plan
     session = Chat(lm, max_len, system=r.system, engine=engine)
+    if run.auto is not None:
+        console.say(run.auto.describe())
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:

@@ -56,7 +56,7 @@ def encode_prompt(lm, text: str, as_chat: bool, context: int) -> list[int]:
 @model_option
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", default=None, help="Read the prompt from this file ('-' = stdin).")
-@speculation_options(default_method="ar")
+@speculation_options(default_method="auto")
 @click.option("--max-new-tokens", type=INT, default=128, show_default=True, help="Tokens to generate at most.")
 @context_options
 @sampling_options(default_temperature=0.0)
@@ -157,6 +157,8 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
 
     if not r.as_json:
         runtime.say_attention()
+        if run.auto is not None and speaker:
+            print(run.auto.describe(), file=sys.stderr)
     run_started = time.perf_counter()
     engine.set_sequence(ids)
     prefill_s = time.perf_counter() - run_started
@@ -172,6 +174,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
         "prompt_tokens": len(ids),
         "new_tokens": len(result.tokens),
         "method": method,
+        "method_choice": run.auto.to_json() if run.auto is not None else None,
         "time_s": round(time_s, 4),
         "prefill_s": round(prefill_s, 4),
         "decode_s": round(result.time_s, 4),

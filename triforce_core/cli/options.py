@@ -78,16 +78,19 @@ def check_non_negative(name: str, value: int) -> None:
 
 def speculation_options(default_method: str):
     """--method, --draft and the speculation parameters (see SpecParams)."""
-    from triforce.config import METHODS, SpecParams
+    from triforce.config import AUTO, METHODS, SpecParams
 
     d = SpecParams()
 
     def decorate(f):
         opts = [
-            click.option("--method", type=click.Choice(METHODS), default=default_method, show_default=True,
+            click.option("--method", type=click.Choice(METHODS + (AUTO,)), default=default_method,
+                         show_default=True,
                          help="ar: plain decoding; triforce: draft -> retrieval cache -> full cache; "
                               "retrieval: retrieval -> full; streaming: StreamingLLM cache -> full; "
-                              "naive: draft -> full."),
+                              "naive: draft -> full; auto: the cost model picks ar, naive, retrieval or "
+                              "triforce for this context and profile (and decodes as ar until the sequence "
+                              "is long enough for speculation to pay); the choice is printed."),
             click.option("--draft", default=None,
                          help="Tier-0 drafter: a model path (same tokenizer as the target), 'lookup' "
                               "(prompt n-gram lookup, the default) or 'none' (triforce with two tiers)."),
@@ -146,8 +149,11 @@ def runtime_options(count_syncs: bool = True):
         f = click.option("--no-graphs", is_flag=True,
                          help="Run the drafting tiers eagerly instead of replaying CUDA graphs (CUDA only; "
                               "the tokens are the same either way).")(f)
-        f = click.option("--attn", type=click.Choice(["auto", "flash", "sdpa"]), default="auto", show_default=True,
-                         help="Attention kernel: flash-attn on CUDA when it is installed (auto), or PyTorch SDPA.")(f)
+        f = click.option("--attn", type=click.Choice(["auto", "flash", "sdpa", "sdpa-reference"]), default="auto",
+                         show_default=True,
+                         help="Attention kernel: flash-attn on CUDA when it is installed (auto), or PyTorch SDPA "
+                              "(on a CPU, decoding steps through triforce's own kernel); sdpa-reference: PyTorch "
+                              "SDPA for every step (the reference).")(f)
         return f
     return decorate
 

@@ -82,6 +82,13 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
     if dtype == "auto":
         from triforce.model.cpu_features import native_bf16
         dtype = "bfloat16" if prof.num_gpus > 0 or native_bf16() else "float32"
+    auto = None
+    if spec.method == "auto":
+        from triforce.offload.method_choice import AUTO_ASSUMED, choose_method
+        auto, spec = choose_method(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
+                                   draft=_draft_shape(draft), tp=tp, has_tier0=draft != "none",
+                                   assumed=_acceptance(acceptance) if acceptance else AUTO_ASSUMED)
+        method = spec.method
     result, spec, choice = plan_with_choice(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
                                             draft=_draft_shape(draft) if spec.uses_draft else None, tp=tp,
                                             assumed=_acceptance(acceptance),
@@ -90,8 +97,11 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
               "gamma2_range": list(spec.gamma2_range),
               "chosen_by_cost_model": sorted({"budget", "chunk_size", "gamma1", "gamma2"} - fixed) if choice else []}
     if as_json:
-        print(json.dumps({"model": name, "dtype": dtype, "method": method, "speculation": chosen, **result.to_json()}))
+        print(json.dumps({"model": name, "dtype": dtype, "method": method, "speculation": chosen,
+                          "method_choice": auto.to_json() if auto else None, **result.to_json()}))
     else:
+        if auto is not None:
+            print(auto.describe())
         print_plan(result, name, dtype, method, chosen)
     if not result.feasible:
         raise UserError(f"does not fit: {result.reason}")

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from triforce.config import SamplingParams, SpecParams
+from triforce.config import AUTO, SamplingParams, SpecParams
 from triforce.decoding.draft import resolve_draft
 from triforce.decoding.full_tier import PREFILL_CHUNK, PREFILL_GROUP, FullTier, Queries
 from triforce.decoding.graph_runner import runner_mode
@@ -33,13 +33,18 @@ from triforce.model.loading import LoadedModel
 class Engine:
     def __init__(self, lm: LoadedModel, spec: SpecParams, max_len: int, draft=None, kv_cache=None,
                  prefill_chunk: int = PREFILL_CHUNK, graphs: str = "auto", hooks: EngineHooks = EngineHooks(),
-                 prefill_group: int = PREFILL_GROUP):
+                 prefill_group: int = PREFILL_GROUP, speculate_from: int = 0):
         """draft: a Draft, a loaded model, 'lookup', 'none' or None (see decoding.draft).
         kv_cache: the full cache (see triforce.app.plan_and_cache); default resident.
         prefill_chunk, prefill_group: a memory plan's prefill sizes. graphs: how the drafting
         tiers run (auto: CUDA graphs on CUDA, eager elsewhere; off: eager; static: the graphs'
-        fixed-shape path without capture, see triforce.decoding.graph_runner)."""
+        fixed-shape path without capture, see triforce.decoding.graph_runner). speculate_from: below
+        this sequence length the full tier checks no drafts, one token per pass as ar (--method
+        auto's switch-over, where speculation does not pay yet)."""
+        if spec.method == AUTO:
+            raise ValueError("method auto is chosen when a run is planned (Runtime.plan); an engine needs the method")
         self.lm, self.spec, self.hooks = lm, spec, hooks
+        self.speculate_from = speculate_from
         self.runner_mode = runner_mode(graphs, lm.device)
         self.full = FullTier(lm, max_len, kv_cache, prefill_chunk, prefill_group)
         # an engine built in code ignores a draft its method does not use (the CLI refuses one)
@@ -119,6 +124,7 @@ class Engine:
                 with self._phase("cache upkeep"):
                     self.upkeep.make_room()
                     self.full.prepare_verify()  # offloaded KV starts streaming while tiers below draft
+                self.gammas[-1] = self.policy.gamma2 if len(self.seq) >= self.speculate_from else 0
                 queries = self._round(len(self.levels) - 1, limit)[1]
                 new = self.seq[base:]
                 stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)

@@ -1,0 +1,83 @@
+"""`--method auto` against `--method ar` (and against triforce forced on) across contexts, on this
+machine, through the same runtime the CLI uses (profile, cost model, plan):
+
+    python -m triforce.bench.method_auto --contexts 512,2048,4096,8000 --new-tokens 64
+
+For each context a prose prompt is prefilled by every run (a cache handed from run to run would
+have its last prompt token re-run by the sparse tiers' set-up, which in bfloat16 changes that
+token's KV in the last bit); each run decodes `--new-tokens` greedy tokens (the same tokens for
+every method: checked). Goal
+(issue 15): auto never below 0.95x of ar, and clearly above it where speculation helps.
+Every method is timed `--repeats` times in turn and keeps its best, so a noisy moment costs all."""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+
+import click
+import torch
+
+
+def decode(runtime, ids: list[int], new_tokens: int, method: str):
+    """(GenerationResult, RunPlan, Engine) of one run of `method` after `ids` ('auto': the config's)."""
+    from dataclasses import replace
+
+    from triforce.config import SamplingParams
+
+    max_len = len(ids) + new_tokens
+    spec = None if method == "auto" else replace(runtime.config.spec, method=method)
+    run = runtime.plan(max_len, spec=spec, fixed=frozenset())
+    engine = runtime.engine(max_len, run)
+    started = time.perf_counter()
+    engine.set_sequence(ids)
+    print(f"{method}: {len(ids)} tokens prefilled in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    result = engine.generate(new_tokens, SamplingParams(), frozenset())
+    return result, run, engine
+
+
+@click.command()
+@click.option("--contexts", default="512,2048,4096,8000", show_default=True, help="Prompt lengths in tokens.")
+@click.option("--new-tokens", type=int, default=64, show_default=True)
+@click.option("--repeats", type=click.IntRange(1, 10), default=2, show_default=True)
+@click.option("--methods", default="ar,auto,triforce", show_default=True, help="ar first: the others are compared with it.")
+@click.option("--dtype", default="auto", show_default=True)
+@click.option("--profile", default=None, help="Memory profile (default: cpu).")
+@click.option("--max-context", type=int, default=None, help="With --rope-scaling: stretch the model this far.")
+@click.option("--rope-scaling", default=None)
+def main(contexts, new_tokens, repeats, methods, dtype, profile, max_context, rope_scaling):
+    from triforce.app.runtime import RunConfig, build_runtime
+    from triforce.app.texts import prose_prompt
+    from triforce.config import SpecParams
+
+    config = RunConfig(spec=SpecParams(method="auto"), dtype=dtype, profile=profile, max_context=max_context,
+                       rope_scaling=rope_scaling)
+    runtime = build_runtime(config)
+    tok = runtime.lm.tokenizer
+    rows = []
+    for n in (int(c) for c in contexts.split(",")):
+        ids = tok(prose_prompt(tok, n + 8), add_special_tokens=False).input_ids[:n - new_tokens]
+        best, tokens, row = {}, {}, {"context": n, "prompt_tokens": len(ids)}
+        for _ in range(repeats):
+            for method in methods.split(","):
+                result, run, engine = decode(runtime, ids, new_tokens, method)
+                best[method] = max(best.get(method, 0.0), len(result.tokens) / result.time_s)
+                tokens[method] = result.tokens
+                if method == "auto":
+                    row["auto"] = run.auto.to_json()
+                    row["auto_tiers"] = engine.describe()
+        first = methods.split(",")[0]
+        for method, rate in best.items():
+            row[f"{method}_tok_s"] = round(rate, 2)
+            row[f"{method}_vs_{first}"] = round(rate / best[first], 3)
+        row["same_tokens"] = all(t == tokens[first] for t in tokens.values())
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
+                      "dtype": str(runtime.lm.dtype).removeprefix("torch."), "profile": runtime.profile.name,
+                      "new_tokens": new_tokens, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""`--method auto`: which method decodes (ar, naive, retrieval or triforce) and from which
+sequence length speculation pays, chosen by the cost model from the profile and the context.
+
+Each candidate gets its own plan and speculation choice (budget, gammas: see speculation_choice)
+and a predicted ms/token at the run's context; ar's is one full-cache forward per token. The
+fastest candidate is taken only when predicted AUTO_MARGIN times faster than ar: the whole-loop
+model has been up to 34% optimistic on the CPU (bench/RESULTS.md), and a wrong pick must not cost
+more than ar. Speculation's gain grows with the context (the KV outweighs the weights), so the
+choice also says the shortest sequence from which the margin holds at every longer length up to
+the context; below it the engine checks no drafts, one token per full-cache pass, as ar does (a
+chat that starts short switches on its own as the conversation grows)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from triforce.config import ModelConfig
+from triforce.offload.cost_model import (Acceptance, costs_at, full_verify_ms, naive_ms_per_token,
+                                         triforce_ms_per_token)
+from triforce.offload.planner import hardware, plan_memory
+from triforce.offload.profiles import MemoryProfile
+from triforce.offload.speculation_choice import plan_with_choice
+
+AUTO_MARGIN = 1.25
+# acceptance where the profile has none measured: the lowest that CPU runs of the default model
+# saw with prompt-lookup drafts on prose, 8K-32K tokens (bench/RESULTS.md): full tier 0.68,
+# tier 0 at the retrieval tier 0.44
+AUTO_ASSUMED = Acceptance(full=0.7, retrieval=0.45)
+SHORTEST = 256  # lengths tried for the switch-over: SHORTEST, 1.5x, 2x, ... up to the context
+
+
+@dataclass(frozen=True)
+class MethodChoice:
+    method: str
+    speculate_from: int         # sequence length from which speculation runs (0: from the start)
+    context: int
+    predicted_ms: dict          # method -> predicted ms/token at the context (ar included)
+
+    @property
+    def speedup(self) -> float:
+        return self.predicted_ms["ar"] / self.predicted_ms[self.method]
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "speculate_from": self.speculate_from, "context": self.context,
+                "margin": AUTO_MARGIN, "predicted_ms_per_token": {m: round(v, 3) for m, v in self.predicted_ms.items()}}
+
+    def describe(self) -> str:
+        ratios = ", ".join(f"{m} {self.predicted_ms['ar'] / v:.2f}x" for m, v in self.predicted_ms.items() if m != "ar")
+        if self.method == "ar":
+            return (f"method auto: ar (predicted at {self.context} tokens, vs ar: {ratios or 'nothing else fits'}; "
+                    f"speculation needs {AUTO_MARGIN}x)")
+        start = f", ar below {self.speculate_from} tokens" if self.speculate_from else ""
+        return f"method auto: {self.method} (predicted {self.speedup:.2f}x of ar at {self.context} tokens{start})"
+
+
+def lengths(context: int) -> list[int]:
+    out, n = [], SHORTEST
+    while n < context:
+        out.append(n)
+        n = int(n * 1.5) if len(out) % 2 else n * 4 // 3
+    return out + [context]
+
+
+def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec, fixed: frozenset[str], *,
+                  dtype_bytes: int, draft: ModelConfig | None = None, draft_dtype_bytes: int | None = None,
+                  tp: int = 1, has_tier0: bool = True, assumed: Acceptance = AUTO_ASSUMED):
+    """(MethodChoice, the spec to run: the chosen method with its budget and gammas)."""
+    hw = hardware(profile)
+    ar_spec = replace(spec, method="ar")
+    ar_plan = plan_memory(model, profile, context, ar_spec, dtype_bytes=dtype_bytes, tp=tp)
+    ar_costs = ar_plan.step_costs
+
+    def ar_ms(length: int) -> float:
+        return full_verify_ms(costs_at(ar_costs, ar_plan.resident_tokens, length), hw, 1)
+
+    predicted = {"ar": ar_ms(context)} if ar_costs is not None else {}
+    timings, specs = {}, {}
+    methods = ("triforce", "retrieval", "naive") if has_tier0 else ("retrieval",)
+    for method in methods:
+        drafts = method in ("triforce", "naive")
+        candidate = replace(spec, method=method)
+        plan, candidate, choice = plan_with_choice(
+            model, profile, context, candidate, fixed, dtype_bytes=dtype_bytes, draft=draft if drafts else None,
+            draft_dtype_bytes=draft_dtype_bytes if drafts else None, tp=tp, assumed=assumed,
+            has_tier0=drafts)
+        if not plan.feasible or plan.step_costs is None or ar_costs is None:
+            continue
+        acceptance = choice.acceptance if choice is not None else assumed
+        timings[method] = _timing(method, plan, candidate, acceptance, hw)
+        predicted[method] = timings[method](context)
+        specs[method] = candidate
+    fastest = min(timings, key=lambda m: predicted[m], default=None)
+    if fastest is None or predicted["ar"] < AUTO_MARGIN * predicted[fastest]:
+        return MethodChoice("ar", 0, context, predicted), ar_spec
+    start = context
+    for length in reversed(lengths(context)):  # the longest run of lengths, ending at the context, that pays
+        if ar_ms(length) < AUTO_MARGIN * timings[fastest](length):
+            break
+        start = length
+    speculate_from = 0 if start == lengths(context)[0] else start
+    return MethodChoice(fastest, speculate_from, context, predicted), specs[fastest]
+
+
+def _timing(method: str, plan, spec, acceptance: Acceptance, hw):
+    """length -> predicted ms/token of `method` under `plan` once the sequence is that long."""
+    def ms(length: int) -> float:
+        costs = costs_at(plan.step_costs, plan.resident_tokens, length)
+        if method == "naive":
+            return naive_ms_per_token(costs, hw, acceptance.retrieval, spec.gamma2)
+        return triforce_ms_per_token(costs, hw, acceptance, spec.gamma1, spec.gamma2,
+                                     has_tier0=method == "triforce")["triforce_ms_per_token"]
+    return ms

@@ -1,0 +1,63 @@
+"""--method auto end to end: the default of generate and chat, the choice printed and in --json,
+and the engine's switch from ar-style steps to speculation at the chosen length (same tokens)."""
+import json
+
+import pytest
+
+from triforce.config import SamplingParams, SpecParams
+from triforce.decoding.engine import Engine
+
+from test_cli import run_cli
+
+
+def _ids(lm):
+    text = "The history of the printing press begins in the fifteenth century, when"
+    return lm.tokenizer(text, add_special_tokens=False).input_ids
+
+
+def test_engine_decodes_as_ar_until_the_switch_then_speculates(default_lm):
+    ids = _ids(default_lm)
+    ar = Engine(default_lm, SpecParams(method="ar"), len(ids) + 40)
+    ar.set_sequence(ids)
+    expected = ar.generate(40, SamplingParams()).tokens
+    switch = len(ids) + 15
+    spec = SpecParams(method="retrieval", budget=24, chunk_size=4, gamma2=4)
+    engine = Engine(default_lm, spec, len(ids) + 40, speculate_from=switch)
+    engine.set_sequence(ids)
+    assert engine.generate(40, SamplingParams()).tokens == expected
+    emitted, before, after = len(ids), [], []
+    for tier, proposed, accepted in engine.rounds:
+        if tier == "full":
+            (before if emitted < switch else after).append(proposed)
+            emitted += accepted + 1
+    assert before and set(before) == {0}   # one token per full-cache pass, as ar
+    assert after and max(after) > 0        # then drafts from the retrieval tier
+
+
+def test_an_engine_needs_a_method_not_auto(default_lm):
+    with pytest.raises(ValueError, match="auto"):
+        Engine(default_lm, SpecParams(method="auto"), 64)
+
+
+def test_generate_defaults_to_auto_and_says_what_it_chose(capsys, default_model_dir):
+    code, out, err = run_cli(capsys, "generate", "--model", "default", "--prompt", "The capital of France is",
+                             "--max-new-tokens", "4", "--temperature", "0")
+    assert code == 0 and "method auto: ar" in err  # a short context on a CPU: speculation does not pay
+    code, out, _ = run_cli(capsys, "generate", "--model", "default", "--prompt", "The capital of France is",
+                           "--max-new-tokens", "4", "--temperature", "0", "--json")
+    result = json.loads(out)
+    assert code == 0 and result["method"] == "ar" and result["method_choice"]["method"] == "ar"
+    assert set(result["method_choice"]["predicted_ms_per_token"]) == {"ar", "triforce", "retrieval", "naive"}
+    code, out, _ = run_cli(capsys, "generate", "--model", "default", "--prompt", "The capital of France is",
+                           "--max-new-tokens", "4", "--temperature", "0", "--json", "--method", "ar")
+    assert json.loads(out)["method_choice"] is None
+
+
+def test_plan_shows_the_choice(capsys):
+    code, out, _ = run_cli(capsys, "plan", "--arch", "llama2-7b-128k", "--profile", "rtx4090-24g",
+                           "--context", "130048", "--method", "auto", "--dtype", "bfloat16")
+    assert code == 0 and "method auto: triforce" in out and "ar below" in out
+    code, out, _ = run_cli(capsys, "plan", "--arch", "llama2-7b-128k", "--profile", "rtx4090-24g",
+                           "--context", "130048", "--method", "auto", "--dtype", "bfloat16", "--json")
+    plan = json.loads(out)
+    assert plan["method"] == "triforce" and plan["method_choice"]["speculate_from"] > 0

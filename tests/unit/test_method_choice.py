@@ -1,0 +1,56 @@
+"""--method auto: the cost model's pick of a method and of the length from which speculation pays."""
+import pytest
+
+from triforce.config import SpecParams
+from triforce.errors import UserError
+from triforce.model.architectures import arch_config
+from triforce.offload.cost_model import Acceptance
+from triforce.offload.method_choice import AUTO_MARGIN, choose_method, lengths
+from triforce.offload.profiles import load_profile
+
+AUTO = SpecParams(method="auto")
+
+
+def test_lengths_grow_to_the_context():
+    assert lengths(8192) == [256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
+    assert lengths(100) == [100]
+
+
+def test_a_short_context_on_the_cpu_decodes_as_ar():
+    choice, spec = choose_method(arch_config("smollm2-135m"), load_profile("cpu"), 600, AUTO, frozenset(),
+                                 dtype_bytes=2)
+    assert choice.method == spec.method == "ar" and choice.speculate_from == 0
+    assert set(choice.predicted_ms) == {"ar", "triforce", "retrieval", "naive"}
+    assert "method auto: ar" in choice.describe() and f"{AUTO_MARGIN}x" in choice.describe()
+
+
+def test_an_offloaded_long_context_speculates_from_where_it_pays():
+    """Llama2-7B-128K on a 24 GB card at 128K with prompt-lookup drafts: the KV crosses PCIe at
+    every full verify, the regime TriForce targets; while the sequence is short, ar is as good."""
+    model, profile = arch_config("llama2-7b-128k"), load_profile("rtx4090-24g")
+    choice, spec = choose_method(model, profile, 130048, AUTO, frozenset(), dtype_bytes=2)
+    assert choice.method == spec.method == "triforce" and choice.speedup >= AUTO_MARGIN
+    assert 0 < choice.speculate_from < 130048
+    ar, triforce = choice.predicted_ms["ar"], choice.predicted_ms["triforce"]
+    assert ar / triforce == pytest.approx(choice.speedup)
+    assert choice.to_json()["speculate_from"] == choice.speculate_from
+    assert f"ar below {choice.speculate_from} tokens" in choice.describe()
+
+
+def test_without_a_tier_0_only_retrieval_is_weighed():
+    choice, _ = choose_method(arch_config("smollm2-135m"), load_profile("cpu"), 600, AUTO, frozenset(),
+                              dtype_bytes=4, has_tier0=False)
+    assert set(choice.predicted_ms) == {"ar", "retrieval"}
+
+
+def test_flags_the_user_gave_stay():
+    spec = SpecParams(method="auto", budget=2048, gamma2=6)
+    choice, chosen = choose_method(arch_config("llama2-7b-128k"), load_profile("rtx4090-24g"), 130048, spec,
+                                   frozenset({"budget", "gamma2"}), dtype_bytes=2, assumed=Acceptance(0.9, 0.8))
+    assert chosen.method != "ar" and chosen.budget == 2048 and chosen.gamma2 == 6
+
+
+def test_auto_is_a_method_name_until_planned():
+    assert SpecParams(method="auto").uses_draft  # the draft is loaded: auto may pick triforce
+    with pytest.raises(UserError, match="auto"):
+        SpecParams(method="automatic")

@@ -187,3 +187,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     out = torch.empty(kv_heads, rows, dim, dtype=torch.float32, device="cpu")
     _attend(q32.numpy(), _whole(k[0]), _whole(v[0]), int(q.dtype == torch.bfloat16), keys, queries, out.numpy())
     return out.reshape(1, heads, queries, dim).to(q.dtype)
+
+
+def warm_up(dtype: torch.dtype) -> None:
+    """Compile the kernel for `dtype` now (or load it from numba's cache), so that the first
+    token of the first answer does not wait for it (a few seconds on a fresh install)."""
+    if dtype in (torch.float32, torch.bfloat16):
+        k = torch.zeros(1, 2, 8, 64, dtype=dtype, device="cpu")
+        attention(torch.zeros(1, 2, 1, 64, dtype=dtype, device="cpu"), k, k, scale=1.0)

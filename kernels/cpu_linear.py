@@ -88,3 +88,14 @@ class FusedLinear:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear's contract (x [..., in], weight [out, in]) through FusedLinear (one-offs)."""
     return FusedLinear(weight, bias)(x)
+
+
+def warm_up(dtype: torch.dtype) -> None:
+    """Compile the small-rows kernel for `dtype` now (or load it from numba's cache)."""
+    if dtype in (torch.float32, torch.bfloat16):
+        x = np.zeros((1, 8), np.float32)
+        out = np.zeros((1, 8), np.float32)
+        if dtype == torch.float32:
+            _linear_f32(x, np.zeros((8, 8), np.float32), out)
+        else:
+            _linear_bf16(x, np.zeros((8, 8), np.uint16), out)

@@ -102,3 +102,11 @@ def test_attn_sdpa_reference_selects_the_plain_path():
     backend, line = select_attention("sdpa-reference", torch.device("cpu"))
     assert isinstance(backend, SdpaReference) and not backend.cpu_kernel and "every step" in line
     assert select_attention("sdpa", torch.device("cpu"))[0] is SDPA
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_warm_up_compiles_what_a_dtype_runs(dtype):
+    from triforce.kernels import cpu_linear
+
+    cpu_attention.warm_up(dtype)  # float64 has no kernel: nothing to do
+    cpu_linear.warm_up(dtype)

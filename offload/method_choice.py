@@ -91,12 +91,13 @@ def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec
     fastest = min(timings, key=lambda m: predicted[m], default=None)
     if fastest is None or predicted["ar"] < AUTO_MARGIN * predicted[fastest]:
         return MethodChoice("ar", 0, context, predicted), ar_spec
+    grid = lengths(context)
     start = context
-    for length in reversed(lengths(context)):  # the longest run of lengths, ending at the context, that pays
+    for length in reversed(grid):  # the longest run of lengths, ending at the context, that pays
         if ar_ms(length) < AUTO_MARGIN * timings[fastest](length):
             break
         start = length
-    speculate_from = 0 if start == lengths(context)[0] else start
+    speculate_from = 0 if start == grid[0] else start
     return MethodChoice(fastest, speculate_from, context, predicted), specs[fastest]
 
 

@@ -134,7 +134,7 @@ class Engine:
                     self._truncate_all(len(self.seq) - 1)
                 with self._phase("cache upkeep"):
                     self.upkeep.after_full_verify(base - 1, len(self.seq) - 1, queries)
-                self.gammas[-1] = self.policy.next_gamma2()
+                self.policy.next_gamma2()  # the next round reads policy.gamma2 (above)
                 for token in self.seq[base:]:
                     out.append(token)
                     if on_token is not None:

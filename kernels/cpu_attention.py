@@ -13,16 +13,20 @@ zeros), and the merge runs over the splits in order without reassociation. With 
 linear kernels this makes a verify of T tokens compute each token exactly as decoding it alone
 would, so greedy speculative decoding matches AR token for token in bfloat16 too.
 
-bfloat16 keys and values travel as raw bits (numba has no bfloat16) and are widened to float32
-per row; scores, softmax and sums are float32, as in PyTorch's CPU kernels for this dtype. The
-kernels index a C-contiguous [heads, rows, dim] block laid over the view's storage (a view of a
-cache buffer's first `keys` rows); numba vectorises only such arrays."""
+bfloat16 queries, keys, values and results travel as raw bits (numba has no bfloat16), widened
+as read and rounded once when written (triforce.kernels.bf16_bits); scores, softmax and sums are
+float32, as in PyTorch's CPU kernels for this dtype, exp the vectorised one of
+triforce.kernels.cpu_exp. The kernels index a C-contiguous [heads, rows, dim] block laid over the
+view's storage (a view of a cache buffer's first `keys` rows); numba vectorises only such arrays."""
 from __future__ import annotations
 
 import numba
 import numpy as np
 import torch
 from numba import prange
+
+from triforce.kernels.bf16_bits import bits_of, narrow, to_float32
+from triforce.kernels.cpu_exp import exp_in_place
 
 SMALL_QUERIES = 16  # beyond this many new tokens (prefill) the blocked SDPA kernel is the better one
 SPLIT = 512         # keys per job: 3 heads of 2K keys make 12 jobs for 2 cores
@@ -33,25 +37,19 @@ MIN_KV_WIDTH = 128
 
 
 @numba.njit(fastmath=True, cache=True)
-def _scores(q, k, n, kind, out, row, bits):
-    """out[r, s] = q[r] . k[s] for s < n; k float32 or bfloat16 bits (kind 1), widened into row."""
+def _scores(q, k, n, out):
+    """out[r, s] = q[r] . k[s] for s < n (k float32 or bfloat16 bits)."""
     rows, dim = q.shape
     for s in range(n):
-        if kind == 1:
-            for d in range(dim):
-                bits[d] = np.uint32(k[s, d]) << 16
-        else:
-            for d in range(dim):
-                row[d] = k[s, d]
         for r in range(rows):
             a = np.float32(0.0)
             for d in range(dim):
-                a += q[r, d] * row[d]
+                a += q[r, d] * to_float32(k[s, d])
             out[r, s] = a
 
 
 @numba.njit(fastmath=True, cache=True)
-def _softmax(sc, visible, m_out, l_out):
+def _softmax(sc, visible, m_out, l_out, powers):
     """Row r: exponentials of its first visible[r] scores less their max, zeros after (to SPLIT),
     and their (max, sum). A row that sees none of the split gets (-inf, 0)."""
     rows, width = sc.shape
@@ -65,8 +63,10 @@ def _softmax(sc, visible, m_out, l_out):
         m = sc[r, 0]
         for s in range(seen):
             m = max(m, sc[r, s])
-        for s in range(width):
-            sc[r, s] = np.exp(sc[r, s] - m) if s < seen else np.float32(0.0)
+        for s in range(seen):
+            sc[r, s] -= m
+        exp_in_place(sc[r], seen, powers)
+        sc[r, seen:] = 0.0
         total = np.float32(0.0)
         for s in range(width):  # always the whole split: the grouping of the sum never changes
             total += sc[r, s]
@@ -75,70 +75,83 @@ def _softmax(sc, visible, m_out, l_out):
 
 
 @numba.njit(fastmath=True, cache=True)
-def _values(p, v, n, kind, acc, row, bits):
-    """acc[r] = sum over s < n of p[r, s] * v[s] (keys in order; hidden ones weigh an exact 0)."""
+def _values(p, v, n, acc, pad):
+    """acc[r] = sum over s of p[r, s] * v[s], keys four at a time (each group's weighted rows
+    summed, then added: a quarter of the accumulator traffic). Groups start at multiples of 4;
+    the last, partial one is read from `pad` (its rows, then zero rows) through the same loop, so
+    a row's sum never depends on n (hidden keys weigh an exact 0 too)."""
     rows, dim = acc.shape
     acc[:, :] = 0.0
-    for s in range(n):
-        if kind == 1:
-            for d in range(dim):
-                bits[d] = np.uint32(v[s, d]) << 16
-        else:
-            for d in range(dim):
-                row[d] = v[s, d]
+    for g in range(0, n, 4):
+        src, base = v, g
+        if g + 4 > n:
+            pad[:, :] = 0
+            pad[:n - g] = v[g:n]
+            src, base = pad, 0
         for r in range(rows):
-            w = p[r, s]
+            w0, w1, w2, w3 = p[r, g], p[r, g + 1], p[r, g + 2], p[r, g + 3]
             for d in range(dim):
-                acc[r, d] += w * row[d]
+                acc[r, d] += (w0 * to_float32(src[base, d]) + w1 * to_float32(src[base + 1, d])
+                              + w2 * to_float32(src[base + 2, d]) + w3 * to_float32(src[base + 3, d]))
 
 
 @numba.njit(cache=True)
-def _merge(m, l, acc, out):
+def _merge(m, l, acc, h, r, out, row):
     """out[h, r] = the splits' weighted values by log-sum-exp, split by split in order (no
-    fastmath: the order is what keeps a row's sum the same whatever else the call holds)."""
-    heads, splits, rows = m.shape
-    for h in range(heads):
-        for r in range(rows):
-            top = -np.inf
-            for c in range(splits):
-                top = max(top, m[h, c, r])
-            total = np.float32(0.0)
-            out[h, r, :] = 0.0
-            for c in range(splits):
-                if m[h, c, r] == -np.inf:
-                    continue
-                w = np.float32(np.exp(m[h, c, r] - top))
-                total += l[h, c, r] * w
-                for d in range(out.shape[2]):
-                    out[h, r, d] += acc[h, c, r, d] * w
-            for d in range(out.shape[2]):
-                out[h, r, d] /= total
+    fastmath: the order is what keeps a row's sum the same whatever else the call holds), in
+    out's dtype (bfloat16 bits rounded to nearest even, as torch rounds)."""
+    splits = m.shape[1]
+    dim = row.shape[0]
+    top = -np.inf
+    for c in range(splits):
+        top = max(top, m[h, c, r])
+    total = np.float32(0.0)
+    row[:] = 0.0
+    for c in range(splits):
+        if m[h, c, r] == -np.inf:
+            continue
+        w = np.float32(np.exp(m[h, c, r] - top))
+        total += l[h, c, r] * w
+        for d in range(dim):
+            row[d] += acc[h, c, r, d] * w
+    for d in range(dim):
+        out[h, r, d] = narrow(row[d] / total, out)
 
 
 @numba.njit(parallel=True, cache=True)
-def _attend(q, k, v, kind, keys, queries, out):
-    """q [Hkv, R, D] float32, pre-scaled, row r = g * queries + t; k, v [Hkv, >= keys, D]. Row r
-    sees keys s <= keys - queries + t (the new tokens are the view's last ones)."""
+def _attend(q, k, v, scale, keys, queries, out, threads):
+    """q [Hkv, R, D] (row r = g * queries + t), k, v [Hkv, >= keys, D], out [Hkv, R, D]: float32,
+    or bfloat16 bits, all alike. Row r sees keys s <= keys - queries + t (the new tokens are the
+    view's last ones). threads: numba's pool size (per-thread scratch)."""
     heads, rows, dim = q.shape
     splits = (keys + SPLIT - 1) // SPLIT
+    q32 = np.empty((heads, rows, dim), np.float32)  # the queries widened and scaled
+    for h in range(heads):
+        for r in range(rows):
+            for d in range(dim):
+                q32[h, r, d] = to_float32(q[h, r, d]) * scale
     m = np.empty((heads, splits, rows), np.float32)
     l = np.empty((heads, splits, rows), np.float32)
     acc = np.empty((heads, splits, rows, dim), np.float32)
+    scratch_sc = np.empty((threads, rows, SPLIT), np.float32)
+    scratch_pow = np.empty((threads, SPLIT), np.int32)
     for job in prange(heads * splits):
         h = job // splits
         c = job - h * splits
         lo = c * SPLIT
         n = min(keys, lo + SPLIT) - lo
-        sc = np.empty((rows, SPLIT), np.float32)
-        row = np.empty(dim, np.float32)
-        bits = row.view(np.uint32)  # bfloat16 is the top half of a float32
+        t = numba.get_thread_id()
+        sc = scratch_sc[t]
         visible = np.empty(rows, np.int64)
         for r in range(rows):
             visible[r] = min(n, keys - queries + r % queries + 1 - lo)
-        _scores(q[h], k[h, lo:lo + n], n, kind, sc, row, bits)
-        _softmax(sc, visible, m[h, c], l[h, c])
-        _values(sc, v[h, lo:lo + n], n, kind, acc[h, c], row, bits)
-    _merge(m, l, acc, out)
+        _scores(q32[h], k[h, lo:lo + n], n, sc)
+        _softmax(sc, visible, m[h, c], l[h, c], scratch_pow[t])
+        _values(sc, v[h, lo:lo + n], n, acc[h, c], np.empty((4, dim), v.dtype))
+    row = np.empty(dim, np.float32)
+    for h in range(heads):
+        for r in range(rows):
+            _merge(m, l, acc, h, r, out, row)
 
 
 def _whole(t: torch.Tensor):
@@ -146,9 +159,7 @@ def _whole(t: torch.Tensor):
     [Hkv, head stride / D, D] block over the same storage (raw bits for bfloat16)."""
     heads, _, dim = t.shape
     block = torch.as_strided(t, (heads, t.stride(0) // dim, dim), (t.stride(0), dim, 1), t.storage_offset())
-    if t.dtype == torch.bfloat16:
-        return block.view(torch.int16).numpy().view(np.uint16)
-    return block.numpy()
+    return bits_of(block)
 
 
 def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int | None) -> bool:
@@ -183,10 +194,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     _, heads, queries, dim = q.shape
     kv_heads, keys = k.shape[1], k.shape[2]
     rows = heads // kv_heads * queries
-    q32 = (q[0].to(torch.float32) * scale).reshape(kv_heads, rows, dim).contiguous()
-    out = torch.empty(kv_heads, rows, dim, dtype=torch.float32, device="cpu")
-    _attend(q32.numpy(), _whole(k[0]), _whole(v[0]), int(q.dtype == torch.bfloat16), keys, queries, out.numpy())
-    return out.reshape(1, heads, queries, dim).to(q.dtype)
+    out = torch.empty(1, heads, queries, dim, dtype=q.dtype, device="cpu")
+    _attend(bits_of(q[0].reshape(kv_heads, rows, dim).contiguous()), _whole(k[0]), _whole(v[0]),
+            np.float32(scale), keys, queries,
+            bits_of(out[0].view(kv_heads, rows, dim)), numba.config.NUMBA_NUM_THREADS)
+    return out
 
 
 def warm_up(dtype: torch.dtype) -> None:

@@ -7,7 +7,7 @@ stream is the token's cost. These numba kernels walk the weight row by row (each
 memory once and used for every input row), split the rows across the cores and accumulate in
 float32 with the reductions vectorised (fastmath: reassociated sums, no other licence needed).
 
-bfloat16 weights travel as raw bits (numba has no bfloat16) and are widened to float32 per row;
+bfloat16 weights travel as raw bits (numba has no bfloat16) and are widened to float32 as read;
 the result is rounded to the weight dtype once, as torch's bfloat16 linear does. More rows
 than SMALL_ROWS (prefill) go to F.linear, whose blocked GEMM is compute-efficient there."""
 from __future__ import annotations
@@ -18,13 +18,16 @@ import torch
 import torch.nn.functional as F
 from numba import prange
 
+from triforce.kernels.bf16_bits import bits_of, to_float32
+
 SMALL_ROWS = 16  # up to this many input rows the weight stream dominates: the kernels below
 MIN_WEIGHTS = 1 << 17  # smaller matrices sit in cache, where F.linear's lower call cost wins
 _ROW_BLOCK = 16  # weight rows per parallel job: a job is long enough to amortise its start
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
-def _linear_f32(x, w, out):
+def _linear(x, w, out):
+    """out[i, r] = x[i] . w[r]; w float32 or bfloat16 bits, x and out float32."""
     rows, width = x.shape
     n = w.shape[0]
     for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
@@ -32,24 +35,7 @@ def _linear_f32(x, w, out):
             for i in range(rows):
                 acc = np.float32(0.0)
                 for j in range(width):
-                    acc += w[r, j] * x[i, j]
-                out[i, r] = acc
-
-
-@numba.njit(parallel=True, fastmath=True, cache=True)
-def _linear_bf16(x, w_bits, out):
-    rows, width = x.shape
-    n = w_bits.shape[0]
-    for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        bits = np.empty(width, np.uint32)
-        wide = bits.view(np.float32)  # bfloat16 is the top half of a float32
-        for r in range(block * _ROW_BLOCK, min(n, (block + 1) * _ROW_BLOCK)):
-            for j in range(width):
-                bits[j] = np.uint32(w_bits[r, j]) << 16
-            for i in range(rows):
-                acc = np.float32(0.0)
-                for j in range(width):
-                    acc += wide[j] * x[i, j]
+                    acc += to_float32(w[r, j]) * x[i, j]
                 out[i, r] = acc
 
 
@@ -66,10 +52,8 @@ class FusedLinear:
         self.out_dtype = torch.float32 if keep_float32 and half else self.weight.dtype
         self._kernel = None
         if self.weight.device.type == "cpu" and self.weight.is_contiguous() and self.weight.numel() >= MIN_WEIGHTS:
-            if self.weight.dtype == torch.float32:
-                self._kernel, self._w = _linear_f32, self.weight.numpy()
-            elif self.weight.dtype == torch.bfloat16:
-                self._kernel, self._w = _linear_bf16, self.weight.view(torch.int16).numpy().view(np.uint16)
+            if self.weight.dtype in (torch.float32, torch.bfloat16):
+                self._kernel, self._w = _linear, bits_of(self.weight)
         self._bias32 = None if self.bias is None else self.bias.to(torch.float32)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,8 +78,5 @@ def warm_up(dtype: torch.dtype) -> None:
     """Compile the small-rows kernel for `dtype` now (or load it from numba's cache)."""
     if dtype in (torch.float32, torch.bfloat16):
         x = np.zeros((1, 8), np.float32)
-        out = np.zeros((1, 8), np.float32)
-        if dtype == torch.float32:
-            _linear_f32(x, np.zeros((8, 8), np.float32), out)
-        else:
-            _linear_bf16(x, np.zeros((8, 8), np.uint16), out)
+        w = np.zeros((8, 8), np.float32 if dtype == torch.float32 else np.uint16)
+        _linear(x, w, np.zeros((1, 8), np.float32))

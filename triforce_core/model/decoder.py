@@ -10,7 +10,10 @@ checkpoint matrix (transformers' math, what the tests compare with), and "fused"
 once loaded): q/k/v and gate/up as one matrix each, through triforce.kernels.cpu_linear, whose
 small-rows kernels read the weights at the memory limit on a CPU. Fusing concatenates the
 checkpoint matrices and re-points the nn.Linear weights at row slices of the result (the
-separate matrices are freed), so both ways share one copy of the weights. The fused operators
+separate matrices are freed), so both ways share one copy of the weights. While fused, a layer
+whose projections all take the kernels also runs its work around attention for decoding steps
+and verify passes (<= 16 tokens of one sequence) as two numba calls (triforce.kernels.cpu_layer):
+eager PyTorch spent more time in its ~50 small operators per layer than in the weights. The fused operators
 hold the tensors they were made from: a model whose parameters are moved or replaced afterwards
 must call use_kernels("fused") again (tensor-parallel sharding does).
 
@@ -29,6 +32,7 @@ from torch import nn
 
 from triforce.cache_contract import CacheView
 from triforce.config import ModelConfig
+from triforce.kernels.cpu_layer import CpuLayer
 from triforce.kernels.cpu_linear import FusedLinear
 from triforce.model.rope import RotaryEmbedding, apply_rope
 
@@ -127,12 +131,25 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.cpu_layer: CpuLayer | None = None  # the numba halves, while fused and they fit
+
+    def fuse(self, on: bool) -> None:
+        self.self_attn.fuse(on)
+        self.mlp.fuse(on)
+        self.cpu_layer = None
+        parts = (self.input_layernorm.weight, self.post_attention_layernorm.weight)
+        if on and CpuLayer.fits(*parts, *self.self_attn.fused, *self.mlp.fused):
+            attn = self.self_attn
+            self.cpu_layer = CpuLayer(*parts, self.input_layernorm.eps, *attn.fused, *self.mlp.fused,
+                                      attn.num_heads, attn.num_kv_heads, attn.head_dim)
 
     def forward(self, x, cos, sin, layer: int, cache_view: CacheView, chunk: int | None = None,
                 group: int | None = None) -> torch.Tensor:
         """x [B, T, hidden] -> this layer's output. Without chunk and group (short passes): one
         attend call over all T tokens. Otherwise x is updated in place, group by group."""
         length = x.shape[1]
+        if self.cpu_layer is not None and self.cpu_layer.takes(x):  # a decoding step on the CPU
+            return self.cpu_layer.post(x, cache_view.attend(layer, *self.cpu_layer.pre(x, cos, sin)))
         if (chunk is None or chunk >= length) and (group is None or group >= length):
             x = x + self.self_attn.output(cache_view.attend(layer, *self.self_attn.project(
                 self.input_layernorm(x), cos, sin)))
@@ -185,8 +202,7 @@ class CausalLM(nn.Module):
         if kind not in ("fused", "reference"):
             raise ValueError(f"unknown kernels '{kind}' (fused or reference)")
         for layer in self.model.layers:
-            layer.self_attn.fuse(kind == "fused")
-            layer.mlp.fuse(kind == "fused")
+            layer.fuse(kind == "fused")
         # logits stay float32 (in a bfloat16 model too): rounding them makes ties of near-ties
         self._head = FusedLinear(self.lm_head.weight, keep_float32=True) if kind == "fused" else None
 

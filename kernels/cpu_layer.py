@@ -1,0 +1,188 @@
+"""A Llama-family decoder layer's work around attention, for a few rows on the CPU, in two numba
+calls: `pre` (RMSNorm, the q/k/v projection, RoPE) and `post` (the output projection and
+residual, RMSNorm, gate/up, SiLU, down and residual).
+
+Why: decoding one token through eager PyTorch ran ~50 small operators per layer around the two
+memory streams (weights, KV), each a few microseconds of dispatch, conversion and allocation:
+on the default model ~6 ms of a 23 ms bfloat16 token on this project's 2-core box. Here each
+half is one call that runs the projections through the small-rows linear kernel
+(triforce.kernels.cpu_linear) and the rest in place.
+
+Numerics follow the eager layer's (triforce.model.decoder): activations are rounded to the
+model's dtype wherever the eager layer holds a tensor of that dtype, the norms and sums are
+float32. A row's result does not depend on the other rows of the call (every loop is per row or
+the linear kernel's per-row dot), so a verify pass computes each token as decoding it alone
+would, as the linear and attention kernels do. Not bit-identical to the eager layer (summation
+order, exp): the reference path (`use_kernels("reference")`) stays the eager one."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from triforce.kernels.bf16_bits import bits_of, narrow, to_float32
+from triforce.kernels.cpu_exp import exp_in_place
+from triforce.kernels.cpu_linear import SMALL_ROWS, FusedLinear, _linear
+
+
+@numba.njit(cache=True)
+def _round(value, like):
+    """value (float32) rounded to the element type of array `like` (bfloat16 bits or float32)."""
+    return to_float32(narrow(value, like))
+
+
+@numba.njit(fastmath=True, cache=True)
+def _rms_norm(x, weight, eps, out):
+    """out[i] = weight * (x[i] / rms(x[i])), the normalised row rounded to the weight's dtype
+    before the product (as the eager norm), the product rounded too."""
+    rows, width = x.shape
+    for i in range(rows):
+        total = np.float32(0.0)
+        for j in range(width):
+            total += x[i, j] * x[i, j]
+        scale = np.float32(1.0) / np.sqrt(total / np.float32(width) + eps)
+        for j in range(width):
+            out[i, j] = _round(to_float32(weight[j]) * _round(x[i, j] * scale, weight), weight)
+
+
+@numba.njit(cache=True)
+def _rope(row, base, dim, cos, sin, like, out):
+    """out[d] = row[base + d] * cos[d] + rotate_half(row[base:base + dim])[d] * sin[d], each
+    product and the sum rounded to `like`'s dtype (as three eager operators round them)."""
+    half = dim // 2
+    for d in range(dim):
+        other = -row[base + d + half] if d < half else row[base + d - half]
+        out[d] = narrow(_round(_round(row[base + d] * to_float32(cos[d]), like)
+                               + _round(other * to_float32(sin[d]), like), like), like)
+
+
+@numba.njit(cache=True)
+def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
+    """x [T, hidden] -> qkv_out [heads + 2 kv_heads, T, D] (queries and keys rotated)."""
+    rows, hidden = x.shape
+    dim = qkv_out.shape[2]
+    xf = np.empty((rows, hidden), np.float32)
+    for i in range(rows):
+        for j in range(hidden):
+            xf[i, j] = to_float32(x[i, j])
+    h = np.empty((rows, hidden), np.float32)
+    _rms_norm(xf, norm, eps, h)
+    proj = np.empty((rows, w_qkv.shape[0]), np.float32)
+    _linear(h, w_qkv, proj)
+    for i in range(rows):
+        for j in range(proj.shape[1]):
+            proj[i, j] = _round(proj[i, j] + b_qkv[j], x)
+        for head in range(heads + 2 * kv_heads):
+            if head < heads + kv_heads:
+                _rope(proj[i], head * dim, dim, cos[i], sin[i], x, qkv_out[head, i])
+            else:
+                for d in range(dim):
+                    qkv_out[head, i, d] = narrow(proj[i, head * dim + d], x)
+
+
+@numba.njit(cache=True)
+def _post(x, attn, w_o, b_o, norm, eps, w_gate_up, b_gate_up, w_down, b_down, out):
+    """x [T, hidden], attn [H, T, D] -> out [T, hidden]: x + o(attn), then + the MLP of it."""
+    rows, hidden = x.shape
+    heads, _, dim = attn.shape
+    a = np.empty((rows, heads * dim), np.float32)
+    for i in range(rows):
+        for head in range(heads):
+            for d in range(dim):
+                a[i, head * dim + d] = to_float32(attn[head, i, d])
+    o = np.empty((rows, hidden), np.float32)
+    _linear(a, w_o, o)
+    x1 = np.empty((rows, hidden), np.float32)
+    for i in range(rows):
+        for j in range(hidden):
+            x1[i, j] = _round(to_float32(x[i, j]) + _round(o[i, j] + b_o[j], x), x)
+    h = np.empty((rows, hidden), np.float32)
+    _rms_norm(x1, norm, eps, h)
+    inner = w_gate_up.shape[0] // 2
+    gu = np.empty((rows, 2 * inner), np.float32)
+    _linear(h, w_gate_up, gu)
+    m = np.empty((rows, inner), np.float32)
+    e = np.empty(inner, np.float32)
+    powers = np.empty(inner, np.int32)
+    for i in range(rows):
+        for j in range(inner):
+            m[i, j] = _round(gu[i, j] + b_gate_up[j], x)  # the gate
+            e[j] = -m[i, j]
+        exp_in_place(e, inner, powers)
+        for j in range(inner):
+            silu = _round(m[i, j] / (np.float32(1.0) + e[j]), x)
+            m[i, j] = _round(silu * _round(gu[i, inner + j] + b_gate_up[inner + j], x), x)
+    down = np.empty((rows, hidden), np.float32)
+    _linear(m, w_down, down)
+    for i in range(rows):
+        for j in range(hidden):
+            out[i, j] = narrow(x1[i, j] + _round(down[i, j] + b_down[j], x), x)
+
+
+class CpuLayer:
+    """The numba halves of one decoder layer over its fused projections (FusedLinear, whose
+    weights they read in place) and norm weights. `takes(x)` says when they serve a pass."""
+
+    def __init__(self, in_norm: torch.Tensor, post_norm: torch.Tensor, eps: float, qkv: FusedLinear,
+                 o: FusedLinear, gate_up: FusedLinear, down: FusedLinear, heads: int, kv_heads: int,
+                 head_dim: int):
+        self.dtype = qkv.weight.dtype
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self._norms = (bits_of(in_norm.detach()), bits_of(post_norm.detach()))
+        self._eps = np.float32(eps)
+        self._linears = [(lin._w, self._bias(lin)) for lin in (qkv, o, gate_up, down)]
+
+    @staticmethod
+    def _bias(linear: FusedLinear) -> np.ndarray:
+        if linear.bias is None:  # zeros: adding them is exact
+            return np.zeros(linear.weight.shape[0], np.float32)
+        return linear.bias.detach().to(torch.float32).numpy()
+
+    @staticmethod
+    def fits(in_norm: torch.Tensor, post_norm: torch.Tensor, *linears) -> bool:
+        """Whether the layer's parts allow it: every projection a FusedLinear with its kernel,
+        all in one dtype, the norm weights in it too (contiguous, on the CPU)."""
+        if not all(isinstance(lin, FusedLinear) and lin._kernel is not None for lin in linears):
+            return False
+        dtype = linears[0].weight.dtype
+        return all(lin.weight.dtype == dtype for lin in linears) and all(
+            n.dtype == dtype and n.device.type == "cpu" and n.is_contiguous() for n in (in_norm, post_norm))
+
+    def takes(self, x: torch.Tensor) -> bool:
+        """x [B, T, hidden]: one sequence of at most SMALL_ROWS tokens in the layer's dtype."""
+        return (x.device.type == "cpu" and x.dtype == self.dtype and x.shape[0] == 1
+                and x.shape[1] <= SMALL_ROWS and x.is_contiguous())
+
+    def pre(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [1, T, hidden]; cos, sin [1, 1, T, D] -> q [1, H, T, D], k, v [1, Hkv, T, D]."""
+        length = x.shape[1]
+        qkv = torch.empty(1, self.heads + 2 * self.kv_heads, length, self.head_dim, dtype=self.dtype, device="cpu")
+        w, b = self._linears[0]
+        _pre(bits_of(x[0]), self._norms[0], self._eps, w, b, bits_of(cos[0, 0].contiguous()),
+             bits_of(sin[0, 0].contiguous()), self.heads, self.kv_heads, bits_of(qkv[0]))
+        heads, kv = self.heads, self.kv_heads
+        return qkv[:, :heads], qkv[:, heads:heads + kv], qkv[:, heads + kv:]
+
+    def post(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """x [1, T, hidden], attn [1, H, T, D] -> the layer's output [1, T, hidden]."""
+        out = torch.empty_like(x)
+        (w_o, b_o), (w_gu, b_gu), (w_d, b_d) = self._linears[1:]
+        _post(bits_of(x[0]), bits_of(attn[0].contiguous()), w_o, b_o, self._norms[1], self._eps,
+              w_gu, b_gu, w_d, b_d, bits_of(out[0]))
+        return out
+
+
+def warm_up(dtype: torch.dtype) -> None:
+    """Compile both halves for `dtype` now (or load them from numba's cache)."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return
+    hidden, heads, dim = 8, 2, 4
+    make = lambda *shape: torch.zeros(*shape, dtype=dtype, device="cpu")  # noqa: E731
+    layer = object.__new__(CpuLayer)
+    layer.dtype, layer.heads, layer.kv_heads, layer.head_dim = dtype, heads, 1, dim
+    layer._norms, layer._eps = (bits_of(make(hidden)), bits_of(make(hidden))), np.float32(1e-5)
+    shapes = [((heads + 2) * dim, hidden), (hidden, heads * dim), (2 * hidden, hidden), (hidden, hidden)]
+    layer._linears = [(bits_of(make(*s)), np.zeros(s[0], np.float32)) for s in shapes]
+    x = make(1, 1, hidden)
+    q, _, _ = layer.pre(x, make(1, 1, 1, dim), make(1, 1, 1, dim))
+    layer.post(x, q)

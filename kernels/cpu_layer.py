@@ -56,7 +56,10 @@ def _rope(row, base, dim, cos, sin, like, out):
                                + _round(other * to_float32(sin[d]), like), like), like)
 
 
-@numba.njit(cache=True)
+# parallel=True on both halves although they have no prange of their own: a cached function that
+# calls a parallel one (the linear kernel) segfaulted when loaded from numba's cache (numba issues
+# 4807 and 8578; seen here after the cache was written by several processes)
+@numba.njit(parallel=True, cache=True)
 def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
     """x [T, hidden] -> qkv_out [heads + 2 kv_heads, T, D] (queries and keys rotated)."""
     rows, hidden = x.shape
@@ -80,7 +83,7 @@ def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
                     qkv_out[head, i, d] = narrow(proj[i, head * dim + d], x)
 
 
-@numba.njit(cache=True)
+@numba.njit(parallel=True, cache=True)
 def _post(x, attn, w_o, b_o, norm, eps, w_gate_up, b_gate_up, w_down, b_down, out):
     """x [T, hidden], attn [H, T, D] -> out [T, hidden]: x + o(attn), then + the MLP of it."""
     rows, hidden = x.shape

@@ -16,9 +16,12 @@ would, as the linear and attention kernels do. Not bit-identical to the eager la
 order, exp): the reference path (`use_kernels("reference")`) stays the eager one."""
 from __future__ import annotations
 
+import warnings
+
 import numba
 import numpy as np
 import torch
+from numba.core.errors import NumbaPerformanceWarning
 
 from triforce.kernels.bf16_bits import bits_of, narrow, to_float32
 from triforce.kernels.cpu_exp import exp_in_place
@@ -58,7 +61,10 @@ def _rope(row, base, dim, cos, sin, like, out):
 
 # parallel=True on both halves although they have no prange of their own: a cached function that
 # calls a parallel one (the linear kernel) segfaulted when loaded from numba's cache (numba issues
-# 4807 and 8578; seen here after the cache was written by several processes)
+# 4807 and 8578; seen here after the cache was written by several processes). Numba's notice that
+# it found nothing to parallelise in them would reach users at the first compile: silenced.
+warnings.filterwarnings("ignore", message=r"(?s).*'parallel=True' was specified but no transformation",
+                        category=NumbaPerformanceWarning)
 @numba.njit(parallel=True, cache=True)
 def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
     """x [T, hidden] -> qkv_out [heads + 2 kv_heads, T, D] (queries and keys rotated)."""

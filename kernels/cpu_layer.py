@@ -139,13 +139,7 @@ class CpuLayer:
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self._norms = (bits_of(in_norm.detach()), bits_of(post_norm.detach()))
         self._eps = np.float32(eps)
-        self._linears = [(lin._w, self._bias(lin)) for lin in (qkv, o, gate_up, down)]
-
-    @staticmethod
-    def _bias(linear: FusedLinear) -> np.ndarray:
-        if linear.bias is None:  # zeros: adding them is exact
-            return np.zeros(linear.weight.shape[0], np.float32)
-        return linear.bias.detach().to(torch.float32).numpy()
+        self._linears = [(lin._w, _bias(lin)) for lin in (qkv, o, gate_up, down)]
 
     @staticmethod
     def fits(in_norm: torch.Tensor, post_norm: torch.Tensor, *linears) -> bool:
@@ -181,17 +175,23 @@ class CpuLayer:
         return out
 
 
+def _bias(linear: FusedLinear) -> np.ndarray:
+    """The linear's float32 bias (FusedLinear keeps one), or zeros: adding them is exact."""
+    if linear._bias32 is None:
+        return np.zeros(linear.weight.shape[0], np.float32)
+    return linear._bias32.numpy()
+
+
 def warm_up(dtype: torch.dtype) -> None:
-    """Compile both halves for `dtype` now (or load them from numba's cache)."""
+    """Compile both halves for `dtype` now (or load them from numba's cache), with the array
+    types a decoding step passes them."""
     if dtype not in (torch.float32, torch.bfloat16):
         return
     hidden, heads, dim = 8, 2, 4
-    make = lambda *shape: torch.zeros(*shape, dtype=dtype, device="cpu")  # noqa: E731
-    layer = object.__new__(CpuLayer)
-    layer.dtype, layer.heads, layer.kv_heads, layer.head_dim = dtype, heads, 1, dim
-    layer._norms, layer._eps = (bits_of(make(hidden)), bits_of(make(hidden))), np.float32(1e-5)
-    shapes = [((heads + 2) * dim, hidden), (hidden, heads * dim), (2 * hidden, hidden), (hidden, hidden)]
-    layer._linears = [(bits_of(make(*s)), np.zeros(s[0], np.float32)) for s in shapes]
-    x = make(1, 1, hidden)
-    q, _, _ = layer.pre(x, make(1, 1, 1, dim), make(1, 1, 1, dim))
-    layer.post(x, q)
+    bits = lambda *shape: bits_of(torch.zeros(*shape, dtype=dtype, device="cpu"))  # noqa: E731
+    zeros = lambda n: np.zeros(n, np.float32)  # noqa: E731
+    eps, x, angles = np.float32(1e-5), bits(1, hidden), bits(1, dim)
+    qkv = (heads + 2) * dim
+    _pre(x, bits(hidden), eps, bits(qkv, hidden), zeros(qkv), angles, angles, heads, 1, bits(heads + 2, 1, dim))
+    _post(x, bits(heads, 1, dim), bits(hidden, heads * dim), zeros(hidden), bits(hidden), eps,
+          bits(2 * hidden, hidden), zeros(2 * hidden), bits(hidden, hidden), zeros(hidden), bits(1, hidden))

@@ -16,16 +16,13 @@ would, as the linear and attention kernels do. Not bit-identical to the eager la
 order, exp): the reference path (`use_kernels("reference")`) stays the eager one."""
 from __future__ import annotations
 
-import warnings
-
 import numba
 import numpy as np
 import torch
-from numba.core.errors import NumbaPerformanceWarning
 
 from triforce.kernels.bf16_bits import bits_of, narrow, to_float32
 from triforce.kernels.cpu_exp import exp_in_place
-from triforce.kernels.cpu_linear import SMALL_ROWS, FusedLinear, _linear
+from triforce.kernels.cpu_linear import SMALL_ROWS, FusedLinear, small_rows_linear
 
 
 @numba.njit(cache=True)
@@ -59,12 +56,7 @@ def _rope(row, base, dim, cos, sin, like, out):
                                + _round(other * to_float32(sin[d]), like), like), like)
 
 
-# parallel=True on both halves although they have no prange of their own: a cached function that
-# calls a parallel one (the linear kernel) segfaulted when loaded from numba's cache (numba issues
-# 4807 and 8578; seen here after the cache was written by several processes). Numba's notice that
-# it found nothing to parallelise in them would reach users at the first compile: silenced.
-warnings.filterwarnings("ignore", message=r"(?s).*'parallel=True' was specified but no transformation",
-                        category=NumbaPerformanceWarning)
+# parallel=True on both halves although they have no prange of their own: see small_rows_linear.
 @numba.njit(parallel=True, cache=True)
 def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
     """x [T, hidden] -> qkv_out [heads + 2 kv_heads, T, D] (queries and keys rotated)."""
@@ -77,7 +69,7 @@ def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
     h = np.empty((rows, hidden), np.float32)
     _rms_norm(xf, norm, eps, h)
     proj = np.empty((rows, w_qkv.shape[0]), np.float32)
-    _linear(h, w_qkv, proj)
+    small_rows_linear(h, w_qkv, proj)
     for i in range(rows):
         for j in range(proj.shape[1]):
             proj[i, j] = _round(proj[i, j] + b_qkv[j], x)
@@ -100,7 +92,7 @@ def _post(x, attn, w_o, b_o, norm, eps, w_gate_up, b_gate_up, w_down, b_down, ou
             for d in range(dim):
                 a[i, head * dim + d] = to_float32(attn[head, i, d])
     o = np.empty((rows, hidden), np.float32)
-    _linear(a, w_o, o)
+    small_rows_linear(a, w_o, o)
     x1 = np.empty((rows, hidden), np.float32)
     for i in range(rows):
         for j in range(hidden):
@@ -109,7 +101,7 @@ def _post(x, attn, w_o, b_o, norm, eps, w_gate_up, b_gate_up, w_down, b_down, ou
     _rms_norm(x1, norm, eps, h)
     inner = w_gate_up.shape[0] // 2
     gu = np.empty((rows, 2 * inner), np.float32)
-    _linear(h, w_gate_up, gu)
+    small_rows_linear(h, w_gate_up, gu)
     m = np.empty((rows, inner), np.float32)
     e = np.empty(inner, np.float32)
     powers = np.empty(inner, np.int32)
@@ -122,7 +114,7 @@ def _post(x, attn, w_o, b_o, norm, eps, w_gate_up, b_gate_up, w_down, b_down, ou
             silu = _round(m[i, j] / (np.float32(1.0) + e[j]), x)
             m[i, j] = _round(silu * _round(gu[i, inner + j] + b_gate_up[inner + j], x), x)
     down = np.empty((rows, hidden), np.float32)
-    _linear(m, w_down, down)
+    small_rows_linear(m, w_down, down)
     for i in range(rows):
         for j in range(hidden):
             out[i, j] = narrow(x1[i, j] + _round(down[i, j] + b_down[j], x), x)

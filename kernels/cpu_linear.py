@@ -7,18 +7,25 @@ stream is the token's cost. These numba kernels walk the weight row by row (each
 memory once and used for every input row), split the rows across the cores and accumulate in
 float32 with the reductions vectorised (fastmath: reassociated sums, no other licence needed).
 
-bfloat16 weights travel as raw bits (numba has no bfloat16) and are widened to float32 as read;
-the result is rounded to the weight dtype once, as torch's bfloat16 linear does. More rows
-than SMALL_ROWS (prefill) go to F.linear, whose blocked GEMM is compute-efficient there."""
+bfloat16 weights travel as raw bits (numba has no bfloat16): on CPUs with AVX512-BF16 the
+products run on its bfloat16 dot instruction (triforce.kernels.bf16_dot), elsewhere the bits are
+widened to float32 as read; the result is rounded to the weight dtype once, as torch's bfloat16
+linear does. More rows than SMALL_ROWS (prefill) go to F.linear, whose blocked GEMM is
+compute-efficient there."""
 from __future__ import annotations
+
+import warnings
 
 import numba
 import numpy as np
 import torch
 import torch.nn.functional as F
-from numba import prange
+from numba import prange, types
+from numba.core.errors import NumbaPerformanceWarning
+from numba.extending import overload
 
 from triforce.kernels.bf16_bits import bits_of, to_float32
+from triforce.kernels.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
 
 SMALL_ROWS = 16  # up to this many input rows the weight stream dominates: the kernels below
 MIN_WEIGHTS = 1 << 17  # smaller matrices sit in cache, where F.linear's lower call cost wins
@@ -26,8 +33,8 @@ _ROW_BLOCK = 16  # weight rows per parallel job: a job is long enough to amortis
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
-def _linear(x, w, out):
-    """out[i, r] = x[i] . w[r]; w float32 or bfloat16 bits, x and out float32."""
+def linear_widening(x, w, out):
+    """out[i, r] = x[i] . w[r]; w float32 or bfloat16 bits (widened as read), x and out float32."""
     rows, width = x.shape
     n = w.shape[0]
     for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
@@ -37,6 +44,39 @@ def _linear(x, w, out):
                 for j in range(width):
                     acc += to_float32(w[r, j]) * x[i, j]
                 out[i, r] = acc
+
+
+def _product(x, w, out):
+    raise NotImplementedError("numba only: see the overload")
+
+
+@overload(_product)
+def _product_for(x, w, out):
+    """Chosen when numba compiles: bfloat16 weights on a CPU with the bfloat16 dot go through it
+    (x holds bfloat16 values wherever such weights are used: exact as bits), all else widens."""
+    if w.dtype == types.uint16 and HAS_BF16_DOT:
+        def by_pairs(x, w, out):
+            if x.shape[1] % PAIR_BLOCK == 0:
+                linear_bf16_pairs(bf16_rows(x), w, out)
+            else:
+                linear_widening(x, w, out)
+        return by_pairs
+    return lambda x, w, out: linear_widening(x, w, out)
+
+
+# parallel=True although it has no loop of its own: a cached function that calls a parallel one
+# segfaulted when loaded from numba's cache (numba issues 4807 and 8578; seen here after several
+# processes wrote the cache). Numba's notice that it found nothing to parallelise would reach
+# users at the first compile: silenced (here, as every such caller imports this module).
+warnings.filterwarnings("ignore", message=r"(?s).*'parallel=True' was specified but no transformation",
+                        category=NumbaPerformanceWarning)
+
+
+@numba.njit(parallel=True, cache=True)
+def small_rows_linear(x, w, out):
+    """out[i, r] = x[i] . w[r] for x [rows, width] float32 (bfloat16 values when w is bfloat16
+    bits), w [n, width] float32 or bfloat16 bits; float32 out. The kernel every caller uses."""
+    _product(x, w, out)
 
 
 class FusedLinear:
@@ -53,7 +93,7 @@ class FusedLinear:
         self._kernel = None
         if self.weight.device.type == "cpu" and self.weight.is_contiguous() and self.weight.numel() >= MIN_WEIGHTS:
             if self.weight.dtype in (torch.float32, torch.bfloat16):
-                self._kernel, self._w = _linear, bits_of(self.weight)
+                self._kernel, self._w = small_rows_linear, bits_of(self.weight)
         self._bias32 = None if self.bias is None else self.bias.to(torch.float32)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,4 +119,4 @@ def warm_up(dtype: torch.dtype) -> None:
     if dtype in (torch.float32, torch.bfloat16):
         x = np.zeros((1, 8), np.float32)
         w = np.zeros((8, 8), np.float32 if dtype == torch.float32 else np.uint16)
-        _linear(x, w, np.zeros((1, 8), np.float32))
+        small_rows_linear(x, w, np.zeros((1, 8), np.float32))  # compiles both of _product's branches

@@ -1,0 +1,175 @@
+"""bfloat16 matrix products by the CPU's bfloat16 dot-product instruction (AVX512-BF16's
+`vdpbf16ps`: 32 products of bfloat16 pairs summed into 16 float32 lanes per instruction).
+
+Why: widening bfloat16 weights to float32 (a zero-extend and a shift per 16 values) and then
+multiplying in float32 makes a decoding step's bfloat16 products compute-bound on this project's
+2-core box (~20 GB/s of weights where memory gives ~34); the instruction takes the bits as they
+are, half the loads and none of the widening. Measured there (AMD Zen 4): weights streamed from
+memory 1.3x faster for one row, 1.7-2x for four to sixteen rows (bench/bf16_dot_speed.py).
+
+Numba has no vector types: `F32x16` below is one (an LLVM <16 x float> held in registers), and
+the intrinsics load 32 bfloat16 values as the instruction's operand. A row's dot product always
+runs the same instruction sequence (two accumulators over alternate 32-value blocks, one fixed
+tree to sum the lanes), whether it is computed alone or with three other rows sharing the
+weight loads, so a token's result does not depend on the other tokens of its pass. Products of
+bfloat16 values are exact in float32; the instruction flushes subnormals to zero (values below
+1e-38, which activations and weights of the models served here do not reach).
+
+The instruction exists only where the CPU has it: `HAS_BF16_DOT` says whether numba compiles for
+such a CPU, and nothing here is compiled elsewhere (the caller keeps its widening kernel)."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+from triforce.kernels.bf16_bits import narrow
+
+PAIR_BLOCK = 64  # values per step of a dot (two accumulators x 32): widths must be a multiple
+
+
+def _host_has_bf16_dot() -> bool:
+    """Whether numba targets this CPU (its default) and the CPU has AVX512-BF16."""
+    if numba.config.CPU_NAME not in (None, "host") or numba.config.CPU_FEATURES:
+        return False  # a portable build (NUMBA_CPU_NAME=generic ...): no host-only instructions
+    return bool(llvm.get_host_cpu_features().get("avx512bf16", False))
+
+
+HAS_BF16_DOT = _host_has_bf16_dot()
+
+
+class _BFloat(ir.Type):
+    """LLVM's `bfloat` (llvmlite has no class for it; its IR is text, so the name suffices)."""
+
+    def _to_string(self):
+        return "bfloat"
+
+    def __eq__(self, other):
+        return isinstance(other, _BFloat)
+
+    def __hash__(self):
+        return hash("bfloat")
+
+
+_LANES = ir.VectorType(ir.FloatType(), 16)
+_OPERAND = ir.VectorType(_BFloat(), 32)
+_LOADED = ir.VectorType(ir.IntType(32), 16)  # the 64 bytes as loaded, cast to _OPERAND
+
+
+class F32x16(types.Type):
+    """16 float32 lanes in one register: a dot product's accumulator."""
+
+    def __init__(self):
+        super().__init__(name="F32x16")
+
+
+f32x16 = F32x16()
+
+
+@register_model(F32x16)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _LANES)
+
+
+@intrinsic
+def _zeros(typingctx):
+    return f32x16(), lambda context, builder, signature, args: ir.Constant(_LANES, None)
+
+
+def _operand(context, builder, array_type, array, start):
+    """32 bfloat16 values of a 1-D uint16 array from index `start`, as the instruction's operand."""
+    data = context.make_array(array_type)(context, builder, array).data
+    pointer = builder.bitcast(builder.gep(data, [start]), _LOADED.as_pointer())
+    return builder.bitcast(builder.load(pointer, align=2), _OPERAND)
+
+
+@intrinsic
+def _dot_step(typingctx, acc, w, x, start):
+    """acc + the pairwise products of w[start:start + 32] and x[start:start + 32] (bfloat16 bits)."""
+    if acc != f32x16 or not all(isinstance(a, types.Array) and a.dtype == types.uint16 for a in (w, x)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_LANES, [_LANES, _OPERAND, _OPERAND]),
+                                            "llvm.x86.avx512bf16.dpbf16ps.512")
+        return builder.call(fn, [args[0], _operand(context, builder, signature.args[1], args[1], args[3]),
+                                 _operand(context, builder, signature.args[2], args[2], args[3])])
+
+    return f32x16(acc, w, x, start), codegen
+
+
+@intrinsic
+def _sum_lanes(typingctx, a, b):
+    """The sum of the 32 lanes of a and b in one fixed order (lane halves added pairwise)."""
+    if a != f32x16 or b != f32x16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        v, n = builder.fadd(args[0], args[1]), 16
+        while n > 1:
+            half = n // 2
+            low = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half)))
+            high = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half, n)))
+            v, n = builder.fadd(builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high)), half
+        return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+
+    return types.float32(a, b), codegen
+
+
+@numba.njit(inline="always")
+def _dot(w, x, width):
+    a0, a1 = _zeros(), _zeros()
+    for k in range(0, width, PAIR_BLOCK):
+        a0 = _dot_step(a0, w, x, k)
+        a1 = _dot_step(a1, w, x, k + 32)
+    return _sum_lanes(a0, a1)
+
+
+@numba.njit(inline="always")
+def _dot4(w, x0, x1, x2, x3, width):
+    """_dot of w with four rows, each through the same steps as alone; w is loaded once."""
+    a0, a1, b0, b1 = _zeros(), _zeros(), _zeros(), _zeros()
+    c0, c1, d0, d1 = _zeros(), _zeros(), _zeros(), _zeros()
+    for k in range(0, width, PAIR_BLOCK):
+        a0, a1 = _dot_step(a0, w, x0, k), _dot_step(a1, w, x0, k + 32)
+        b0, b1 = _dot_step(b0, w, x1, k), _dot_step(b1, w, x1, k + 32)
+        c0, c1 = _dot_step(c0, w, x2, k), _dot_step(c1, w, x2, k + 32)
+        d0, d1 = _dot_step(d0, w, x3, k), _dot_step(d1, w, x3, k + 32)
+    return _sum_lanes(a0, a1), _sum_lanes(b0, b1), _sum_lanes(c0, c1), _sum_lanes(d0, d1)
+
+
+_ROW_BLOCK = 16  # weight rows per parallel job (as the widening kernel)
+
+
+@numba.njit(parallel=True, cache=True)
+def linear_bf16_pairs(x, w, out):
+    """out[i, r] = x[i] . w[r] for bfloat16 bits x [rows, width] and w [n, width], width a multiple
+    of PAIR_BLOCK; float32 out. Only on CPUs with HAS_BF16_DOT."""
+    rows, width = x.shape
+    n = w.shape[0]
+    for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
+        for r in range(block * _ROW_BLOCK, min(n, (block + 1) * _ROW_BLOCK)):
+            wr = w[r]
+            i = 0
+            while i + 4 <= rows:
+                out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = _dot4(
+                    wr, x[i], x[i + 1], x[i + 2], x[i + 3], width)
+                i += 4
+            while i < rows:
+                out[i, r] = _dot(wr, x[i], width)
+                i += 1
+
+
+@numba.njit(cache=True)
+def bf16_rows(x):
+    """x (float32 [rows, width] holding bfloat16 values) as bfloat16 bits: exact for such values."""
+    bits = np.empty(x.shape, np.uint16)
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            bits[i, j] = narrow(x[i, j], bits)
+    return bits

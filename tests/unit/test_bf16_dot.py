@@ -1,0 +1,73 @@
+"""The bfloat16 dot-instruction kernel (AVX512-BF16) against float64 and the widening kernel, its
+per-row invariance, and which kernel small_rows_linear takes. Skipped where the CPU lacks it."""
+import numpy as np
+import pytest
+import torch
+
+from triforce.kernels import bf16_dot
+from triforce.kernels.bf16_bits import bits_of
+from triforce.kernels.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
+from triforce.kernels.cpu_linear import SMALL_ROWS, linear_widening, small_rows_linear
+
+needs_instruction = pytest.mark.skipif(not HAS_BF16_DOT, reason="this CPU has no AVX512-BF16")
+
+
+def _case(rows, width, n=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, width, generator=g).to(torch.bfloat16)
+    x = torch.randn(rows, width, generator=g).to(torch.bfloat16)
+    return x, w
+
+
+@needs_instruction
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, SMALL_ROWS])
+@pytest.mark.parametrize("width", [PAIR_BLOCK, 576])
+def test_matches_float64(rows, width):
+    x, w = _case(rows, width, seed=rows)
+    out = np.zeros((rows, w.shape[0]), np.float32)
+    linear_bf16_pairs(bits_of(x), bits_of(w), out)
+    ref = (x.double() @ w.double().T).numpy()
+    # exact products, float32 sums: the error of a float32 sum of `width` terms
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(x.double()).sum(1).max() * np.abs(w.double()).max()
+
+
+@needs_instruction
+def test_a_row_alone_equals_the_row_among_sixteen():
+    """Four rows share a weight load; each must still take its own steps, bit for bit."""
+    x, w = _case(SMALL_ROWS, 576, n=33)
+    together = np.zeros((SMALL_ROWS, 33), np.float32)
+    linear_bf16_pairs(bits_of(x), bits_of(w), together)
+    for i in range(SMALL_ROWS):
+        alone = np.zeros((1, 33), np.float32)
+        linear_bf16_pairs(bits_of(x[i:i + 1].contiguous()), bits_of(w), alone)
+        assert np.array_equal(alone[0], together[i]), i
+
+
+def test_bf16_rows_is_exact_on_bfloat16_values():
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    x[0, :4] = torch.tensor([0.0, -0.0, float("inf"), -3.0e38])
+    assert np.array_equal(bf16_rows(x.float().numpy()), bits_of(x))
+
+
+@needs_instruction
+def test_small_rows_linear_takes_the_instruction_for_bfloat16_widths_in_blocks():
+    x, w = _case(3, 128)
+    via, pairs, widened = (np.zeros((3, 40), np.float32) for _ in range(3))
+    small_rows_linear(x.float().numpy(), bits_of(w), via)
+    linear_bf16_pairs(bits_of(x), bits_of(w), pairs)
+    linear_widening(x.float().numpy(), bits_of(w), widened)
+    assert np.array_equal(via, pairs)
+    assert not np.array_equal(via, widened)  # the two really are different summations
+
+
+def test_other_widths_and_float32_weights_widen():
+    for x, w in (_case(3, 100), tuple(t.float() for t in _case(3, 128))):
+        via, widened = np.zeros((3, 40), np.float32), np.zeros((3, 40), np.float32)
+        small_rows_linear(x.float().numpy(), bits_of(w), via)
+        linear_widening(x.float().numpy(), bits_of(w), widened)
+        assert np.array_equal(via, widened)
+
+
+def test_a_portable_numba_target_never_uses_the_instruction(monkeypatch):
+    monkeypatch.setattr(bf16_dot.numba.config, "CPU_NAME", "generic")
+    assert not bf16_dot._host_has_bf16_dot()

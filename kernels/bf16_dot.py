@@ -55,7 +55,7 @@ class _BFloat(ir.Type):
         return hash("bfloat")
 
 
-_LANES = ir.VectorType(ir.FloatType(), 16)
+LANES = ir.VectorType(ir.FloatType(), 16)
 _OPERAND = ir.VectorType(_BFloat(), 32)
 _LOADED = ir.VectorType(ir.IntType(32), 16)  # the 64 bytes as loaded, cast to _OPERAND
 
@@ -73,31 +73,32 @@ f32x16 = F32x16()
 @register_model(F32x16)
 class _F32x16Model(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, _LANES)
+        super().__init__(dmm, fe_type, LANES)
 
 
 @intrinsic
-def _zeros(typingctx):
-    return f32x16(), lambda context, builder, signature, args: ir.Constant(_LANES, None)
+def zeros(typingctx):
+    return f32x16(), lambda context, builder, signature, args: ir.Constant(LANES, None)
+
+
+def operand_at(builder, pointer):
+    """The 32 bfloat16 values at `pointer` (an element pointer), as the instruction's operand."""
+    return builder.bitcast(builder.load(builder.bitcast(pointer, _LOADED.as_pointer()), align=2), _OPERAND)
 
 
 def _operand(context, builder, array_type, array, start):
     """32 bfloat16 values of a 1-D uint16 array from index `start`, as the instruction's operand."""
-    data = context.make_array(array_type)(context, builder, array).data
-    pointer = builder.bitcast(builder.gep(data, [start]), _LOADED.as_pointer())
-    return builder.bitcast(builder.load(pointer, align=2), _OPERAND)
+    return operand_at(builder, builder.gep(context.make_array(array_type)(context, builder, array).data, [start]))
 
 
 @intrinsic
-def _dot_step(typingctx, acc, w, x, start):
+def dot_step(typingctx, acc, w, x, start):
     """acc + the pairwise products of w[start:start + 32] and x[start:start + 32] (bfloat16 bits)."""
     if acc != f32x16 or not all(isinstance(a, types.Array) and a.dtype == types.uint16 for a in (w, x)):
         return None
 
     def codegen(context, builder, signature, args):
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_LANES, [_LANES, _OPERAND, _OPERAND]),
-                                            "llvm.x86.avx512bf16.dpbf16ps.512")
-        return builder.call(fn, [args[0], _operand(context, builder, signature.args[1], args[1], args[3]),
+        return builder.call(dot_instruction(builder), [args[0], _operand(context, builder, signature.args[1], args[1], args[3]),
                                  _operand(context, builder, signature.args[2], args[2], args[3])])
 
     return f32x16(acc, w, x, start), codegen
@@ -110,36 +111,47 @@ def _sum_lanes(typingctx, a, b):
         return None
 
     def codegen(context, builder, signature, args):
-        v, n = builder.fadd(args[0], args[1]), 16
-        while n > 1:
-            half = n // 2
-            low = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half)))
-            high = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half, n)))
-            v, n = builder.fadd(builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high)), half
-        return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+        return lane_tree(builder, builder.fadd(args[0], args[1]))
 
     return types.float32(a, b), codegen
 
 
+def lane_tree(builder, v):
+    """The sum of v's 16 lanes: lane i with i + 8, then i + 4, i + 2, i + 1."""
+    n = 16
+    while n > 1:
+        half = n // 2
+        low = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half)))
+        high = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half, n)))
+        v, n = builder.fadd(builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high)), half
+    return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+
+
+def dot_instruction(builder):
+    """The declaration of vdpbf16ps (512 bits) in the function's module."""
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(LANES, [LANES, _OPERAND, _OPERAND]),
+                                          "llvm.x86.avx512bf16.dpbf16ps.512")
+
+
 @numba.njit(inline="always")
 def _dot(w, x, width):
-    a0, a1 = _zeros(), _zeros()
+    a0, a1 = zeros(), zeros()
     for k in range(0, width, PAIR_BLOCK):
-        a0 = _dot_step(a0, w, x, k)
-        a1 = _dot_step(a1, w, x, k + 32)
+        a0 = dot_step(a0, w, x, k)
+        a1 = dot_step(a1, w, x, k + 32)
     return _sum_lanes(a0, a1)
 
 
 @numba.njit(inline="always")
 def _dot4(w, x0, x1, x2, x3, width):
     """_dot of w with four rows, each through the same steps as alone; w is loaded once."""
-    a0, a1, b0, b1 = _zeros(), _zeros(), _zeros(), _zeros()
-    c0, c1, d0, d1 = _zeros(), _zeros(), _zeros(), _zeros()
+    a0, a1, b0, b1 = zeros(), zeros(), zeros(), zeros()
+    c0, c1, d0, d1 = zeros(), zeros(), zeros(), zeros()
     for k in range(0, width, PAIR_BLOCK):
-        a0, a1 = _dot_step(a0, w, x0, k), _dot_step(a1, w, x0, k + 32)
-        b0, b1 = _dot_step(b0, w, x1, k), _dot_step(b1, w, x1, k + 32)
-        c0, c1 = _dot_step(c0, w, x2, k), _dot_step(c1, w, x2, k + 32)
-        d0, d1 = _dot_step(d0, w, x3, k), _dot_step(d1, w, x3, k + 32)
+        a0, a1 = dot_step(a0, w, x0, k), dot_step(a1, w, x0, k + 32)
+        b0, b1 = dot_step(b0, w, x1, k), dot_step(b1, w, x1, k + 32)
+        c0, c1 = dot_step(c0, w, x2, k), dot_step(c1, w, x2, k + 32)
+        d0, d1 = dot_step(d0, w, x3, k), dot_step(d1, w, x3, k + 32)
     return _sum_lanes(a0, a1), _sum_lanes(b0, b1), _sum_lanes(c0, c1), _sum_lanes(d0, d1)
 
 
@@ -173,3 +185,4 @@ def bf16_rows(x):
         for j in range(x.shape[1]):
             bits[i, j] = narrow(x[i, j], bits)
     return bits
+

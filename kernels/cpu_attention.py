@@ -14,7 +14,8 @@ linear kernels this makes a verify of T tokens compute each token exactly as dec
 would, so greedy speculative decoding matches AR token for token in bfloat16 too.
 
 bfloat16 queries, keys, values and results travel as raw bits (numba has no bfloat16), widened
-as read and rounded once when written (triforce.kernels.bf16_bits); scores, softmax and sums are
+as read and rounded once when written (triforce.kernels.bf16_bits; on CPUs with AVX512-BF16 the
+scores take the bits as they are: triforce.kernels.bf16_scores); scores, softmax and sums are
 float32, as in PyTorch's CPU kernels for this dtype, exp the vectorised one of
 triforce.kernels.cpu_exp. The kernels index a C-contiguous [heads, rows, dim] block laid over the
 view's storage (a view of a cache buffer's first `keys` rows); numba vectorises only such arrays."""
@@ -23,9 +24,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 import torch
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
 from triforce.kernels.bf16_bits import bits_of, narrow, to_float32
+from triforce.kernels.bf16_dot import HAS_BF16_DOT
+from triforce.kernels.bf16_scores import scores_bf16_pairs
 from triforce.kernels.cpu_exp import exp_in_place
 
 SMALL_QUERIES = 16  # beyond this many new tokens (prefill) the blocked SDPA kernel is the better one
@@ -46,6 +50,24 @@ def _scores(q, k, n, out):
             for d in range(dim):
                 a += q[r, d] * to_float32(k[s, d])
             out[r, s] = a
+
+
+def _scores_of(q, q32, k, n, scale, out):
+    raise NotImplementedError("numba only: see the overload")
+
+
+@overload(_scores_of)
+def _scores_for(q, q32, k, n, scale, out):
+    """Chosen when numba compiles: bfloat16 on a CPU with the bfloat16 dot instruction scores the
+    raw bits q (then scales), all else the widened, pre-scaled q32."""
+    if k.dtype == types.uint16 and HAS_BF16_DOT:
+        def by_pairs(q, q32, k, n, scale, out):
+            if q.shape[1] % 32 == 0:
+                scores_bf16_pairs(q, k, n, scale, out)
+            else:
+                _scores(q32, k, n, out)
+        return by_pairs
+    return lambda q, q32, k, n, scale, out: _scores(q32, k, n, out)
 
 
 @numba.njit(fastmath=True, cache=True)
@@ -145,7 +167,7 @@ def _attend(q, k, v, scale, keys, queries, out, threads):
         visible = np.empty(rows, np.int64)
         for r in range(rows):
             visible[r] = min(n, keys - queries + r % queries + 1 - lo)
-        _scores(q32[h], k[h, lo:lo + n], n, sc)
+        _scores_of(q[h], q32[h], k[h, lo:lo + n], n, scale, sc)
         _softmax(sc, visible, m[h, c], l[h, c], scratch_pow[t])
         _values(sc, v[h, lo:lo + n], n, acc[h, c], np.empty((4, dim), v.dtype))
     row = np.empty(dim, np.float32)

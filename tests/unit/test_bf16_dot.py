@@ -71,3 +71,22 @@ def test_other_widths_and_float32_weights_widen():
 def test_a_portable_numba_target_never_uses_the_instruction(monkeypatch):
     monkeypatch.setattr(bf16_dot.numba.config, "CPU_NAME", "generic")
     assert not bf16_dot._host_has_bf16_dot()
+
+
+@needs_instruction
+@pytest.mark.parametrize("dim", [32, 64, 128])
+def test_scores_match_float64_and_keep_a_keys_bits_in_a_group_or_alone(dim):
+    from triforce.kernels.bf16_scores import scores_bf16_pairs
+    g = torch.Generator().manual_seed(dim)
+    q = torch.randn(9, dim, generator=g).to(torch.bfloat16)
+    k = torch.randn(70, dim, generator=g).to(torch.bfloat16)
+    grouped, alone = np.zeros((9, 70), np.float32), np.zeros((9, 70), np.float32)
+    scores_bf16_pairs(bits_of(q), bits_of(k), 64, np.float32(0.3), grouped)  # four groups of 16
+    ref = (q.double() @ k.double().T).numpy() * 0.3
+    assert np.abs(grouped[:, :64] - ref[:, :64]).max() <= 1e-5 * np.abs(ref).max()
+    for s in range(64):  # each key as the remainder of a call (the one-by-one path)
+        scores_bf16_pairs(bits_of(q), bits_of(k[s:s + 1].contiguous()), 1, np.float32(0.3), alone[:, s:s + 1])
+    assert np.array_equal(grouped[:, :64], alone[:, :64])
+    single = np.zeros((1, 70), np.float32)
+    scores_bf16_pairs(bits_of(q[4:5].contiguous()), bits_of(k), 64, np.float32(0.3), single)
+    assert np.array_equal(single[0, :64], grouped[4, :64])

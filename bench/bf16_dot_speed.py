@@ -1,6 +1,7 @@
 """The small-rows linear kernels on bfloat16 weights streamed from memory: widening to float32
 against the AVX512-BF16 dot instruction, side by side in one run, with the machine's memory
-bandwidth measured in the same run.
+bandwidth measured in the same run; then attention scores over 512 keys (one job of the
+attention kernel) both ways.
 
     python -m triforce.bench.bf16_dot_speed [--layers 30] [--rows 1,4,9,16]
 
@@ -18,6 +19,8 @@ import torch
 from triforce.bench.vs_llamacpp import memory_bandwidth
 from triforce.kernels.bf16_bits import bits_of
 from triforce.kernels.bf16_dot import HAS_BF16_DOT, bf16_rows, linear_bf16_pairs
+from triforce.kernels.bf16_scores import scores_bf16_pairs
+from triforce.kernels.cpu_attention import SPLIT, _scores
 from triforce.kernels.cpu_linear import linear_widening
 
 SHAPES = [(3072, 576), (576, 1536), (960, 576), (576, 576)]
@@ -53,6 +56,15 @@ def main(layers: int, rows: str, repeats: int) -> None:
         pairs = _best_pass(linear_bf16_pairs, weights, [bf16_rows(x) for x in xs], repeats)
         print(f"| {count} | {widened * 1e3:.2f} | {total / widened / 1e9:.1f} | {pairs * 1e3:.2f} | "
               f"{total / pairs / 1e9:.1f} | {widened / pairs:.2f}x |")
+    print(f"\nscores of {SPLIT} keys (head dim 64)\n| query rows | widening us | bf16 dot us | speed-up |\n|---:|---:|---:|---:|")
+    keys = bits_of(torch.randn(SPLIT, 64, generator=g).to(torch.bfloat16))
+    for count in (3, 9, 27):  # a KV head's rows for 1, 3 and 9 tokens (three query heads per KV head)
+        q = torch.randn(count, 64, generator=g).to(torch.bfloat16)
+        out = np.zeros((count, SPLIT), np.float32)
+        widened = _best_pass(lambda x, k, o: _scores(x, k, SPLIT, o), [keys], [q.float().numpy()], repeats * 20)
+        pairs = _best_pass(lambda x, k, o: scores_bf16_pairs(x, k, SPLIT, np.float32(1.0), o), [keys],
+                           [bits_of(q)], repeats * 20)
+        print(f"| {count} | {widened * 1e6:.1f} | {pairs * 1e6:.1f} | {widened / pairs:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ Why: widening bfloat16 weights to float32 (a zero-extend and a shift per 16 valu
 multiplying in float32 makes a decoding step's bfloat16 products compute-bound on this project's
 2-core box (~20 GB/s of weights where memory gives ~34); the instruction takes the bits as they
 are, half the loads and none of the widening. Measured there (AMD Zen 4): weights streamed from
-memory 1.3x faster for one row, 1.7-2x for four to sixteen rows (bench/bf16_dot_speed.py).
+memory 1.1-1.4x faster for one row, 1.3-1.9x for four to sixteen rows (bench/bf16_dot_speed.py,
+two runs on a noisy machine).
 
 Numba has no vector types: `F32x16` below is one (an LLVM <16 x float> held in registers), and
 the intrinsics load 32 bfloat16 values as the instruction's operand. A row's dot product always

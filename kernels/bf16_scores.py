@@ -7,7 +7,8 @@ once for all rows). Widening each key to float32 for every row and summing each 
 across a vector's lanes cost ~60 us per 512 keys on this project's box; here 16 keys go at once:
 each key's products into its own accumulator, then one transposing tree sums the 16
 accumulators' lanes into a vector of 16 scores (4 levels of shuffles, 15 additions per 16 keys,
-where a lone key takes 4 of each): 1.3x (bench/bf16_dot_speed.py --scores).
+where a lone key takes 4 of each): 1.9-2.4x at 9 and 27 rows, 1.2-2x at 3 (bench/bf16_dot_speed.py,
+two runs).
 
 A key's lanes are added in the same pairs in the group's tree as `lane_tree` adds a lone key's
 (lane i with i + 8, then i + 4, i + 2, i + 1), so a score has the same bits whether its key is in

@@ -57,8 +57,8 @@ class _BFloat(ir.Type):
 
 
 LANES = ir.VectorType(ir.FloatType(), 16)
-_OPERAND = ir.VectorType(_BFloat(), 32)
-_LOADED = ir.VectorType(ir.IntType(32), 16)  # the 64 bytes as loaded, cast to _OPERAND
+OPERAND = ir.VectorType(_BFloat(), 32)
+_LOADED = ir.VectorType(ir.IntType(32), 16)  # the 64 bytes as loaded, cast to OPERAND
 
 
 class F32x16(types.Type):
@@ -84,7 +84,7 @@ def zeros(typingctx):
 
 def operand_at(builder, pointer):
     """The 32 bfloat16 values at `pointer` (an element pointer), as the instruction's operand."""
-    return builder.bitcast(builder.load(builder.bitcast(pointer, _LOADED.as_pointer()), align=2), _OPERAND)
+    return builder.bitcast(builder.load(builder.bitcast(pointer, _LOADED.as_pointer()), align=2), OPERAND)
 
 
 def _operand(context, builder, array_type, array, start):
@@ -130,7 +130,7 @@ def lane_tree(builder, v):
 
 def dot_instruction(builder):
     """The declaration of vdpbf16ps (512 bits) in the function's module."""
-    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(LANES, [LANES, _OPERAND, _OPERAND]),
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(LANES, [LANES, OPERAND, OPERAND]),
                                           "llvm.x86.avx512bf16.dpbf16ps.512")
 
 

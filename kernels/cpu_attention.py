@@ -15,9 +15,9 @@ would, so greedy speculative decoding matches AR token for token in bfloat16 too
 
 bfloat16 queries, keys, values and results travel as raw bits (numba has no bfloat16), widened
 as read and rounded once when written (triforce.kernels.bf16_bits; on CPUs with AVX512-BF16 the
-scores take the bits as they are: triforce.kernels.bf16_scores); scores, softmax and sums are
-float32, as in PyTorch's CPU kernels for this dtype, exp the vectorised one of
-triforce.kernels.cpu_exp. The kernels index a C-contiguous [heads, rows, dim] block laid over the
+scores and weighted values take the bits as they are: triforce.kernels.bf16_scores and
+bf16_values); scores, softmax and sums are float32, as in PyTorch's CPU kernels for this dtype,
+exp the vectorised one of triforce.kernels.cpu_exp. The kernels index a C-contiguous [heads, rows, dim] block laid over the
 view's storage (a view of a cache buffer's first `keys` rows); numba vectorises only such arrays."""
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from numba.extending import overload
 from triforce.kernels.bf16_bits import bits_of, narrow, to_float32
 from triforce.kernels.bf16_dot import HAS_BF16_DOT
 from triforce.kernels.bf16_scores import scores_bf16_pairs
+from triforce.kernels.bf16_values import CHUNK, values_bf16_pairs
 from triforce.kernels.cpu_exp import exp_in_place
 
 SMALL_QUERIES = 16  # beyond this many new tokens (prefill) the blocked SDPA kernel is the better one
@@ -68,6 +69,24 @@ def _scores_for(q, q32, k, n, scale, out):
                 _scores(q32, k, n, out)
         return by_pairs
     return lambda q, q32, k, n, scale, out: _scores(q32, k, n, out)
+
+
+def _values_of(p, v, n, acc, pad, weights):
+    raise NotImplementedError("numba only: see the overload")
+
+
+@overload(_values_of)
+def _values_for(p, v, n, acc, pad, weights):
+    """As _scores_for: bfloat16 values on the dot instruction (weights rounded to bfloat16, as
+    PyTorch's CPU attention rounds them), all else widened."""
+    if v.dtype == types.uint16 and HAS_BF16_DOT:
+        def by_pairs(p, v, n, acc, pad, weights):
+            if acc.shape[1] % CHUNK == 0:
+                values_bf16_pairs(p, v, n, acc, pad, weights)
+            else:
+                _values(p, v, n, acc, pad)
+        return by_pairs
+    return lambda p, v, n, acc, pad, weights: _values(p, v, n, acc, pad)
 
 
 @numba.njit(fastmath=True, cache=True)
@@ -157,6 +176,7 @@ def _attend(q, k, v, scale, keys, queries, out, threads):
     acc = np.empty((heads, splits, rows, dim), np.float32)
     scratch_sc = np.empty((threads, rows, SPLIT), np.float32)
     scratch_pow = np.empty((threads, SPLIT), np.int32)
+    scratch_pairs = np.empty((threads, rows, SPLIT // 2), np.uint32)
     for job in prange(heads * splits):
         h = job // splits
         c = job - h * splits
@@ -169,7 +189,7 @@ def _attend(q, k, v, scale, keys, queries, out, threads):
             visible[r] = min(n, keys - queries + r % queries + 1 - lo)
         _scores_of(q[h], q32[h], k[h, lo:lo + n], n, scale, sc)
         _softmax(sc, visible, m[h, c], l[h, c], scratch_pow[t])
-        _values(sc, v[h, lo:lo + n], n, acc[h, c], np.empty((4, dim), v.dtype))
+        _values_of(sc, v[h, lo:lo + n], n, acc[h, c], np.empty((4, dim), v.dtype), scratch_pairs[t])
     row = np.empty(dim, np.float32)
     for h in range(heads):
         for r in range(rows):

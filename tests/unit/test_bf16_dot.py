@@ -90,3 +90,41 @@ def test_scores_match_float64_and_keep_a_keys_bits_in_a_group_or_alone(dim):
     single = np.zeros((1, 70), np.float32)
     scores_bf16_pairs(bits_of(q[4:5].contiguous()), bits_of(k), 64, np.float32(0.3), single)
     assert np.array_equal(single[0, :64], grouped[4, :64])
+
+
+def _weighted_values(p, v, n):
+    from triforce.kernels.bf16_values import values_bf16_pairs
+    rows, dim = p.shape[0], v.shape[1]
+    acc = np.zeros((rows, dim), np.float32)
+    values_bf16_pairs(p.numpy(), bits_of(v), n, acc, np.zeros((4, dim), np.uint16),
+                      np.zeros((rows, (p.shape[1] + 1) // 2), np.uint32))
+    return acc
+
+
+@needs_instruction
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 27])
+@pytest.mark.parametrize("n, dim", [(64, 64), (37, 64), (50, 128)])
+def test_weighted_values_match_float64_with_weights_in_bfloat16(rows, n, dim):
+    g = torch.Generator().manual_seed(rows * n)
+    p = torch.rand(rows, 64, generator=g)
+    v = torch.randn(64, dim, generator=g).to(torch.bfloat16)
+    acc = _weighted_values(p, v, n)
+    ref = (p[:, :n].to(torch.bfloat16).double() @ v[:n].double()).numpy()
+    assert np.abs(acc - ref).max() <= 1e-5 * n * np.abs(v.double()).max()
+
+
+@needs_instruction
+def test_weighted_values_of_a_row_do_not_depend_on_the_other_rows_or_hidden_keys():
+    """A decoding step sees fewer keys than the verify pass that holds the same token: keys past
+    a row's view weigh 0 there, and the row's sums must come out with the same bits."""
+    g = torch.Generator().manual_seed(3)
+    p = torch.rand(9, 64, generator=g)
+    v = torch.randn(64, 64, generator=g).to(torch.bfloat16)
+    together = _weighted_values(p, v, 64)
+    for r, seen in ((0, 64), (4, 63), (8, 1)):
+        row = p[r:r + 1].clone()
+        row[:, seen:] = 0
+        hidden = _weighted_values(row, v, 64)  # the verify pass: later keys weigh an exact 0
+        assert np.array_equal(_weighted_values(row, v, seen), hidden)  # the step: fewer keys
+        if seen == 64:
+            assert np.array_equal(hidden[0], together[r])

@@ -1,0 +1,151 @@
+"""Attention's weighted values (sum over keys s of p[r, s] * v[s]) for bfloat16 values on the
+CPU's bfloat16 dot instruction (AVX512-BF16, see triforce.kernels.bf16_dot).
+
+Why: a verify pass of 9 tokens over a long cache weighs every value row for 27 query rows per
+KV head of the default model, compute-bound (the values are read once for all rows). Here a
+pair of keys is one instruction per 16 dims: the two value rows interleaved (dim d of key s
+beside dim d of key s + 1, by register shuffles shared by the rows of a block) against the
+row's two weights broadcast, so each lane adds v[s, d] p[s] + v[s + 1, d] p[s + 1].
+
+The weights are rounded to bfloat16 first, as PyTorch's own CPU attention does for bfloat16
+(its softmax's sum stays float32, as here). A row's sums take the same instructions in the same
+order whether it goes in a block of four rows or alone, and keys a row may not see weigh an
+exact 0 (an odd last key is paired with a zero row), so a query row's result never depends on
+the other rows or on the call's key count: batch-invariant, as the rest of the kernel."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from triforce.kernels.bf16_bits import narrow
+from triforce.kernels.bf16_dot import LANES, OPERAND, dot_instruction, f32x16
+
+CHUNK = 64  # dims per pass over the keys: four accumulators of 16 lanes per row
+_HALF = ir.VectorType(ir.IntType(16), 32)  # 32 bfloat16 values as loaded
+
+
+def _accumulators(rows):
+    group = types.UniTuple(f32x16, 4 * rows)
+
+    @intrinsic
+    def zeros(typingctx):
+        return group(), lambda context, builder, signature, args: context.make_tuple(
+            builder, group, [ir.Constant(LANES, None)] * (4 * rows))
+
+    @intrinsic
+    def step(typingctx, accs, v, s, dim0, weights, r, pair):
+        """accs + for each of `rows` rows r + i, the pair of keys (s, s + 1) over dims
+        dim0 .. dim0 + 63: v[s + j, d] weighted by weights[r + i, pair] (two bfloat16 in 32 bits)."""
+        def codegen(context, builder, signature, args):
+            accs_in, values, key, first_dim, w, row, pair_at = args
+            array = context.make_array(signature.args[1])(context, builder, values)
+            halves = []
+            for j in (0, 1):
+                for offset in (0, 32):
+                    pointer = _item(context, builder, signature.args[1], array, builder.add(key, _i64(j)),
+                                    builder.add(first_dim, _i64(offset)))
+                    halves.append(builder.load(builder.bitcast(pointer, _HALF.as_pointer()), align=2))
+            operands = []  # dims 16q .. 16q + 15 of both keys, interleaved
+            for q in range(4):
+                source = q // 2
+                picks = [lane for d in range(16 * (q % 2), 16 * (q % 2) + 16) for lane in (d, 32 + d)]
+                mixed = builder.shuffle_vector(halves[source], halves[2 + source],
+                                               ir.Constant(ir.VectorType(ir.IntType(32), 32), picks))
+                operands.append(builder.bitcast(builder.bitcast(mixed, ir.VectorType(ir.IntType(32), 16)),
+                                                OPERAND))
+            w_array = context.make_array(signature.args[4])(context, builder, w)
+            out = []
+            for i in range(rows):
+                pointer = _item(context, builder, signature.args[4], w_array, builder.add(row, _i64(i)), pair_at)
+                splat = builder.insert_element(ir.Constant(ir.VectorType(ir.IntType(32), 16), None),
+                                               builder.load(pointer), _i32(0))
+                splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
+                weight = builder.bitcast(splat, OPERAND)
+                for q in range(4):
+                    out.append(builder.call(dot_instruction(builder),
+                                            [builder.extract_value(accs_in, 4 * i + q), operands[q], weight]))
+            return context.make_tuple(builder, signature.return_type, out)
+
+        return accs(accs, v, types.intp, types.intp, weights, types.intp, types.intp), codegen
+
+    @intrinsic
+    def store(typingctx, accs, out, r, dim0):
+        """out[r + i, dim0 + 16 q + l] = lane l of accs[4 i + q]."""
+        def codegen(context, builder, signature, args):
+            array = context.make_array(signature.args[1])(context, builder, args[1])
+            for i in range(rows):
+                for q in range(4):
+                    pointer = _item(context, builder, signature.args[1], array, builder.add(args[2], _i64(i)),
+                                    builder.add(args[3], _i64(16 * q)))
+                    builder.store(builder.extract_value(args[0], 4 * i + q),
+                                  builder.bitcast(pointer, LANES.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.none(accs, out, types.intp, types.intp), codegen
+
+    return zeros, step, store
+
+
+def _i64(n):
+    return ir.Constant(ir.IntType(64), n)
+
+
+def _i32(n):
+    return ir.Constant(ir.IntType(32), n)
+
+
+def _item(context, builder, array_type, array, i, j):
+    return cgutils.get_item_pointer(context, builder, array_type, array, [i, j], wraparound=False)
+
+
+_zeros4, _step4, _store4 = _accumulators(4)
+_zeros1, _step1, _store1 = _accumulators(1)
+
+
+@numba.njit(cache=True)
+def weight_pairs(p, n, out):
+    """out[r, k] = bfloat16 bits of p[r, 2k] (low half) and p[r, 2k + 1] (high; 0 past n)."""
+    rows = p.shape[0]
+    bits = np.empty(1, np.uint16)
+    for r in range(rows):
+        for k in range((n + 1) // 2):
+            low = np.uint32(narrow(p[r, 2 * k], bits))
+            high = np.uint32(narrow(p[r, 2 * k + 1], bits)) if 2 * k + 1 < n else np.uint32(0)
+            out[r, k] = low | (high << np.uint32(16))
+
+
+@numba.njit(cache=True)
+def values_bf16_pairs(p, v, n, acc, pad, weights):
+    """acc[r] = sum over s < n of bfloat16(p[r, s]) * v[s]: p [rows, >= n] float32, v [>= n, dim]
+    bfloat16 bits, dim a multiple of CHUNK; acc float32 [rows, dim]. pad: uint16 [2, dim]
+    scratch; weights: uint32 [rows, >= (n + 1) // 2] scratch."""
+    rows, dim = acc.shape
+    weight_pairs(p, n, weights)
+    pairs = n // 2
+    for dim0 in range(0, dim, CHUNK):
+        r = 0
+        while r < rows:
+            block = 4 if r + 4 <= rows else 1
+            if block == 4:
+                accs4 = _zeros4()
+                for k in range(pairs):
+                    accs4 = _step4(accs4, v, 2 * k, dim0, weights, r, k)
+                if n % 2:
+                    pad[0] = v[n - 1]
+                    pad[1] = 0
+                    accs4 = _step4(accs4, pad, 0, dim0, weights, r, pairs)
+                _store4(accs4, acc, r, dim0)
+            else:
+                accs1 = _zeros1()
+                for k in range(pairs):
+                    accs1 = _step1(accs1, v, 2 * k, dim0, weights, r, k)
+                if n % 2:
+                    pad[0] = v[n - 1]
+                    pad[1] = 0
+                    accs1 = _step1(accs1, pad, 0, dim0, weights, r, pairs)
+                _store1(accs1, acc, r, dim0)
+            r += block

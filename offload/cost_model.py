@@ -44,6 +44,22 @@ def expected_tokens(alpha: float, gamma: int) -> float:
     return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
+def rate_from_fraction(fraction: float, gamma: int) -> float:
+    """The per-token acceptance rate alpha (the model's) under which checks of `gamma` drafts keep
+    `fraction` of them on average: what a run reports (accepted / drafted) is that fraction, not
+    alpha (a check stops at its first rejection, so 0.68 of 8 drafts kept means alpha ~0.91)."""
+    if not 0 <= fraction <= 1 or gamma < 1:
+        raise OffloadError(f"an accepted fraction must be in [0, 1] and gamma >= 1, got {fraction}, {gamma}")
+    low, high = 0.0, 1.0
+    for _ in range(60):  # the fraction kept rises with alpha: bisect
+        mid = (low + high) / 2
+        if (expected_tokens(mid, gamma) - 1) / gamma < fraction:
+            low = mid
+        else:
+            high = mid
+    return round((low + high) / 2, 4)
+
+
 @dataclass(frozen=True)
 class Hardware:
     hbm_gbps: float                       # weights read by a matrix-vector product
@@ -51,6 +67,7 @@ class Hardware:
     compute_tflops: float | None = None   # decode-shaped (few-row) matmuls; None: memory-bound only
     layer_overhead_us: float = 0.0        # fixed cost per layer per forward pass
     attention_gbps: float | None = None   # KV read by the attention kernel; None: hbm_gbps
+    attention_tflops: float | None = None  # attention's arithmetic (a verify pass); None: compute_tflops
 
 
 @dataclass(frozen=True)
@@ -73,8 +90,9 @@ class StepCosts:
 def _forward_ms(hw: Hardware, weight_bytes: float, weight_flops: float, kv_bytes: float, attention_flops: float,
                 layers: int) -> float:
     rate = hw.compute_tflops * 1e9 if hw.compute_tflops else float("inf")  # FLOPs per ms
+    attention_rate = hw.attention_tflops * 1e9 if hw.attention_tflops else rate
     projections = max(weight_bytes / (hw.hbm_gbps * 1e6), weight_flops / rate)
-    attention = max(kv_bytes / ((hw.attention_gbps or hw.hbm_gbps) * 1e6), attention_flops / rate)
+    attention = max(kv_bytes / ((hw.attention_gbps or hw.hbm_gbps) * 1e6), attention_flops / attention_rate)
     return projections + attention + layers * hw.layer_overhead_us / 1000
 
 

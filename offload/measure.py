@@ -59,9 +59,8 @@ def _decode_linear(device: torch.device):
     return linear
 
 
-def gemv_gbps(device: torch.device) -> float:
+def gemv_gbps(device: torch.device, dtype: torch.dtype) -> float:
     """Weights read per second by a matrix-vector product (one token through a projection)."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = 32768 if device.type == "cuda" else 16384
     weight = torch.randn(rows, 4096, device=device, dtype=dtype)
     x = torch.randn(1, 4096, device=device, dtype=dtype)
@@ -70,15 +69,35 @@ def gemv_gbps(device: torch.device) -> float:
     return weight.nbytes / seconds / 1e9
 
 
-def matmul_tflops(device: torch.device, rows: int = 16) -> float:
-    """Matmul rate at decode shapes (a verify pass: a few rows times a weight matrix), in the
-    dtype models run in there (bfloat16 on CUDA, float32 on a CPU)."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+def matmul_tflops(device: torch.device, dtype: torch.dtype, rows: int = 16) -> float:
+    """Matmul rate at decode shapes (a verify pass: a few rows times a weight matrix)."""
     weight = torch.randn(16384, 4096, device=device, dtype=dtype)
     x = torch.randn(rows, 4096, device=device, dtype=dtype)
     linear = _decode_linear(device)
     seconds = _best_seconds(lambda: linear(x, weight), _syncer(device))
     return 2 * rows * weight.numel() / seconds / 1e12
+
+
+def attention_tflops(device: torch.device, dtype: torch.dtype, queries: int = 9, num_keys: int = 16384,
+                     heads: int = 9, kv_heads: int = 3, dim: int = 64) -> float:
+    """Attention's arithmetic rate in a verify pass (`queries` new tokens over a long cache, the
+    default model's heads), through the kernel decoding runs there: the CPU decoding kernel
+    (triforce.kernels.cpu_attention), SDPA on CUDA. A pass of a few queries is compute-bound where
+    one query is bound by reading the KV (attention_gbps)."""
+    q = torch.randn(1, heads, queries, dim, device=device, dtype=dtype)
+    k = torch.randn(1, kv_heads, num_keys, dim, device=device, dtype=dtype)
+    v = torch.randn(1, kv_heads, num_keys, dim, device=device, dtype=dtype)
+    from triforce.kernels import cpu_attention
+    if device.type == "cpu" and cpu_attention.takes(q, k, v, None):
+        def run():
+            cpu_attention.attention(q, k, v, scale=dim ** -0.5)
+    else:
+        k, v = (t.repeat_interleave(heads // kv_heads, 1) for t in (k, v))
+
+        def run():
+            torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    seconds = _best_seconds(run, _syncer(device))
+    return 4 * heads * queries * num_keys * dim / seconds / 1e12
 
 
 def cpu_attention_gbps(num_keys: int = 16384, heads: int = 8, dim: int = 128) -> float:

@@ -15,16 +15,19 @@ from dataclasses import dataclass, replace
 
 from triforce.config import ModelConfig
 from triforce.offload.cost_model import (Acceptance, costs_at, full_verify_ms, naive_ms_per_token,
-                                         triforce_ms_per_token)
+                                         rate_from_fraction, triforce_ms_per_token)
 from triforce.offload.planner import hardware, plan_memory
 from triforce.offload.profiles import MemoryProfile
 from triforce.offload.speculation_choice import plan_with_choice
 
 AUTO_MARGIN = 1.25
 # acceptance where the profile has none measured: the lowest that CPU runs of the default model
-# saw with prompt-lookup drafts on prose, 8K-32K tokens (bench/RESULTS.md): full tier 0.68,
-# tier 0 at the retrieval tier 0.44
-AUTO_ASSUMED = Acceptance(full=0.7, retrieval=0.45)
+# saw with prompt-lookup drafts on prose, 8K-32K tokens (bench/RESULTS.md). The full tier kept
+# 0.68 of gamma2 = 8 drafts: the model's per-token rate for that is 0.91. The retrieval tier kept
+# 0.44 of gamma1 = 4 lookup drafts; that fraction stays as the rate (0.70 per token would keep
+# it), because prompt lookup proposes nothing at many steps, which the fraction does not count
+# and the model has no term for: taken at 0.70, auto chose naive even for a 9-token prompt.
+AUTO_ASSUMED = Acceptance(full=rate_from_fraction(0.68, 8), retrieval=0.45)
 SHORTEST = 256  # lengths tried for the switch-over: SHORTEST, 1.5x, 2x, ... up to the context
 
 

@@ -241,7 +241,7 @@ def step_costs(plan: "MemoryPlan", model: ModelConfig, spec: SpecParams, dtype_b
 
 def hardware(profile: MemoryProfile) -> Hardware:
     return Hardware(profile.hbm_gbps, profile.pcie_h2d_gbps, profile.compute_tflops, profile.layer_overhead_us,
-                    profile.attention_gbps)
+                    profile.attention_gbps, profile.attention_tflops)
 
 
 def _with_predictions(plan: MemoryPlan, model: ModelConfig, profile: MemoryProfile, spec: SpecParams,

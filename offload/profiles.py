@@ -65,6 +65,7 @@ class MemoryProfile:
     compute_tflops: float | None = None  # decode-shaped matmul rate; None: plan by bytes only
     layer_overhead_us: float = 0.0       # fixed cost per layer per forward pass (launches, Python)
     attention_gbps: float | None = None  # KV bytes/s of the attention kernel; None: hbm_gbps
+    attention_tflops: float | None = None  # attention's arithmetic in a verify pass; None: compute_tflops
     source: str = ""          # the file it came from
     extras: tuple = ()        # (key, value) pairs a newer tool wrote; kept, not interpreted
 
@@ -83,6 +84,8 @@ class MemoryProfile:
             raise OffloadError(f"profile {self.name}: field 'cpu_threads' must be from 1 to {MAX_THREADS}")
         if self.compute_tflops is not None and not self.compute_tflops > 0:
             raise OffloadError(f"profile {self.name}: field 'compute_tflops' must be a positive number")
+        if self.attention_tflops is not None and not self.attention_tflops > 0:
+            raise OffloadError(f"profile {self.name}: field 'attention_tflops' must be a positive number")
         if self.attention_gbps is not None and not self.attention_gbps > 0:
             raise OffloadError(f"profile {self.name}: field 'attention_gbps' must be a positive number of GB/s")
         if self.layer_overhead_us < 0:
@@ -104,7 +107,7 @@ _REQUIRED = {"num_gpus": int, "gpu_bytes": "size", "host_bytes": "size", "pcie_h
              "hbm_gbps": float}
 _OPTIONAL = {"name": str, "description": str, "reserved_bytes": "size", "pcie_d2h_gbps": float,
              "cpu_threads": int, "measured": bool, "compute_tflops": float, "layer_overhead_us": float,
-             "attention_gbps": float}
+             "attention_gbps": float, "attention_tflops": float}
 
 
 _KIND_NAMES = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
@@ -141,7 +144,7 @@ def profile_from_dict(data: dict, source: str) -> MemoryProfile:
         hbm_gbps=values["hbm_gbps"], cpu_threads=values.get("cpu_threads", 1),
         measured=values.get("measured", False), compute_tflops=values.get("compute_tflops"),
         layer_overhead_us=values.get("layer_overhead_us", 0.0), attention_gbps=values.get("attention_gbps"),
-        source=source, extras=extras)
+        attention_tflops=values.get("attention_tflops"), source=source, extras=extras)
 
 
 def _shipped() -> dict[str, object]:

@@ -95,6 +95,7 @@ PROFILE_CASES = [  # (a line replacing the field in the cpu profile, fragment)
     ("gpu_bytes = 1e300", "must be a size from 0 to 1 EiB"),
     ("host_bytes = 'lots'", "must be a size such as"),
     ("compute_tflops = 'fast'", "must be a number"),
+    ("attention_tflops = 0", "field 'attention_tflops' must be a positive number"),
     ("cpu_threads = 1.5", "must be a whole number"),
     ("num_gpus = 99999", "must be from 0 to 64"),
     ("measured = 'yes'", "must be true or false"),

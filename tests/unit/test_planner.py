@@ -5,7 +5,8 @@ from triforce.config import SpecParams
 from triforce.model.architectures import arch_config
 from triforce.offload.cost_model import (GAMMA2_RANGE, TIE_FRACTION, Acceptance, Gamma2Controller, Hardware, StepCosts, best_gammas,
                                          expected_tokens, full_verify_ms, gamma2_bounds, tier0_ms, tier1_ms,
-                                         triforce_ms_per_token)
+                                         rate_from_fraction, triforce_ms_per_token)
+from triforce.offload.errors import OffloadError
 from triforce.offload.planner import plan_memory
 from triforce.offload.profiles import load_profile
 from triforce.offload.shapes import kv_bytes_per_token_layer, weight_bytes
@@ -150,6 +151,13 @@ def test_compute_and_per_layer_overhead_by_hand():
     assert tier0_ms(c, hw) == pytest.approx(0.2 + 2 * 0.05)
 
 
+def test_attention_has_its_own_arithmetic_rate_when_the_profile_gives_one():
+    c = costs(host_kv_bytes=0)
+    hw = Hardware(hbm_gbps=1000, h2d_gbps=10, compute_tflops=1.0, layer_overhead_us=50, attention_tflops=0.5)
+    # projections 9 x 4e9 flops at 1e12/s = 36 ms; attention 9 x 4e5 x 1e5 = 3.6e11 flops at 5e11/s = 720 ms
+    assert full_verify_ms(c, hw, 9) == pytest.approx(36 + 720 + 10 * 0.05)
+
+
 def test_best_gammas_follow_acceptance():
     hw = Hardware(hbm_gbps=1000, h2d_gbps=10)
     c = costs()
@@ -178,3 +186,15 @@ def test_predictions_favour_triforce_at_long_context():
     p = plan("llama2-7b-128k", "rtx4090-24g").predictions
     assert p["triforce_ms_per_token"] < p["ar_offload_ms_per_token"]
     assert p["pcie_bytes_per_full_verify"] > 40 * GiB
+
+
+@pytest.mark.parametrize("alpha, gamma", [(0.3, 1), (0.7, 4), (0.91, 8), (0.99, 15)])
+def test_rate_from_fraction_inverts_the_fraction_a_run_reports(alpha, gamma):
+    kept = (expected_tokens(alpha, gamma) - 1) / gamma  # what accepted / drafted comes to on average
+    assert rate_from_fraction(kept, gamma) == pytest.approx(alpha, abs=1e-3)
+    assert rate_from_fraction(kept, gamma) >= kept - 1e-3  # a check stops at its first rejection (equal at gamma 1)
+
+
+def test_rate_from_fraction_refuses_what_is_no_fraction():
+    with pytest.raises(OffloadError, match="accepted fraction"):
+        rate_from_fraction(1.2, 8)

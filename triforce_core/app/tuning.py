@@ -11,14 +11,14 @@ from triforce.offload import measure
 from triforce.offload.profiles import MemoryProfile
 
 STEPS = ("memory", "host-to-device copy", "device-to-host copy", "device memory copy", "matrix-vector product",
-         "decode-shaped matmul", "forward-pass calibration", "CPU attention kernel")
+         "decode-shaped matmul", "forward-pass calibration", "verify-pass attention", "CPU attention kernel")
 
 
 CALIBRATION_ARCH = "smollm2-135m"  # the default model's shape: realistic per-layer op mix, quick to build
 CALIBRATION_CONTEXT = 4096
 
 
-def calibrate_forward(device: torch.device, weights_gbps: float) -> tuple[float, float]:
+def calibrate_forward(device: torch.device, dtype: torch.dtype, weights_gbps: float) -> tuple[float, float]:
     """(per-layer overhead in us, attention GB/s) from one-token forwards of a real decoder (random
     weights) through the real model code: at a tiny context, whatever the weights' bytes do not
     explain is overhead; the extra time at a long context is the attention reading the KV."""
@@ -26,8 +26,7 @@ def calibrate_forward(device: torch.device, weights_gbps: float) -> tuple[float,
     from triforce.cache.resident import ResidentKVCache
     from triforce.offload.shapes import kv_bytes_per_token_layer, weight_bytes
 
-    dtype = "bfloat16" if device.type == "cuda" else "float32"
-    lm = build_random_model(CALIBRATION_ARCH, dtype, str(device))
+    lm = build_random_model(CALIBRATION_ARCH, str(dtype).removeprefix("torch."), str(device))
     cfg = lm.config
     cache = ResidentKVCache(cfg, CALIBRATION_CONTEXT + 8, dtype=lm.dtype, device=lm.device)
     token = torch.zeros(1, 1, dtype=torch.long, device=lm.device)
@@ -60,6 +59,8 @@ def calibrate_forward(device: torch.device, weights_gbps: float) -> tuple[float,
 
 def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> MemoryProfile:
     """Measure everything in STEPS (progress(step) before each) and build the profile."""
+    from triforce.model.loading import resolve_dtype
+
     values: dict = {}
     device = torch.device("cpu")
     for step in STEPS:
@@ -69,6 +70,7 @@ def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> Memory
             values["gpus"], values["host"] = measure.gpu_memory(), measure.host_memory()
             if values["gpus"] and torch.cuda.is_available():
                 device = torch.device("cuda:0")
+            dtype = resolve_dtype("auto", device)  # what models run in here: the rates to plan them by
         elif step == "host-to-device copy":
             values["h2d"] = measure.copy_gbps(device, "h2d")
         elif step == "device-to-host copy":
@@ -76,11 +78,13 @@ def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> Memory
         elif step == "device memory copy":
             values["copy"] = measure.memory_gbps(device)
         elif step == "matrix-vector product":
-            values["gemv"] = measure.gemv_gbps(device)
+            values["gemv"] = measure.gemv_gbps(device, dtype)
         elif step == "decode-shaped matmul":
-            values["tflops"] = measure.matmul_tflops(device)
+            values["tflops"] = measure.matmul_tflops(device, dtype)
         elif step == "forward-pass calibration":
-            values["overhead"], values["attention"] = calibrate_forward(device, values["gemv"])
+            values["overhead"], values["attention"] = calibrate_forward(device, dtype, values["gemv"])
+        elif step == "verify-pass attention":
+            values["attention_tflops"] = measure.attention_tflops(device, dtype)
         else:
             values["cpu_attention"] = measure.cpu_attention_gbps()
     available = values["host"][0]
@@ -93,7 +97,8 @@ def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> Memory
         gpu_bytes, reserved, host_bytes = int(0.6 * available), 0, int(0.25 * available)
         description = f"CPU only ({platform.machine()}), measured"
     extras = {"copy_gbps": round(values["copy"], 3), "cpu_attention_gbps": round(values["cpu_attention"], 3),
-              "machine": measure.machine_name(), "measured_on": datetime.date.today().isoformat()}
+              "machine": measure.machine_name(), "measured_on": datetime.date.today().isoformat(),
+              "measured_dtype": str(dtype).removeprefix("torch.")}
     if acceptance_rows:
         extras["acceptance"] = acceptance_rows
     return MemoryProfile(
@@ -102,4 +107,5 @@ def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> Memory
         pcie_h2d_gbps=round(values["h2d"], 3), pcie_d2h_gbps=round(values["d2h"], 3),
         hbm_gbps=round(values["gemv"], 3), cpu_threads=torch.get_num_threads(), measured=True,
         compute_tflops=round(values["tflops"], 4), layer_overhead_us=round(values["overhead"], 2),
-        attention_gbps=round(values["attention"], 3), extras=tuple(extras.items()))
+        attention_gbps=round(values["attention"], 3), attention_tflops=round(values["attention_tflops"], 4),
+        extras=tuple(extras.items()))

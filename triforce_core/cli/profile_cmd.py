@@ -64,8 +64,9 @@ def tune_cmd(out, name, acceptance_file):
     """Measure this machine and write a profile: memory per GPU (NVML) and on the host, pinned
     host-to-device and device-to-host bandwidth, device memory bandwidth (a copy and a
     matrix-vector product), matmul rate at decode shapes, the per-layer overhead and attention
-    rate of one-token forwards of a 135M-parameter decoder (random weights, built locally), and the
-    CPU attention kernel's rate. Without CUDA it measures the CPU and writes a usable CPU profile."""
+    rate of one-token forwards of a 135M-parameter decoder (random weights, built locally), the
+    arithmetic rate of a verify pass's attention, and the CPU attention kernel's rate, all in the
+    dtype `--dtype auto` picks here (bfloat16 on CUDA and on CPUs with native bfloat16). Without CUDA it measures the CPU and writes a usable CPU profile."""
     from pathlib import Path
 
     from tqdm import tqdm
@@ -90,7 +91,8 @@ def tune_cmd(out, name, acceptance_file):
     extras = dict(profile.extras)
     print(f"wrote {out}: {profile.description}; host-to-device {profile.pcie_h2d_gbps} GB/s, weights read "
           f"{profile.hbm_gbps} GB/s (copy {extras['copy_gbps']}), attention {profile.attention_gbps} GB/s, "
-          f"matmul {profile.compute_tflops} TFLOP/s at decode shapes, {profile.layer_overhead_us} us per layer, "
+          f"matmul {profile.compute_tflops} TFLOP/s at decode shapes, verify-pass attention "
+          f"{profile.attention_tflops} TFLOP/s, {profile.layer_overhead_us} us per layer ({extras['measured_dtype']}), "
           f"CPU attention kernel {extras['cpu_attention_gbps']} GB/s"
           + (f", {len(rows)} acceptance figures" if rows else ""))
 

@@ -67,4 +67,4 @@ def _narrow(value, out):
 def bits_of(t: torch.Tensor) -> np.ndarray:
     """The numpy array over a CPU tensor's storage, as the kernels take it: raw bits (uint16) for
     bfloat16, the values otherwise."""
-    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+    return t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()

@@ -153,8 +153,8 @@ class CpuLayer:
         length = x.shape[1]
         qkv = torch.empty(1, self.heads + 2 * self.kv_heads, length, self.head_dim, dtype=self.dtype, device="cpu")
         w, b = self._linears[0]
-        _pre(bits_of(x[0]), self._norms[0], self._eps, w, b, bits_of(cos[0, 0].contiguous()),
-             bits_of(sin[0, 0].contiguous()), self.heads, self.kv_heads, bits_of(qkv[0]))
+        _pre(bits_of(x[0]), self._norms[0], self._eps, w, b, *_angles(cos, sin), self.heads, self.kv_heads,
+             bits_of(qkv[0]))
         heads, kv = self.heads, self.kv_heads
         return qkv[:, :heads], qkv[:, heads:heads + kv], qkv[:, heads + kv:]
 
@@ -165,6 +165,21 @@ class CpuLayer:
         _post(bits_of(x[0]), bits_of(attn[0].contiguous()), w_o, b_o, self._norms[1], self._eps,
               w_gu, b_gu, w_d, b_d, bits_of(out[0]))
         return out
+
+
+_last_angles: tuple = (None, None, None)  # (cos, sin, their arrays): the same for every layer of a pass
+
+
+def _angles(cos: torch.Tensor, sin: torch.Tensor) -> tuple:
+    """cos, sin [1, 1, T, D] as the arrays _pre takes, converted once per forward pass (the model
+    hands every layer the same two tensors; holding them here keeps their ids from being reused;
+    one tuple, read and replaced whole, so concurrent passes never mix two passes' angles)."""
+    global _last_angles
+    last = _last_angles
+    if last[0] is not cos or last[1] is not sin:
+        last = (cos, sin, (bits_of(cos[0, 0].contiguous()), bits_of(sin[0, 0].contiguous())))
+        _last_angles = last
+    return last[2]
 
 
 def _bias(linear: FusedLinear) -> np.ndarray:

@@ -26,7 +26,8 @@ AUTO_MARGIN = 1.25
 # 0.68 of gamma2 = 8 drafts: the model's per-token rate for that is 0.91. The retrieval tier kept
 # 0.44 of gamma1 = 4 lookup drafts; that fraction stays as the rate (0.70 per token would keep
 # it), because prompt lookup proposes nothing at many steps, which the fraction does not count
-# and the model has no term for: taken at 0.70, auto chose naive even for a 9-token prompt.
+# and the model has no term for: taken at 0.70, auto chose naive for every short chat, where two
+# runs of five chat prompts gave naive 0.74-1.82x of ar (1.1-2.3 tokens per verify; RESULTS.md).
 AUTO_ASSUMED = Acceptance(full=rate_from_fraction(0.68, 8), retrieval=0.45)
 SHORTEST = 256  # lengths tried for the switch-over: SHORTEST, 1.5x, 2x, ... up to the context
 

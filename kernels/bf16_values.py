@@ -28,66 +28,76 @@ CHUNK = 64  # dims per pass over the keys: four accumulators of 16 lanes per row
 _HALF = ir.VectorType(ir.IntType(16), 32)  # 32 bfloat16 values as loaded
 
 
-def _accumulators(rows):
+def _zeros_for(rows):
     group = types.UniTuple(f32x16, 4 * rows)
 
     @intrinsic
     def zeros(typingctx):
+        """Four accumulators (64 dims) per row for `rows` rows."""
         return group(), lambda context, builder, signature, args: context.make_tuple(
             builder, group, [ir.Constant(LANES, None)] * (4 * rows))
 
-    @intrinsic
-    def step(typingctx, accs, v, s, dim0, weights, r, pair):
-        """accs + for each of `rows` rows r + i, the pair of keys (s, s + 1) over dims
-        dim0 .. dim0 + 63: v[s + j, d] weighted by weights[r + i, pair] (two bfloat16 in 32 bits)."""
-        def codegen(context, builder, signature, args):
-            accs_in, values, key, first_dim, w, row, pair_at = args
-            array = context.make_array(signature.args[1])(context, builder, values)
-            halves = []
-            for j in (0, 1):
-                for offset in (0, 32):
-                    pointer = _item(context, builder, signature.args[1], array, builder.add(key, _i64(j)),
-                                    builder.add(first_dim, _i64(offset)))
-                    halves.append(builder.load(builder.bitcast(pointer, _HALF.as_pointer()), align=2))
-            operands = []  # dims 16q .. 16q + 15 of both keys, interleaved
+    return zeros
+
+
+_zeros4, _zeros1 = _zeros_for(4), _zeros_for(1)
+
+
+@intrinsic
+def _step(typingctx, accs, v, s, dim0, weights, r, pair):
+    """accs + for each row r + i (len(accs) / 4 rows), the pair of keys (s, s + 1) over dims
+    dim0 .. dim0 + 63: v[s + j, d] weighted by weights[r + i, pair] (two bfloat16 in 32 bits)."""
+    rows = accs.count // 4
+
+    def codegen(context, builder, signature, args):
+        accs_in, values, key, first_dim, w, row, pair_at = args
+        array = context.make_array(signature.args[1])(context, builder, values)
+        halves = []
+        for j in (0, 1):
+            for offset in (0, 32):
+                pointer = _item(context, builder, signature.args[1], array, builder.add(key, _i64(j)),
+                                builder.add(first_dim, _i64(offset)))
+                halves.append(builder.load(builder.bitcast(pointer, _HALF.as_pointer()), align=2))
+        operands = []  # dims 16q .. 16q + 15 of both keys, interleaved
+        for q in range(4):
+            source = q // 2
+            picks = [lane for d in range(16 * (q % 2), 16 * (q % 2) + 16) for lane in (d, 32 + d)]
+            mixed = builder.shuffle_vector(halves[source], halves[2 + source],
+                                           ir.Constant(ir.VectorType(ir.IntType(32), 32), picks))
+            operands.append(builder.bitcast(builder.bitcast(mixed, ir.VectorType(ir.IntType(32), 16)),
+                                            OPERAND))
+        w_array = context.make_array(signature.args[4])(context, builder, w)
+        out = []
+        for i in range(rows):
+            pointer = _item(context, builder, signature.args[4], w_array, builder.add(row, _i64(i)), pair_at)
+            splat = builder.insert_element(ir.Constant(ir.VectorType(ir.IntType(32), 16), None),
+                                           builder.load(pointer), _i32(0))
+            splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
+            weight = builder.bitcast(splat, OPERAND)
             for q in range(4):
-                source = q // 2
-                picks = [lane for d in range(16 * (q % 2), 16 * (q % 2) + 16) for lane in (d, 32 + d)]
-                mixed = builder.shuffle_vector(halves[source], halves[2 + source],
-                                               ir.Constant(ir.VectorType(ir.IntType(32), 32), picks))
-                operands.append(builder.bitcast(builder.bitcast(mixed, ir.VectorType(ir.IntType(32), 16)),
-                                                OPERAND))
-            w_array = context.make_array(signature.args[4])(context, builder, w)
-            out = []
-            for i in range(rows):
-                pointer = _item(context, builder, signature.args[4], w_array, builder.add(row, _i64(i)), pair_at)
-                splat = builder.insert_element(ir.Constant(ir.VectorType(ir.IntType(32), 16), None),
-                                               builder.load(pointer), _i32(0))
-                splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
-                weight = builder.bitcast(splat, OPERAND)
-                for q in range(4):
-                    out.append(builder.call(dot_instruction(builder),
-                                            [builder.extract_value(accs_in, 4 * i + q), operands[q], weight]))
-            return context.make_tuple(builder, signature.return_type, out)
+                out.append(builder.call(dot_instruction(builder),
+                                        [builder.extract_value(accs_in, 4 * i + q), operands[q], weight]))
+        return context.make_tuple(builder, signature.return_type, out)
 
-        return accs(accs, v, types.intp, types.intp, weights, types.intp, types.intp), codegen
+    return accs(accs, v, types.intp, types.intp, weights, types.intp, types.intp), codegen
 
-    @intrinsic
-    def store(typingctx, accs, out, r, dim0):
-        """out[r + i, dim0 + 16 q + l] = lane l of accs[4 i + q]."""
-        def codegen(context, builder, signature, args):
-            array = context.make_array(signature.args[1])(context, builder, args[1])
-            for i in range(rows):
-                for q in range(4):
-                    pointer = _item(context, builder, signature.args[1], array, builder.add(args[2], _i64(i)),
-                                    builder.add(args[3], _i64(16 * q)))
-                    builder.store(builder.extract_value(args[0], 4 * i + q),
-                                  builder.bitcast(pointer, LANES.as_pointer()), align=4)
-            return context.get_dummy_value()
 
-        return types.none(accs, out, types.intp, types.intp), codegen
+@intrinsic
+def _store(typingctx, accs, out, r, dim0):
+    """out[r + i, dim0 + 16 q + l] = lane l of accs[4 i + q]."""
+    rows = accs.count // 4
 
-    return zeros, step, store
+    def codegen(context, builder, signature, args):
+        array = context.make_array(signature.args[1])(context, builder, args[1])
+        for i in range(rows):
+            for q in range(4):
+                pointer = _item(context, builder, signature.args[1], array, builder.add(args[2], _i64(i)),
+                                builder.add(args[3], _i64(16 * q)))
+                builder.store(builder.extract_value(args[0], 4 * i + q),
+                              builder.bitcast(pointer, LANES.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(accs, out, types.intp, types.intp), codegen
 
 
 def _i64(n):
@@ -102,10 +112,6 @@ def _item(context, builder, array_type, array, i, j):
     return cgutils.get_item_pointer(context, builder, array_type, array, [i, j], wraparound=False)
 
 
-_zeros4, _step4, _store4 = _accumulators(4)
-_zeros1, _step1, _store1 = _accumulators(1)
-
-
 @numba.njit(cache=True)
 def weight_pairs(p, n, out):
     """out[r, k] = bfloat16 bits of p[r, 2k] (low half) and p[r, 2k + 1] (high; 0 past n)."""
@@ -118,6 +124,20 @@ def weight_pairs(p, n, out):
             out[r, k] = low | (high << np.uint32(16))
 
 
+@numba.njit(inline="always")
+def _weigh(accs, v, n, dim0, weights, r, pad):
+    """accs plus the weighted values of keys 0 .. n - 1 for the rows accs holds (an odd last key
+    paired with a zero row)."""
+    pairs = n // 2
+    for k in range(pairs):
+        accs = _step(accs, v, 2 * k, dim0, weights, r, k)
+    if n % 2:
+        pad[0] = v[n - 1]
+        pad[1] = 0
+        accs = _step(accs, pad, 0, dim0, weights, r, pairs)
+    return accs
+
+
 @numba.njit(cache=True)
 def values_bf16_pairs(p, v, n, acc, pad, weights):
     """acc[r] = sum over s < n of bfloat16(p[r, s]) * v[s]: p [rows, >= n] float32, v [>= n, dim]
@@ -125,27 +145,12 @@ def values_bf16_pairs(p, v, n, acc, pad, weights):
     scratch; weights: uint32 [rows, >= (n + 1) // 2] scratch."""
     rows, dim = acc.shape
     weight_pairs(p, n, weights)
-    pairs = n // 2
     for dim0 in range(0, dim, CHUNK):
         r = 0
         while r < rows:
-            block = 4 if r + 4 <= rows else 1
-            if block == 4:
-                accs4 = _zeros4()
-                for k in range(pairs):
-                    accs4 = _step4(accs4, v, 2 * k, dim0, weights, r, k)
-                if n % 2:
-                    pad[0] = v[n - 1]
-                    pad[1] = 0
-                    accs4 = _step4(accs4, pad, 0, dim0, weights, r, pairs)
-                _store4(accs4, acc, r, dim0)
+            if r + 4 <= rows:
+                _store(_weigh(_zeros4(), v, n, dim0, weights, r, pad), acc, r, dim0)
+                r += 4
             else:
-                accs1 = _zeros1()
-                for k in range(pairs):
-                    accs1 = _step1(accs1, v, 2 * k, dim0, weights, r, k)
-                if n % 2:
-                    pad[0] = v[n - 1]
-                    pad[1] = 0
-                    accs1 = _step1(accs1, pad, 0, dim0, weights, r, pairs)
-                _store1(accs1, acc, r, dim0)
-            r += block
+                _store(_weigh(_zeros1(), v, n, dim0, weights, r, pad), acc, r, dim0)
+                r += 1

@@ -68,7 +68,7 @@ def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec
                   dtype_bytes: int, draft: ModelConfig | None = None, draft_dtype_bytes: int | None = None,
                   tp: int = 1, has_tier0: bool = True, assumed: Acceptance = AUTO_ASSUMED):
     """(MethodChoice, the spec to run: the chosen method with its budget and gammas)."""
-    hw = hardware(profile)
+    hw = hardware(profile, dtype_bytes)
     ar_spec = replace(spec, method="ar")
     ar_plan = plan_memory(model, profile, context, ar_spec, dtype_bytes=dtype_bytes, tp=tp)
     ar_costs = ar_plan.step_costs

@@ -239,16 +239,27 @@ def step_costs(plan: "MemoryPlan", model: ModelConfig, spec: SpecParams, dtype_b
         context=plan.context, budget=spec.budget)
 
 
-def hardware(profile: MemoryProfile) -> Hardware:
-    return Hardware(profile.hbm_gbps, profile.pcie_h2d_gbps, profile.compute_tflops, profile.layer_overhead_us,
-                    profile.attention_gbps, profile.attention_tflops)
+_ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
+
+
+def hardware(profile: MemoryProfile, dtype_bytes: int | None = None) -> Hardware:
+    """The profile's rates for a run whose elements take `dtype_bytes`. A profile measured in a
+    narrower dtype (its `measured_dtype`, written by `profile tune`) overstates the arithmetic
+    rate of a wider one: on a CPU a vector instruction does half as many float32 products as
+    bfloat16 ones (0.055 against 0.114 TFLOP/s at 16 rows on the cpu profile's machine), so the
+    rates are scaled by the width ratio; bytes/s are the same for any dtype."""
+    measured = _ELEMENT_BYTES.get(str(dict(profile.extras).get("measured_dtype", "")))
+    scale = measured / dtype_bytes if measured and dtype_bytes and dtype_bytes > measured else 1.0
+    rate = lambda tflops: None if tflops is None else tflops * scale  # noqa: E731
+    return Hardware(profile.hbm_gbps, profile.pcie_h2d_gbps, rate(profile.compute_tflops), profile.layer_overhead_us,
+                    profile.attention_gbps, rate(profile.attention_tflops))
 
 
 def _with_predictions(plan: MemoryPlan, model: ModelConfig, profile: MemoryProfile, spec: SpecParams,
                       dtype_bytes: int, draft: ModelConfig | None, tp: int, acceptance: Acceptance,
                       has_tier0: bool) -> MemoryPlan:
     costs = step_costs(plan, model, spec, dtype_bytes, draft, tp)
-    hw = hardware(profile)
+    hw = hardware(profile, dtype_bytes)
     ar = full_verify_ms(costs, hw, 1)
     spec_part = triforce_ms_per_token(costs, hw, acceptance, spec.gamma1, spec.gamma2, has_tier0=has_tier0)
     predictions = {

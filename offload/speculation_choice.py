@@ -58,7 +58,7 @@ def choose_speculation(model: ModelConfig, profile: MemoryProfile, context: int,
     has_tier0 = spec.method == "triforce" and (draft is not None if has_tier0 is None else has_tier0)
     g1_range = (spec.gamma1,) if "gamma1" in fixed or not has_tier0 else GAMMA1_RANGE
     g2_range = (spec.gamma2,) if "gamma2" in fixed else GAMMA2_RANGE
-    hw = hardware(profile)
+    hw = hardware(profile, dtype_bytes)
     best = None
     for budget, chunk, acceptance in candidates:
         widest = replace(spec, budget=budget, chunk_size=chunk, gamma1=max(g1_range), gamma2=max(g2_range),

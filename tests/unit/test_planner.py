@@ -198,3 +198,18 @@ def test_rate_from_fraction_inverts_the_fraction_a_run_reports(alpha, gamma):
 def test_rate_from_fraction_refuses_what_is_no_fraction():
     with pytest.raises(OffloadError, match="accepted fraction"):
         rate_from_fraction(1.2, 8)
+
+
+def test_a_wider_dtype_than_the_profile_was_measured_in_gets_a_lower_arithmetic_rate():
+    from dataclasses import replace
+
+    from triforce.offload.planner import hardware
+    profile = load_profile("cpu")
+    assert dict(profile.extras)["measured_dtype"] == "bfloat16"
+    bf16, f32 = hardware(profile, 2), hardware(profile, 4)
+    assert bf16.compute_tflops == profile.compute_tflops and bf16.attention_tflops == profile.attention_tflops
+    assert f32.compute_tflops == pytest.approx(profile.compute_tflops / 2)
+    assert f32.attention_tflops == pytest.approx(profile.attention_tflops / 2)
+    assert f32.hbm_gbps == bf16.hbm_gbps  # bytes move at the same rate in any dtype
+    unknown = replace(profile, extras=())
+    assert hardware(unknown, 4).compute_tflops == profile.compute_tflops  # nothing said: nothing scaled

@@ -128,6 +128,13 @@ def lane_tree(builder, v):
     return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
 
 
+def splat(builder, value, vector_type):
+    """`value` in every lane of a `vector_type` vector."""
+    one = builder.insert_element(ir.Constant(vector_type, None), value, ir.Constant(ir.IntType(32), 0))
+    lanes = ir.Constant(ir.VectorType(ir.IntType(32), vector_type.count), [0] * vector_type.count)
+    return builder.shuffle_vector(one, one, lanes)
+
+
 def dot_instruction(builder):
     """The declaration of vdpbf16ps (512 bits) in the function's module."""
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(LANES, [LANES, OPERAND, OPERAND]),

@@ -23,7 +23,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from triforce.kernels.bf16_dot import LANES, dot_instruction, dot_step, f32x16, lane_tree, operand_at, zeros
+from triforce.kernels.bf16_dot import LANES, dot_instruction, dot_step, f32x16, lane_tree, operand_at, splat, zeros
 
 GROUP = 16  # keys per group: one vector of scores
 
@@ -76,8 +76,7 @@ def _store_group(typingctx, accs, scale, out, start):
         while len(vectors) > 1:
             vectors = [_halve(builder, vectors[i], vectors[i + 1], partials) for i in range(0, len(vectors), 2)]
             partials //= 2
-        scale = builder.insert_element(ir.Constant(LANES, None), args[1], ir.Constant(ir.IntType(32), 0))
-        scale = builder.shuffle_vector(scale, scale, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
+        scale = splat(builder, args[1], LANES)
         data = context.make_array(signature.args[2])(context, builder, args[2]).data
         builder.store(builder.fmul(vectors[0], scale), builder.bitcast(builder.gep(data, [args[3]]),
                                                                        LANES.as_pointer()), align=4)

@@ -22,7 +22,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from triforce.kernels.bf16_bits import narrow
-from triforce.kernels.bf16_dot import LANES, OPERAND, dot_instruction, f32x16
+from triforce.kernels.bf16_dot import LANES, OPERAND, dot_instruction, f32x16, splat
 
 CHUNK = 64  # dims per pass over the keys: four accumulators of 16 lanes per row
 _HALF = ir.VectorType(ir.IntType(16), 32)  # 32 bfloat16 values as loaded
@@ -70,10 +70,8 @@ def _step(typingctx, accs, v, s, dim0, weights, r, pair):
         out = []
         for i in range(rows):
             pointer = _item(context, builder, signature.args[4], w_array, builder.add(row, _i64(i)), pair_at)
-            splat = builder.insert_element(ir.Constant(ir.VectorType(ir.IntType(32), 16), None),
-                                           builder.load(pointer), _i32(0))
-            splat = builder.shuffle_vector(splat, splat, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
-            weight = builder.bitcast(splat, OPERAND)
+            weight = builder.bitcast(splat(builder, builder.load(pointer), ir.VectorType(ir.IntType(32), 16)),
+                                     OPERAND)
             for q in range(4):
                 out.append(builder.call(dot_instruction(builder),
                                         [builder.extract_value(accs_in, 4 * i + q), operands[q], weight]))
@@ -102,10 +100,6 @@ def _store(typingctx, accs, out, r, dim0):
 
 def _i64(n):
     return ir.Constant(ir.IntType(64), n)
-
-
-def _i32(n):
-    return ir.Constant(ir.IntType(32), n)
 
 
 def _item(context, builder, array_type, array, i, j):

@@ -87,6 +87,18 @@ def operand_at(builder, pointer):
     return builder.bitcast(builder.load(builder.bitcast(pointer, _LOADED.as_pointer()), align=2), OPERAND)
 
 
+def opaque(builder, pointer):
+    """`pointer`, through an empty volatile asm statement, as a value LLVM cannot see through.
+
+    Why: where a loop's loads are the same on every pass (a group's keys for every query row),
+    LLVM hoists them out of the loop, keeps more operands than the 32 vector registers hold and
+    spills them to the stack with unaligned 64-byte moves. The stack's alignment then decides the
+    speed, and it differs by process (the environment's size shifts it): the scores of 27 rows
+    by 512 keys took 20 us in one process, 37 us in the next. Loads from a pointer re-made on each
+    pass cannot be hoisted: 15 us in every process (bench/stack_lottery.py)."""
+    return builder.asm(ir.FunctionType(pointer.type, [pointer.type]), "", "=r,0", [pointer], side_effect=True)
+
+
 def _operand(context, builder, array_type, array, start):
     """32 bfloat16 values of a 1-D uint16 array from index `start`, as the instruction's operand."""
     return operand_at(builder, builder.gep(context.make_array(array_type)(context, builder, array).data, [start]))

@@ -23,7 +23,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from triforce.kernels.bf16_dot import LANES, dot_instruction, dot_step, f32x16, lane_tree, operand_at, splat, zeros
+from triforce.kernels.bf16_dot import (LANES, dot_instruction, dot_step, f32x16, lane_tree, opaque, operand_at,
+                                       splat, zeros)
 
 GROUP = 16  # keys per group: one vector of scores
 
@@ -46,11 +47,13 @@ def _group_step(typingctx, accs, k, first, q, start):
         q_operand = operand_at(builder, builder.gep(context.make_array(signature.args[3])(context, builder, query).data,
                                                     [start_at]))
         key_array = context.make_array(signature.args[1])(context, builder, keys)
+        base = builder.bitcast(opaque(builder, key_array.data), ir.IntType(8).as_pointer())
+        row_bytes = builder.extract_value(key_array.strides, 0)
+        start_byte = builder.mul(start_at, ir.Constant(start_at.type, 2))
         out = []
         for j in range(GROUP):
             row = builder.add(first_key, ir.Constant(first_key.type, j))
-            pointer = cgutils.get_item_pointer(context, builder, signature.args[1], key_array, [row, start_at],
-                                               wraparound=False)
+            pointer = builder.gep(base, [builder.add(builder.mul(row, row_bytes), start_byte)])
             out.append(builder.call(dot_instruction(builder),
                                     [builder.extract_value(accs_in, j), operand_at(builder, pointer), q_operand]))
         return context.make_tuple(builder, signature.return_type, out)

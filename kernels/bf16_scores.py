@@ -20,7 +20,6 @@ from __future__ import annotations
 import numba
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from triforce.kernels.bf16_dot import (LANES, dot_instruction, dot_step, f32x16, lane_tree, opaque, operand_at,

@@ -4,6 +4,7 @@ For one architecture (random weights) at several context lengths, times
   tier 0: one draft-model step over its StreamingLLM cache,
   tier 1: one retrieval-tier verify of gamma1 + 1 tokens over the retrieval cache,
   full:   one full verify of gamma2 + 1 tokens over the whole (resident) KV cache,
+  ar:     one token through the same full cache (what --method ar pays per token),
 with CUDA graphs on and off for tiers 0 and 1, and flash-attn vs SDPA when flash-attn imports.
 The floor of a step is the bytes it must read (weights + KV) over the device memory bandwidth
 measured in the same run by a large device-to-device copy. Everything stays on one device (no
@@ -115,6 +116,15 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
         out["full_ms"] = time_ms(verify, device, max(1, repeats // 4))
         full.rollback(context)
         out["full_floor_bytes"] = weight_bytes(target) + (context + spec.gamma2 + 1) * kv_per_token
+
+        def ar_step():  # what --method ar pays per token: the full verify's price of one token
+            full.rollback(context)
+            step = full.step(1)
+            target.model(tokens[:, :1], step.positions, step)
+
+        out["ar_ms"] = time_ms(ar_step, device, max(1, repeats // 4))
+        full.rollback(context)
+        out["ar_floor_bytes"] = weight_bytes(target) + (context + 1) * kv_per_token
     return out
 
 
@@ -155,7 +165,7 @@ def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, 
                     print(f"context {context} does not fit this device's memory: skipped", file=sys.stderr)
                     torch.cuda.empty_cache()
                     continue
-                for tier in ("tier0", "tier1", "full"):
+                for tier in ("tier0", "tier1", "full", "ar"):
                     if f"{tier}_ms" in row:
                         floor_ms = row[f"{tier}_floor_bytes"] / (gbps * 1e9) * 1e3
                         row[f"{tier}_floor_ms"] = round(floor_ms, 4)
@@ -172,7 +182,7 @@ def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, 
         return
     print(f"{arch} + {draft}, {dtype} on {out['device_name']}; device memory bandwidth measured now: {gbps:.1f} GB/s")
     print(f"{'attn':6s} {'context':>8s} {'runner':>6s} {'tier0 ms':>9s} {'x floor':>8s} {'tier1 ms':>9s} "
-          f"{'x floor':>8s} {'full ms':>9s} {'x floor':>8s}")
+          f"{'x floor':>8s} {'full ms':>9s} {'x floor':>8s} {'ar ms':>9s} {'x floor':>8s}")
     for r in rows:
         if "rebuild_ms" in r:
             print(f"{'':6s} {r['context']:8d} retrieval rebuild ({r['attn']}, {out['budget']} tokens): "
@@ -180,7 +190,8 @@ def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, 
                   "recomputing them")
         print(f"{r['attn']:6s} {r['context']:8d} {r['runner']:>6s} {r.get('tier0_ms', float('nan')):9.3f} "
               f"{r.get('tier0_x_floor', float('nan')):8.2f} {r['tier1_ms']:9.3f} {r['tier1_x_floor']:8.2f} "
-              f"{r.get('full_ms', float('nan')):9.3f} {r.get('full_x_floor', float('nan')):8.2f}")
+              f"{r.get('full_ms', float('nan')):9.3f} {r.get('full_x_floor', float('nan')):8.2f} "
+              f"{r.get('ar_ms', float('nan')):9.3f} {r.get('ar_x_floor', float('nan')):8.2f}")
 
 
 if __name__ == "__main__":

@@ -106,13 +106,42 @@ def _item(context, builder, array_type, array, i, j):
     return cgutils.get_item_pointer(context, builder, array_type, array, [i, j], wraparound=False)
 
 
+_U32x16 = ir.VectorType(ir.IntType(32), 16)
+
+
+@intrinsic
+def _round16(typingctx, p, start, out):
+    """The 16 floats p[start:start + 16] rounded to bfloat16 bits (to nearest even; a NaN stays a
+    NaN, as bf16_bits.narrow) into the 16 halves of out[start // 2:start // 2 + 8] (p 1-D float32,
+    out 1-D uint32, both contiguous; start even): lane-wise integer operations, where narrow's
+    scalar loop took 0.4 ns per value."""
+    def codegen(context, builder, signature, args):
+        source = context.make_array(signature.args[0])(context, builder, args[0]).data
+        bits = builder.load(builder.bitcast(builder.gep(source, [args[1]]), _U32x16.as_pointer()), align=4)
+        const = lambda v: ir.Constant(_U32x16, [v] * 16)  # noqa: E731
+        odd = builder.and_(builder.lshr(bits, const(16)), const(1))
+        rounded = builder.lshr(builder.add(builder.add(bits, const(0x7FFF)), odd), const(16))
+        nan = builder.icmp_unsigned(">", builder.and_(bits, const(0x7FFFFFFF)), const(0x7F800000))
+        halves = builder.select(nan, builder.or_(builder.lshr(bits, const(16)), const(0x40)), rounded)
+        target = context.make_array(signature.args[2])(context, builder, args[2]).data
+        half = builder.gep(builder.bitcast(target, ir.IntType(16).as_pointer()), [args[1]])
+        builder.store(builder.trunc(halves, ir.VectorType(ir.IntType(16), 16)),
+                      builder.bitcast(half, ir.VectorType(ir.IntType(16), 16).as_pointer()), align=2)
+        return context.get_dummy_value()
+
+    return types.none(p, types.intp, out), codegen
+
+
 @numba.njit(cache=True)
 def weight_pairs(p, n, out):
     """out[r, k] = bfloat16 bits of p[r, 2k] (low half) and p[r, 2k + 1] (high; 0 past n)."""
     rows = p.shape[0]
+    full = n - n % 16
     bits = np.empty(1, np.uint16)
     for r in range(rows):
-        for k in range((n + 1) // 2):
+        for s in range(0, full, 16):
+            _round16(p[r], s, out[r])
+        for k in range(full // 2, (n + 1) // 2):
             low = np.uint32(narrow(p[r, 2 * k], bits))
             high = np.uint32(narrow(p[r, 2 * k + 1], bits)) if 2 * k + 1 < n else np.uint32(0)
             out[r, k] = low | (high << np.uint32(16))

@@ -32,6 +32,7 @@ from triforce.kernels.bf16_dot import HAS_BF16_DOT
 from triforce.kernels.bf16_scores import scores_bf16_pairs
 from triforce.kernels.bf16_values import CHUNK, values_bf16_pairs
 from triforce.kernels.cpu_exp import exp_in_place
+from triforce.kernels.f32_lanes import max_of
 
 SMALL_QUERIES = 16  # beyond this many new tokens (prefill) the blocked SDPA kernel is the better one
 SPLIT = 512         # keys per job: 3 heads of 2K keys make 12 jobs for 2 cores
@@ -101,9 +102,7 @@ def _softmax(sc, visible, m_out, l_out, powers):
             m_out[r] = -np.inf
             l_out[r] = 0.0
             continue
-        m = sc[r, 0]
-        for s in range(seen):
-            m = max(m, sc[r, s])
+        m = max_of(sc[r], seen)
         for s in range(seen):
             sc[r, s] -= m
         exp_in_place(sc[r], seen, powers)

@@ -7,6 +7,8 @@ import torch
 from triforce.kernels import bf16_dot
 from triforce.kernels.bf16_bits import bits_of
 from triforce.kernels.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
+from triforce.kernels.bf16_values import weight_pairs
+from triforce.kernels.f32_lanes import max_of
 from triforce.kernels.cpu_linear import SMALL_ROWS, linear_widening, small_rows_linear
 
 needs_instruction = pytest.mark.skipif(not HAS_BF16_DOT, reason="this CPU has no AVX512-BF16")
@@ -128,3 +130,30 @@ def test_weighted_values_of_a_row_do_not_depend_on_the_other_rows_or_hidden_keys
         assert np.array_equal(_weighted_values(row, v, seen), hidden)  # the step: fewer keys
         if seen == 64:
             assert np.array_equal(hidden[0], together[r])
+
+
+@needs_instruction
+@pytest.mark.parametrize("n", [1, 15, 16, 33, 512])
+def test_weight_pairs_round_as_torch_does_in_pairs(n):
+    """The 16-lane rounding must give torch's bfloat16 bits (ties to even; a NaN stays one) and a zero
+    high half past an odd n, as the scalar tail does."""
+    g = torch.Generator().manual_seed(n)
+    p = torch.rand(3, 512, generator=g)
+    p[0, :n:7] = 1.0 + 2.0 ** -8  # halfway between two bfloat16: ties go to the even one, down here
+    p[2, :n:5] = 1.0 + 3 * 2.0 ** -8  # and up here
+    p[1, n // 2] = float("nan")
+    out = np.zeros((3, 256), np.uint32)
+    weight_pairs(p.numpy(), n, out)
+    expected = bits_of(p.to(torch.bfloat16)).astype(np.uint32)
+    expected[1, n // 2] = 0x7FC0  # torch's vector path makes NaN 0xFFFF here: any NaN will do, narrow's is this
+    expected[:, n:] = 0
+    pairs = (n + 1) // 2
+    want = expected[:, 0:2 * pairs:2] | (expected[:, 1:2 * pairs:2] << 16)
+    assert np.array_equal(out[:, :pairs], want)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 100, 512])
+def test_max_of_is_the_largest_value(n):
+    a = torch.randn(n, generator=torch.Generator().manual_seed(n)).numpy()
+    a[n // 3] = 7.5  # anywhere: in a 16-lane block or in the tail
+    assert max_of(a, n) == a.max() == 7.5

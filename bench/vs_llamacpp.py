@@ -6,6 +6,11 @@ against the memory bandwidth of this machine, measured side by side in one run.
     python -m triforce.bench.vs_llamacpp --llama-bench ~/.cache/llamacpp/bin/llama-bench \\
         --gguf float32=model-f32.gguf --gguf bfloat16=model-bf16.gguf --depths 2048,6144
 
+With `--long N` a last bfloat16 row decodes at depth N (32000: the KV then outweighs the weights
+~3x): llama-bench -d N, and ours with the model stretched to N tokens (YaRN), once as --method ar
+and once as --method triforce --draft lookup after the same prefill, in turns `--repeats` times
+(bench/speculation_cpu.py's method_speed). Both sides prefill N tokens first: minutes each.
+
 Each row alternates the two programs (llama-bench, then ours) `--repeats` times and keeps each
 side's best, so a noisy neighbour costs both. Decode: `--new-tokens` greedy tokens after a
 prose context of `depth` tokens (llama-bench -d depth -n N). Prefill: a `--prefill` prompt
@@ -82,20 +87,42 @@ def plot(rows: list[dict], path: str, machine: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    sides = [("triforce_tok_s", "triforce (ar)"), ("speculation_tok_s", "triforce (triforce, lookup)"),
+             ("llamacpp_tok_s", "llama.cpp"), ("transformers_tok_s", "transformers")]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 1]})
     for ax, kind in zip(axes, ("decode", "prefill")):
         chosen = [r for r in rows if r["test"] == kind]
-        labels = [f"{r['dtype']}\n{r['tokens']}" for r in chosen]
-        x = range(len(chosen))
-        ax.bar([i - 0.2 for i in x], [r["triforce_tok_s"] for r in chosen], 0.4, label="triforce (ar)")
-        ax.bar([i + 0.2 for i in x], [r["llamacpp_tok_s"] for r in chosen], 0.4, label="llama.cpp")
-        ax.set_xticks(list(x), labels)
+        shown = [(key, label) for key, label in sides if any(key in r for r in chosen)]
+        width = 0.8 / max(len(shown), 1)
+        for j, (key, label) in enumerate(shown):
+            ax.bar([i + (j - (len(shown) - 1) / 2) * width for i in range(len(chosen))],
+                   [r.get(key, 0) for r in chosen], width, label=label)
+        ax.set_xticks(list(range(len(chosen))), [f"{r['dtype']}\n{r['tokens']}" for r in chosen])
         ax.set_ylabel("tokens/s")
         ax.set_title(f"{kind} ({'context depth' if kind == 'decode' else 'prompt'} tokens)")
-        ax.legend()
+        ax.legend(fontsize=8)
     fig.suptitle(machine, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def long_row(model: str, binary: str, gguf: str, threads: int, depth: int, new_tokens: int, budget: int,
+             rounds: int) -> dict:
+    """Decoding at `depth` in bfloat16: llama-bench, and our ar and triforce (lookup drafts) on the
+    model stretched to that depth (YaRN) after one prefill, in turns."""
+    from triforce.bench.speculation_cpu import method_speed
+    from triforce.model.context_stretch import stretch_request
+    from triforce.model.loading import load_model
+
+    stretch_to = 1 << (depth + new_tokens).bit_length()  # a power of two past the run
+    lm = load_model(model, dtype="bfloat16", device="cpu", rope_scaling=stretch_request(stretch_to, "yarn"))
+    ar, spec = method_speed(lm, depth, new_tokens, budget, ("ar", "triforce"), ("prose",), rounds)
+    theirs = llama_bench(binary, gguf, threads, depth=depth, gen=new_tokens)
+    return {"dtype": "bfloat16", "test": "decode", "tokens": depth, "triforce_tok_s": ar["decode_tok_s"],
+            "llamacpp_tok_s": round(theirs, 2), "ratio": round(ar["decode_tok_s"] / theirs, 3),
+            "triforce_gb_s": round(bytes_per_token(lm, depth) * ar["decode_tok_s"] / 1e9, 1),
+            "speculation_tok_s": spec["decode_tok_s"], "speculation_vs_ar": spec["speedup_vs_ar"],
+            "stretched_to": stretch_to, "budget": budget, "acceptance_rates": spec["acceptance_rates"]}
 
 
 @click.command()
@@ -108,10 +135,15 @@ def plot(rows: list[dict], path: str, machine: str) -> None:
 @click.option("--prefill", type=click.IntRange(0, 65536), default=2048, show_default=True,
               help="Prompt length of the prefill row (0: no prefill row).")
 @click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True)
+@click.option("--long", "long_depth", type=click.IntRange(0, 1 << 20), default=0, show_default=True,
+              help="Also a bfloat16 decode row at this depth (e.g. 32000), with --method triforce too (0: none).")
+@click.option("--long-budget", type=click.IntRange(64, 1 << 20), default=2048, show_default=True,
+              help="Retrieval cache budget of the --long row's triforce run.")
 @click.option("--transformers", "with_hf", is_flag=True, help="Also time transformers' generate (decode rows).")
 @click.option("--plot", "plot_path", default=None, help="Also draw the table as a PNG here.")
 @click.option("--json", "as_json", is_flag=True)
-def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, with_hf, plot_path, as_json):
+def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth, long_budget, with_hf, plot_path,
+         as_json):
     from triforce.app.texts import prose_prompt
     from triforce.model.loading import load_model
 
@@ -150,6 +182,10 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, with_hf, pl
             if not as_json:
                 print(json.dumps(row), flush=True)
         del lm, hf
+        if long_depth and dtype == "bfloat16":
+            rows.append(long_row(model, binary, gguf, threads, long_depth, new_tokens, long_budget, repeats))
+            if not as_json:
+                print(json.dumps(rows[-1]), flush=True)
     info = {"machine": f"{platform.machine()} {platform.processor() or ''} {threads} threads, torch {torch.__version__}",
             "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1), "new_tokens": new_tokens, "rows": rows}
     if plot_path:
@@ -159,12 +195,13 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, with_hf, pl
         return
     print(f"{info['machine']}; memory bandwidth (512 MB sum): {info['memory_bandwidth_gb_s']} GB/s")
     print("| dtype | test | tokens | triforce tok/s | llama.cpp tok/s | ratio | triforce GB/s | "
-          "reference kernels tok/s | transformers tok/s |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "reference kernels tok/s | transformers tok/s | --method triforce tok/s (vs ar) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
+        spec = f"{r['speculation_tok_s']} ({r['speculation_vs_ar']}x)" if "speculation_tok_s" in r else ""
         print(f"| {r['dtype']} | {r['test']} | {r['tokens']} | {r['triforce_tok_s']} | {r['llamacpp_tok_s']} | "
               f"{r['ratio']} | {r.get('triforce_gb_s', '')} | {r.get('reference_tok_s', '')} | "
-              f"{r.get('transformers_tok_s', '')} |")
+              f"{r.get('transformers_tok_s', '')} | {spec} |")
 
 
 if __name__ == "__main__":

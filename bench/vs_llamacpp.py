@@ -89,8 +89,10 @@ def plot(rows: list[dict], path: str, machine: str) -> None:
 
     sides = [("triforce_tok_s", "triforce (ar)"), ("speculation_tok_s", "triforce (triforce, lookup)"),
              ("llamacpp_tok_s", "llama.cpp"), ("transformers_tok_s", "transformers")]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 1]})
-    for ax, kind in zip(axes, ("decode", "prefill")):
+    kinds = [k for k in ("decode", "prefill") if any(r["test"] == k for r in rows)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(12, 4.5), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 1][:len(kinds)]})
+    for ax, kind in zip(axes[0], kinds):
         chosen = [r for r in rows if r["test"] == kind]
         shown = [(key, label) for key, label in sides if any(key in r for r in chosen)]
         width = 0.8 / max(len(shown), 1)
@@ -111,11 +113,16 @@ def long_row(model: str, binary: str, gguf: str, threads: int, depth: int, new_t
     """Decoding at `depth` in bfloat16: llama-bench, and our ar and triforce (lookup drafts) on the
     model stretched to that depth (YaRN) after one prefill, in turns."""
     from triforce.bench.speculation_cpu import method_speed
-    from triforce.model.context_stretch import stretch_request
+    from triforce.model.context_stretch import stretch_request, trained_context
+    from triforce.model.hf_config import read_hf_config
     from triforce.model.loading import load_model
 
     stretch_to = 1 << (depth + new_tokens).bit_length()  # a power of two past the run
-    lm = load_model(model, dtype="bfloat16", device="cpu", rope_scaling=stretch_request(stretch_to, "yarn"))
+    lm = load_model(model, dtype="bfloat16", device="cpu")
+    if stretch_to > trained_context(read_hf_config(lm.path)):
+        lm = load_model(model, dtype="bfloat16", device="cpu", rope_scaling=stretch_request(stretch_to, "yarn"))
+    else:
+        stretch_to = 0
     ar, spec = method_speed(lm, depth, new_tokens, budget, ("ar", "triforce"), ("prose",), rounds)
     theirs = llama_bench(binary, gguf, threads, depth=depth, gen=new_tokens)
     return {"dtype": "bfloat16", "test": "decode", "tokens": depth, "triforce_tok_s": ar["decode_tok_s"],

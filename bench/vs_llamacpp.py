@@ -116,14 +116,13 @@ def long_row(model: str, binary: str, gguf: str, threads: int, depth: int, new_t
     from triforce.bench.speculation_cpu import method_speed
     from triforce.model.context_stretch import stretch_request, trained_context
     from triforce.model.hf_config import read_hf_config
-    from triforce.model.loading import load_model
+    from triforce.model.loading import load_model, resolve_model_dir
 
     stretch_to = 1 << (depth + new_tokens).bit_length()  # a power of two past the run
-    lm = load_model(model, dtype="bfloat16", device="cpu")
-    if stretch_to > trained_context(read_hf_config(lm.path)):
-        lm = load_model(model, dtype="bfloat16", device="cpu", rope_scaling=stretch_request(stretch_to, "yarn"))
-    else:
-        stretch_to = 0
+    if stretch_to <= trained_context(read_hf_config(resolve_model_dir(model))):
+        stretch_to = 0  # within the trained context: nothing to stretch
+    lm = load_model(model, dtype="bfloat16", device="cpu",
+                    rope_scaling=stretch_request(stretch_to, "yarn") if stretch_to else None)
     ar, spec = method_speed(lm, depth, new_tokens, budget, ("ar", "triforce"), ("prose",), rounds)
     theirs = llama_bench(binary, gguf, threads, depth=depth, gen=new_tokens)
     return {"dtype": "bfloat16", "test": "decode", "tokens": depth, "triforce_tok_s": ar["decode_tok_s"],

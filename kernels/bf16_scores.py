@@ -22,10 +22,17 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+import numpy as np
+
 from triforce.kernels.bf16_dot import (LANES, dot_instruction, dot_step, f32x16, lane_tree, opaque, operand_at,
                                        splat, zeros)
+from triforce.kernels.bf16_key_pairs import score_rows, turn_block
 
 GROUP = 16  # keys per group: one vector of scores
+# From this many query rows on, scores_turned: per 512 keys of head dim 64, 27 rows 15.2 -> 9.6 us,
+# 9 rows 5.4 -> 4.3, 3 rows 2.4 -> 2.6 (bench/bf16_dot_speed.py); a verify of 2 tokens has 6.
+TURN_ROWS = 6
+TURNED_DIMS = (32, 64, 128)
 
 
 @intrinsic
@@ -95,17 +102,67 @@ def _sum16(typingctx, acc):
 
 
 @numba.njit(cache=True)
-def scores_bf16_pairs(q, k, n, scale, out):
-    """out[r, s] = scale * (q[r] . k[s]) for s < n: q [rows, dim], k [>= n, dim] bfloat16 bits
-    (rows of dim contiguous), dim a multiple of 32, out float32 [rows, >= n] C-contiguous."""
+def scores_grouped(q, k, full, scale, out):
+    """out[r, s] = scale * (q[r] . k[s]) for s < full (a multiple of GROUP), each key its own
+    accumulator: the faster for a few rows."""
     rows, dim = q.shape
-    full = n - n % GROUP
     for first in range(0, full, GROUP):
         for r in range(rows):
             accs = _zeros_group()
             for start in range(0, dim, 32):
                 accs = _group_step(accs, k, first, q[r], start)
             _store_group(accs, scale, out[r], first)
+
+
+@numba.njit(cache=True)
+def scores_turned(q, k, full, scale, out):
+    """scores_grouped's result, bit for bit, by keys turned pair by pair once per group and
+    three rows sharing each load (triforce.kernels.bf16_key_pairs): the faster for many rows.
+    Head dims 32, 64 and 128 only (see TURNED_DIMS)."""
+    rows, dim = q.shape
+    turned = np.empty(GROUP * dim, np.uint16)
+    for first in range(0, full, GROUP):
+        for start in range(0, dim, 32):
+            turn_block(k, first, turned, start)
+        for r in range(0, rows, 3):
+            _score_rows(turned, q, r, min(3, rows - r), scale, out, first, dim // 32)
+
+
+@numba.njit(inline="always")
+def _score_rows(turned, q, r, size, scale, out, first, blocks):
+    """score_rows with its literal arguments spelled out (one compiled body per case)."""
+    if blocks == 2:
+        if size == 3:
+            score_rows(turned, q, r, scale, out, first, 3, 2)
+        elif size == 2:
+            score_rows(turned, q, r, scale, out, first, 2, 2)
+        else:
+            score_rows(turned, q, r, scale, out, first, 1, 2)
+    elif blocks == 4:
+        if size == 3:
+            score_rows(turned, q, r, scale, out, first, 3, 4)
+        elif size == 2:
+            score_rows(turned, q, r, scale, out, first, 2, 4)
+        else:
+            score_rows(turned, q, r, scale, out, first, 1, 4)
+    elif size == 3:
+        score_rows(turned, q, r, scale, out, first, 3, 1)
+    elif size == 2:
+        score_rows(turned, q, r, scale, out, first, 2, 1)
+    else:
+        score_rows(turned, q, r, scale, out, first, 1, 1)
+
+
+@numba.njit(cache=True)
+def scores_bf16_pairs(q, k, n, scale, out):
+    """out[r, s] = scale * (q[r] . k[s]) for s < n: q [rows, dim], k [>= n, dim] bfloat16 bits
+    (rows of dim contiguous), dim a multiple of 32, out float32 [rows, >= n] C-contiguous."""
+    rows, dim = q.shape
+    full = n - n % GROUP
+    if rows >= TURN_ROWS and dim in TURNED_DIMS:
+        scores_turned(q, k, full, scale, out)
+    else:
+        scores_grouped(q, k, full, scale, out)
     for s in range(full, n):
         for r in range(rows):
             acc = zeros()

@@ -94,6 +94,22 @@ def test_scores_match_float64_and_keep_a_keys_bits_in_a_group_or_alone(dim):
     assert np.array_equal(single[0, :64], grouped[4, :64])
 
 
+@needs_instruction
+@pytest.mark.parametrize("dim", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 27])
+def test_turned_keys_give_the_grouped_kernels_bits_for_any_row_count(dim, rows):
+    """Verify passes (many rows) take scores_turned, decoding steps scores_grouped: a token's
+    scores must not depend on which, or a verify would score it unlike its own decoding step."""
+    from triforce.kernels.bf16_scores import scores_grouped, scores_turned
+    g = torch.Generator().manual_seed(dim + rows)
+    q = bits_of((torch.randn(rows, dim, generator=g) * 3).to(torch.bfloat16))
+    k = bits_of(torch.randn(48, dim, generator=g).to(torch.bfloat16))
+    grouped, turned = np.zeros((rows, 48), np.float32), np.ones((rows, 48), np.float32)
+    scores_grouped(q, k, 48, np.float32(0.125), grouped)
+    scores_turned(q, k, 48, np.float32(0.125), turned)
+    assert np.array_equal(turned, grouped)
+
+
 def _weighted_values(p, v, n):
     from triforce.kernels.bf16_values import values_bf16_pairs
     rows, dim = p.shape[0], v.shape[1]
@@ -104,7 +120,7 @@ def _weighted_values(p, v, n):
 
 
 @needs_instruction
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 27])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 27])
 @pytest.mark.parametrize("n, dim", [(64, 64), (37, 64), (50, 128)])
 def test_weighted_values_match_float64_with_weights_in_bfloat16(rows, n, dim):
     g = torch.Generator().manual_seed(rows * n)

@@ -1,0 +1,42 @@
+"""numba's cache folder follows the kernels' sources (numba alone checks a function's own file)."""
+import os
+
+from triforce import numba_cache
+
+
+def test_digest_changes_with_any_source_file(tmp_path):
+    a, b = tmp_path / "kernels", tmp_path / "pinned"
+    a.mkdir(), b.mkdir()
+    (a / "caller.py").write_text("def f(): return g()\n")
+    (b / "callee.py").write_text("def g(): return 1\n")
+    before = numba_cache.source_digest([a, b])
+    assert numba_cache.source_digest([a, b]) == before
+    (b / "callee.py").write_text("def g(): return 2\n")  # only the callee's file changes
+    assert numba_cache.source_digest([a, b]) != before
+
+
+def test_the_real_packages_are_found_and_digested():
+    folders = numba_cache.source_folders()
+    assert any((folder / "cpu_attention.py").exists() for folder in folders)
+    assert len(numba_cache.source_digest()) == 16
+
+
+def test_cache_folder_is_named_by_the_digest_and_old_ones_are_pruned(tmp_path, monkeypatch):
+    import numba
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setattr(numba.config, "CACHE_DIR", numba.config.CACHE_DIR)  # restored after the test
+    root = tmp_path / "numba"
+    for i, name in enumerate(["old1", "old2", "old3", "old4"]):
+        (root / name).mkdir(parents=True)
+        os.utime(root / name, (1000 + i, 1000 + i))
+    folder = numba_cache.use_versioned_cache(root)
+    assert folder == root / numba_cache.source_digest()
+    assert os.environ["NUMBA_CACHE_DIR"] == str(folder) == numba.config.CACHE_DIR
+    assert sorted(p.name for p in root.iterdir()) == sorted([folder.name, "old3", "old4"])  # the newest kept
+
+
+def test_a_users_numba_cache_dir_wins(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))
+    assert numba_cache.use_versioned_cache(tmp_path / "numba") is None
+    assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path / "mine")
+    assert not (tmp_path / "numba").exists()

@@ -42,13 +42,15 @@ def test_needle_triforce_equals_ar_and_finds_the_key(capsys, default_model_dir, 
 def test_acceptance_figures_are_sane_and_retrieval_beats_streaming_on_a_needle(default_lm):
     prompt = needle_prompt(default_lm.tokenizer, 1500, depth=0.3, seed=1)
     ids = default_lm.tokenizer(prompt.text).input_ids
-    results = evaluate_acceptance(default_lm, ids, [64, 256], ["streaming", "retrieval", "topk"], gen=8)
-    assert len(results) == 6
+    results = evaluate_acceptance(default_lm, ids, [64, 256], ["streaming", "retrieval", "topk", "snapkv"], gen=8)
+    assert len(results) == 8
     by = {(r["policy"], r["budget"]): r for r in results}
     for r in results:
         assert 0 <= r["greedy_match"] <= 1 and 0 < r["expected_accept"] <= 1 + 1e-6
     # the key sits far outside a 64-token streaming window: retrieval must find it, streaming cannot
     assert by[("retrieval", 256)]["greedy_match"] > by[("streaming", 64)]["greedy_match"]
+    # SnapKV keeps what the question's tokens attend to: better drafts than StreamingLLM's (MagicDec)
+    assert by[("snapkv", 256)]["expected_accept"] > by[("streaming", 256)]["expected_accept"]
 
 
 def test_acceptance_command_json(capsys, tiny_model_dir, tmp_path):
@@ -62,10 +64,16 @@ def test_acceptance_command_json(capsys, tiny_model_dir, tmp_path):
     assert {(r["policy"], r["budget"]) for r in results} == {("streaming", 20), ("streaming", 40),
                                                               ("retrieval", 20), ("retrieval", 40)}
     assert all(set(r) == {"policy", "budget", "chunk_size", "greedy_match", "expected_accept"} for r in results)
+    prompt.write_text("abc def ghi " * 9)  # 108 tokens, longer than the budget: SnapKV selects
+    code, out, _ = run_cli(capsys, "eval", "acceptance", "--model", str(tiny_model_dir("llama-gqa")),
+                           "--prompt-file", str(prompt), "--budgets", "40", "--policies", "snapkv", "--gen", "4",
+                           "--json")
+    assert code == 0 and [r["policy"] for r in json.loads(out)["results"]] == ["snapkv"]
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["--budgets", "abc"], "--budgets"), (["--policies", "magic"], "magic"), (["--gen", "0"], "--gen")])
+    (["--budgets", "abc"], "--budgets"), (["--policies", "magic"], "magic"), (["--gen", "0"], "--gen"),
+    (["--policies", "snapkv", "--budgets", "32"], "observation window")])
 def test_acceptance_bad_flags(capsys, tiny_model_dir, tmp_path, args, fragment):
     prompt = tmp_path / "p.txt"
     prompt.write_text("abc def")

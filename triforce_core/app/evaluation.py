@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from triforce.cache.selection import SNAPKV_WINDOW
 from triforce.cache.sparse import SelectionPolicy
 from triforce.config import SamplingParams
 from triforce.decoding.full_tier import FullTier
@@ -56,11 +57,12 @@ def evaluate_acceptance(lm: LoadedModel, prompt_ids: list[int], budgets: list[in
     params = SamplingParams(temperature=temperature)
     full = FullTier(lm, len(prompt_ids) + gen)
     queries = full.cover(prompt_ids[:-1], record_queries=True)[1]
+    window = _observation_window(full, prompt_ids) if "snapkv" in policies else None
     configs = [(kind, budget) for kind in policies for budget in budgets]
     tiers = {}
     for kind, budget in configs:
         tier = SparseTier(kind, lm, SelectionPolicy(kind, budget, chunk_size, sink_tokens), gen + 1)
-        tier.rebuild(full.cache, queries)
+        tier.rebuild(full.cache, window if kind == "snapkv" else queries)
         tiers[(kind, budget)] = tier
     # the full cache's greedy continuation, one row of logits per predicted token
     seq = list(prompt_ids)
@@ -87,3 +89,12 @@ def evaluate_acceptance(lm: LoadedModel, prompt_ids: list[int], budgets: list[in
         if progress:
             progress(gen)
     return results
+
+
+def _observation_window(full: FullTier, prompt_ids: list[int]) -> list[torch.Tensor]:
+    """Per layer, the queries [B, H, W, D] of the last W = SNAPKV_WINDOW cached prompt tokens
+    (re-run once through the full cache, which ends as it was), for SnapKV's selection."""
+    cached = prompt_ids[:-1]
+    start = max(0, len(cached) - SNAPKV_WINDOW)
+    full.truncate(start)
+    return full.verify(cached, record_queries=True)[1]

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import torch
 
+import torch.nn.functional as F
+
 from triforce.kernels import chunk_mean_keys, grouped_scores, topk_sorted
+
+SNAPKV_WINDOW = 32  # observation window and pooling kernel of SnapKV, as the MagicDec paper uses them
+SNAPKV_KERNEL = 5
+_SNAPKV_KEYS = 8192  # keys scored at once: bounds the [B, H, W, keys] scores to ~10 MB per head group
 
 
 def select_retrieval(query: torch.Tensor, keys: torch.Tensor, budget: int, chunk_size: int) -> torch.Tensor:
@@ -59,6 +65,51 @@ def select_topk(query: torch.Tensor, keys: torch.Tensor, budget: int) -> torch.T
         return _all(batch, kv_heads, length, keys.device)
     scores = grouped_scores(query, keys)
     return torch.sort(torch.topk(scores, budget, dim=-1).indices, dim=-1).values
+
+
+def select_snapkv(window_queries: torch.Tensor, keys: torch.Tensor, budget: int,
+                  kernel: int = SNAPKV_KERNEL) -> torch.Tensor:
+    """SnapKV: the last W tokens (the observation window, whose post-RoPE queries are
+    window_queries [B, H, W, D]) and the earlier tokens they attend to most, `budget` in all.
+    Each earlier token's vote is its softmax attention weight summed over the window's queries
+    and over the query heads of its KV head, then averaged over `kernel` neighbours (so a chosen
+    token brings its context); the top votes are kept, ascending. keys: [B, Hkv, S, D], the
+    window's own keys last."""
+    batch, kv_heads, length, dim = keys.shape
+    if length <= budget:
+        return _all(batch, kv_heads, length, keys.device)
+    window = window_queries.shape[2]
+    if budget <= window:
+        raise ValueError(f"a SnapKV budget must exceed its observation window ({window} tokens), got {budget}")
+    group = window_queries.shape[1] // kv_heads
+    q = window_queries.float().reshape(batch, kv_heads, group * window, dim) * dim ** -0.5
+    prefix = length - window
+    # the window's queries see every earlier token and the window causally; softmax over slices
+    # of keys (running max and sum, then the weights), so no [B, H, W, S] tensor is ever whole
+    top = torch.full(q.shape[:3], -torch.inf, device=q.device)
+    total = torch.zeros_like(top)
+    for lo in range(0, length, _SNAPKV_KEYS):
+        logits = _window_logits(q, keys, lo, window, prefix)
+        new_top = torch.maximum(top, logits.amax(-1))
+        total = total * torch.exp(top - new_top) + torch.exp(logits - new_top[..., None]).sum(-1)
+        top = new_top
+    vote = torch.cat([(torch.exp(_window_logits(q, keys, lo, window, prefix) - top[..., None])
+                       / total[..., None]).sum(2) for lo in range(0, prefix, _SNAPKV_KEYS)], -1)[..., :prefix]
+    pooled = F.avg_pool1d(vote, kernel, stride=1, padding=kernel // 2) if kernel > 1 else vote
+    chosen = torch.sort(torch.topk(pooled, budget - window, dim=-1).indices, dim=-1).values
+    tail = torch.arange(prefix, length, device=keys.device).expand(batch, kv_heads, window)
+    return torch.cat([chosen, tail], -1)
+
+
+def _window_logits(q: torch.Tensor, keys: torch.Tensor, lo: int, window: int, prefix: int) -> torch.Tensor:
+    """Scaled logits [B, Hkv, group * W, n] of the window's queries (row g * W + t: the group's
+    query head g at window token t) against keys [lo, lo + n), -inf where that token may not
+    see the key."""
+    k = keys[:, :, lo:lo + _SNAPKV_KEYS].float()
+    logits = q @ k.transpose(-1, -2)
+    token = torch.arange(q.shape[2], device=q.device) % window  # the window token of each row
+    seen = torch.arange(lo, lo + k.shape[2], device=q.device)[None, :] <= prefix + token[:, None]
+    return logits.masked_fill(~seen, -torch.inf)
 
 
 def _all(batch: int, kv_heads: int, length: int, device) -> torch.Tensor:

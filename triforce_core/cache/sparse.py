@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from triforce.cache.selection import select_by_chunk_scores, select_retrieval, select_streaming, select_topk
+from triforce.cache.selection import (SNAPKV_WINDOW, select_by_chunk_scores, select_retrieval, select_snapkv, select_streaming,
+                                      select_topk)
 from triforce.cache_contract import BufferStep, FullCache
 from triforce.config import ModelConfig
 from triforce.kernels import SDPA
@@ -15,22 +16,28 @@ from triforce.kernels import SDPA
 
 @dataclass(frozen=True)
 class SelectionPolicy:
-    """kind: retrieval | streaming | topk; budget in tokens."""
+    """kind: retrieval | streaming | topk | snapkv; budget in tokens. snapkv selects by the
+    queries of an observation window (SNAPKV_WINDOW tokens), the others by one token's."""
     kind: str
     budget: int
     chunk_size: int = 8
     sink_tokens: int = 16
 
     def __post_init__(self):
-        if self.kind not in ("retrieval", "streaming", "topk"):
+        if self.kind not in POLICIES:
             raise ValueError(f"unknown selection policy '{self.kind}'")
         if self.kind == "retrieval" and self.budget < 2 * self.chunk_size:
             raise ValueError(f"a retrieval budget must hold at least two chunks ({2 * self.chunk_size} tokens)")
         if self.budget < 1:
             raise ValueError("the budget must be at least one token")
+        if self.kind == "snapkv" and self.budget <= SNAPKV_WINDOW:
+            raise ValueError(f"a SnapKV budget must exceed its observation window ({SNAPKV_WINDOW} tokens)")
 
     def select(self, query: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
-        """query: [B, H, D] post-RoPE (unused by streaming); keys: [B, Hkv, S, D] -> [B, Hkv, N]."""
+        """query: [B, H, D] post-RoPE (unused by streaming; snapkv: [B, H, W, D], the window's);
+        keys: [B, Hkv, S, D] -> [B, Hkv, N]."""
+        if self.kind == "snapkv":
+            return select_snapkv(_window(query), keys, self.budget)
         if self.kind == "retrieval":
             return select_retrieval(query, keys, self.budget, self.chunk_size)
         if self.kind == "streaming":
@@ -47,7 +54,18 @@ class SelectionPolicy:
         if self.kind == "streaming":
             return select_streaming(full.batch, full.kv_heads, full.length, self.budget, self.sink_tokens,
                                     full.device)
+        if self.kind == "snapkv":
+            return select_snapkv(_window(query), full.keys(layer), self.budget)
         return select_topk(query, full.keys(layer), self.budget)
+
+
+POLICIES = ("retrieval", "streaming", "topk", "snapkv")
+
+
+def _window(query: torch.Tensor | None) -> torch.Tensor:
+    if query is None or query.dim() != 4:
+        raise ValueError("SnapKV selects by its observation window's queries [B, H, W, D]")
+    return query
 
 
 class SparseKVCache:

@@ -33,7 +33,8 @@ def eval_group():
 @click.option("--prompt-file", required=True, help="Prompt text file ('-' = stdin).")
 @click.option("--budgets", default="256,512,1024", show_default=True, help="Sparse cache sizes in tokens.")
 @click.option("--policies", default="streaming,retrieval,topk", show_default=True,
-              help="Any of streaming, retrieval, topk.")
+              help="Any of streaming, retrieval, topk (token-level oracle), snapkv (the tokens the "
+                   "prompt's last 32 tokens attend to most, pooled over 5 neighbours, as MagicDec's drafts).")
 @click.option("--gen", type=INT, default=64, show_default=True, help="Continuation tokens to score.")
 @click.option("--chunk-size", type=INT, default=8, show_default=True)
 @click.option("--sink-tokens", type=INT, default=16, show_default=True, help="StreamingLLM sink tokens.")
@@ -50,14 +51,18 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
     from tqdm import tqdm
 
     from triforce.app.evaluation import evaluate_acceptance
+    from triforce.cache.selection import SNAPKV_WINDOW
+    from triforce.cache.sparse import POLICIES
     from triforce.model.context_stretch import run_context, stretch_request
     from triforce.model.loading import load_model
 
     budget_list = _int_list(budgets, "--budgets")
     policy_list = [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = set(policy_list) - {"streaming", "retrieval", "topk"}
+    unknown = set(policy_list) - set(POLICIES)
     if unknown or not policy_list:
-        raise UserError(f"unknown policies {sorted(unknown) or policies!r} (use streaming, retrieval, topk)")
+        raise UserError(f"unknown policies {sorted(unknown) or policies!r} (use {', '.join(POLICIES)})")
+    if "snapkv" in policy_list and min(budget_list) <= SNAPKV_WINDOW:
+        raise UserError(f"--budgets for snapkv must exceed its {SNAPKV_WINDOW}-token observation window")
     if gen < 1:
         raise UserError(f"--gen must be >= 1, got {gen}")
     if not temperature > 0:

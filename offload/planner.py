@@ -135,11 +135,14 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
         if draft is not None:
             element = draft_dtype_bytes or dtype_bytes
             graph_pool += logits_slots * element + longest * activation_bytes_per_token(draft, element)
-    # a prefill keeps every layer's query of its last token until the retrieval cache is built from them
+    # a prefill keeps every layer's queries of its last token (SnapKV: of its observation window)
+    # until the sparse cache is selected by them
     def kept_queries(chunk: int) -> int:
-        return model.num_layers * heads * model.head_dim * dtype_bytes if spec.uses_sparse_cache else 0
+        return model.num_layers * heads * spec.selection_window * model.head_dim * dtype_bytes \
+            if spec.uses_sparse_cache else 0
     # mean keys of retrieval chunks, kept beside resident keys (triforce.kernels.chunk_means)
-    means_per_token = per_token // (2 * spec.chunk_size) if spec.uses_sparse_cache and spec.method != "streaming" else 0
+    retrieval = spec.uses_sparse_cache and spec.sparse_policy == "retrieval"
+    means_per_token = per_token // (2 * spec.chunk_size) if retrieval else 0
     resident_all = {**fixed, "workspace": workspace(PREFILL_CHUNKS[0]) + kept_queries(PREFILL_CHUNKS[0]),
                     "cuda_graph_pool": graph_pool,
                     "staging_buffers": 0, "prefill_scratch": 0, "resident_kv": context * per_token,
@@ -200,7 +203,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
             "host_staging": 0, "host_chunk_means": 0}
     if spec.uses_sparse_cache:
         host["host_staging"] = tp * spec.budget * per_token_layer  # the K and V gathered for a rebuild
-        if spec.method != "streaming":
+        if spec.sparse_policy == "retrieval":
             host["host_chunk_means"] = (host_tokens // spec.chunk_size) * model.num_layers \
                 * model.num_kv_heads * model.head_dim * dtype_bytes
     breakdown = {**offload, "resident_kv": resident_tokens * per_token, "chunk_means": resident_tokens * means_per_token}
@@ -211,6 +214,9 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
         reason = (f"the offloaded KV needs {format_size(sum(host.values()))} of host memory but profile "
                   f"{profile.name} allows {format_size(profile.host_bytes)}: shorten the context to about "
                   f"{fits} tokens or raise host_bytes")
+    if spec.method == "snapkv" and not reason:
+        reason = ("snapkv selects by scoring every key of a layer on the device, which an offloaded "
+                  "cache does not hold: use a context that fits the device, or --method streaming or retrieval")
     plan = MemoryPlan(not reason, reason, breakdown=breakdown, resident_tokens=resident_tokens,
                       host_breakdown=host, block_tokens=block, prefill_chunk=chunk, prefill_group=group,
                       **common)

@@ -49,7 +49,7 @@ def choose_speculation(model: ModelConfig, profile: MemoryProfile, context: int,
                        has_tier0: bool | None = None) -> Choice | None:
     """The lowest predicted ms/token over measured (budget, chunk) pairs and the gamma grid,
     keeping the `fixed` fields as given. None when no candidate fits the profile."""
-    policy = "streaming" if spec.method == "streaming" else "retrieval"
+    policy = spec.sparse_policy
     table = measured_acceptance(list(rows), policy)
     candidates = [(b, c, Acceptance(a, assumed.retrieval, measured=True)) for (b, c), a in sorted(table.items())
                   if ("budget" not in fixed or b == spec.budget) and ("chunk_size" not in fixed or c == spec.chunk_size)]
@@ -98,7 +98,7 @@ def plan_with_choice(model: ModelConfig, profile: MemoryProfile, context: int, s
     spec = within_context(spec, fixed, model, context)
     choice = None
     rows = acceptance_table(profile)
-    policy = "streaming" if spec.method == "streaming" else "retrieval"
+    policy = spec.sparse_policy
     measured = bool(measured_acceptance(rows, policy)) or assumed.measured
     # without measured acceptance the defaults (themselves measured, bench/RESULTS.md) stand
     if spec.uses_sparse_cache and measured and not set(TUNABLE) <= fixed:

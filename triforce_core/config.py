@@ -97,7 +97,8 @@ class SamplingParams:
         return self.temperature == 0
 
 
-METHODS = ("ar", "triforce", "retrieval", "streaming", "naive")
+METHODS = ("ar", "triforce", "retrieval", "streaming", "snapkv", "naive")
+SNAPKV_WINDOW = 32  # SnapKV's observation window (tokens), as the MagicDec paper uses it
 AUTO = "auto"  # the cost model picks one of the methods (triforce.offload.method_choice)
 
 
@@ -106,7 +107,8 @@ class SpecParams:
     """How to speculate.
 
     method: ar | triforce (draft -> retrieval -> full) | retrieval (retrieval -> full) |
-    streaming (target with a StreamingLLM cache -> full) | naive (draft -> full) | auto (one of
+    streaming (target with a StreamingLLM cache -> full) | snapkv (target with a SnapKV cache -> full)
+    | naive (draft -> full) | auto (one of
     them, chosen when the run is planned; nothing decodes with auto itself).
     gamma2: tokens proposed to each full verify (the engine may adapt it within [gamma2_min,
     gamma2_max], both gamma2 unless set); gamma1: drafts per retrieval-tier check (triforce only).
@@ -124,11 +126,12 @@ class SpecParams:
     draft_window: int = 256
     gamma2_min: int | None = None
     gamma2_max: int | None = None
+    snapkv_window: int = SNAPKV_WINDOW
 
     def __post_init__(self):
         if self.method not in METHODS + (AUTO,):
             raise UserError(f"unknown method '{self.method}' (choose from {', '.join(METHODS + (AUTO,))})")
-        for name in ("gamma1", "gamma2", "chunk_size", "rebuild_stride", "draft_window"):
+        for name in ("gamma1", "gamma2", "chunk_size", "rebuild_stride", "draft_window", "snapkv_window"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.sink_tokens < 0:
@@ -138,6 +141,9 @@ class SpecParams:
                             f"(2 x --chunk-size = {2 * self.chunk_size})")
         if self.budget <= self.sink_tokens:
             raise UserError(f"--budget ({self.budget}) must exceed the {self.sink_tokens} sink tokens")
+        if self.method == "snapkv" and self.budget <= self.snapkv_window:
+            raise UserError(f"--budget ({self.budget}) must exceed SnapKV's {self.snapkv_window}-token "
+                            "observation window")
         if not 0 <= self.rebuild_threshold <= 1:
             raise UserError(f"rebuild threshold must be in [0, 1], got {self.rebuild_threshold}")
         if not 1 <= self.gamma2_range[0] <= self.gamma2 <= self.gamma2_range[1]:
@@ -155,7 +161,17 @@ class SpecParams:
 
     @property
     def uses_sparse_cache(self) -> bool:
-        return self.method in ("triforce", "retrieval", "streaming")
+        return self.method in ("triforce", "retrieval", "streaming", "snapkv")
+
+    @property
+    def sparse_policy(self) -> str:
+        """The selection policy of the sparse tier (where there is one)."""
+        return self.method if self.method in ("streaming", "snapkv") else "retrieval"
+
+    @property
+    def selection_window(self) -> int:
+        """Tokens whose queries a selection reads: SnapKV's observation window, else the last token."""
+        return self.snapkv_window if self.method == "snapkv" else 1
 
     @property
     def sparse_append_slots(self) -> int:

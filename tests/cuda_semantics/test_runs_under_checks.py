@@ -34,7 +34,7 @@ def generate(capsys, model, *extra, prompt=PROMPT):
     return json.loads(out)
 
 
-@pytest.mark.parametrize("method", ["ar", "triforce", "retrieval", "streaming", "naive"])
+@pytest.mark.parametrize("method", ["ar", "triforce", "retrieval", "streaming", "snapkv", "naive"])
 @pytest.mark.parametrize("temperature", ["0", "0.7"])
 def test_generate_names_every_device(capsys, models, method, temperature):
     target, draft = models

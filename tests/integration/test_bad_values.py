@@ -115,14 +115,15 @@ def test_profile_values_are_one_error_line(capsys, tmp_path, line, fragment):
     assert_one_line_error(code, err, fragment)
 
 
-@pytest.mark.parametrize("method", ["retrieval", "triforce", "streaming", "naive"])
+@pytest.mark.parametrize("method", ["retrieval", "triforce", "streaming", "snapkv", "naive"])
 @pytest.mark.parametrize("prompt", ["t", "th"])
 def test_the_shortest_prompts_run_every_method_as_ar_does(capsys, tiny_model_dir, method, prompt):
     """A one-token prompt leaves the full cache empty when the sparse tier is first built."""
     model = str(tiny_model_dir("llama-gqa"))
     capsys.readouterr()
     common = ["generate", "--model", model, "--prompt", prompt, "--max-new-tokens", "12", "--ignore-eos", "--json"]
-    code, out, err = run_cli(capsys, *common, "--method", method, "--budget", "32", "--chunk-size", "4")
+    budget = "40" if method == "snapkv" else "32"  # snapkv's must exceed its 32-token window
+    code, out, err = run_cli(capsys, *common, "--method", method, "--budget", budget, "--chunk-size", "4")
     assert code == 0, err
     code, ar_out, _ = run_cli(capsys, *common, "--method", "ar")
     assert json.loads(out)["tokens"] == json.loads(ar_out)["tokens"]
@@ -143,3 +144,9 @@ def test_chat_skips_a_line_that_is_not_utf8(capsys, tiny_model_dir, monkeypatch)
     code, out, err = run_cli(capsys, "chat", "--model", model, "--max-new-tokens", "2")
     assert code == 0 and "Traceback" not in err
     assert "not valid UTF-8" in err and "turns                      0" in out
+
+
+def test_a_snapkv_budget_within_its_window_is_one_error_line(capsys, tiny_model_dir):
+    code, _, err = run_cli(capsys, "generate", "--model", str(tiny_model_dir("llama-gqa")), "--prompt", "the cat",
+                           "--method", "snapkv", "--budget", "32", "--max-new-tokens", "2")
+    assert_one_line_error(code, err, "observation window")

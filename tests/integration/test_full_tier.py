@@ -52,7 +52,7 @@ def test_cover_reuses_common_prefix(lm):
 def test_recorded_queries_are_reused_on_recover(lm):
     s = FullTier(lm, 64)
     _, first = s.cover(ids_of(20), record_queries=True)
-    assert len(first) == lm.config.num_layers and first[0].shape == (1, lm.config.num_heads, lm.config.head_dim)
+    assert len(first) == lm.config.num_layers and first[0].shape == (1, lm.config.num_heads, 1, lm.config.head_dim)
     prefilled, again = s.cover(ids_of(20), record_queries=True)
     assert prefilled == 0 and again is first
     s.truncate(10)
@@ -67,7 +67,22 @@ def test_verify_returns_the_queries_of_every_fed_token(lm):
     logits, queries = s.verify(ids, record_queries=True)
     assert logits.shape[0] == 5 and queries[0].shape[2] == 5
     _, last = FullTier(lm, 64).cover(ids, record_queries=True)
-    assert all(torch.allclose(q[:, :, -1], l, atol=1e-12) for q, l in zip(queries, last))
+    assert all(torch.allclose(q[:, :, -1:], l, atol=1e-12) for q, l in zip(queries, last))
+
+
+@pytest.mark.parametrize("chunk", [64, 7])  # the window inside the last chunk, and across chunks
+def test_a_window_of_queries_is_the_last_tokens_queries(lm, chunk):
+    ids = ids_of(40)
+    reference = FullTier(lm, 64)
+    reference.prefill(ids[:28])
+    _, every = reference.verify(ids, record_queries=True)  # queries of tokens 28..39
+    s = FullTier(lm, 64, prefill_chunk=chunk)
+    _, window = s.cover(ids, record_queries=12)
+    assert window[0].shape[2] == 12
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(window, every))
+    s.truncate(35)  # 5 new tokens: the window's other 7 are re-run to record their queries
+    prefilled, again = s.cover(ids, record_queries=12)
+    assert prefilled == 12 and all(torch.allclose(a, b, atol=1e-5) for a, b in zip(again, every))
 
 
 def generate(lm, prompt, n, params=SamplingParams(), stop=frozenset()):

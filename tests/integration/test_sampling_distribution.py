@@ -14,7 +14,8 @@ SAMPLES = 20_000
 NEW_TOKENS = 3
 PROMPT = "abcdeabcdaabbe"
 PARAMS = SamplingParams(temperature=1.0, seed=0)
-SPEC = dict(gamma1=2, gamma2=3, budget=6, chunk_size=2, sink_tokens=2, rebuild_stride=4, draft_window=8)
+SPEC = dict(gamma1=2, gamma2=3, budget=6, chunk_size=2, sink_tokens=2, rebuild_stride=4, draft_window=8,
+            snapkv_window=3)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def run(folders, target, method, drafter=None, params=PARAMS, samples=SAMPLES, b
 
 
 @pytest.mark.parametrize("method,drafter", [("ar", None), ("triforce", "model"), ("retrieval", None),
-                                            ("streaming", None), ("naive", "model")])
+                                            ("streaming", None), ("snapkv", None), ("naive", "model")])
 def test_every_method_follows_the_target_distribution(folders, target, method, drafter):
     assert run(folders, target, method, drafter) > 0.001
 

@@ -213,3 +213,16 @@ def test_a_wider_dtype_than_the_profile_was_measured_in_gets_a_lower_arithmetic_
     assert f32.hbm_gbps == bf16.hbm_gbps  # bytes move at the same rate in any dtype
     unknown = replace(profile, extras=())
     assert hardware(unknown, 4).compute_tflops == profile.compute_tflops  # nothing said: nothing scaled
+
+
+def test_snapkv_needs_the_whole_kv_on_the_device_and_keeps_its_window_of_queries():
+    snap = SpecParams(method="snapkv", budget=4096)
+    offloaded = plan("llama2-7b-128k", "rtx4090-24g", spec=snap, draft=None)
+    assert not offloaded.feasible and "snapkv" in offloaded.reason and "offloaded" in offloaded.reason
+    resident = plan("smollm2-135m", "cpu", context=8192, spec=snap, draft=None)
+    retrieval = plan("smollm2-135m", "cpu", context=8192, spec=SpecParams(method="retrieval", budget=4096), draft=None)
+    assert resident.feasible and not resident.offloaded
+    assert resident.breakdown["chunk_means"] == 0 < retrieval.breakdown["chunk_means"]  # no mean keys to keep
+    config = arch_config("smollm2-135m")
+    one_token = config.num_layers * config.num_heads * config.head_dim * 2
+    assert resident.breakdown["workspace"] - retrieval.breakdown["workspace"] == 31 * one_token

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from triforce.cache.selection import SNAPKV_WINDOW
 from triforce.cache.sparse import SelectionPolicy
-from triforce.config import SamplingParams
+from triforce.config import SNAPKV_WINDOW, SamplingParams
 from triforce.decoding.full_tier import FullTier
 from triforce.decoding.sampling import probabilities
 from triforce.decoding.tiers import SparseTier
@@ -56,8 +55,8 @@ def evaluate_acceptance(lm: LoadedModel, prompt_ids: list[int], budgets: list[in
         raise UserError("the prompt must have at least two tokens")
     params = SamplingParams(temperature=temperature)
     full = FullTier(lm, len(prompt_ids) + gen)
-    queries = full.cover(prompt_ids[:-1], record_queries=True)[1]
-    window = _observation_window(full, prompt_ids) if "snapkv" in policies else None
+    window = full.cover(prompt_ids[:-1], record_queries=SNAPKV_WINDOW if "snapkv" in policies else 1)[1]
+    queries = [q[:, :, -1] for q in window]  # the last token's: retrieval and top-k select by it
     configs = [(kind, budget) for kind in policies for budget in budgets]
     tiers = {}
     for kind, budget in configs:
@@ -90,11 +89,3 @@ def evaluate_acceptance(lm: LoadedModel, prompt_ids: list[int], budgets: list[in
             progress(gen)
     return results
 
-
-def _observation_window(full: FullTier, prompt_ids: list[int]) -> list[torch.Tensor]:
-    """Per layer, the queries [B, H, W, D] of the last W = SNAPKV_WINDOW cached prompt tokens
-    (re-run once through the full cache, which ends as it was), for SnapKV's selection."""
-    cached = prompt_ids[:-1]
-    start = max(0, len(cached) - SNAPKV_WINDOW)
-    full.truncate(start)
-    return full.verify(cached, record_queries=True)[1]

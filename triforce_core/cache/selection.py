@@ -6,13 +6,11 @@ S tokens; the sparse cache gathers those entries. Queries are post-RoPE, like th
 from __future__ import annotations
 
 import torch
-
 import torch.nn.functional as F
 
 from triforce.kernels import chunk_mean_keys, grouped_scores, topk_sorted
 
-SNAPKV_WINDOW = 32  # observation window and pooling kernel of SnapKV, as the MagicDec paper uses them
-SNAPKV_KERNEL = 5
+SNAPKV_KERNEL = 5  # SnapKV's pooling kernel, as the MagicDec paper uses it
 _SNAPKV_KEYS = 8192  # keys scored at once: bounds the [B, H, W, keys] scores to ~10 MB per head group
 
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from triforce.cache.selection import (SNAPKV_WINDOW, select_by_chunk_scores, select_retrieval, select_snapkv, select_streaming,
+from triforce.cache.selection import (select_by_chunk_scores, select_retrieval, select_snapkv, select_streaming,
                                       select_topk)
 from triforce.cache_contract import BufferStep, FullCache
-from triforce.config import ModelConfig
+from triforce.config import SNAPKV_WINDOW, ModelConfig
 from triforce.kernels import SDPA
 
 
@@ -22,6 +22,7 @@ class SelectionPolicy:
     budget: int
     chunk_size: int = 8
     sink_tokens: int = 16
+    window: int = SNAPKV_WINDOW  # snapkv's observation window (its queries are passed to select)
 
     def __post_init__(self):
         if self.kind not in POLICIES:
@@ -30,8 +31,8 @@ class SelectionPolicy:
             raise ValueError(f"a retrieval budget must hold at least two chunks ({2 * self.chunk_size} tokens)")
         if self.budget < 1:
             raise ValueError("the budget must be at least one token")
-        if self.kind == "snapkv" and self.budget <= SNAPKV_WINDOW:
-            raise ValueError(f"a SnapKV budget must exceed its observation window ({SNAPKV_WINDOW} tokens)")
+        if self.kind == "snapkv" and self.budget <= self.window:
+            raise ValueError(f"a SnapKV budget must exceed its observation window ({self.window} tokens)")
 
     def select(self, query: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
         """query: [B, H, D] post-RoPE (unused by streaming; snapkv: [B, H, W, D], the window's);

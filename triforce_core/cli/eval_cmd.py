@@ -51,8 +51,8 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
     from tqdm import tqdm
 
     from triforce.app.evaluation import evaluate_acceptance
-    from triforce.cache.selection import SNAPKV_WINDOW
     from triforce.cache.sparse import POLICIES
+    from triforce.config import SNAPKV_WINDOW
     from triforce.model.context_stretch import run_context, stretch_request
     from triforce.model.loading import load_model
 

@@ -88,7 +88,8 @@ def speculation_options(default_method: str):
                          show_default=True,
                          help="ar: plain decoding; triforce: draft -> retrieval cache -> full cache; "
                               "retrieval: retrieval -> full; streaming: StreamingLLM cache -> full; "
-                              "naive: draft -> full; auto: the cost model picks ar, naive, retrieval or "
+                              "snapkv: SnapKV cache (what the last 32 tokens attend to most) -> full, "
+                              "needs the whole KV on the device; naive: draft -> full; auto: the cost model picks ar, naive, retrieval or "
                               "triforce for this context and profile (and decodes as ar until the sequence "
                               "is long enough for speculation to pay); the choice is printed."),
             click.option("--draft", default=None,

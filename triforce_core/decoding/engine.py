@@ -52,7 +52,7 @@ class Engine:
         self.levels = build_levels(lm, spec, draft, self.full, self.runner_mode, hooks.agree_ok)
         self.sparse_tiers = [t for t in self.levels if isinstance(t, SparseTier)]
         self.policy = SpeculationPolicy(spec, hooks.gamma2_controller if len(self.levels) > 1 else None)
-        self.upkeep = SparseUpkeep(self.sparse_tiers, self.full, self.policy)
+        self.upkeep = SparseUpkeep(self.sparse_tiers, self.full, self.policy, spec.selection_window)
         # drafts each verifying level checks per round: the full tier gamma2, a middle one gamma1
         self.gammas = [0] + [spec.gamma1] * (len(self.levels) - 2) + [spec.gamma2]
         self.verifiers = {t.name: verify_sampled for t in self.levels[1:]}  # a test may plant a broken one
@@ -78,7 +78,8 @@ class Engine:
         if len(ids) > self.max_len:
             raise UserError(f"input of {len(ids)} tokens does not fit the {self.max_len}-token context")
         self.seq = list(ids)
-        prefilled, queries = self.full.cover(ids[:-1], progress, record_queries=bool(self.sparse_tiers))
+        window = self.spec.selection_window if self.sparse_tiers else 0
+        prefilled, queries = self.full.cover(ids[:-1], progress, record_queries=window)
         self.upkeep.start(queries)
         for tier in self.levels[:-1]:
             if hasattr(tier, "cover"):  # a draft model's own streaming cache

@@ -17,7 +17,7 @@ from triforce.offload.planner import PREFILL_CHUNKS, PREFILL_GROUP
 
 PREFILL_CHUNK = PREFILL_CHUNKS[0]  # tokens per prefill forward: bounds activation memory, drives progress
 
-Queries = list[torch.Tensor]  # per layer, post-RoPE queries: [B, H, T, D] of a pass, [B, H, D] of one token
+Queries = list[torch.Tensor]  # per layer, post-RoPE queries [B, H, T, D] of T tokens
 
 
 class FullTier:
@@ -36,9 +36,9 @@ class FullTier:
             ResidentKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device, attn=lm.attn)
         self.prefill_chunk, self.prefill_group = prefill_chunk, prefill_group
         self.tokens: list[int] = []
-        # the last prefilled token's queries, by cache length, so covering the same prefix again
-        # needs no re-run; dropped when the cache is truncated below that length
-        self._query_memo: dict[int, Queries] = {}
+        # the last prefilled tokens' queries, by cache length and window, so covering the same
+        # prefix again needs no re-run; dropped when the cache is truncated below that length
+        self._query_memo: dict[tuple[int, int], Queries] = {}
         self.prefill_tokens = 0
         self.prefill_s = 0.0
         self.time_s = 0.0  # in forward passes
@@ -62,10 +62,10 @@ class FullTier:
 
     def _pass(self, ids: list[int], num_logits: int | None, record_queries: bool, prefill: bool = False,
               progress: Callable[[int], None] | None = None,
-              record_last: bool = False) -> tuple[torch.Tensor, Queries | None]:
+              record_last: int = 0) -> tuple[torch.Tensor, Queries | None]:
         """One forward pass over `ids` through the cache; the cache rolls back if it fails.
-        record_queries: return every fed token's queries; record_last: only the last token's
-        [B, H, D] (a prefill keeps no more than that)."""
+        record_queries: return every fed token's queries; record_last: only the last that many
+        tokens' [B, H, <= record_last, D] (a prefill keeps no more than that)."""
         started = time.perf_counter()
         start = len(self.tokens)
         tokens = device_tokens(ids, self.lm.device)
@@ -89,44 +89,51 @@ class FullTier:
         return self._prefill(ids, progress, chunk, False)[0]
 
     def _prefill(self, ids: list[int], progress, chunk: int | None,
-                 record_queries: bool) -> tuple[torch.Tensor | None, Queries | None]:
+                 window: int) -> tuple[torch.Tensor | None, Queries | None]:
         """Caches that keep everything on the device take the prompt in chunks through all
-        layers; a layer-major cache (offloaded) takes it in one pass, layer by layer."""
+        layers; a layer-major cache (offloaded) takes it in one pass, layer by layer. window > 0:
+        also the queries of the last `window` tokens (of those fed)."""
         if not ids:
             return None, None
         if len(self.tokens) + len(ids) > self.max_len:
             raise UserError(f"input of {len(ids)} tokens does not fit: the context holds "
                             f"{len(self.tokens)} of {self.max_len} tokens")
         started = time.perf_counter()
+        queries = None
         if self.cache.layer_major:
-            logits, queries = self._pass(ids, 1, False, prefill=True, progress=progress,
-                                         record_last=record_queries)
+            logits, queries = self._pass(ids, 1, False, prefill=True, progress=progress, record_last=window)
         else:
             chunk = chunk or self.prefill_chunk
             for begin in range(0, len(ids), chunk):
                 piece = ids[begin:begin + chunk]
-                logits, queries = self._pass(piece, 1, False, prefill=True,
-                                             record_last=record_queries and begin + chunk >= len(ids))
+                wanted = window if begin + len(piece) > len(ids) - window else 0  # chunks the window touches
+                logits, last = self._pass(piece, 1, False, prefill=True, record_last=wanted)
+                if wanted:
+                    queries = last if queries is None else \
+                        [torch.cat([a, b], 2)[:, :, -window:] for a, b in zip(queries, last)]
                 if progress is not None:
                     progress(len(piece))
-        if record_queries:
-            self._query_memo = {len(self.tokens): queries}
+        if window:
+            self._query_memo = {(len(self.tokens), window): queries}
         self.prefill_tokens += len(ids)
         self.prefill_s += time.perf_counter() - started
         return logits[-1], queries
 
     def cover(self, ids: list[int], progress: Callable[[int], None] | None = None,
-              record_queries: bool = False) -> tuple[int, Queries | None]:
+              record_queries: int = 0) -> tuple[int, Queries | None]:
         """Make the cache hold exactly `ids`, reusing the longest common prefix. Returns the
-        number of tokens prefilled and, with record_queries, the last token's queries."""
+        number of tokens prefilled and, with record_queries = W > 0, the queries [B, H, W', D] of
+        the last W' = min(W, len(ids)) tokens (a selection's: retrieval reads 1, SnapKV 32)."""
+        window = int(record_queries)
         keep = self.reusable_prefix(ids)
-        if record_queries and keep == len(ids) and keep > 0:
+        if window and keep == len(ids) and keep > 0:
             self.truncate(keep)
-            if keep in self._query_memo:
-                return 0, self._query_memo[keep]
-            keep -= 1  # re-run the last token so its queries are recorded
+            if (keep, window) in self._query_memo:
+                return 0, self._query_memo[(keep, window)]
+        if window:
+            keep = min(keep, max(0, len(ids) - window))  # re-run the window's tokens to record them
         self.truncate(keep)
-        queries = self._prefill(ids[keep:], progress, None, record_queries)[1]
+        queries = self._prefill(ids[keep:], progress, None, window)[1]
         return len(ids) - keep, queries
 
     def adopt(self, tokens: list[int]) -> None:
@@ -156,14 +163,16 @@ class FullTier:
         if length < len(self.tokens):
             self.cache.rollback(length)
             del self.tokens[length:]
-            self._query_memo = {n: q for n, q in self._query_memo.items() if n <= length}
+            self._query_memo = {key: q for key, q in self._query_memo.items() if key[0] <= length}
 
 
 class _PrefillView:
     """A prefill's view of its step: reports progress as layers finish (a layer's share of the
-    pass's tokens) and, with record_last, keeps each layer's query of the last token only."""
+    pass's tokens) and, with record_last = W, keeps each layer's queries of the last W tokens only
+    (a layer-major pass attends group by group, in token order)."""
 
-    def __init__(self, step: CacheStep, total: int, progress: Callable[[int], None] | None, record_last: bool):
+    def __init__(self, step: CacheStep, total: int, progress: Callable[[int], None] | None, record_last: int):
+        self.window = record_last
         self.step, self.total, self.progress, self.reported = step, total, progress, 0
         self.positions = step.positions
         self.last_queries: Queries | None = [None] * step.num_layers if record_last else None
@@ -171,7 +180,9 @@ class _PrefillView:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = self.step.attend(layer, q, k, v)
         if self.last_queries is not None:
-            self.last_queries[layer] = q[:, :, -1].clone()  # not a view: the pass's queries are freed
+            kept = q[:, :, -self.window:] if self.last_queries[layer] is None else \
+                torch.cat([self.last_queries[layer], q[:, :, -self.window:]], 2)[:, :, -self.window:]
+            self.last_queries[layer] = kept.clone()  # not a view: the pass's queries are freed
         if self.progress is not None and self.step.layer_done(layer):
             done = self.total * (layer + 1) // self.step.num_layers
             if done > self.reported:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import torch
+
 from triforce.config import SpecParams
 
 ROLLING_ROUNDS = 8  # full verifies in the rolling acceptance that can trigger a rebuild
@@ -56,33 +58,41 @@ class SpeculationPolicy:
 
 class SparseUpkeep:
     """Keeps the sparse tiers in step with the full cache: the exact KV of committed tokens after
-    each full verify, a rebuild from the latest committed token's queries when the policy says so
-    or a tier runs out of room."""
+    each full verify, a rebuild from the latest committed tokens' queries when the policy says so
+    or a tier runs out of room (the last token's for retrieval, SnapKV's observation window)."""
 
-    def __init__(self, tiers: list, full, policy: SpeculationPolicy):
-        self.tiers, self.full, self.policy = tiers, full, policy
-        self.latest_queries = None  # per layer [B, H, D], of the last committed token
+    def __init__(self, tiers: list, full, policy: SpeculationPolicy, window: int = 1):
+        self.tiers, self.full, self.policy, self.window = tiers, full, policy, window
+        self.latest_queries = None  # per layer [B, H, <= window, D], of the last committed tokens
 
     def start(self, queries) -> None:
-        """A new sequence: select from the whole full cache with its last token's queries."""
+        """A new sequence: select from the whole full cache with its last tokens' queries."""
         self.latest_queries = queries
         for tier in self.tiers:
-            tier.rebuild(self.full.cache, queries)
+            self._rebuild(tier)
 
     def make_room(self) -> None:
         for tier in self.tiers:
             if tier.cache.room < self.policy.room_needed():
-                tier.rebuild(self.full.cache, self.latest_queries)
+                self._rebuild(tier)
 
     def after_full_verify(self, committed_before: int, committed: int, queries) -> None:
         """queries: the verify pass's, one row per token it fed from committed_before on."""
         if not self.tiers:
             return
-        row = committed - 1 - committed_before  # the last committed token's row in the verify pass
-        if queries is not None and 0 <= row < queries[0].shape[2]:
-            self.latest_queries = [q[:, :, row] for q in queries]
+        rows = committed - committed_before  # the committed tokens' rows in the verify pass
+        if queries is not None and 0 < rows <= queries[0].shape[2]:
+            fresh = [q[:, :, :rows] for q in queries]
+            self.latest_queries = fresh if self.latest_queries is None else \
+                [torch.cat([old, new], 2)[:, :, -self.window:] for old, new in zip(self.latest_queries, fresh)]
         for tier in self.tiers:
             tier.commit(self.full.cache, committed_before, committed)
             if self.policy.should_rebuild(tier.cache.appended):
-                tier.rebuild(self.full.cache, self.latest_queries)
+                self._rebuild(tier)
                 self.policy.rebuilt()
+
+    def _rebuild(self, tier) -> None:
+        queries = self.latest_queries
+        if queries is not None and tier.cache.policy.kind != "snapkv":
+            queries = [q[:, :, -1] for q in queries]  # retrieval (and top-k) select by the last token
+        tier.rebuild(self.full.cache, queries)

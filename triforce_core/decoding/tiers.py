@@ -166,8 +166,8 @@ def build_levels(lm: LoadedModel, spec: SpecParams, draft: Draft, full, runner_m
         levels.append(DraftModelTier(draft.model, lm, spec.sink_tokens, spec.draft_window_tokens, spec.draft_slack,
                                      runner_mode))
     if spec.uses_sparse_cache:
-        kind = "streaming" if spec.method == "streaming" else "retrieval"
-        policy = SelectionPolicy(kind, spec.budget, spec.chunk_size, spec.sink_tokens)
+        kind = spec.sparse_policy
+        policy = SelectionPolicy(kind, spec.budget, spec.chunk_size, spec.sink_tokens, spec.snapkv_window)
         levels.append(SparseTier(kind, lm, policy, spec.sparse_append_slots, runner_mode))
     levels.append(full)
     for tier in levels:

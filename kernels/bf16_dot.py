@@ -99,6 +99,18 @@ def opaque(builder, pointer):
     return builder.asm(ir.FunctionType(pointer.type, [pointer.type]), "", "=r,0", [pointer], side_effect=True)
 
 
+def row_pointers(builder, array, first, start, count, hide=False):
+    """Byte pointers to element `start` of rows first .. first + count - 1 of a 2-D uint16
+    array (its numba array struct): a group of keys. hide: through `opaque`, so loads from them
+    are never hoisted out of the caller's loop."""
+    data = opaque(builder, array.data) if hide else array.data
+    base = builder.bitcast(data, ir.IntType(8).as_pointer())
+    row_bytes = builder.extract_value(array.strides, 0)
+    start_byte = builder.mul(start, ir.Constant(start.type, 2))
+    return [builder.gep(base, [builder.add(builder.mul(builder.add(first, ir.Constant(first.type, j)), row_bytes),
+                                           start_byte)]) for j in range(count)]
+
+
 def _operand(context, builder, array_type, array, start):
     """32 bfloat16 values of a 1-D uint16 array from index `start`, as the instruction's operand."""
     return operand_at(builder, builder.gep(context.make_array(array_type)(context, builder, array).data, [start]))

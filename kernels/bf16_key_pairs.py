@@ -18,9 +18,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from triforce.kernels.bf16_dot import LANES, OPERAND, dot_instruction, opaque, splat
+from triforce.kernels.bf16_dot import LANES, OPERAND, dot_instruction, opaque, row_pointers, splat
 
 GROUP = 16  # keys per group: one vector of scores
+TURNED_BLOCKS = (1, 2, 4)  # 32-dim blocks score_rows unrolls: head dims 32, 64 and 128
 _INTS = ir.VectorType(ir.IntType(32), 16)  # 16 pairs of bfloat16 values, as loaded
 
 
@@ -69,15 +70,8 @@ def turn_block(typingctx, k, first, turned, start):
     def codegen(context, builder, signature, args):
         keys, first_key, out, start_at = args
         key_array = _data(context, builder, signature.args[0], keys)
-        base = builder.bitcast(key_array.data, ir.IntType(8).as_pointer())
-        row_bytes = builder.extract_value(key_array.strides, 0)
-        start_byte = builder.mul(start_at, ir.Constant(start_at.type, 2))
-        vectors = []
-        for j in range(GROUP):
-            row = builder.add(first_key, ir.Constant(first_key.type, j))
-            at = builder.gep(base, [builder.add(builder.mul(row, row_bytes), start_byte)])
-            vectors.append(builder.load(builder.bitcast(at, _INTS.as_pointer()), align=2))
-        vectors = _transpose(builder, vectors)
+        vectors = _transpose(builder, [builder.load(builder.bitcast(at, _INTS.as_pointer()), align=2)
+                                       for at in row_pointers(builder, key_array, first_key, start_at, GROUP)])
         target = _data(context, builder, signature.args[2], out).data
         for p, vector in enumerate(vectors):
             offset = builder.add(builder.mul(start_at, ir.Constant(start_at.type, 16)),
@@ -91,15 +85,15 @@ def turn_block(typingctx, k, first, turned, start):
 @intrinsic
 def score_rows(typingctx, turned, q, r, scale, out, first, size, blocks):
     """out[r + j, first:first + 16] = scale * (q[r + j] . each of the 16 turned keys) for j < size,
-    dims 32 * blocks (size and blocks literal). The rows share each turned operand's load; a
-    row's lanes sum in bf16_scores' order: lane i's pairs i, i + 16, ... in a chain, then lane
-    i + 8 added to lane i, then + 4, + 2, + 1, then the scale."""
-    if not (isinstance(size, types.IntegerLiteral) and isinstance(blocks, types.IntegerLiteral)):
+    dims 32 * blocks (size literal; blocks one of TURNED_BLOCKS, each unrolled). The rows share
+    each turned operand's load; a row's lanes sum in bf16_scores' order: lane i's pairs i,
+    i + 16, ... in a chain, then lane i + 8 added to lane i, then + 4, + 2, + 1, then the scale."""
+    if not isinstance(size, types.IntegerLiteral):
         return None
-    rows, width = size.literal_value, blocks.literal_value
+    rows = size.literal_value
 
     def codegen(context, builder, signature, args):
-        keys, query, row, sc, o, first_key = args[:6]
+        keys, query, row, sc, o, first_key, _, width = args
         # re-made on every call, so LLVM cannot hoist the group's operands out of the row loop
         # and spill them (see bf16_dot.opaque)
         base = opaque(builder, _data(context, builder, signature.args[0], keys).data)
@@ -114,26 +108,44 @@ def score_rows(typingctx, turned, q, r, scale, out, first, size, blocks):
             q_pair = splat(builder, builder.load(builder.gep(q_pairs, [at]), align=2), _INTS)
             return builder.call(dot_instruction(builder), [acc, builder.bitcast(key, OPERAND), builder.bitcast(q_pair, OPERAND)])
 
-        zero = ir.Constant(LANES, None)
-        lanes = [[None] * (GROUP // 2) for _ in range(rows)]
-        for i in range(GROUP // 2):  # lanes i and i + 8 of every row, then their sum
-            chains = [[zero, zero] for _ in range(rows)]
-            for b in range(width):
-                for h, lane in enumerate((i, i + GROUP // 2)):
-                    for j in range(rows):
-                        chains[j][h] = dot(chains[j][h], GROUP * b + lane, j)
-            for j in range(rows):
-                lanes[j][i] = builder.fadd(chains[j][0], chains[j][1])
+        def rows_of(blocks):
+            """The rows' score vectors for head dim 32 * blocks."""
+            zero = ir.Constant(LANES, None)
+            lanes = [[None] * (GROUP // 2) for _ in range(rows)]
+            for i in range(GROUP // 2):  # lanes i and i + 8 of every row, then their sum
+                chains = [[zero, zero] for _ in range(rows)]
+                for b in range(blocks):
+                    for h, lane in enumerate((i, i + GROUP // 2)):
+                        for j in range(rows):
+                            chains[j][h] = dot(chains[j][h], GROUP * b + lane, j)
+                for j in range(rows):
+                    lanes[j][i] = builder.fadd(chains[j][0], chains[j][1])
+            sums = []
+            for vectors in lanes:
+                while len(vectors) > 1:
+                    half = len(vectors) // 2
+                    vectors = [builder.fadd(vectors[i], vectors[i + half]) for i in range(half)]
+                sums.append(builder.fmul(vectors[0], splat(builder, sc, LANES)))
+            return sums
+
         out_array = _data(context, builder, signature.args[4], o)
-        for j in range(rows):
-            vectors = lanes[j]
-            while len(vectors) > 1:
-                half = len(vectors) // 2
-                vectors = [builder.fadd(vectors[i], vectors[i + half]) for i in range(half)]
-            at = cgutils.get_item_pointer(context, builder, signature.args[4], out_array,
-                                          [builder.add(row, index(j)), first_key], wraparound=False)
-            builder.store(builder.fmul(vectors[0], splat(builder, sc, LANES)),
-                          builder.bitcast(at, LANES.as_pointer()), align=4)
+
+        def store(sums):
+            for j, vector in enumerate(sums):
+                at = cgutils.get_item_pointer(context, builder, signature.args[4], out_array,
+                                              [builder.add(row, index(j)), first_key], wraparound=False)
+                builder.store(vector, builder.bitcast(at, LANES.as_pointer()), align=4)
+
+        def unrolled(choices):  # one branch per block count, the last taken for any other
+            if len(choices) == 1:
+                return store(rows_of(choices[0]))
+            with builder.if_else(builder.icmp_signed("==", width, ir.Constant(width.type, choices[0]))) as (this, rest):
+                with this:
+                    store(rows_of(choices[0]))
+                with rest:
+                    unrolled(choices[1:])
+
+        unrolled(TURNED_BLOCKS)
         return context.get_dummy_value()
 
-    return types.none(turned, q, types.intp, scale, out, types.intp, size, blocks), codegen
+    return types.none(turned, q, types.intp, scale, out, types.intp, size, types.intp), codegen

@@ -24,15 +24,15 @@ from numba.extending import intrinsic
 
 import numpy as np
 
-from triforce.kernels.bf16_dot import (LANES, dot_instruction, dot_step, f32x16, lane_tree, opaque, operand_at,
+from triforce.kernels.bf16_dot import (LANES, dot_instruction, dot_step, f32x16, lane_tree, operand_at, row_pointers,
                                        splat, zeros)
-from triforce.kernels.bf16_key_pairs import score_rows, turn_block
+from triforce.kernels.bf16_key_pairs import TURNED_BLOCKS, score_rows, turn_block
 
 GROUP = 16  # keys per group: one vector of scores
 # From this many query rows on, scores_turned: per 512 keys of head dim 64, 27 rows 15.2 -> 9.6 us,
 # 9 rows 5.4 -> 4.3, 3 rows 2.4 -> 2.6 (bench/bf16_dot_speed.py); a verify of 2 tokens has 6.
 TURN_ROWS = 6
-TURNED_DIMS = (32, 64, 128)
+TURNED_DIMS = tuple(32 * blocks for blocks in TURNED_BLOCKS)
 
 
 @intrinsic
@@ -53,13 +53,8 @@ def _group_step(typingctx, accs, k, first, q, start):
         q_operand = operand_at(builder, builder.gep(context.make_array(signature.args[3])(context, builder, query).data,
                                                     [start_at]))
         key_array = context.make_array(signature.args[1])(context, builder, keys)
-        base = builder.bitcast(opaque(builder, key_array.data), ir.IntType(8).as_pointer())
-        row_bytes = builder.extract_value(key_array.strides, 0)
-        start_byte = builder.mul(start_at, ir.Constant(start_at.type, 2))
         out = []
-        for j in range(GROUP):
-            row = builder.add(first_key, ir.Constant(first_key.type, j))
-            pointer = builder.gep(base, [builder.add(builder.mul(row, row_bytes), start_byte)])
+        for j, pointer in enumerate(row_pointers(builder, key_array, first_key, start_at, GROUP, hide=True)):
             out.append(builder.call(dot_instruction(builder),
                                     [builder.extract_value(accs_in, j), operand_at(builder, pointer), q_operand]))
         return context.make_tuple(builder, signature.return_type, out)
@@ -130,27 +125,13 @@ def scores_turned(q, k, full, scale, out):
 
 @numba.njit(inline="always")
 def _score_rows(turned, q, r, size, scale, out, first, blocks):
-    """score_rows with its literal arguments spelled out (one compiled body per case)."""
-    if blocks == 2:
-        if size == 3:
-            score_rows(turned, q, r, scale, out, first, 3, 2)
-        elif size == 2:
-            score_rows(turned, q, r, scale, out, first, 2, 2)
-        else:
-            score_rows(turned, q, r, scale, out, first, 1, 2)
-    elif blocks == 4:
-        if size == 3:
-            score_rows(turned, q, r, scale, out, first, 3, 4)
-        elif size == 2:
-            score_rows(turned, q, r, scale, out, first, 2, 4)
-        else:
-            score_rows(turned, q, r, scale, out, first, 1, 4)
-    elif size == 3:
-        score_rows(turned, q, r, scale, out, first, 3, 1)
+    """score_rows with its literal row count spelled out (one compiled body per count)."""
+    if size == 3:
+        score_rows(turned, q, r, scale, out, first, 3, blocks)
     elif size == 2:
-        score_rows(turned, q, r, scale, out, first, 2, 1)
+        score_rows(turned, q, r, scale, out, first, 2, blocks)
     else:
-        score_rows(turned, q, r, scale, out, first, 1, 1)
+        score_rows(turned, q, r, scale, out, first, 1, blocks)
 
 
 @numba.njit(cache=True)

@@ -52,6 +52,7 @@ setup(
         "click>=8",
         "tqdm",
         "filelock",  # one process builds each cache entry; the others wait
+        "greenlet",  # a batch's rows as coroutines (triforce.decoding.lockstep)
     ],
     extras_require={
         "flash": ["flash-attn"],

@@ -59,9 +59,10 @@ def _rope(row, base, dim, cos, sin, like, out):
 # parallel=True on both halves although they have no prange of their own: see small_rows_linear.
 @numba.njit(parallel=True, cache=True)
 def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
-    """x [T, hidden] -> qkv_out [heads + 2 kv_heads, T, D] (queries and keys rotated)."""
+    """x [B * T, hidden] (row i: sequence i // T, token i % T) -> qkv_out [B, heads + 2 kv_heads,
+    T, D] (queries and keys rotated)."""
     rows, hidden = x.shape
-    dim = qkv_out.shape[2]
+    length, dim = qkv_out.shape[2], qkv_out.shape[3]
     xf = np.empty((rows, hidden), np.float32)
     for i in range(rows):
         for j in range(hidden):
@@ -73,24 +74,26 @@ def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
     for i in range(rows):
         for j in range(proj.shape[1]):
             proj[i, j] = _round(proj[i, j] + b_qkv[j], x)
+        seq, token = i // length, i % length
         for head in range(heads + 2 * kv_heads):
             if head < heads + kv_heads:
-                _rope(proj[i], head * dim, dim, cos[i], sin[i], x, qkv_out[head, i])
+                _rope(proj[i], head * dim, dim, cos[i], sin[i], x, qkv_out[seq, head, token])
             else:
                 for d in range(dim):
-                    qkv_out[head, i, d] = narrow(proj[i, head * dim + d], x)
+                    qkv_out[seq, head, token, d] = narrow(proj[i, head * dim + d], x)
 
 
 @numba.njit(parallel=True, cache=True)
 def _post(x, attn, w_o, b_o, norm, eps, w_gate_up, b_gate_up, w_down, b_down, out):
-    """x [T, hidden], attn [H, T, D] -> out [T, hidden]: x + o(attn), then + the MLP of it."""
+    """x [B * T, hidden], attn [B, H, T, D] -> out [B * T, hidden]: x + o(attn), then + the MLP
+    of it."""
     rows, hidden = x.shape
-    heads, _, dim = attn.shape
+    _, heads, length, dim = attn.shape
     a = np.empty((rows, heads * dim), np.float32)
     for i in range(rows):
         for head in range(heads):
             for d in range(dim):
-                a[i, head * dim + d] = to_float32(attn[head, i, d])
+                a[i, head * dim + d] = to_float32(attn[i // length, head, i % length, d])
     o = np.empty((rows, hidden), np.float32)
     small_rows_linear(a, w_o, o)
     x1 = np.empty((rows, hidden), np.float32)
@@ -144,26 +147,29 @@ class CpuLayer:
             n.dtype == dtype and n.device.type == "cpu" and n.is_contiguous() for n in (in_norm, post_norm))
 
     def takes(self, x: torch.Tensor) -> bool:
-        """x [B, T, hidden]: one sequence of at most SMALL_ROWS tokens in the layer's dtype."""
-        return (x.device.type == "cpu" and x.dtype == self.dtype and x.shape[0] == 1
-                and x.shape[1] <= SMALL_ROWS and x.is_contiguous())
+        """x [B, T, hidden]: at most SMALL_ROWS tokens in all (a decoding step or verify pass of
+        one sequence, or of a batch's rows) in the layer's dtype."""
+        return (x.device.type == "cpu" and x.dtype == self.dtype and x.shape[0] * x.shape[1] <= SMALL_ROWS
+                and x.is_contiguous())
 
     def pre(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [1, T, hidden]; cos, sin [1, 1, T, D] -> q [1, H, T, D], k, v [1, Hkv, T, D]."""
-        length = x.shape[1]
-        qkv = torch.empty(1, self.heads + 2 * self.kv_heads, length, self.head_dim, dtype=self.dtype, device="cpu")
+        """x [B, T, hidden]; cos, sin [B, 1, T, D] -> q [B, H, T, D], k, v [B, Hkv, T, D]."""
+        batch, length, hidden = x.shape
+        qkv = torch.empty(batch, self.heads + 2 * self.kv_heads, length, self.head_dim, dtype=self.dtype,
+                          device="cpu")
         w, b = self._linears[0]
-        _pre(bits_of(x[0]), self._norms[0], self._eps, w, b, *_angles(cos, sin), self.heads, self.kv_heads,
-             bits_of(qkv[0]))
+        _pre(bits_of(x.view(batch * length, hidden)), self._norms[0], self._eps, w, b, *_angles(cos, sin),
+             self.heads, self.kv_heads, bits_of(qkv))
         heads, kv = self.heads, self.kv_heads
         return qkv[:, :heads], qkv[:, heads:heads + kv], qkv[:, heads + kv:]
 
     def post(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """x [1, T, hidden], attn [1, H, T, D] -> the layer's output [1, T, hidden]."""
+        """x [B, T, hidden], attn [B, H, T, D] -> the layer's output [B, T, hidden]."""
+        batch, length, hidden = x.shape
         out = torch.empty_like(x)
         (w_o, b_o), (w_gu, b_gu), (w_d, b_d) = self._linears[1:]
-        _post(bits_of(x[0]), bits_of(attn[0].contiguous()), w_o, b_o, self._norms[1], self._eps,
-              w_gu, b_gu, w_d, b_d, bits_of(out[0]))
+        _post(bits_of(x.view(batch * length, hidden)), bits_of(attn.contiguous()), w_o, b_o, self._norms[1],
+              self._eps, w_gu, b_gu, w_d, b_d, bits_of(out.view(batch * length, hidden)))
         return out
 
 
@@ -171,13 +177,14 @@ _last_angles: tuple = (None, None, None)  # (cos, sin, their arrays): the same f
 
 
 def _angles(cos: torch.Tensor, sin: torch.Tensor) -> tuple:
-    """cos, sin [1, 1, T, D] as the arrays _pre takes, converted once per forward pass (the model
+    """cos, sin [B, 1, T, D] as the [B * T, D] arrays _pre takes, converted once per forward pass (the model
     hands every layer the same two tensors; holding them here keeps their ids from being reused;
     one tuple, read and replaced whole, so concurrent passes never mix two passes' angles)."""
     global _last_angles
     last = _last_angles
     if last[0] is not cos or last[1] is not sin:
-        last = (cos, sin, (bits_of(cos[0, 0].contiguous()), bits_of(sin[0, 0].contiguous())))
+        rows = cos.shape[0] * cos.shape[2]
+        last = (cos, sin, (bits_of(cos.reshape(rows, -1).contiguous()), bits_of(sin.reshape(rows, -1).contiguous())))
         _last_angles = last
     return last[2]
 
@@ -199,6 +206,6 @@ def warm_up(dtype: torch.dtype) -> None:
     zeros = lambda n: np.zeros(n, np.float32)  # noqa: E731
     eps, x, angles = np.float32(1e-5), bits(1, hidden), bits(1, dim)
     qkv = (heads + 2) * dim
-    _pre(x, bits(hidden), eps, bits(qkv, hidden), zeros(qkv), angles, angles, heads, 1, bits(heads + 2, 1, dim))
-    _post(x, bits(heads, 1, dim), bits(hidden, heads * dim), zeros(hidden), bits(hidden), eps,
+    _pre(x, bits(hidden), eps, bits(qkv, hidden), zeros(qkv), angles, angles, heads, 1, bits(1, heads + 2, 1, dim))
+    _post(x, bits(1, heads, 1, dim), bits(hidden, heads * dim), zeros(hidden), bits(hidden), eps,
           bits(2 * hidden, hidden), zeros(2 * hidden), bits(hidden, hidden), zeros(hidden), bits(1, hidden))

@@ -56,3 +56,53 @@ def sample_counts(target_dir: str, draft_dir: str, spec_kwargs: dict, drafter, p
         for cell, n in part.items():
             total[cell] = total.get(cell, 0) + n
     return total
+
+
+def _batch_worker(job) -> list[dict]:
+    """Samples of several prompts decoded as rows of one lockstep batch (triforce.decoding.lockstep):
+    each prompt's row runs `samples` times, with a generator of its own."""
+    import dataclasses
+
+    from triforce.decoding.lockstep import Lockstep, RowModel
+
+    target_dir, draft_dir, spec_kwargs, drafter, params, prompts, new_tokens, samples, seed, broken_level = job
+    torch.set_num_threads(1)
+    target = load_model(target_dir, dtype="float32", device="cpu")
+    rows_lm = dataclasses.replace(target, model=RowModel(target.model))
+    draft = drafter
+    if drafter == "model":
+        loaded = load_model(draft_dir, dtype="float32", device="cpu")
+        draft = dataclasses.replace(loaded, model=RowModel(loaded.model))
+    longest = max(map(len, prompts)) + new_tokens + 2
+    engines = [Engine(rows_lm, SpecParams(**spec_kwargs), longest, draft, graphs="off") for _ in prompts]
+    if broken_level:
+        for engine in engines:
+            engine.verifiers[broken_level] = p_direct_shortcut
+    generators = [torch.Generator().manual_seed(seed * 100 + r) for r in range(len(prompts))]
+    counts: list[dict] = [{} for _ in prompts]
+
+    def row(r: int) -> None:
+        for _ in range(samples):
+            engines[r].set_sequence(prompts[r])
+            tokens = tuple(engines[r].generate(new_tokens, params, generator=generators[r]).tokens)
+            counts[r][tokens] = counts[r].get(tokens, 0) + 1
+
+    Lockstep(len(prompts)).run([lambda r=r: row(r) for r in range(len(prompts))])
+    return counts
+
+
+def batch_sample_counts(target_dir: str, draft_dir: str, spec_kwargs: dict, drafter, params: SamplingParams,
+                        prompts: list[list[int]], new_tokens: int, samples: int, broken_level: str | None = None,
+                        workers: int = min(2, os.cpu_count() or 1)) -> list[dict]:
+    """Per prompt, the counts of its first tokens over `samples` batched runs."""
+    share = [samples // workers + (i < samples % workers) for i in range(workers)]
+    jobs = [(target_dir, draft_dir, spec_kwargs, drafter, params, prompts, new_tokens, n, 1234 + i,
+             broken_level) for i, n in enumerate(share)]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        parts = pool.map(_batch_worker, jobs)
+    total: list[dict] = [{} for _ in prompts]
+    for part in parts:
+        for r, counts in enumerate(part):
+            for cell, n in counts.items():
+                total[r][cell] = total[r].get(cell, 0) + n
+    return total

@@ -44,6 +44,22 @@ def test_generate_names_every_device(capsys, models, method, temperature):
     assert mode.checked > 0
 
 
+@pytest.mark.parametrize("method,extra", [("snapkv", []), ("triforce", ["--temperature", "0.7", "--seed", 1]),
+                                          ("triforce", ["--device-budget", "3.8MB"])])  # each row offloaded
+def test_a_batch_names_every_device(capsys, models, tmp_path, method, extra):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (LONG, PROMPT, PROMPT[:30])))
+    draft_args = ["--draft", models[1]] if method == "triforce" else []
+    with DeviceDiscipline() as mode:
+        out = run(capsys, "generate", "--model", models[0], "--prompts", prompts, "--max-new-tokens", 12,
+                  "--budget", 48, "--chunk-size", 4, "--method", method, "--batch-size", 2, "--json",
+                  *draft_args, *extra)
+    report = json.loads(out)
+    assert mode.checked > 0 and [r["new_tokens"] for r in report["results"]] == [12, 12, 12]
+    if "--device-budget" in extra:
+        assert report["batch"]["plan"]["offloaded"]
+
+
 def test_offloaded_generate_and_bench_name_every_device(capsys, models, tmp_path):
     with DeviceDiscipline():
         result = generate(capsys, models[0], "--method", "triforce", "--device-budget", "1.9MB", prompt=LONG)

@@ -4,7 +4,7 @@ same test."""
 import pytest
 from scipy.stats import chisquare
 
-from sampling_helpers import sample_counts
+from sampling_helpers import batch_sample_counts, sample_counts
 from triforce.config import SamplingParams
 from triforce.decoding.full_tier import FullTier
 from triforce.decoding.sampling import probabilities
@@ -99,3 +99,23 @@ def test_lookup_drafter_is_exact(folders, target):
 def test_top_k_and_top_p_are_applied_to_both_sides(folders, target):
     params = SamplingParams(temperature=0.8, top_k=4, top_p=0.9, seed=0)
     assert run(folders, target, "triforce", "model", params=params, samples=5000) > 0.001
+
+
+BATCH_PROMPTS = (PROMPT, "eeddcbaab", "cab")
+
+
+def run_batch(folders, target, method, drafter=None, samples=5000, broken_level=None) -> list[float]:
+    """Each prompt of a lockstep batch (rows of different lengths, ragged acceptance): its p-value."""
+    prompts = [target.tokenizer(p).input_ids for p in BATCH_PROMPTS]
+    counts = batch_sample_counts(folders[0], folders[1], dict(method=method, **SPEC), drafter, PARAMS, prompts,
+                                 NEW_TOKENS, samples, broken_level)
+    return [chi_square_p(c, exact_distribution(target, ids, PARAMS)) for c, ids in zip(counts, prompts)]
+
+
+@pytest.mark.parametrize("method,drafter", [("snapkv", None), ("triforce", "model")])
+def test_every_row_of_a_batch_follows_its_target_distribution(folders, target, method, drafter):
+    assert min(run_batch(folders, target, method, drafter)) > 0.001
+
+
+def test_a_broken_verifier_in_a_batch_fails_the_same_test(folders, target):
+    assert min(run_batch(folders, target, "triforce", "model", broken_level="retrieval")) < 0.001

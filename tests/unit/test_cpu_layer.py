@@ -77,13 +77,34 @@ def test_a_row_gets_the_same_bits_alone_or_among_others(kernel_model, dtype):
         assert torch.equal(alone[1][:, 0], together[1][:, t]), f"row {t}: the layer's output differs"
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_batch_of_sequences_gets_each_sequences_own_bits(kernel_model, dtype):
+    """A batch's rows (triforce.decoding.lockstep) at their own positions: each sequence's
+    q, k, v and output are those of a call with that sequence alone."""
+    lm = kernel_model("llama3-rope", dtype)
+    cpu = lm.model.model.layers[1].cpu_layer
+    length, batch = 3, 4
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(batch, length, lm.config.hidden_size, generator=g).to(lm.dtype)
+    positions = torch.stack([torch.arange(start, start + length) for start in (0, 17, 40, 9)])
+    cos, sin = lm.model.rope.cos_sin(positions, lm.dtype)
+    attn = torch.randn(batch, lm.config.num_heads, length, lm.config.head_dim, generator=g).to(lm.dtype)
+    together_qkv, together_out = cpu.pre(x, cos, sin), cpu.post(x, attn)
+    for row in range(batch):
+        alone_qkv = cpu.pre(x[row:row + 1].contiguous(), cos[row:row + 1], sin[row:row + 1])
+        for together, alone in zip(together_qkv, alone_qkv):
+            assert torch.equal(together[row:row + 1], alone)
+        assert torch.equal(together_out[row:row + 1], cpu.post(x[row:row + 1].contiguous(), attn[row:row + 1]))
+
+
 def test_which_passes_and_models_it_serves(kernel_model, tiny_model_dir, monkeypatch):
     lm = kernel_model("llama-gqa", "float32")
     layer = lm.model.model.layers[0]
     x = torch.zeros(1, SMALL_ROWS + 1, lm.config.hidden_size)
     assert layer.cpu_layer.takes(x[:, :SMALL_ROWS]) and not layer.cpu_layer.takes(x)  # prefill: eager
     assert not layer.cpu_layer.takes(x[:, :2].to(torch.float64))
-    assert not layer.cpu_layer.takes(torch.zeros(2, 1, lm.config.hidden_size))  # a batch of sequences
+    assert layer.cpu_layer.takes(torch.zeros(4, SMALL_ROWS // 4, lm.config.hidden_size))  # a batch's rows
+    assert not layer.cpu_layer.takes(torch.zeros(2, SMALL_ROWS // 2 + 1, lm.config.hidden_size))
     lm.model.use_kernels("reference")
     assert layer.cpu_layer is None
     lm.model.use_kernels("fused")

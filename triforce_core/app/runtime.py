@@ -73,10 +73,11 @@ class Runtime:
         # once: an automatic profile reads the device, and counts what is loaded the same either way
         self.profile = resolve_profile(config.profile, self.lm.device, config.device_budget)
 
-    def plan(self, max_len: int, spec: SpecParams | None = None, fixed: frozenset | None = None) -> RunPlan:
-        """The memory plan and the cost model's speculation choices for a context of max_len;
-        a plan that cannot fit is a UserError."""
-        c, profile = self.config, self.profile
+    def plan(self, max_len: int, spec: SpecParams | None = None, fixed: frozenset | None = None,
+             profile=None) -> RunPlan:
+        """The memory plan and the cost model's speculation choices for a context of max_len
+        (under `profile`, default the runtime's); a plan that cannot fit is a UserError."""
+        c, profile = self.config, profile or self.profile
         spec = spec or c.spec
         draft = self.draft.model if spec.uses_draft else None
         run = plan_run(self.lm.config, profile, max_len, spec, c.fixed if fixed is None else fixed, self.lm.dtype,
@@ -87,27 +88,32 @@ class Runtime:
         return run
 
     def engine(self, max_len: int, run: RunPlan | None = None, *, kv_cache=None, replay=None,
-               stop_requested=None) -> Engine:
+               stop_requested=None, lm=None, draft: Draft | None = None, graphs: str | None = None) -> Engine:
         """The engine for max_len tokens under `run` (default: self.plan(max_len)), over the full
-        cache the plan calls for (or kv_cache), with every hook this run has."""
+        cache the plan calls for (or kv_cache), with every hook this run has. lm, draft: stand-ins
+        for the loaded ones (a batch's rows call the model through triforce.decoding.lockstep);
+        graphs: instead of the configured setting."""
         from triforce.decoding.sync_count import SyncCounter
 
         run = run or self.plan(max_len)
+        lm = lm or self.lm
         if kv_cache is None:
-            self._check_host_room(run, max_len)
-            kv_cache = build_kv_cache(self.lm, max_len, run.plan, overlap=self.config.overlap)
+            if lm is self.lm:  # a batch checks the room of all its rows at once
+                self.check_host_room(run, max_len)
+            kv_cache = build_kv_cache(lm, max_len, run.plan, overlap=self.config.overlap)
         hooks = EngineHooks(replay=replay, stop_requested=stop_requested,
                             gamma2_controller=run.gamma2_controller(self.draft.has_tier0),
                             sync_counter=SyncCounter() if self.config.count_syncs else None,
                             **self._rank_agreement())
-        draft = self.draft if run.spec.uses_draft else None
-        return Engine(self.lm, run.spec, max_len, draft, kv_cache=kv_cache, prefill_chunk=run.plan.prefill_chunk,
-                      prefill_group=run.plan.prefill_group, graphs=self.config.graphs, hooks=hooks,
+        draft = (draft or self.draft) if run.spec.uses_draft else None
+        return Engine(lm, run.spec, max_len, draft, kv_cache=kv_cache, prefill_chunk=run.plan.prefill_chunk,
+                      prefill_group=run.plan.prefill_group, graphs=graphs or self.config.graphs, hooks=hooks,
                       speculate_from=run.speculate_from)
 
-    def _check_host_room(self, run: RunPlan, max_len: int) -> None:
+    def check_host_room(self, run: RunPlan, max_len: int, rows: int = 1) -> None:
         """The plan's host side (pinned KV store; on a CPU also the 'device' caches and buffers,
-        the weights being loaded already) against what the host has free now."""
+        the weights being loaded already), for `rows` rows of a batch, against what the host has
+        free now."""
         from triforce.model.host_memory import check_host_room
 
         plan = run.plan
@@ -115,8 +121,10 @@ class Runtime:
         if self.lm.device.type == "cpu":
             weights = plan.breakdown.get("target_weights", 0) + plan.breakdown.get("draft_weights", 0)
             needed += plan.gpu_bytes_total - weights
-        check_host_room(needed, f"the caches and buffers of a {max_len}-token context",
-                        "a shorter context (--max-context), or a smaller --budget")
+        what = f"the caches and buffers of a {max_len}-token context"
+        check_host_room(needed * rows, what if rows == 1 else f"{what} for each of {rows} rows",
+                        "a shorter context (--max-context), or a smaller --budget"
+                        + ("" if rows == 1 else " or --batch-size"))
 
     def _rank_agreement(self) -> dict:
         """Under tensor parallelism rank 0's decisions win, and graph capture must succeed on all."""

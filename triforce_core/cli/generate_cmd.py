@@ -56,6 +56,10 @@ def encode_prompt(lm, text: str, as_chat: bool, context: int) -> list[int]:
 @model_option
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", default=None, help="Read the prompt from this file ('-' = stdin).")
+@click.option("--prompts", "prompts_file", default=None,
+              help='Decode many prompts as one batch: a JSON-lines file, one {"prompt": "..."} per line.')
+@click.option("--batch-size", type=INT, default=None,
+              help="With --prompts: rows decoded at once (default: as many as the memory plan fits).")
 @speculation_options(default_method="auto")
 @click.option("--max-new-tokens", type=INT, default=128, show_default=True, help="Tokens to generate at most.")
 @context_options
@@ -72,7 +76,7 @@ def encode_prompt(lm, text: str, as_chat: bool, context: int) -> list[int]:
               help="Tensor-parallel ranks: the verifier's heads and KV split over N GPUs (gloo processes on a CPU).")
 @runtime_options()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streamed text.")
-def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
+def generate(model, prompt, prompt_file, prompts_file, batch_size, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
              rebuild_threshold, max_new_tokens, max_context, rope_scaling, temperature, top_p, top_k, seed, dtype,
              device, as_chat,
              ignore_eos, profile, device_budget, no_overlap, record_acceptance, tp, attn, no_graphs, count_syncs,
@@ -84,16 +88,35 @@ def generate(model, prompt, prompt_file, method, draft, budget, chunk_size, gamm
     stderr; --json prints text, tokens, prompt_tokens, method, time_s, tokens_per_s, the
     speculation statistics and the memory plan. The plan (see `triforce plan`) decides how much
     KV stays on the device; the rest is offloaded to host memory.
+
+    --prompts decodes a file of prompts together, up to --batch-size rows at once (a row that
+    finishes takes the next prompt): each row's tokens are those of its own single run. Texts
+    print in input order; --json prints {"results": [one object per prompt], "batch":
+    {throughput, per-token latency, acceptance, ...}}.
     """
     check_non_negative("--max-new-tokens", max_new_tokens)
     check_output_path("--record-acceptance", record_acceptance)
     if tp < 1:
         raise UserError(f"--tp must be >= 1, got {tp}")
+    if prompts_file is None and batch_size is not None:
+        raise UserError("--batch-size goes with --prompts")
+    if prompts_file is not None:
+        if prompt is not None or prompt_file is not None:
+            raise UserError("give one of --prompt, --prompt-file and --prompts")
+        for flag, given in (("--record-acceptance", record_acceptance), ("--tp", tp > 1)):
+            if given:
+                raise UserError(f"{flag} is for a single prompt, not with --prompts")
+        check_text_file(prompts_file, "prompts file")
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
                        device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
                        overlap=not no_overlap, count_syncs=count_syncs, max_context=max_context,
                        rope_scaling=rope_scaling)
+    if prompts_file is not None:
+        from triforce.cli.generate_batch import run_generate_batch
+        params = build_sampling(temperature, top_p, top_k, seed)
+        run_generate_batch(config, prompts_file, batch_size, as_chat, params, max_new_tokens, ignore_eos, as_json)
+        return
     request = GenerateRequest(config=config, text=read_prompt(prompt, prompt_file), prompt_file=prompt_file,
                               as_chat=as_chat,
                               params=build_sampling(temperature, top_p, top_k, seed), max_new_tokens=max_new_tokens,

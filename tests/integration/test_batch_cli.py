@@ -1,0 +1,69 @@
+"""`generate --prompts` as a user meets it: texts in input order, the JSON shape the issue asks
+for, each row's tokens those of its own run, and one-line errors."""
+import json
+
+import pytest
+
+from test_cli import assert_one_line_error, run_cli
+
+
+def write_prompts(tmp_path, *prompts, name="prompts.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return str(path)
+
+
+def test_json_holds_every_prompt_in_order_and_the_batch(capsys, tiny_model_dir, tmp_path):
+    model = str(tiny_model_dir("llama-gqa"))
+    texts = ["abc abc abc", "hello hello world", "one two one two", "zz yy zz"]
+    code, out, _ = run_cli(capsys, "generate", "--model", model, "--prompts", write_prompts(tmp_path, *texts),
+                           "--method", "snapkv", "--budget", "40", "--chunk-size", "4", "--max-new-tokens", "12",
+                           "--batch-size", "3", "--json")
+    assert code == 0
+    report = json.loads(out)
+    batch = report["batch"]
+    assert batch["prompts"] == 4 and batch["batch_size"] == 3 and batch["method"] == "snapkv"
+    assert batch["throughput_tok_s"] > 0 and batch["latency_ms_per_token"] > 0 and batch["rows_per_pass"] > 1
+    assert set(batch["acceptance_rates"]) == {"full"}  # the full tier checks the snapkv drafts
+    assert len(report["results"]) == 4
+    for text, row in zip(texts, report["results"]):
+        code, out, _ = run_cli(capsys, "generate", "--model", model, "--prompt", text, "--method", "ar",
+                               "--max-new-tokens", "12", "--json")
+        alone = json.loads(out)
+        assert row["tokens"] == alone["tokens"] and row["text"] == alone["text"]
+        assert row["prompt_tokens"] == alone["prompt_tokens"] and row["stopped_by"] == alone["stopped_by"]
+
+
+def test_texts_print_in_input_order(capsys, tiny_model_dir, tmp_path):
+    prompts = write_prompts(tmp_path, "abc", "hello world", "one")
+    code, out, err = run_cli(capsys, "generate", "--model", str(tiny_model_dir("llama-gqa")), "--prompts", prompts,
+                             "--max-new-tokens", "5", "--method", "ar")
+    assert code == 0
+    headers = [line for line in out.splitlines() if line.startswith("=== prompt")]
+    assert [h.split()[2] for h in headers] == ["1", "2", "3"]
+    assert "3 prompts" in err and "tok/s" in err and "ms per token per sequence" in err
+
+
+@pytest.mark.parametrize("content,flags,fragment", [
+    (None, ["--prompt", "x"], "give one of --prompt, --prompt-file and --prompts"),
+    (None, ["--batch-size", "0"], "--batch-size must be >= 1"),
+    (None, ["--record-acceptance", "a.json"], "--record-acceptance is for a single prompt"),
+    ("", [], "holds no prompts"),
+    ('{"prompt": "a"}\n{"prompt": 5}\n', [], "line 2 has no \"prompt\" string"),
+    ('{"prompt": "a"}\n{oops\n', [], "line 2 is not JSON"),
+    ('{"prompt": "' + "word " * 200 + '"}\n', [], "prompt 1 has"),
+])
+def test_bad_prompt_files_and_flags(capsys, tiny_model_dir, tmp_path, content, flags, fragment):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "abc"}\n' if content is None else content)
+    code, _, err = run_cli(capsys, "generate", "--model", str(tiny_model_dir("llama-gqa")), "--prompts", str(path),
+                           "--max-new-tokens", "4", *flags)
+    assert_one_line_error(code, err, fragment)
+
+
+def test_batch_size_needs_prompts_and_the_file_must_exist(capsys, tiny_model_dir, tmp_path):
+    model = str(tiny_model_dir("llama-gqa"))
+    code, _, err = run_cli(capsys, "generate", "--model", model, "--prompt", "x", "--batch-size", "2")
+    assert_one_line_error(code, err, "--batch-size goes with --prompts")
+    code, _, err = run_cli(capsys, "generate", "--model", model, "--prompts", str(tmp_path / "missing.jsonl"))
+    assert_one_line_error(code, err, "does not exist")

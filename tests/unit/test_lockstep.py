@@ -1,0 +1,126 @@
+"""The lockstep coordinator (triforce.decoding.lockstep) with a stand-in model: which passes run
+together, in what order, and what a failing or interrupted row does to the others."""
+import pytest
+import torch
+
+from triforce.decoding.lockstep import Lockstep, RowModel
+from triforce.errors import UserError
+
+
+class Recorder:
+    """A 'model' whose logits say which row and tokens they came from, and which logs each call."""
+
+    def __init__(self, fail_on: int | None = None, interrupt_on: int | None = None):
+        self.calls: list[tuple[int, int]] = []  # (rows, tokens)
+        self.fail_on, self.interrupt_on = fail_on, interrupt_on
+
+    def __call__(self, tokens, positions, view, num_logits=None, **options):
+        self.calls.append(tuple(tokens.shape))
+        if self.fail_on is not None and self.fail_on in tokens[:, 0].tolist():
+            raise RuntimeError("the pass failed")
+        if self.interrupt_on is not None and self.interrupt_on in tokens[:, 0].tolist():
+            raise KeyboardInterrupt
+        q = tokens[:, None, :, None].float()
+        out = view.attend(0, q, q, q)
+        return out[:, 0, :, 0] + positions  # [rows, T]: each row's own tokens and positions
+
+
+class EchoView:
+    """A row's cache view: positions of its own, and attend returns the row's query (so the
+    logits prove each row got its own slice)."""
+
+    def __init__(self, start: int, count: int):
+        self.positions = torch.arange(start, start + count)[None]
+        self.seen = []
+
+    def attend(self, layer, q, k, v):
+        self.seen.append(q.shape[0])
+        return q
+
+
+def call(model, first_token: int, count: int, start: int = 0, **options):
+    tokens = torch.arange(first_token, first_token + count)[None]
+    view = EchoView(start, count)
+    out = model(tokens, view.positions, view, **options)
+    assert all(rows == 1 for rows in view.seen)  # the row's view only ever sees that row
+    return out
+
+
+def test_rows_waiting_together_share_one_pass_and_get_their_own_logits():
+    real = Recorder()
+    model = RowModel(real)
+    lockstep = Lockstep(width=3)
+    results = lockstep.run([lambda r=r: [call(model, 100 * r + step, 2, start=10 * r).tolist() for step in range(3)]
+                            for r in range(3)])
+    assert real.calls == [(3, 2)] * 3  # three steps, all three rows in each
+    for r, steps in enumerate(results):
+        assert steps == [[[100 * r + step + 10 * r, 100 * r + step + 1 + 10 * r + 1]] for step in range(3)]
+    assert lockstep.passes == 3 and lockstep.rows_per_pass == 9
+
+
+def test_different_token_counts_and_long_passes_run_apart():
+    real = Recorder()
+    model = RowModel(real)
+    Lockstep(width=5).run([lambda: call(model, 0, 1), lambda: call(model, 5, 2), lambda: call(model, 7, 1),
+                           lambda: call(model, 9, 1, chunk_tokens=512), lambda: call(model, 11, 1, chunk_tokens=512)])
+    assert sorted(real.calls) == [(1, 1), (1, 1), (3, 2)]  # the plain passes joined, padded to 2 tokens
+
+
+def test_a_finished_row_frees_its_slot_for_the_next_task():
+    real = Recorder()
+    model = RowModel(real)
+    started = []
+
+    def task(r: int, steps: int):
+        started.append(r)
+        for step in range(steps):
+            call(model, r, 1)
+        return r
+
+    # two slots: task 0 takes one step, so task 2 starts while task 1 is still running
+    assert Lockstep(width=2).run([lambda: task(0, 1), lambda: task(1, 3), lambda: task(2, 1)]) == [0, 1, 2]
+    assert started == [0, 1, 2]
+    assert real.calls == [(2, 1), (2, 1), (1, 1)]
+
+
+def test_a_failing_pass_reaches_its_rows_and_stops_the_batch():
+    model = RowModel(Recorder(fail_on=7))
+    unwound = []
+
+    def task(token: int):
+        try:
+            call(model, 0, 1)
+            call(model, token, 1)
+            call(model, 0, 1)
+        finally:
+            unwound.append(token)
+
+    with pytest.raises(RuntimeError, match="the pass failed"):
+        Lockstep(width=3).run([lambda: task(1), lambda: task(7), lambda: task(2)])
+    assert sorted(unwound) == [1, 2, 7]  # every row's cleanup ran
+
+
+def test_an_interrupt_reaches_every_waiting_row_and_starts_nothing_new():
+    model = RowModel(Recorder(interrupt_on=5))
+    seen = []
+
+    def task(token: int):
+        try:
+            call(model, token, 1)
+            call(model, token, 1)
+        except KeyboardInterrupt:
+            seen.append(token)
+            return "interrupt"
+        return "length"
+
+    results = Lockstep(width=2).run([lambda: task(5), lambda: task(1), lambda: task(2)])
+    assert results == ["interrupt", "interrupt", None]  # the third never started
+    assert sorted(seen) == [1, 5]
+
+
+def test_outside_a_lockstep_the_model_runs_directly():
+    real = Recorder()
+    assert call(RowModel(real), 3, 2).tolist() == [[3, 5]]
+    assert real.calls == [(1, 2)]
+    with pytest.raises(UserError, match="batch size"):
+        Lockstep(width=0)

@@ -1,0 +1,170 @@
+"""Many prompts decoded as one batch (`generate --prompts`): each row has its own engine (caches,
+tiers, sampler), the rows' forward passes run together (triforce.decoding.lockstep), and a row
+that finishes hands its engine to the next prompt waiting.
+
+The memory plan is made for one row with 1/B of what the device has beside the weights, which
+every row shares; so B rows of that plan fit together. The default batch size is the most rows
+(up to the number of prompts) whose plan fits."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from triforce.app.inputs import is_utf8
+from triforce.app.plan_and_cache import RunPlan
+from triforce.decoding.draft import Draft
+from triforce.decoding.lockstep import Lockstep, RowModel
+from triforce.decoding.statistics import GenerationResult
+from triforce.errors import UserError
+
+PROMPTS_FILE_BYTES = 256 << 20  # a prompts file is read whole: refuse a larger one unread
+
+
+def parse_prompt_lines(text: str, source: str) -> list[str]:
+    """JSON lines, one {"prompt": "..."} each (blank lines skipped) -> the prompts, in order."""
+    prompts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{source} line {number} is not JSON ({e.msg})") from None
+        prompt = item.get("prompt") if isinstance(item, dict) else None
+        if not isinstance(prompt, str):
+            raise UserError(f'{source} line {number} has no "prompt" string (expected {{"prompt": "..."}})')
+        if not is_utf8(prompt):
+            raise UserError(f"{source} line {number}: the prompt is not valid Unicode text")
+        prompts.append(prompt)
+    if not prompts:
+        raise UserError(f"{source} holds no prompts")
+    return prompts
+
+
+def row_plan(runtime, max_len: int, rows: int) -> RunPlan:
+    """The plan of one row when `rows` rows share the device: the weights once, the rest split."""
+    full = runtime.plan(max_len)
+    if rows == 1:
+        return full
+    weights = sum(full.plan.breakdown.get(k, 0) for k in ("target_weights", "draft_weights"))
+    budget = full.profile.device_budget_bytes
+    share = weights + max(budget - weights, 0) // rows
+    return runtime.plan(max_len, profile=full.profile.with_device_budget(max(share, 1)))
+
+
+def fit_batch(runtime, max_len: int, prompts: int, wanted: int | None) -> tuple[int, RunPlan]:
+    """The batch size (wanted, or the most rows up to `prompts` that fit) and one row's plan."""
+    if wanted is not None:
+        if wanted < 1:
+            raise UserError(f"--batch-size must be >= 1, got {wanted}")
+        rows = min(wanted, prompts)
+        return rows, _feasible(runtime, max_len, rows)
+    for rows in range(prompts, 0, -1):
+        try:
+            return rows, row_plan(runtime, max_len, rows)
+        except UserError:
+            if rows == 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _feasible(runtime, max_len: int, rows: int) -> RunPlan:
+    try:
+        return row_plan(runtime, max_len, rows)
+    except UserError as e:
+        raise UserError(f"a batch of {rows} rows does not fit: {e} (try a smaller --batch-size)") from None
+
+
+@dataclass
+class BatchRow:
+    index: int
+    prompt_tokens: int
+    result: GenerationResult | None  # None: interrupted before it started
+    prefill_s: float = 0.0
+    time_s: float = 0.0
+
+
+@dataclass
+class BatchOutcome:
+    rows: list[BatchRow]
+    time_s: float
+    batch_size: int
+    passes: int
+    rows_per_pass: float
+    stats: dict = field(default_factory=dict)
+
+
+def generate_batch(runtime, prompts: list[list[int]], max_new: list[int], params, stop_ids: frozenset[int],
+                   rows: int, run: RunPlan, on_row: Callable[[BatchRow], None] | None = None) -> BatchOutcome:
+    """Decode every prompt (token ids) with at most `rows` at once; on_row(row) as each finishes."""
+    max_len = max(len(ids) + max(n, 1) for ids, n in zip(prompts, max_new))
+    lm = replace(runtime.lm, model=RowModel(runtime.lm.model))
+    draft = runtime.draft
+    if draft.kind == "model":
+        draft = Draft("model", replace(draft.model, model=RowModel(draft.model.model)))
+    runtime.check_host_room(run, max_len, rows)
+    free = [runtime.engine(max_len, run, lm=lm, draft=draft, graphs="off") for _ in range(rows)]
+    lockstep = Lockstep(rows)
+
+    def task(index: int) -> BatchRow:
+        engine = free.pop()
+        try:
+            started = time.perf_counter()
+            engine.set_sequence(prompts[index])
+            prefill_s = time.perf_counter() - started
+            result = engine.generate(max_new[index], params, stop_ids)
+            row = BatchRow(index, len(prompts[index]), result, prefill_s, time.perf_counter() - started)
+        finally:
+            free.append(engine)
+        if result.stopped_by == "interrupt":
+            lockstep.interrupt()
+        if on_row is not None:
+            on_row(row)
+        return row
+
+    started = time.perf_counter()
+    done = lockstep.run([lambda i=i: task(i) for i in range(len(prompts))])
+    elapsed = time.perf_counter() - started
+    out = [row if row is not None else BatchRow(i, len(prompts[i]), None) for i, row in enumerate(done)]
+    return BatchOutcome(out, elapsed, rows, lockstep.passes,
+                        lockstep.rows_per_pass / lockstep.passes if lockstep.passes else 0.0, _pooled(out))
+
+
+def _pooled(rows: list[BatchRow]) -> dict:
+    """The rows' speculation counts added up: acceptance per tier, tokens per full verify."""
+    proposed: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    verifies = emitted = 0
+    for row in rows:
+        if row.result is None:
+            continue
+        stats = row.result.stats
+        for name, n in stats.get("proposed", {}).items():
+            proposed[name] = proposed.get(name, 0) + n
+            accepted[name] = accepted.get(name, 0) + stats["accepted"][name]
+        if stats.get("full_verifies"):
+            verifies += stats["full_verifies"]
+            emitted += len(row.result.tokens)
+    return {"acceptance_rates": {k: round(accepted[k] / n, 4) for k, n in proposed.items() if n},
+            "mean_tokens_per_full_verify": round(emitted / verifies, 4) if verifies else None}
+
+
+def batch_summary(outcome: BatchOutcome) -> dict:
+    """Throughput (new tokens of all rows per second of the whole run) and per-token latency
+    (each row's decoding time over its tokens, averaged over the rows)."""
+    finished = [r for r in outcome.rows if r.result is not None and r.result.tokens]
+    new_tokens = sum(len(r.result.tokens) for r in outcome.rows if r.result is not None)
+    latency = [r.result.time_s / len(r.result.tokens) for r in finished]
+    return {
+        "prompts": len(outcome.rows),
+        "batch_size": outcome.batch_size,
+        "new_tokens": new_tokens,
+        "time_s": round(outcome.time_s, 4),
+        "throughput_tok_s": round(new_tokens / outcome.time_s, 3) if outcome.time_s else None,
+        "latency_ms_per_token": round(1000 * sum(latency) / len(latency), 3) if latency else None,
+        "forward_passes": outcome.passes,
+        "rows_per_pass": round(outcome.rows_per_pass, 3),
+        **outcome.stats,
+    }

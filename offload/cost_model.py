@@ -96,34 +96,37 @@ def _forward_ms(hw: Hardware, weight_bytes: float, weight_flops: float, kv_bytes
     return projections + attention + layers * hw.layer_overhead_us / 1000
 
 
-def full_verify_ms(c: StepCosts, hw: Hardware, tokens: int) -> float:
-    return c.host_kv_bytes / (hw.h2d_gbps * 1e6) + _forward_ms(
-        hw, c.weights_bytes, tokens * c.flops_per_token, c.resident_kv_bytes,
-        tokens * c.attention_flops_per_key * c.context, c.num_layers)
+# A pass over `rows` sequences of a batch (triforce.decoding.lockstep) reads the weights once and
+# each row's own KV: arithmetic and KV scale with the rows, weights do not (MagicDec's analysis).
+def full_verify_ms(c: StepCosts, hw: Hardware, tokens: int, rows: int = 1) -> float:
+    return rows * c.host_kv_bytes / (hw.h2d_gbps * 1e6) + _forward_ms(
+        hw, c.weights_bytes, rows * tokens * c.flops_per_token, rows * c.resident_kv_bytes,
+        rows * tokens * c.attention_flops_per_key * c.context, c.num_layers)
 
 
-def tier1_ms(c: StepCosts, hw: Hardware, tokens: int) -> float:
-    return _forward_ms(hw, c.weights_bytes, tokens * c.flops_per_token, c.retrieval_kv_bytes,
-                       tokens * c.attention_flops_per_key * c.budget, c.num_layers)
+def tier1_ms(c: StepCosts, hw: Hardware, tokens: int, rows: int = 1) -> float:
+    return _forward_ms(hw, c.weights_bytes, rows * tokens * c.flops_per_token, rows * c.retrieval_kv_bytes,
+                       rows * tokens * c.attention_flops_per_key * c.budget, c.num_layers)
 
 
-def tier0_ms(c: StepCosts, hw: Hardware) -> float:
+def tier0_ms(c: StepCosts, hw: Hardware, rows: int = 1) -> float:
     if not c.draft_bytes:
         return 0.0
-    return _forward_ms(hw, c.draft_bytes, c.draft_flops_per_token, 0, 0, c.draft_layers)
+    return _forward_ms(hw, c.draft_bytes, rows * c.draft_flops_per_token, 0, 0, c.draft_layers)
 
 
 def triforce_ms_per_token(c: StepCosts, hw: Hardware, acceptance: Acceptance, gamma1: int, gamma2: int,
-                          has_tier0: bool) -> dict:
-    """Predicted ms/token of the three-tier loop (two tiers when has_tier0 is False)."""
+                          has_tier0: bool, rows: int = 1) -> dict:
+    """Predicted ms/token of the three-tier loop (two tiers when has_tier0 is False), per
+    sequence of a batch of `rows` (the batch makes rows times as many tokens in that time)."""
     per_verify = expected_tokens(acceptance.full, gamma2)
     if has_tier0:
         per_check = expected_tokens(acceptance.retrieval, gamma1)
         checks = gamma2 / per_check
-        drafting = checks * (tier1_ms(c, hw, gamma1 + 1) + gamma1 * tier0_ms(c, hw))
+        drafting = checks * (tier1_ms(c, hw, gamma1 + 1, rows) + gamma1 * tier0_ms(c, hw, rows))
     else:
-        drafting = gamma2 * tier1_ms(c, hw, 1)
-    verify = full_verify_ms(c, hw, gamma2 + 1)
+        drafting = gamma2 * tier1_ms(c, hw, 1, rows)
+    verify = full_verify_ms(c, hw, gamma2 + 1, rows)
     return {"triforce_ms_per_token": (verify + drafting) / per_verify, "full_verify_ms": verify,
             "drafting_ms_per_verify": drafting, "expected_tokens_per_full_verify": per_verify}
 
@@ -144,12 +147,13 @@ def costs_at(c: StepCosts, resident_tokens: int, length: int) -> StepCosts:
 
 
 def best_gammas(c: StepCosts, hw: Hardware, acceptance: Acceptance, has_tier0: bool,
-                gamma1_range=GAMMA1_RANGE, gamma2_range=GAMMA2_RANGE) -> tuple[int, int, float]:
+                gamma1_range=GAMMA1_RANGE, gamma2_range=GAMMA2_RANGE, rows: int = 1) -> tuple[int, int, float]:
     """(gamma1, gamma2, ms/token): the lowest predicted time, near-ties going to the longest gammas."""
     options = []
     for g1 in (gamma1_range if has_tier0 else tuple(gamma1_range)[:1]):  # no tier 0: gamma1 costs nothing
         for g2 in gamma2_range:
-            options.append((g1, g2, triforce_ms_per_token(c, hw, acceptance, g1, g2, has_tier0)["triforce_ms_per_token"]))
+            ms = triforce_ms_per_token(c, hw, acceptance, g1, g2, has_tier0, rows)["triforce_ms_per_token"]
+            options.append((g1, g2, ms))
     fastest = min(ms for _, _, ms in options)
     return max((o for o in options if o[2] <= fastest * (1 + TIE_FRACTION)), key=lambda o: (o[1], o[0]))
 

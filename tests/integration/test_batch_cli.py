@@ -67,3 +67,14 @@ def test_batch_size_needs_prompts_and_the_file_must_exist(capsys, tiny_model_dir
     assert_one_line_error(code, err, "--batch-size goes with --prompts")
     code, _, err = run_cli(capsys, "generate", "--model", model, "--prompts", str(tmp_path / "missing.jsonl"))
     assert_one_line_error(code, err, "does not exist")
+
+
+def test_auto_picks_for_the_batch(capsys, tiny_model_dir, tmp_path):
+    prompts = write_prompts(tmp_path, "abc abc abc", "hello hello")
+    code, out, err = run_cli(capsys, "generate", "--model", str(tiny_model_dir("llama-gqa")), "--prompts", prompts,
+                             "--max-new-tokens", "6", "--json")
+    assert code == 0, err
+    batch = json.loads(out)["batch"]
+    choice = batch["method_choice"]
+    assert choice is not None and choice["method"] == batch["method"]
+    assert {p["rows"] for p in choice["predictions"]} == {2}

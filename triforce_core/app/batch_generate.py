@@ -14,6 +14,7 @@ from typing import Callable
 
 from triforce.app.inputs import is_utf8
 from triforce.app.plan_and_cache import RunPlan
+from triforce.config import AUTO
 from triforce.decoding.draft import Draft
 from triforce.decoding.lockstep import Lockstep, RowModel
 from triforce.decoding.statistics import GenerationResult
@@ -44,14 +45,34 @@ def parse_prompt_lines(text: str, source: str) -> list[str]:
 
 
 def row_plan(runtime, max_len: int, rows: int) -> RunPlan:
-    """The plan of one row when `rows` rows share the device: the weights once, the rest split."""
-    full = runtime.plan(max_len)
-    if rows == 1:
-        return full
-    weights = sum(full.plan.breakdown.get(k, 0) for k in ("target_weights", "draft_weights"))
-    budget = full.profile.device_budget_bytes
-    share = weights + max(budget - weights, 0) // rows
-    return runtime.plan(max_len, profile=full.profile.with_device_budget(max(share, 1)))
+    """The plan of one row when `rows` rows share the device: the weights once, the rest split.
+    --method auto picks the method, budget and gammas for the batch (triforce.offload.batch_choice)."""
+    from triforce.offload.batch_choice import choose_for_batch, predict_batch, row_profile, spec_for
+
+    config, lm = runtime.config, runtime.lm
+    spec, fixed, choice = config.spec, config.fixed, None
+    if spec.method == AUTO:
+        predictions = predict_batch(lm.config, runtime.profile, max_len, rows, spec, dtype_bytes=lm.dtype.itemsize,
+                                    fixed=fixed)
+        if not predictions:
+            raise UserError(f"no method fits a batch of {rows} rows of {max_len} tokens in profile "
+                            f"{runtime.profile.name}")
+        choice = choose_for_batch(predictions)
+        spec, fixed = spec_for(choice.chosen, spec, fixed)
+    shared = _shared_weights(runtime)
+    profile = row_profile(lm.config, runtime.profile, rows, lm.dtype.itemsize, shared_bytes=shared)
+    return replace(runtime.plan(max_len, spec=spec, fixed=fixed, profile=profile), batch=choice)
+
+
+def _shared_weights(runtime) -> int:
+    """Bytes every row shares: the target's weights and a draft model's."""
+    from triforce.offload.shapes import weight_bytes
+
+    lm, draft = runtime.lm, runtime.draft
+    shared = weight_bytes(lm.config, lm.dtype.itemsize)
+    if draft.kind == "model":
+        shared += weight_bytes(draft.model.config, draft.model.dtype.itemsize)
+    return shared
 
 
 def fit_batch(runtime, max_len: int, prompts: int, wanted: int | None) -> tuple[int, RunPlan]:

@@ -58,6 +58,7 @@ class RunPlan:
     choice: Choice | None            # what the cost model chose (None: nothing to choose)
     profile: MemoryProfile
     auto: MethodChoice | None = None  # --method auto: the method chosen and why
+    batch: object = None             # a batch's --method auto: its BatchChoice (triforce.offload.batch_choice)
 
     @property
     def speculate_from(self) -> int:

@@ -37,8 +37,8 @@ def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_cha
     rows, run = fit_batch(runtime, max_len, len(ids), batch_size)
     if not as_json:
         runtime.say_attention()
-        if run.auto is not None:
-            print(run.auto.describe(), file=sys.stderr)
+        if run.batch is not None:
+            print(run.batch.describe(), file=sys.stderr)
         print(f"{len(ids)} prompts, {rows} at a time, method {run.spec.method}", file=sys.stderr)
     printer = _InOrder(lm.tokenizer, len(ids), quiet=as_json)
     stop_ids = frozenset() if ignore_eos else lm.eos_ids
@@ -52,7 +52,7 @@ def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_cha
     summary = batch_summary(outcome)
     summary.update(method=run.spec.method, model=str(lm.path), dtype=str(lm.dtype).removeprefix("torch."),
                    device=str(lm.device), attention=runtime.attn_name,
-                   method_choice=run.auto.to_json() if run.auto is not None else None, plan=run.plan.to_json())
+                   method_choice=run.batch.to_json() if run.batch is not None else None, plan=run.plan.to_json())
     if as_json:
         results = [_row_json(lm.tokenizer, r, run.spec.method) for r in outcome.rows]
         print(json.dumps({"results": results, "batch": summary}))

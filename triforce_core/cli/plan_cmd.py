@@ -60,13 +60,19 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
               help="auto = bfloat16 for GPU profiles and on CPUs with native bfloat16, else float32.")
 @click.option("--acceptance", default=None,
               help="FULL[,RETRIEVAL] acceptance rates for the prediction (default 0.9,0.8, assumed).")
+@click.option("--batch-size", type=INT, default=None,
+              help="Plan one row of a batch of this many sequences (they share the weights) and predict "
+                   "each method's latency and throughput for the batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 def plan(model, arch, context, profile, device_budget, method, draft, budget, chunk_size, gamma1, gamma2,
-         rebuild_stride, rebuild_threshold, tp, dtype, acceptance, as_json):
+         rebuild_stride, rebuild_threshold, tp, dtype, acceptance, batch_size, as_json):
     """Plan memory: weights, caches, staging buffers and how much KV stays on each GPU.
 
     Pure arithmetic (no GPU needed). Exits non-zero, saying what to change, when the request
-    cannot fit. Predictions assume memory-bound steps at the profile's bandwidths.
+    cannot fit. Predictions assume memory-bound steps at the profile's bandwidths. With
+    --batch-size B the plan is one row's when B rows share the device, and a table predicts
+    ms per token per sequence and tokens/s of the batch for ar and each speculative method
+    (MagicDec's analysis: see `triforce bench batch`).
     """
     from triforce.cli.options import build_spec
     from triforce.offload.profiles import load_profile, parse_size
@@ -82,7 +88,10 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
     if dtype == "auto":
         from triforce.model.cpu_features import native_bf16
         dtype = "bfloat16" if prof.num_gpus > 0 or native_bf16() else "float32"
-    auto = None
+    auto = batch = None
+    if batch_size is not None:
+        batch, prof, spec, fixed = _batch(shape, prof, context, batch_size, spec, fixed, dtype, tp, draft)
+        method = spec.method
     if spec.method == "auto":
         from triforce.offload.method_choice import AUTO_ASSUMED, choose_method
         auto, spec = choose_method(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
@@ -98,13 +107,50 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
               "chosen_by_cost_model": sorted({"budget", "chunk_size", "gamma1", "gamma2"} - fixed) if choice else []}
     if as_json:
         print(json.dumps({"model": name, "dtype": dtype, "method": method, "speculation": chosen,
-                          "method_choice": auto.to_json() if auto else None, **result.to_json()}))
+                          "method_choice": auto.to_json() if auto else None,
+                          "batch": batch.to_json() if batch else None, **result.to_json()}))
     else:
         if auto is not None:
             print(auto.describe())
+        if batch is not None:
+            print_batch(batch, context)
         print_plan(result, name, dtype, method, chosen)
     if not result.feasible:
         raise UserError(f"does not fit: {result.reason}")
+
+
+def _batch(shape, prof, context: int, rows: int, spec, fixed, dtype: str, tp: int, draft):
+    """(BatchChoice, one row's profile, the spec and fixed flags to plan): auto takes the batch's pick."""
+    from dataclasses import replace
+
+    from triforce.offload.batch_choice import choose_for_batch, predict_batch, row_profile, spec_for
+    from triforce.offload.shapes import weight_bytes
+
+    if rows < 1:
+        raise UserError(f"--batch-size must be >= 1, got {rows}")
+    size = _DTYPE_BYTES[dtype]
+    draft_shape = _draft_shape(draft)
+    shared = weight_bytes(shape, size, tp) + (weight_bytes(draft_shape, size) if draft_shape and spec.uses_draft else 0)
+    predictions = predict_batch(shape, prof, context, rows, replace(spec, method="ar"), dtype_bytes=size,
+                                fixed=fixed, tp=tp)
+    if not predictions:
+        raise UserError(f"no method fits a batch of {rows} rows of {context} tokens in profile {prof.name}")
+    choice = choose_for_batch(predictions)
+    row = row_profile(shape, prof, rows, size, tp, shared_bytes=shared)
+    if spec.method == "auto":
+        return (choice, row, *spec_for(choice.chosen, spec, fixed))
+    return choice, row, spec, fixed
+
+
+def print_batch(choice, context: int) -> None:
+    rows = choice.chosen.rows
+    ar = next((p for p in choice.predictions if p.method == "ar"), None)
+    print(f"batch of {rows} x {context} tokens, predicted (ms per token of each sequence, tok/s of the whole batch):")
+    for p in choice.predictions:
+        extra = "" if p.method == "ar" else f"  budget {p.budget}, gamma2 {p.gamma2}, acceptance {p.acceptance}"
+        ratio = f"{ar.ms_per_token / p.ms_per_token:5.2f}x" if ar else ""
+        print(f"  {p.method:10s} {p.ms_per_token:9.2f} ms/token {p.tokens_per_s:10.1f} tok/s {ratio}{extra}")
+    print(choice.describe())
 
 
 def print_plan(result, name: str, dtype: str, method: str, chosen: dict) -> None:

@@ -124,3 +124,22 @@ def test_outside_a_lockstep_the_model_runs_directly():
     assert real.calls == [(1, 2)]
     with pytest.raises(UserError, match="batch size"):
         Lockstep(width=0)
+
+
+def test_a_barrier_holds_rows_until_every_row_reaches_it():
+    real = Recorder()
+    model = RowModel(real)
+    order = []
+
+    def task(r: int, prefill_steps: int):
+        for _ in range(prefill_steps):
+            call(model, 1, 4)  # a 'prefill' of its own length
+        Lockstep.barrier()
+        order.append(r)
+        call(model, 1, 1)
+        return r
+
+    assert Lockstep(width=3).run([lambda: task(0, 1), lambda: task(1, 3), lambda: task(2, 2)]) == [0, 1, 2]
+    assert real.calls[-1] == (3, 1)  # the decoding steps of all three rows ran as one pass
+    assert order == [0, 1, 2] and real.calls.count((3, 1)) == 1
+    Lockstep.barrier()  # outside a row: nothing to wait for

@@ -44,13 +44,15 @@ def parse_prompt_lines(text: str, source: str) -> list[str]:
     return prompts
 
 
-def row_plan(runtime, max_len: int, rows: int) -> RunPlan:
+def row_plan(runtime, max_len: int, rows: int, spec=None, fixed: frozenset | None = None) -> RunPlan:
     """The plan of one row when `rows` rows share the device: the weights once, the rest split.
-    --method auto picks the method, budget and gammas for the batch (triforce.offload.batch_choice)."""
+    --method auto picks the method, budget and gammas for the batch (triforce.offload.batch_choice).
+    spec, fixed: instead of the runtime's (a benchmark running several methods)."""
     from triforce.offload.batch_choice import choose_for_batch, predict_batch, row_profile, spec_for
 
-    config, lm = runtime.config, runtime.lm
-    spec, fixed, choice = config.spec, config.fixed, None
+    lm, choice = runtime.lm, None
+    spec = spec or runtime.config.spec
+    fixed = runtime.config.fixed if fixed is None else fixed
     if spec.method == AUTO:
         predictions = predict_batch(lm.config, runtime.profile, max_len, rows, spec, dtype_bytes=lm.dtype.itemsize,
                                     fixed=fixed)
@@ -105,6 +107,8 @@ class BatchRow:
     result: GenerationResult | None  # None: interrupted before it started
     prefill_s: float = 0.0
     time_s: float = 0.0
+    decode_started: float = 0.0  # perf_counter at the row's first decoding step, and at its end
+    finished: float = 0.0
 
 
 @dataclass
@@ -117,28 +121,44 @@ class BatchOutcome:
     stats: dict = field(default_factory=dict)
 
 
-def generate_batch(runtime, prompts: list[list[int]], max_new: list[int], params, stop_ids: frozenset[int],
-                   rows: int, run: RunPlan, on_row: Callable[[BatchRow], None] | None = None) -> BatchOutcome:
-    """Decode every prompt (token ids) with at most `rows` at once; on_row(row) as each finishes."""
-    max_len = max(len(ids) + max(n, 1) for ids, n in zip(prompts, max_new))
+def row_models(runtime) -> tuple:
+    """(lm, draft) whose models a batch's engines call through triforce.decoding.lockstep."""
     lm = replace(runtime.lm, model=RowModel(runtime.lm.model))
     draft = runtime.draft
     if draft.kind == "model":
         draft = Draft("model", replace(draft.model, model=RowModel(draft.model.model)))
-    runtime.check_host_room(run, max_len, rows)
-    free = [runtime.engine(max_len, run, lm=lm, draft=draft, graphs="off") for _ in range(rows)]
+    return lm, draft
+
+
+def generate_batch(runtime, prompts: list[list[int]], max_new: list[int], params, stop_ids: frozenset[int],
+                   rows: int, run: RunPlan, on_row: Callable[[BatchRow], None] | None = None,
+                   engines: list | None = None) -> BatchOutcome:
+    """Decode every prompt (token ids) with at most `rows` at once; on_row(row) as each finishes.
+    engines: one per prompt, built over row_models (a benchmark hands over prefilled caches)."""
+    max_len = max(len(ids) + max(n, 1) for ids, n in zip(prompts, max_new))
+    if engines is None:
+        lm, draft = row_models(runtime)
+        runtime.check_host_room(run, max_len, rows)
+        free = [runtime.engine(max_len, run, lm=lm, draft=draft, graphs="off") for _ in range(rows)]
+    elif len(engines) != len(prompts):
+        raise ValueError("one engine per prompt")
     lockstep = Lockstep(rows)
 
     def task(index: int) -> BatchRow:
-        engine = free.pop()
+        engine = free.pop() if engines is None else engines[index]
         try:
             started = time.perf_counter()
             engine.set_sequence(prompts[index])
-            prefill_s = time.perf_counter() - started
+            if index < rows:  # the first rows start decoding together, once all have prefilled
+                lockstep.barrier()
+            decode_started = time.perf_counter()
             result = engine.generate(max_new[index], params, stop_ids)
-            row = BatchRow(index, len(prompts[index]), result, prefill_s, time.perf_counter() - started)
+            finished = time.perf_counter()
+            row = BatchRow(index, len(prompts[index]), result, decode_started - started, finished - started,
+                           decode_started, finished)
         finally:
-            free.append(engine)
+            if engines is None:
+                free.append(engine)
         if result.stopped_by == "interrupt":
             lockstep.interrupt()
         if on_row is not None:
@@ -173,17 +193,21 @@ def _pooled(rows: list[BatchRow]) -> dict:
 
 
 def batch_summary(outcome: BatchOutcome) -> dict:
-    """Throughput (new tokens of all rows per second of the whole run) and per-token latency
-    (each row's decoding time over its tokens, averaged over the rows)."""
-    finished = [r for r in outcome.rows if r.result is not None and r.result.tokens]
-    new_tokens = sum(len(r.result.tokens) for r in outcome.rows if r.result is not None)
+    """Throughput: new tokens of all rows per second from the first row's first decoding step to
+    the last row's end (end_to_end: per second of the whole run, prefills included); per-token
+    latency: each row's decoding time over its tokens, averaged over the rows."""
+    ran = [r for r in outcome.rows if r.result is not None]
+    finished = [r for r in ran if r.result.tokens]
+    new_tokens = sum(len(r.result.tokens) for r in ran)
     latency = [r.result.time_s / len(r.result.tokens) for r in finished]
+    decoding = max(r.finished for r in ran) - min(r.decode_started for r in ran) if ran else 0.0
     return {
         "prompts": len(outcome.rows),
         "batch_size": outcome.batch_size,
         "new_tokens": new_tokens,
         "time_s": round(outcome.time_s, 4),
-        "throughput_tok_s": round(new_tokens / outcome.time_s, 3) if outcome.time_s else None,
+        "throughput_tok_s": round(new_tokens / decoding, 3) if decoding > 0 else None,
+        "end_to_end_tok_s": round(new_tokens / outcome.time_s, 3) if outcome.time_s else None,
         "latency_ms_per_token": round(1000 * sum(latency) / len(latency), 3) if latency else None,
         "forward_passes": outcome.passes,
         "rows_per_pass": round(outcome.rows_per_pass, 3),

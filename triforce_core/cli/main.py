@@ -22,6 +22,7 @@ def cli():
 
 
 def _register():
+    from triforce.cli.bench_batch_cmd import batch as bench_batch
     from triforce.cli.bench_cmd import bench_group
     from triforce.cli.chat_cmd import chat
     from triforce.cli.eval_cmd import eval_group
@@ -34,6 +35,7 @@ def _register():
     cli.add_command(plan)
     cli.add_command(profile_group)
     cli.add_command(eval_group)
+    bench_group.add_command(bench_batch)
     cli.add_command(bench_group)
 
 

@@ -62,6 +62,9 @@ class RowModel:
         return parent.switch(_Pass(self._model, tokens, positions, view, num_logits, options))
 
 
+_BARRIER = object()  # what a row hands the coordinator at Lockstep.barrier()
+
+
 class _Row(greenlet):
     """A row's greenlet: its task, and what it is waiting for."""
 
@@ -128,6 +131,14 @@ class Lockstep:
     def interrupt(self) -> None:
         self.interrupted = True
 
+    @staticmethod
+    def barrier() -> None:
+        """Called by a row: wait until every row running is at a barrier (or done), e.g. until
+        all have prefilled, so that none decodes beside another's prefill. Outside a row: nothing."""
+        current = greenlet.getcurrent()
+        if isinstance(current, _Row):
+            current.parent.switch(_BARRIER)
+
     def run(self, tasks: list[Callable[[], Any]]) -> list[Any]:
         results: list[Any] = [None] * len(tasks)
         queue = list(enumerate(tasks))[::-1]
@@ -164,9 +175,14 @@ class Lockstep:
         while queue and len(live) < self.width and not self.interrupted:
             start(*queue.pop())
         while waiting:
+            if all(request is _BARRIER for _, request in waiting.values()):
+                for index in sorted(waiting):
+                    resume(waiting.pop(index)[0])
+                continue
             groups: dict[tuple, list[int]] = {}
             for index in sorted(waiting):
-                groups.setdefault(waiting[index][1].key(index), []).append(index)
+                if waiting[index][1] is not _BARRIER:
+                    groups.setdefault(waiting[index][1].key(index), []).append(index)
             for members in groups.values():
                 rows = [waiting.pop(i) for i in members]
                 outs, error = self._pass([p for _, p in rows])

@@ -66,7 +66,7 @@ _BARRIER = object()  # what a row hands the coordinator at Lockstep.barrier()
 
 
 class _Row(greenlet):
-    """A row's greenlet: its task, and what it is waiting for."""
+    """A row's greenlet: its task and its index among the tasks."""
 
     def __init__(self, index: int, task: Callable[[], Any]):
         super().__init__(task)
@@ -116,14 +116,12 @@ class Lockstep:
     A task that raises stops the batch: the other rows are unwound and the error is raised.
     After `interrupt()` (or a KeyboardInterrupt during a pass) every waiting row gets a
     KeyboardInterrupt instead of its logits (an engine keeps what it had committed and reports
-    "interrupt"), no further task starts, and a task that lets it through has result None.
-    `on_pass(rows, tokens)` is told of each batched pass."""
+    "interrupt"), no further task starts, and a task that lets it through has result None."""
 
-    def __init__(self, width: int, on_pass: Callable[[int, int], None] | None = None):
+    def __init__(self, width: int):
         if width < 1:
             raise UserError(f"the batch size must be >= 1, got {width}")
         self.width = width
-        self.on_pass = on_pass
         self.interrupted = False
         self.passes = 0          # batched forwards run
         self.rows_per_pass = 0   # summed over them
@@ -203,8 +201,6 @@ class Lockstep:
             return None, e
         self.passes += 1
         self.rows_per_pass += len(passes)
-        if self.on_pass is not None:
-            self.on_pass(len(passes), passes[0].tokens.shape[1])
         return outs, None
 
     @staticmethod

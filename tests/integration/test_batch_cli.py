@@ -78,3 +78,26 @@ def test_auto_picks_for_the_batch(capsys, tiny_model_dir, tmp_path):
     choice = batch["method_choice"]
     assert choice is not None and choice["method"] == batch["method"]
     assert {p["rows"] for p in choice["predictions"]} == {2}
+
+
+def test_bench_batch_measures_and_predicts(capsys, tiny_model_dir, tmp_path):
+    model = str(tiny_model_dir("llama-gqa", max_position_embeddings=512))
+    plot = tmp_path / "batch.png"
+    code, out, err = run_cli(capsys, "bench", "batch", "--model", model, "--contexts", "64,96", "--batch-sizes", "2,1",
+                             "--methods", "ar,streaming,snapkv", "--new-tokens", "4", "--budget", "40",
+                             "--dtype", "float32", "--plot", str(plot), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    rows = report["rows"]
+    assert {(r["context"], r["batch_size"], r["method"]) for r in rows} == {
+        (c, b, m) for c in (64, 96) for b in (1, 2) for m in ("ar", "streaming", "snapkv")}
+    assert all(r["tokens_per_s"] > 0 and r["predicted_ms_per_token"] > 0 and "x_ar" in r for r in rows)
+    assert set(report["crossover_batch_size"]) == {"64", "96"}
+    assert {g["profile"] for g in report["gpu_predictions"]} == {"rtx4090-24g", "h100-80g"}
+    assert plot.exists()
+    code, _, err = run_cli(capsys, "bench", "batch", "--model", model, "--methods", "streaming")
+    assert_one_line_error(code, err, "--methods takes ar and any of")
+    code, _, err = run_cli(capsys, "bench", "batch", "--model", model, "--batch-sizes", "1,x")
+    assert_one_line_error(code, err, "--batch-sizes must be comma-separated integers")
+    code, _, err = run_cli(capsys, "bench", "batch", "--model", model, "--contexts", "600")
+    assert_one_line_error(code, err, "exceed the model's 512-token context")

@@ -8,20 +8,10 @@ import sys
 
 import click
 
-from triforce.cli.options import INT, check_output_path, device_option, dtype_option, model_option
+from triforce.cli.options import INT, check_output_path, device_option, dtype_option, int_list, model_option
 from triforce.errors import UserError
 
 METHODS = ("ar", "streaming", "snapkv", "retrieval", "triforce")
-
-
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise UserError(f"{flag} takes integers >= 1, got {text!r}")
-    return sorted(set(values))
 
 
 @click.command("batch")
@@ -49,7 +39,8 @@ def batch(model, contexts, batch_sizes, methods, new_tokens, budget, dtype, devi
     unknown = [m for m in chosen if m not in METHODS]
     if unknown or "ar" not in chosen:
         raise UserError(f"--methods takes ar and any of {', '.join(METHODS[1:])}, got {methods!r}")
-    context_list, size_list = _ints(contexts, "--contexts"), _ints(batch_sizes, "--batch-sizes")
+    context_list = sorted(set(int_list(contexts, "--contexts")))
+    size_list = sorted(set(int_list(batch_sizes, "--batch-sizes")))
     if new_tokens < 1 or budget < 1:
         raise UserError("--new-tokens and --budget must be >= 1")
     check_output_path("--plot", plot_path)

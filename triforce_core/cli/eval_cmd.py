@@ -9,18 +9,9 @@ import click
 
 from triforce.app.inputs import read_text_file, text_bound
 from triforce.cli.generate_cmd import read_prompt
-from triforce.cli.options import FLOAT, INT, SEED, context_options, device_option, dtype_option, model_option
+from triforce.cli.options import (FLOAT, INT, SEED, context_options, device_option, dtype_option, int_list,
+                                  model_option)
 from triforce.errors import UserError
-
-
-def _int_list(text: str, name: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UserError(f"{name} must be comma-separated integers, got '{text}'") from None
-    if not values or min(values) < 1:
-        raise UserError(f"{name} must list positive integers, got '{text}'")
-    return values
 
 
 @click.group("eval")
@@ -56,7 +47,7 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
     from triforce.model.context_stretch import run_context, stretch_request
     from triforce.model.loading import load_model
 
-    budget_list = _int_list(budgets, "--budgets")
+    budget_list = int_list(budgets, "--budgets")
     policy_list = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = set(policy_list) - set(POLICIES)
     if unknown or not policy_list:

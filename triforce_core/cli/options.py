@@ -171,3 +171,14 @@ def context_options(f):
                      help="Context size in tokens (default: the model's own). Beyond the trained context "
                           "it needs --rope-scaling.")(f)
     return f
+
+
+def int_list(text: str, name: str) -> list[int]:
+    """A flag's comma-separated positive integers, or one error line."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"{name} must be comma-separated integers, got '{text}'") from None
+    if not values or min(values) < 1:
+        raise UserError(f"{name} must list positive integers, got '{text}'")
+    return values

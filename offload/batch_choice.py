@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from triforce.config import ModelConfig
-from triforce.offload.cost_model import Acceptance, best_gammas, full_verify_ms
+from triforce.offload.cost_model import Acceptance, best_gammas, full_verify_ms, tier1_ms
 from triforce.offload.method_choice import AUTO_ASSUMED, AUTO_MARGIN
 from triforce.offload.planner import hardware, plan_memory
 from triforce.offload.profiles import MemoryProfile, acceptance_table
@@ -42,6 +42,10 @@ class BatchPrediction:
     gamma2: int | None = None
     gamma1: int | None = None
     acceptance: float | None = None  # the full tier's, as assumed or measured
+    # MagicDec's two ratios: a draft step's time over a target decoding step's, and a verify
+    # pass's (gamma2 + 1 tokens per row) over a decoding step's
+    draft_to_target: float | None = None
+    verify_to_decode: float | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -50,7 +54,8 @@ class BatchPrediction:
     def to_json(self) -> dict:
         return {"method": self.method, "rows": self.rows, "ms_per_token": round(self.ms_per_token, 3),
                 "tokens_per_s": round(self.tokens_per_s, 2), "budget": self.budget, "gamma1": self.gamma1,
-                "gamma2": self.gamma2, "acceptance": self.acceptance}
+                "gamma2": self.gamma2, "acceptance": self.acceptance,
+                "draft_to_target": self.draft_to_target, "verify_to_decode": self.verify_to_decode}
 
 
 def row_profile(model: ModelConfig, profile: MemoryProfile, rows: int, dtype_bytes: int, tp: int = 1,
@@ -106,8 +111,12 @@ def _speculative(model, share, hw, context, rows, spec, fixed, dtype_bytes, tp, 
         return None
     g1_range = (spec.gamma1,) if "gamma1" in fixed or not tier0 else range(1, 9)
     g2_range = (spec.gamma2,) if "gamma2" in fixed else range(1, 16)
-    g1, g2, ms = best_gammas(plan.step_costs, hw, acceptance, tier0, g1_range, g2_range, rows)
-    return BatchPrediction(spec.method, rows, ms, spec.budget, g2, g1 if tier0 else None, acceptance.full)
+    costs = plan.step_costs
+    g1, g2, ms = best_gammas(costs, hw, acceptance, tier0, g1_range, g2_range, rows)
+    decode = full_verify_ms(costs, hw, 1, rows)
+    return BatchPrediction(spec.method, rows, ms, spec.budget, g2, g1 if tier0 else None, acceptance.full,
+                           round(tier1_ms(costs, hw, 1, rows) / decode, 3),
+                           round(full_verify_ms(costs, hw, g2 + 1, rows) / decode, 3))
 
 
 @dataclass(frozen=True)

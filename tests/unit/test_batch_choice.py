@@ -29,6 +29,9 @@ def test_speculation_gains_more_as_the_batch_grows():
         assert p["ar"].rows == rows
         gains.append(p["ar"].ms_per_token / p["snapkv"].ms_per_token)
     assert gains[0] < gains[1] < gains[2]
+    # MagicDec's ratios: as the batch's KV grows the draft step gets cheaper against a target step
+    one, four = (by_method(predict_batch(LLAMA3, h100, 65536, r, SpecParams(), dtype_bytes=2))["snapkv"] for r in (1, 4))
+    assert 0 < four.draft_to_target < one.draft_to_target < 1 and one.verify_to_decode >= 1
     one, four = (by_method(predict_batch(LLAMA3, h100, 65536, r, SpecParams(), dtype_bytes=2))["ar"] for r in (1, 4))
     assert four.ms_per_token > one.ms_per_token and four.tokens_per_s > one.tokens_per_s  # latency for throughput
 

@@ -147,7 +147,8 @@ def print_batch(choice, context: int) -> None:
     ar = next((p for p in choice.predictions if p.method == "ar"), None)
     print(f"batch of {rows} x {context} tokens, predicted (ms per token of each sequence, tok/s of the whole batch):")
     for p in choice.predictions:
-        extra = "" if p.method == "ar" else f"  budget {p.budget}, gamma2 {p.gamma2}, acceptance {p.acceptance}"
+        extra = "" if p.method == "ar" else (f"  budget {p.budget}, gamma2 {p.gamma2}, acceptance {p.acceptance}; "
+                                             f"draft/target step {p.draft_to_target}, verify/decode {p.verify_to_decode}")
         ratio = f"{ar.ms_per_token / p.ms_per_token:5.2f}x" if ar else ""
         print(f"  {p.method:10s} {p.ms_per_token:9.2f} ms/token {p.tokens_per_s:10.1f} tok/s {ratio}{extra}")
     print(choice.describe())

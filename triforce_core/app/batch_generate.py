@@ -84,13 +84,16 @@ def fit_batch(runtime, max_len: int, prompts: int, wanted: int | None) -> tuple[
             raise UserError(f"--batch-size must be >= 1, got {wanted}")
         rows = min(wanted, prompts)
         return rows, _feasible(runtime, max_len, rows)
-    for rows in range(prompts, 0, -1):
+    best = (1, row_plan(runtime, max_len, 1))  # the error of a single row, if even that cannot fit
+    low, high = 2, prompts  # a row's share only shrinks as rows are added: bisect for the most that fit
+    while low <= high:
+        rows = (low + high) // 2
         try:
-            return rows, row_plan(runtime, max_len, rows)
+            best = (rows, row_plan(runtime, max_len, rows))
+            low = rows + 1
         except UserError:
-            if rows == 1:
-                raise
-    raise AssertionError("unreachable")
+            high = rows - 1
+    return best
 
 
 def _feasible(runtime, max_len: int, rows: int) -> RunPlan:

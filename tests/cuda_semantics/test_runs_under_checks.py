@@ -90,3 +90,19 @@ def test_offloaded_generate_under_checked_streams(capsys, models, checked):
                          prompt=LONG)
     assert offloaded["plan"]["offloaded"] and offloaded["tokens"] == resident["tokens"]
     assert checked.copies > 0 and checked.checked_accesses > 0
+
+
+def test_an_offloaded_batch_under_checked_streams(capsys, models, checked, tmp_path):
+    """Two rows, each with its own offloaded cache and prefetcher, interleaved pass by pass: every
+    copy keeps stream order, and each row's tokens are its resident single run's."""
+    prompts = tmp_path / "prompts.jsonl"
+    texts = (LONG, LONG[40:] + " the cat")
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in texts))
+    out = run(capsys, "generate", "--model", models[0], "--prompts", prompts, "--max-new-tokens", 12, "--budget", 48,
+              "--chunk-size", 4, "--method", "triforce", "--temperature", "0", "--device-budget", "3.8MB", "--json")
+    report = json.loads(out)
+    assert report["batch"]["plan"]["offloaded"] and report["batch"]["rows_per_pass"] > 1
+    for text, row in zip(texts, report["results"]):
+        assert row["tokens"] == generate(capsys, models[0], "--method", "triforce", "--temperature", "0",
+                                         prompt=text)["tokens"]
+    assert checked.copies > 0 and checked.checked_accesses > 0

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from triforce.config import ModelConfig
-from triforce.offload.cost_model import Acceptance, best_gammas, full_verify_ms, tier1_ms
+from triforce.offload.cost_model import (GAMMA1_RANGE, GAMMA2_RANGE, Acceptance, best_gammas, full_verify_ms,
+                                         tier1_ms)
 from triforce.offload.method_choice import AUTO_ASSUMED, AUTO_MARGIN
 from triforce.offload.planner import hardware, plan_memory
 from triforce.offload.profiles import MemoryProfile, acceptance_table
@@ -59,11 +60,14 @@ class BatchPrediction:
 
 
 def row_profile(model: ModelConfig, profile: MemoryProfile, rows: int, dtype_bytes: int, tp: int = 1,
-                shared_bytes: int | None = None) -> MemoryProfile:
-    """The profile one row of `rows` plans in: the shared weights, and 1/rows of the rest."""
+                draft: ModelConfig | None = None, draft_dtype_bytes: int | None = None) -> MemoryProfile:
+    """The profile one row of `rows` plans in: the weights every row shares (the target's and a
+    draft model's), and 1/rows of the rest."""
     if rows == 1:
         return profile
-    shared = weight_bytes(model, dtype_bytes, tp) if shared_bytes is None else shared_bytes
+    shared = weight_bytes(model, dtype_bytes, tp)
+    if draft is not None:
+        shared += weight_bytes(draft, draft_dtype_bytes or dtype_bytes)
     room = max(profile.device_budget_bytes - shared, 0)
     return profile.with_device_budget(max(shared + room // rows, 1))
 
@@ -105,12 +109,12 @@ def _speculative(model, share, hw, context, rows, spec, fixed, dtype_bytes, tp, 
         acceptance = AUTO_ASSUMED if measured is None else replace(AUTO_ASSUMED, full=measured)
     else:
         acceptance = Acceptance(SELF_ASSUMED[spec.method] if measured is None else measured, 0.0)
-    widest = replace(spec, gamma2=15 if "gamma2" not in fixed else spec.gamma2)
+    widest = replace(spec, gamma2=max(GAMMA2_RANGE) if "gamma2" not in fixed else spec.gamma2)
     plan = plan_memory(model, share, context, widest, dtype_bytes=dtype_bytes, tp=tp, has_tier0=tier0)
     if not plan.feasible:
         return None
-    g1_range = (spec.gamma1,) if "gamma1" in fixed or not tier0 else range(1, 9)
-    g2_range = (spec.gamma2,) if "gamma2" in fixed else range(1, 16)
+    g1_range = (spec.gamma1,) if "gamma1" in fixed or not tier0 else GAMMA1_RANGE
+    g2_range = (spec.gamma2,) if "gamma2" in fixed else GAMMA2_RANGE
     costs = plan.step_costs
     g1, g2, ms = best_gammas(costs, hw, acceptance, tier0, g1_range, g2_range, rows)
     decode = full_verify_ms(costs, hw, 1, rows)

@@ -43,18 +43,29 @@ def _worker(job) -> dict:
     return counts
 
 
+def _run_workers(worker, job_head: tuple, samples: int, broken_level: str | None, workers: int) -> list:
+    """worker(job) over `workers` spawned processes, the samples split between them, each seeded
+    by its index; the parts in order."""
+    share = [samples // workers + (i < samples % workers) for i in range(workers)]
+    jobs = [(*job_head, n, 1234 + i, broken_level) for i, n in enumerate(share)]
+    with mp.get_context("spawn").Pool(workers) as pool:
+        return pool.map(worker, jobs)
+
+
+def _add(total: dict, part: dict) -> dict:
+    for cell, n in part.items():
+        total[cell] = total.get(cell, 0) + n
+    return total
+
+
 def sample_counts(target_dir: str, draft_dir: str, spec_kwargs: dict, drafter, params: SamplingParams,
                   prompt_ids: list[int], new_tokens: int, samples: int, broken_level: str | None = None,
                   workers: int = min(2, os.cpu_count() or 1)) -> dict:
-    share = [samples // workers + (i < samples % workers) for i in range(workers)]
-    jobs = [(target_dir, draft_dir, spec_kwargs, drafter, params, prompt_ids, new_tokens, n, 1234 + i,
-             broken_level) for i, n in enumerate(share)]
-    with mp.get_context("spawn").Pool(workers) as pool:
-        parts = pool.map(_worker, jobs)
+    parts = _run_workers(_worker, (target_dir, draft_dir, spec_kwargs, drafter, params, prompt_ids, new_tokens),
+                         samples, broken_level, workers)
     total: dict = {}
     for part in parts:
-        for cell, n in part.items():
-            total[cell] = total.get(cell, 0) + n
+        _add(total, part)
     return total
 
 
@@ -95,14 +106,10 @@ def batch_sample_counts(target_dir: str, draft_dir: str, spec_kwargs: dict, draf
                         prompts: list[list[int]], new_tokens: int, samples: int, broken_level: str | None = None,
                         workers: int = min(2, os.cpu_count() or 1)) -> list[dict]:
     """Per prompt, the counts of its first tokens over `samples` batched runs."""
-    share = [samples // workers + (i < samples % workers) for i in range(workers)]
-    jobs = [(target_dir, draft_dir, spec_kwargs, drafter, params, prompts, new_tokens, n, 1234 + i,
-             broken_level) for i, n in enumerate(share)]
-    with mp.get_context("spawn").Pool(workers) as pool:
-        parts = pool.map(_batch_worker, jobs)
+    parts = _run_workers(_batch_worker, (target_dir, draft_dir, spec_kwargs, drafter, params, prompts, new_tokens),
+                         samples, broken_level, workers)
     total: list[dict] = [{} for _ in prompts]
     for part in parts:
         for r, counts in enumerate(part):
-            for cell, n in counts.items():
-                total[r][cell] = total[r].get(cell, 0) + n
+            _add(total[r], counts)
     return total

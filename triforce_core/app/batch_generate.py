@@ -61,20 +61,10 @@ def row_plan(runtime, max_len: int, rows: int, spec=None, fixed: frozenset | Non
                             f"{runtime.profile.name}")
         choice = choose_for_batch(predictions)
         spec, fixed = spec_for(choice.chosen, spec, fixed)
-    shared = _shared_weights(runtime)
-    profile = row_profile(lm.config, runtime.profile, rows, lm.dtype.itemsize, shared_bytes=shared)
+    draft = runtime.draft.model if runtime.draft.kind == "model" else None
+    profile = row_profile(lm.config, runtime.profile, rows, lm.dtype.itemsize, draft=draft and draft.config,
+                          draft_dtype_bytes=draft and draft.dtype.itemsize)
     return replace(runtime.plan(max_len, spec=spec, fixed=fixed, profile=profile), batch=choice)
-
-
-def _shared_weights(runtime) -> int:
-    """Bytes every row shares: the target's weights and a draft model's."""
-    from triforce.offload.shapes import weight_bytes
-
-    lm, draft = runtime.lm, runtime.draft
-    shared = weight_bytes(lm.config, lm.dtype.itemsize)
-    if draft.kind == "model":
-        shared += weight_bytes(draft.model.config, draft.model.dtype.itemsize)
-    return shared
 
 
 def fit_batch(runtime, max_len: int, prompts: int, wanted: int | None) -> tuple[int, RunPlan]:

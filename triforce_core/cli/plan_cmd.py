@@ -124,19 +124,17 @@ def _batch(shape, prof, context: int, rows: int, spec, fixed, dtype: str, tp: in
     from dataclasses import replace
 
     from triforce.offload.batch_choice import choose_for_batch, predict_batch, row_profile, spec_for
-    from triforce.offload.shapes import weight_bytes
 
     if rows < 1:
         raise UserError(f"--batch-size must be >= 1, got {rows}")
     size = _DTYPE_BYTES[dtype]
     draft_shape = _draft_shape(draft)
-    shared = weight_bytes(shape, size, tp) + (weight_bytes(draft_shape, size) if draft_shape and spec.uses_draft else 0)
     predictions = predict_batch(shape, prof, context, rows, replace(spec, method="ar"), dtype_bytes=size,
                                 fixed=fixed, tp=tp)
     if not predictions:
         raise UserError(f"no method fits a batch of {rows} rows of {context} tokens in profile {prof.name}")
     choice = choose_for_batch(predictions)
-    row = row_profile(shape, prof, rows, size, tp, shared_bytes=shared)
+    row = row_profile(shape, prof, rows, size, tp, draft=draft_shape if spec.uses_draft else None)
     if spec.method == "auto":
         return (choice, row, *spec_for(choice.chosen, spec, fixed))
     return choice, row, spec, fixed

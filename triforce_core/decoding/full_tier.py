@@ -20,6 +20,11 @@ PREFILL_CHUNK = PREFILL_CHUNKS[0]  # tokens per prefill forward: bounds activati
 Queries = list[torch.Tensor]  # per layer, post-RoPE queries [B, H, T, D] of T tokens
 
 
+def latest(kept: torch.Tensor | None, new: torch.Tensor, window: int) -> torch.Tensor:
+    """The queries [B, H, <= window, D] of the last `window` tokens of `kept` followed by `new`."""
+    return new[:, :, -window:] if kept is None else torch.cat([kept, new], 2)[:, :, -window:]
+
+
 class FullTier:
     name = "full"
 
@@ -109,8 +114,7 @@ class FullTier:
                 wanted = window if begin + len(piece) > len(ids) - window else 0  # chunks the window touches
                 logits, last = self._pass(piece, 1, False, prefill=True, record_last=wanted)
                 if wanted:
-                    queries = last if queries is None else \
-                        [torch.cat([a, b], 2)[:, :, -window:] for a, b in zip(queries, last)]
+                    queries = last if queries is None else [latest(a, b, window) for a, b in zip(queries, last)]
                 if progress is not None:
                     progress(len(piece))
         if window:
@@ -180,9 +184,8 @@ class _PrefillView:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = self.step.attend(layer, q, k, v)
         if self.last_queries is not None:
-            kept = q[:, :, -self.window:] if self.last_queries[layer] is None else \
-                torch.cat([self.last_queries[layer], q[:, :, -self.window:]], 2)[:, :, -self.window:]
-            self.last_queries[layer] = kept.clone()  # not a view: the pass's queries are freed
+            # not a view: the pass's queries are freed
+            self.last_queries[layer] = latest(self.last_queries[layer], q, self.window).clone()
         if self.progress is not None and self.step.layer_done(layer):
             done = self.total * (layer + 1) // self.step.num_layers
             if done > self.reported:

@@ -56,10 +56,10 @@ class RowModel:
         return getattr(self._model, name)
 
     def __call__(self, tokens, positions, view, num_logits=None, **options):
-        parent = greenlet.getcurrent().parent
-        if parent is None or not isinstance(greenlet.getcurrent(), _Row):
+        current = greenlet.getcurrent()
+        if not isinstance(current, _Row):
             return self._model(tokens, positions, view, num_logits=num_logits, **options)
-        return parent.switch(_Pass(self._model, tokens, positions, view, num_logits, options))
+        return current.parent.switch(_Pass(self._model, tokens, positions, view, num_logits, options))
 
 
 _BARRIER = object()  # what a row hands the coordinator at Lockstep.barrier()

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections import deque
 
-import torch
-
 from triforce.config import SpecParams
+from triforce.decoding.full_tier import latest
 
 ROLLING_ROUNDS = 8  # full verifies in the rolling acceptance that can trigger a rebuild
 
@@ -84,7 +83,7 @@ class SparseUpkeep:
         if queries is not None and 0 < rows <= queries[0].shape[2]:
             fresh = [q[:, :, :rows] for q in queries]
             self.latest_queries = fresh if self.latest_queries is None else \
-                [torch.cat([old, new], 2)[:, :, -self.window:] for old, new in zip(self.latest_queries, fresh)]
+                [latest(old, new, self.window) for old, new in zip(self.latest_queries, fresh)]
         for tier in self.tiers:
             tier.commit(self.full.cache, committed_before, committed)
             if self.policy.should_rebuild(tier.cache.appended):

@@ -20,6 +20,7 @@ setup(
         "triforce.cache": "triforce_core/cache",
         "triforce.decoding": "triforce_core/decoding",
         "triforce.app": "triforce_core/app",
+        "triforce.server": "triforce_core/server",
         "triforce.offload": "offload",
         "triforce.pinned": "pinned",
         "triforce.kernels": "kernels",
@@ -33,6 +34,7 @@ setup(
         "triforce.cache",
         "triforce.decoding",
         "triforce.app",
+        "triforce.server",
         "triforce.offload",
         "triforce.pinned",
         "triforce.kernels",
@@ -53,12 +55,15 @@ setup(
         "tqdm",
         "filelock",  # one process builds each cache entry; the others wait
         "greenlet",  # a batch's rows as coroutines (triforce.decoding.lockstep)
+        "starlette",  # `triforce serve`: the OpenAI-compatible HTTP API
+        "uvicorn",
+        "pydantic>=2",
     ],
     extras_require={
         "flash": ["flash-attn"],
         "bench": ["matplotlib"],
         # triton runs the retrieval kernels' tests on CPU through its interpreter
-        "test": ["pytest", "scipy", "pexpect", "matplotlib",
+        "test": ["pytest", "scipy", "pexpect", "matplotlib", "openai", "httpx",
                  "triton; sys_platform == 'linux' and platform_machine == 'x86_64'"],
     },
     entry_points={"console_scripts": ["triforce=triforce.cli.main:main"]},

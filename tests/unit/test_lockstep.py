@@ -143,3 +143,28 @@ def test_a_barrier_holds_rows_until_every_row_reaches_it():
     assert real.calls[-1] == (3, 1)  # the decoding steps of all three rows ran as one pass
     assert order == [0, 1, 2] and real.calls.count((3, 1)) == 1
     Lockstep.barrier()  # outside a row: nothing to wait for
+
+
+def test_serve_starts_tasks_that_arrive_while_rows_run_and_waits_when_idle():
+    """The server's loop: take(False) while rows run (None: nothing new), take(True) when idle
+    (None: stop). A task that arrives mid-run joins the running rows' passes."""
+    real = Recorder()
+    model = RowModel(real)
+    done, started, asked = [], [], []
+    tasks = {"a": lambda: done.append(("a", [call(model, 1, 1).tolist() for _ in range(4)])),
+             "b": lambda: done.append(("b", [call(model, 50, 1).tolist() for _ in range(2)])),
+             "c": lambda: done.append(("c", call(model, 70, 1).tolist()))}
+
+    def take(block):
+        asked.append(block)
+        name = ("a" if not started else "b" if len(started) == 1 and real.calls else
+                "c" if len(started) == 2 and block else None)
+        if name is None:
+            return None
+        started.append(name)
+        return tasks[name]
+
+    Lockstep(width=2).serve(take)
+    assert [name for name, _ in done] == ["b", "a", "c"]
+    assert real.calls == [(1, 1), (2, 1), (2, 1), (1, 1), (1, 1)]  # b joined a after a's first step
+    assert asked.count(True) == 3  # a and c were taken while idle, and the last None ended it

@@ -16,6 +16,18 @@ from triforce.model.loading import LoadedModel
 PLAIN_TEMPLATE_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
+def render_messages(tokenizer, messages: list[dict], add_generation_prompt: bool, max_len: int) -> list[int]:
+    """A conversation's token ids: the model's chat template (as `generate --chat`), or for base
+    models a plain transcript. max_len: the context (bounds the rendered text)."""
+    if getattr(tokenizer, "chat_template", None):
+        text = render_chat(tokenizer, messages, add_generation_prompt, text_bound(max_len))
+    else:
+        text = "".join(f"{PLAIN_TEMPLATE_ROLES[m['role']]}: {m['content']}\n\n" for m in messages)
+        if add_generation_prompt:
+            text += "Assistant:"
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
 class Chat:
     def __init__(self, lm: LoadedModel, max_len: int, system: str | None = None,
                  spec: SpecParams = SpecParams(), draft=None, kv_cache=None, engine: Engine | None = None):
@@ -26,7 +38,6 @@ class Chat:
         self.full = self.engine.full
         self.system = system
         self.messages: list[dict] = self._initial_messages()
-        self.has_template = bool(getattr(lm.tokenizer, "chat_template", None))
         self.last_answer: GenerationResult | None = None
         self.last_prefill_tokens = 0
 
@@ -34,14 +45,7 @@ class Chat:
         return [{"role": "system", "content": self.system}] if self.system else []
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-        tok = self.lm.tokenizer
-        if self.has_template:
-            text = render_chat(tok, messages, add_generation_prompt, text_bound(self.full.max_len))
-        else:  # base models: a plain transcript
-            text = "".join(f"{PLAIN_TEMPLATE_ROLES[m['role']]}: {m['content']}\n\n" for m in messages)
-            if add_generation_prompt:
-                text += "Assistant:"
-        return tok(text, add_special_tokens=False).input_ids
+        return render_messages(self.lm.tokenizer, messages, add_generation_prompt, self.full.max_len)
 
     def _sync(self, messages: list[dict], add_generation_prompt: bool,
               progress: Callable[[int], None] | None, on_total: Callable[[int], None] | None) -> None:

@@ -29,9 +29,11 @@ def _register():
     from triforce.cli.generate_cmd import generate
     from triforce.cli.plan_cmd import plan
     from triforce.cli.profile_cmd import profile_group
+    from triforce.cli.serve_cmd import serve
 
     cli.add_command(generate)
     cli.add_command(chat)
+    cli.add_command(serve)
     cli.add_command(plan)
     cli.add_command(profile_group)
     cli.add_command(eval_group)

@@ -139,9 +139,17 @@ class Lockstep:
 
     def run(self, tasks: list[Callable[[], Any]]) -> list[Any]:
         results: list[Any] = [None] * len(tasks)
-        queue = list(enumerate(tasks))[::-1]
+        queue = [lambda i=i, task=task: results.__setitem__(i, task()) for i, task in enumerate(tasks)][::-1]
+        self.serve(lambda block: queue.pop() if queue else None)
+        return results
+
+    def serve(self, take: Callable[[bool], Callable[[], Any] | None]) -> None:
+        """Run tasks as they come: `take(block)` gives the next task or None. While rows run it
+        is asked with block False whenever a slot is free (None: nothing waiting now); with none
+        running, with block True (None: no task will come, so return)."""
         waiting: dict[int, tuple[_Row, _Pass]] = {}
         live: list[_Row] = []
+        started = 0
 
         def resume(row: _Row, value=None, error: BaseException | None = None) -> None:
             try:
@@ -160,19 +168,24 @@ class Lockstep:
             if not row.dead:
                 waiting[row.index] = (row, out)
                 return
-            results[row.index] = out
             live.remove(row)
-            if queue and not self.interrupted:
-                start(*queue.pop())
+            fill(False)
 
-        def start(index: int, task) -> None:
-            row = _Row(index, task)
-            live.append(row)
-            resume(row)
+        def fill(block: bool) -> None:
+            nonlocal started
+            while len(live) < self.width and not self.interrupted:
+                task = take(block and not live)
+                if task is None:
+                    return
+                row = _Row(started, task)
+                started += 1
+                live.append(row)
+                resume(row)
 
-        while queue and len(live) < self.width and not self.interrupted:
-            start(*queue.pop())
-        while waiting:
+        while True:
+            fill(True)  # tasks that came while the rows ran join them; with none running, wait
+            if not waiting:
+                return
             if all(request is _BARRIER for _, request in waiting.values()):
                 for index in sorted(waiting):
                     resume(waiting.pop(index)[0])
@@ -186,7 +199,6 @@ class Lockstep:
                 outs, error = self._pass([p for _, p in rows])
                 for i, (row, _) in enumerate(rows):
                     resume(row, None if outs is None else outs[i], error)
-        return results
 
     def _pass(self, passes: list[_Pass]) -> tuple[list[torch.Tensor] | None, BaseException | None]:
         """Run one group's pass; on failure every row of it gets the error (its caches roll back)."""

@@ -1,0 +1,88 @@
+"""`triforce serve` as a process: it prints where it listens, SIGTERM lets the stream in flight
+finish and exits 0, and bad flags or a port in use are one line before any model loads."""
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import httpx
+import pytest
+
+from serve_helpers import DEADLINE_S, wait_for
+from test_cli import assert_one_line_error, run_cli
+
+
+def start(model_dir, *flags):
+    proc = subprocess.Popen([sys.executable, "-m", "triforce.cli.main", "serve", "--model", str(model_dir),
+                             "--port", "0", "--dtype", "float32", "--max-context", "1024", *flags],
+                            stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        found = re.search(r"listening on (http://\S+/v1)", line)
+        if found:
+            return proc, found.group(1), lines
+    raise AssertionError(f"the server did not start: {''.join(lines)}")
+
+
+def test_sigterm_finishes_the_stream_in_flight_and_exits_0(default_model_dir):
+    proc, url, _ = start(default_model_dir, "--batch-size", "1")
+    events, first = [], threading.Event()
+
+    def read_stream():
+        body = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 120, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", url + "/completions", json=body, timeout=DEADLINE_S) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+                    first.set()
+
+    reader = threading.Thread(target=read_stream)
+    reader.start()
+    try:
+        assert first.wait(DEADLINE_S)
+        proc.send_signal(signal.SIGTERM)
+        reader.join(DEADLINE_S)
+        assert proc.wait(DEADLINE_S) == 0
+    finally:
+        proc.kill()
+    rest = proc.stderr.read()
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert len([c for c in chunks if c["choices"][0]["text"]]) >= 100  # the whole answer, not cut short
+    assert "stopped" in rest and "Traceback" not in rest
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url.removesuffix("/v1") + "/health")
+
+
+def test_health_answers_once_listening(default_model_dir):
+    proc, url, lines = start(default_model_dir, "--batch-size", "2", "--model-name", "tiny-chat")
+    try:
+        health = wait_for(lambda: httpx.get(url.removesuffix("/v1") + "/health").json(), "health")
+        assert health["status"] == "ok" and health["model"] == "tiny-chat" and health["batch_size"] == 2
+        assert "2 row(s) at once, 1024-token context" in lines[-1]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(DEADLINE_S) == 0
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--queue-size", "-1"], "--queue-size must be >= 0"),
+    (["--api-key", " "], "--api-key is empty"),
+    (["--host", "no.such.host.invalid"], "cannot listen on no.such.host.invalid"),
+])
+def test_bad_flags_are_one_line(capsys, flags, fragment):
+    code, _, err = run_cli(capsys, "serve", "--model", "/nonexistent", *flags)
+    assert_one_line_error(code, err, fragment)
+
+
+def test_a_port_in_use_is_one_line(capsys):
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        code, _, err = run_cli(capsys, "serve", "--model", "/nonexistent", "--port", port)
+    assert_one_line_error(code, err, f"cannot listen on 127.0.0.1:{port}")

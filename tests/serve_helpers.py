@@ -1,0 +1,65 @@
+"""A `triforce serve` API on the loopback inside the test process (uvicorn on a thread), and
+waiting for its state without racing the clock: every wait is on a condition, with a deadline
+only so that a broken server fails instead of hanging."""
+import socket
+import threading
+import time
+
+import uvicorn
+
+from triforce.app.runtime import RunConfig
+from triforce.cli.serve_cmd import build_api
+from triforce.config import SpecParams
+
+DEADLINE_S = 300.0
+
+
+def wait_for(condition, what: str, deadline_s: float = DEADLINE_S):
+    ends = time.monotonic() + deadline_s
+    while not (value := condition()):
+        if time.monotonic() > ends:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.01)
+    return value
+
+
+class LiveServer:
+    def __init__(self, model: str, max_context: int = 2048, batch_size: int = 3, queue_size: int = 8,
+                 api_key: str | None = None, method: str = "auto"):
+        config = RunConfig(model=model, dtype="float32", device="cpu", max_context=max_context,
+                           spec=SpecParams(method=method))
+        self.api, _ = build_api(config, api_key=api_key, batch_size=batch_size, queue_size=queue_size, quiet=True)
+        self.scheduler = self.api.scheduler
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(self.api.app(), log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [listener]}, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started, "the server to start")
+
+    def client(self, **kw):
+        import openai
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", "none"), max_retries=0,
+                             timeout=DEADLINE_S, **kw)
+
+    def idle(self) -> None:
+        """Wait until no row decodes (a stream ended by a stop string runs one more round)."""
+        wait_for(lambda: self.scheduler.running == 0 and self.scheduler.queued == 0, "the rows to finish")
+
+    def held(self):
+        """While held, requests queue up instead of starting; on release they start together."""
+        server = self
+
+        class _Held:
+            def __enter__(self):
+                server.scheduler.admit.clear()
+
+            def __exit__(self, *exc):
+                server.scheduler.admit.set()
+
+        return _Held()
+
+    def stop(self) -> None:
+        self.scheduler.admit.set()
+        self.server.should_exit = True
+        self.thread.join(DEADLINE_S)

@@ -1,0 +1,111 @@
+"""`triforce serve`: an OpenAI-compatible server on the loopback (see triforce.server)."""
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+from triforce.app.runtime import RunConfig
+from triforce.cli.options import (INT, build_spec, context_options, device_option, dtype_option, model_option,
+                                  offload_options, runtime_options, speculation_options)
+from triforce.errors import UserError
+
+DEFAULT_MAX_ROWS = 4  # rows decoded together unless --batch-size says otherwise (each row slows the others)
+
+
+@click.command()
+@model_option
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 opens the server to the network: set --api-key).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
+              help="Port to listen on (0: any free port, printed at start).")
+@click.option("--api-key", default=None, envvar="TRIFORCE_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on /v1 (also from $TRIFORCE_API_KEY).")
+@click.option("--model-name", default=None,
+              help="The model id /v1/models lists and answers carry (default: the model folder's name). "
+                   "Requests may name any model: this server has one.")
+@click.option("--batch-size", type=INT, default=None,
+              help=f"Requests decoded together, sharing each forward pass (default: as many as the memory "
+                   f"plan fits, at most {DEFAULT_MAX_ROWS}).")
+@click.option("--queue-size", type=INT, default=16, show_default=True,
+              help="Requests that may wait for a free row; beyond that the server answers 503.")
+@speculation_options(default_method="auto")
+@context_options
+@dtype_option
+@device_option
+@offload_options
+@runtime_options(count_syncs=False)
+@click.option("--quiet", is_flag=True, help="No line per request on stderr.")
+def serve(model, host, port, api_key, model_name, batch_size, queue_size, method, draft, budget, chunk_size, gamma1,
+          gamma2, rebuild_stride, rebuild_threshold, max_context, rope_scaling, dtype, device, profile,
+          device_budget, attn, no_graphs, quiet):
+    """Serve the model over OpenAI's API: /v1/chat/completions, /v1/completions (streamed as
+    server-sent events with "stream": true), /v1/models and /health.
+
+    Point a chat UI or the openai client at http://HOST:PORT/v1. Chat messages go through the
+    model's chat template exactly as `generate --chat`. Requests that arrive together decode
+    together (up to --batch-size, the rest wait in the queue); each keeps its cache afterwards,
+    so the next turn of a conversation prefills only what is new (usage.prompt_tokens_details.
+    cached_tokens says how much was reused). A client that disconnects stops its generation.
+    Ctrl-C or SIGTERM lets the answers in flight finish, then exits.
+    """
+    if queue_size < 0:
+        raise UserError(f"--queue-size must be >= 0, got {queue_size}")
+    if batch_size is not None and batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {batch_size}")
+    if api_key is not None and not api_key.strip():
+        raise UserError("--api-key is empty")
+    listener = _listen(host, port)  # a port in use fails now, not after loading the model
+    spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
+    config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device,
+                       profile=profile, device_budget=device_budget, attn=attn,
+                       graphs="off" if no_graphs else "auto", max_context=max_context, rope_scaling=rope_scaling)
+    run_server(config, listener, api_key, model_name, batch_size, queue_size, quiet)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=128)
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None, queue_size=16, quiet=False):
+    """Load the model, size the batch and build the API: (Api, the lines to print at start)."""
+    from triforce.app.batch_generate import fit_batch
+    from triforce.app.runtime import build_runtime
+    from triforce.server.app import Api
+    from triforce.server.scheduler import Scheduler
+
+    runtime = build_runtime(config)
+    context = runtime.context
+    rows, run = fit_batch(runtime, context, batch_size or DEFAULT_MAX_ROWS, batch_size)
+    runtime.check_host_room(run, context, rows)
+    scheduler = Scheduler(runtime, run, context, rows, queue_size, log=not quiet)
+    model_id = model_name or Path(str(runtime.lm.path)).name
+    lines = [runtime.attn_line] + ([run.batch.describe()] if run.batch is not None else [])
+    lines.append(f"triforce serve: {model_id}, method {run.spec.method}, {rows} row(s) at once, "
+                 f"{context}-token context")
+    return Api(runtime.lm, scheduler, model_id, context, api_key), lines
+
+
+def run_server(config: RunConfig, listener: socket.socket, api_key, model_name, batch_size, queue_size,
+               quiet: bool) -> None:
+    import uvicorn
+
+    api, lines = build_api(config, api_key, model_name, batch_size, queue_size, quiet)
+    address, port = listener.getsockname()[:2]
+    shown = f"[{address}]" if ":" in address else address
+    lines[-1] += f"; listening on http://{shown}:{port}/v1 (Ctrl-C or SIGTERM to stop)"
+    print("\n".join(lines), file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(api.app(), log_level="warning", timeout_graceful_shutdown=None))
+    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with these
+    # handlers in place that re-raise does nothing and the command exits 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    server.run(sockets=[listener])
+    print("triforce serve: stopped", file=sys.stderr)

@@ -1,0 +1,1 @@
+"""`triforce serve`: the OpenAI-compatible HTTP server."""

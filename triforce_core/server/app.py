@@ -1,0 +1,273 @@
+"""The OpenAI-compatible HTTP API (Starlette): /v1/chat/completions, /v1/completions (streamed
+as server-sent events or not), /v1/models and /health. Requests are checked, rendered and
+tokenized here, on the event loop; their rows decode on the scheduler's thread."""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from triforce.app.chat import render_messages
+from triforce.app.textstream import TextStream
+from triforce.config import SamplingParams
+from triforce.errors import UserError
+from triforce.server.protocol import ApiError, ChatRequest, CompletionRequest, parse
+from triforce.server.scheduler import Job, QueueFull, Scheduler
+from triforce.server.stop_text import StopText
+
+BODY_BYTES = 64 << 20  # a request body is read whole: refuse a larger one
+FINISH = {"eos": "stop", "length": "length", "context": "length"}
+
+
+class Api:
+    def __init__(self, lm, scheduler: Scheduler, model_id: str, context: int, api_key: str | None = None):
+        self.lm, self.scheduler, self.model_id = lm, scheduler, model_id
+        self.context, self.api_key = context, api_key
+        self.created = int(time.time())
+        self.requests = 0
+
+    def app(self) -> Starlette:
+        @asynccontextmanager
+        async def lifespan(app):
+            self.scheduler.start()
+            yield
+            await asyncio.get_running_loop().run_in_executor(None, self.scheduler.close)
+
+        routes = [Route("/health", self.health), Route("/v1/models", self.models),
+                  Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                  Route("/v1/completions", self.completions, methods=["POST"])]
+        handlers = {ApiError: _api_error, HTTPException: _http_error}
+        return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+
+    # ---- endpoints ---------------------------------------------------------------------------
+    async def health(self, request: Request) -> JSONResponse:
+        failure = self.scheduler.failure
+        body = {"status": "error" if failure else "ok", "model": self.model_id, **self.scheduler.status()}
+        if failure:
+            body["error"] = failure
+        return JSONResponse(body, status_code=503 if failure else 200)
+
+    async def models(self, request: Request) -> JSONResponse:
+        self._check_key(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "triforce",
+             "max_context": self.context}]})
+
+    async def chat(self, request: Request):
+        self._check_key(request)
+        body = parse(ChatRequest, await _read_json(request))
+        messages = [m.as_template_message() for m in body.messages]
+        try:
+            ids = render_messages(self.lm.tokenizer, messages, True, self.context)
+        except UserError as e:  # a template failure, or far more text than the context holds
+            raise ApiError(400, str(e), "messages", code="context_length_exceeded"
+                           if "context" in str(e) else None) from None
+        return await self._answer(request, body, ids, "messages", chat=True)
+
+    async def completions(self, request: Request):
+        self._check_key(request)
+        body = parse(CompletionRequest, await _read_json(request))
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            vocab = self.lm.config.vocab_size
+            if not all(0 <= t < vocab for t in prompt):
+                raise ApiError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
+            ids = list(prompt)
+        else:
+            text = prompt[0] if isinstance(prompt, list) else prompt
+            if len(text) > 16 * self.context + 4096:  # no tokenizer makes tokens that short
+                raise ApiError(400, f"the prompt is far longer than the {self.context}-token context", "prompt",
+                               code="context_length_exceeded")
+            ids = self.lm.tokenizer(text).input_ids  # as `triforce generate`: special tokens included
+        return await self._answer(request, body, ids, "prompt", chat=False)
+
+    # ---- one answer ----------------------------------------------------------------------------
+    def _check_key(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            raise ApiError(401, "Incorrect or missing API key (send 'Authorization: Bearer KEY')",
+                           code="invalid_api_key")
+
+    async def _answer(self, request: Request, body, ids: list[int], what: str, chat: bool):
+        if not ids:
+            raise ApiError(400, f"the {what} is empty after tokenisation", what)
+        room = self.context - len(ids)
+        if room <= 0:
+            raise ApiError(400, f"the {what} has {len(ids)} tokens but the context holds {self.context}", what,
+                           code="context_length_exceeded")
+        wanted = body.wanted_tokens()
+        params = SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
+                                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
+                                seed=body.seed)
+        self.requests += 1
+        kind = "chatcmpl" if chat else "cmpl"
+        label = f"#{self.requests} {'chat' if chat else 'completion'}"
+        job = Job(ids, min(room, wanted or room), params, None, label, ignore_eos=body.ignore_eos)
+        pieces = self._decode(job, body.stop_strings())
+        await anext(pieces)  # ('queued',): QueueFull and a failed thread answer before any byte is sent
+        reply = _Reply(f"{kind}-{uuid.uuid4().hex}", int(time.time()), self.model_id, chat)
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(reply.stream(pieces, usage), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return JSONResponse(await reply.whole(request, pieces))
+
+    async def _decode(self, job: Job, stops: list[str]) -> AsyncIterator[tuple]:
+        """("queued",) first, then ("text", str) and ("progress", done, total) as they come, then
+        ("end", finish_reason, usage). Closing it early (the client left) stops the row."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def emit(event: tuple) -> None:  # on the decoding thread
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, event)
+            except RuntimeError:  # the loop has closed: nobody is listening
+                pass
+
+        job.emit, ids = emit, job.ids
+        try:
+            self.scheduler.submit(job)
+        except QueueFull:
+            raise ApiError(503, "the server is busy: every row is decoding and the queue is full; retry later",
+                           kind="server_error", code="queue_full") from None
+        except RuntimeError as e:
+            raise ApiError(503, str(e), kind="server_error") from None
+        try:
+            yield ("queued",)
+            stream, stop = TextStream(self.lm.tokenizer), StopText(stops)
+            reused, tokens, done = 0, 0, 0
+            while True:
+                event = await events.get()
+                if event[0] == "token":
+                    tokens += 1
+                    text = stop.feed(stream.push(event[1]))
+                    if text:
+                        yield ("text", text)
+                    if stop.matched:
+                        job.stop = True
+                        finish = "stop"
+                        break
+                elif event[0] == "prefill":
+                    reused = event[1]
+                elif event[0] == "progress":
+                    done += event[1]
+                    yield ("progress", reused + done, len(ids) - 1)
+                elif event[0] == "done":
+                    rest = stop.flush()
+                    if rest:
+                        yield ("text", rest)
+                    finish = FINISH.get(event[1], "stop")
+                    break
+                else:
+                    raise ApiError(500, event[1], kind="server_error")
+            yield ("end", finish, {"prompt_tokens": len(ids), "completion_tokens": tokens,
+                                   "total_tokens": len(ids) + tokens,
+                                   "prompt_tokens_details": {"cached_tokens": reused}})
+        finally:
+            job.stop = True  # the client went away (or the answer is complete): free the row
+
+
+class _Reply:
+    """The response objects of one answer, whole or as chunks."""
+
+    def __init__(self, rid: str, created: int, model: str, chat: bool):
+        self.head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                     "model": model}
+        self.chat = chat
+
+    def _choice(self, text: str | None, finish: str | None, delta: bool) -> dict:
+        if not self.chat:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        content = {"content": text} if text is not None else {}
+        key = "delta" if delta else "message"
+        return {"index": 0, key: content if delta else {"role": "assistant", **content}, "logprobs": None,
+                "finish_reason": finish}
+
+    async def whole(self, request: Request, pieces) -> dict:
+        """Every piece gathered; the row stops if the client disconnects meanwhile."""
+        gone = asyncio.ensure_future(_disconnected(request))
+        parts: list[str] = []
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(pieces))
+                await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not step.done():
+                    step.cancel()
+                    raise ApiError(499, "the client closed the connection")
+                piece = step.result()
+                if piece[0] == "text":
+                    parts.append(piece[1])
+                elif piece[0] == "end":
+                    return {**self.head, "choices": [self._choice("".join(parts), piece[1], False)],
+                            "usage": piece[2]}
+        finally:
+            gone.cancel()
+            await pieces.aclose()
+
+    async def stream(self, pieces, include_usage: bool) -> AsyncIterator[str]:
+        head = {**self.head, "object": "chat.completion.chunk" if self.chat else "text_completion"}
+        extra = {"usage": None} if include_usage else {}
+        try:
+            if self.chat:
+                opening = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                "logprobs": None, "finish_reason": None}], **extra}
+                yield _event(opening)
+            async for piece in pieces:
+                if piece[0] == "text":
+                    yield _event({**head, "choices": [self._choice(piece[1], None, True)], **extra})
+                elif piece[0] == "progress":
+                    yield f": prefill {piece[1]}/{piece[2]}\n\n"  # a comment: clients skip it
+                elif piece[0] == "end":
+                    closing = self._choice(None if self.chat else "", piece[1], True)
+                    yield _event({**head, "choices": [closing], **extra})
+                    if include_usage:
+                        yield _event({**head, "choices": [], "usage": piece[2]})
+        except ApiError as e:  # the row failed after the stream began: say so in the stream
+            yield _event(e.body())
+        finally:
+            await pieces.aclose()
+        yield "data: [DONE]\n\n"
+
+
+def _event(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _read_json(request: Request):
+    size = 0
+    chunks = []
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > BODY_BYTES:
+            raise ApiError(413, f"the request body is larger than {BODY_BYTES >> 20} MiB")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
+
+
+async def _api_error(request: Request, e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def _http_error(request: Request, e: HTTPException) -> JSONResponse:
+    return JSONResponse(ApiError(e.status_code, e.detail, kind="invalid_request_error").body(),
+                        status_code=e.status_code, headers=getattr(e, "headers", None))

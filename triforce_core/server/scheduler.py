@@ -1,0 +1,217 @@
+"""The server's decoding thread: each request is a row of one lockstep batch
+(triforce.decoding.lockstep), so requests that run at the same time share every forward pass.
+
+Rows decode on one thread of their own, in token ids only; the event loop renders and
+tokenizes the request before and detokenizes after. A row's engine stays with its cache when
+the request ends, so a later request that extends the same conversation (the next turn of a chat
+over a long document) takes the engine whose cache holds the longest prefix of it and prefills
+only the rest. At most `width` rows run (the plan's batch size); later requests wait in a queue
+of at most `queue_size`."""
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from greenlet import GreenletExit
+
+from triforce.app.batch_generate import row_models
+from triforce.decoding.lockstep import Lockstep
+
+
+class QueueFull(Exception):
+    """Every row is busy and the queue holds queue_size requests already."""
+
+
+class Cancelled(Exception):
+    """The client went away (or the answer hit a stop string) during the prefill."""
+
+
+@dataclass
+class Job:
+    """One request's decoding. `emit(event)` is called on the decoding thread with
+    ("prefill", reused_tokens, prompt_tokens), ("progress", tokens_prefilled),
+    ("token", id), ("done", stopped_by) or ("error", message). Setting `stop` (from any thread)
+    ends the request at the next round: the client went away or a stop string matched."""
+    ids: list[int]
+    max_new: int
+    params: Any  # SamplingParams
+    emit: Callable[[tuple], None]
+    label: str = ""
+    ignore_eos: bool = False
+    stop: bool = False
+    tokens: int = 0
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+@dataclass(eq=False)
+class _Slot:
+    engine: Any = None
+    job: Job | None = None
+    used: int = 0  # when it last served a request (a counter): ties go to the least recently used
+
+    def stop_requested(self) -> bool:
+        return self.job is not None and self.job.stop
+
+
+class Scheduler:
+    def __init__(self, runtime, run, max_len: int, width: int, queue_size: int, log: bool = True):
+        self.runtime, self.run, self.max_len = runtime, run, max_len
+        self.width, self.queue_size, self.log = width, queue_size, log
+        self.row_lm, self.row_draft = row_models(runtime)
+        self.stop_ids = runtime.lm.eos_ids
+        self.slots: list[_Slot] = []
+        self._incoming: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.queued = 0     # submitted, not yet started
+        self.running = 0    # rows decoding now
+        self.served = 0     # requests finished (any way)
+        self.failure: str | None = None  # the decoding thread died of this
+        self._closing = False
+        self._clock = 0
+        self.admit = threading.Event()  # cleared: the thread halts before its next request (tests line requests up)
+        self.admit.set()
+        self.lockstep = Lockstep(width)
+        self.recent: deque = deque(maxlen=64)  # (label, prompt tokens, reused, new tokens, stopped_by)
+        self._thread = threading.Thread(target=self._loop, name="triforce-decode", daemon=True)
+
+    # ---- the server's side -------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue a request; QueueFull when the queue is full, RuntimeError once closed or failed."""
+        with self._lock:
+            if self.failure is not None or self._closing:
+                raise RuntimeError(self.failure or "the server is shutting down")
+            if self.queued >= self.queue_size:
+                raise QueueFull
+            self.queued += 1
+        self._incoming.put(job)
+
+    def close(self) -> None:
+        """Finish the rows running, then end the thread (requests still queued get an error)."""
+        with self._lock:
+            self._closing = True
+        self._incoming.put(None)
+        self._thread.join()
+
+    def status(self) -> dict:
+        steps = self.lockstep
+        return {"rows_running": self.running, "queued": self.queued, "batch_size": self.width,
+                "engines": len(self.slots), "served": self.served, "forward_passes": steps.passes,
+                "rows_per_pass": round(steps.rows_per_pass / steps.passes, 3) if steps.passes else None}
+
+    # ---- the decoding thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            self.lockstep.serve(self._take)
+        except BaseException as e:  # noqa: BLE001 - reported to every client and on /health
+            self.failure = f"the decoding thread failed: {type(e).__name__}: {e}"
+            print(f"triforce serve: {self.failure}", file=sys.stderr)
+        finally:
+            self._drain()
+
+    def _take(self, block: bool):
+        if self._closing and self._incoming.empty():
+            return None
+        try:
+            job = self._incoming.get(block=block)
+        except queue.Empty:
+            return None
+        if job is None:
+            return None
+        self.admit.wait()
+        with self._lock:
+            self.queued -= 1
+        return lambda: self._serve(job)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                job = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.emit(("error", self.failure or "the server is shutting down"))
+
+    def _slot_for(self, ids: list[int]) -> _Slot:
+        """The free engine whose cache holds the longest prefix of ids, when that prefix is most of
+        what it holds (the same conversation, grown); else a new engine while there are fewer than
+        `width` (another conversation's cache survives); else the least recently used one."""
+        free = [s for s in self.slots if s.job is None]
+        shared = {id(s): s.engine.full.reusable_prefix(ids) for s in free}
+        best = max(free, key=lambda s: (shared[id(s)], -s.used), default=None)
+        if best is None or 2 * shared[id(best)] < len(best.engine.full.tokens):
+            if len(self.slots) < self.width:
+                best = _Slot()
+                best.engine = self.runtime.engine(self.max_len, self.run, lm=self.row_lm, draft=self.row_draft,
+                                                  graphs="off", stop_requested=best.stop_requested)
+                self.slots.append(best)
+            else:
+                best = min(free, key=lambda s: s.used)
+        self._clock += 1
+        best.used = self._clock
+        return best
+
+    def _serve(self, job: Job) -> None:
+        """One request, as a row of the batch."""
+        if job.stop:  # the client left while it was queued
+            job.emit(("done", "interrupt"))
+            return
+        slot = None
+        self.running += 1
+        try:
+            slot = self._slot_for(job.ids)
+            slot.job = job
+            engine = slot.engine
+            reused = engine.full.reusable_prefix(job.ids[:-1])
+            job.emit(("prefill", reused, len(job.ids)))
+
+            def progress(n: int) -> None:
+                job.emit(("progress", n))
+                if job.stop:
+                    raise Cancelled
+
+            started = time.perf_counter()
+            engine.set_sequence(job.ids, progress)
+            prefilled = time.perf_counter()
+
+            def on_token(token: int) -> None:
+                job.tokens += 1
+                job.emit(("token", token))
+
+            result = engine.generate(job.max_new, job.params, frozenset() if job.ignore_eos else self.stop_ids,
+                                     on_token)
+            job.emit(("done", result.stopped_by))
+            self.recent.append((job.label, len(job.ids), reused, len(result.tokens), result.stopped_by))
+            self._say(job, reused, prefilled - started, result)
+        except Cancelled:
+            job.emit(("done", "interrupt"))
+            self.recent.append((job.label, len(job.ids), 0, 0, "interrupt"))
+        except GreenletExit:  # the batch is being torn down (the thread failed)
+            job.emit(("error", "the server stopped decoding"))
+            raise
+        except Exception as e:  # noqa: BLE001 - one request's failure, reported to its client
+            if slot is not None:  # its caches may be half-updated: never reuse them
+                self.slots.remove(slot)
+                slot = None
+            job.emit(("error", f"{type(e).__name__}: {e}"))
+        finally:
+            if slot is not None:
+                slot.job = None
+            self.running -= 1
+            self.served += 1
+
+    def _say(self, job: Job, reused: int, prefill_s: float, result) -> None:
+        if not self.log:
+            return
+        n = len(result.tokens)
+        rate = f", {n / result.time_s:.1f} tok/s" if result.time_s else ""
+        print(f"triforce serve: {job.label} {len(job.ids)} prompt tokens ({reused} reused, prefill "
+              f"{prefill_s:.2f} s), {n} tokens in {result.time_s:.2f} s{rate}, stopped by {result.stopped_by}",
+              file=sys.stderr)

@@ -1,15 +1,12 @@
 """A `triforce serve` API on the loopback inside the test process (uvicorn on a thread), and
 waiting for its state without racing the clock: every wait is on a condition, with a deadline
 only so that a broken server fails instead of hanging."""
-import socket
-import threading
 import time
-
-import uvicorn
 
 from triforce.app.runtime import RunConfig
 from triforce.cli.serve_cmd import build_api
 from triforce.config import SpecParams
+from triforce.server.background import BackgroundServer
 
 DEADLINE_S = 300.0
 
@@ -30,12 +27,8 @@ class LiveServer:
                            spec=SpecParams(method=method))
         self.api, _ = build_api(config, api_key=api_key, batch_size=batch_size, queue_size=queue_size, quiet=True)
         self.scheduler = self.api.scheduler
-        listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(self.api.app(), log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [listener]}, daemon=True)
-        self.thread.start()
-        wait_for(lambda: self.server.started, "the server to start")
+        self.background = BackgroundServer(self.api, start_s=DEADLINE_S)
+        self.url = self.background.url
 
     def client(self, **kw):
         import openai
@@ -61,5 +54,4 @@ class LiveServer:
 
     def stop(self) -> None:
         self.scheduler.admit.set()
-        self.server.should_exit = True
-        self.thread.join(DEADLINE_S)
+        self.background.stop(DEADLINE_S)

@@ -22,10 +22,11 @@ def wait_for(condition, what: str, deadline_s: float = DEADLINE_S):
 
 class LiveServer:
     def __init__(self, model: str, max_context: int = 2048, batch_size: int = 3, queue_size: int = 8,
-                 api_key: str | None = None, method: str = "auto"):
+                 api_key: str | None = None, method: str = "auto", origins=()):
         config = RunConfig(model=model, dtype="float32", device="cpu", max_context=max_context,
                            spec=SpecParams(method=method))
-        self.api, _ = build_api(config, api_key=api_key, batch_size=batch_size, queue_size=queue_size, quiet=True)
+        self.api, _ = build_api(config, api_key=api_key, batch_size=batch_size, queue_size=queue_size, quiet=True,
+                                origins=origins)
         self.scheduler = self.api.scheduler
         self.background = BackgroundServer(self.api, start_s=DEADLINE_S)
         self.url = self.background.url

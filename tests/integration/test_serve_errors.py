@@ -13,7 +13,8 @@ HI = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def server(default_model_dir):
-    live = LiveServer(str(default_model_dir), max_context=256, batch_size=1, queue_size=1, api_key="sesame")
+    live = LiveServer(str(default_model_dir), max_context=256, batch_size=1, queue_size=1, api_key="sesame",
+                      origins=("http://localhost:3000",))
     yield live
     live.stop()
 
@@ -100,3 +101,14 @@ def test_a_full_queue_answers_503(server):
     first.join()
     assert status == 503 and error["code"] == "queue_full"
     assert answers and answers[0].usage.completion_tokens >= 1  # the queued one was answered
+
+
+def test_only_allowed_web_origins_get_cors_headers(server):
+    def preflight(origin):
+        return httpx.options(server.url + "/v1/chat/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+    allowed = preflight("http://localhost:3000")
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == "http://localhost:3000"
+    assert "access-control-allow-origin" not in preflight("http://evil.example").headers

@@ -58,3 +58,9 @@ def test_defaults_follow_openai():
     assert parse(CompletionRequest, {"prompt": "x"}).wanted_tokens() == 16
     with pytest.raises(ApiError, match="one string"):
         parse(CompletionRequest, {"prompt": ["a", "b"]})
+
+
+def test_nulls_mean_the_defaults():
+    body = parse(ChatRequest, {"messages": [{"role": "user", "content": "x"}], "n": None, "stream": None,
+                               "temperature": None, "stop": None, "ignore_eos": None})
+    assert body.n is None and not body.stream and body.stop_strings() == [] and not body.ignore_eos

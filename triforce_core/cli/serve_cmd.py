@@ -27,6 +27,9 @@ DEFAULT_MAX_ROWS = 4  # rows decoded together unless --batch-size says otherwise
 @click.option("--model-name", default=None,
               help="The model id /v1/models lists and answers carry (default: the model folder's name). "
                    "Requests may name any model: this server has one.")
+@click.option("--allow-origin", "origins", multiple=True,
+              help="A web page origin (e.g. http://localhost:3000, or *) whose scripts may call the API "
+                   "from a browser (CORS); repeatable. Default: none.")
 @click.option("--batch-size", type=INT, default=None,
               help=f"Requests decoded together, sharing each forward pass (default: as many as the memory "
                    f"plan fits, at most {DEFAULT_MAX_ROWS}).")
@@ -39,7 +42,7 @@ DEFAULT_MAX_ROWS = 4  # rows decoded together unless --batch-size says otherwise
 @offload_options
 @runtime_options(count_syncs=False)
 @click.option("--quiet", is_flag=True, help="No line per request on stderr.")
-def serve(model, host, port, api_key, model_name, batch_size, queue_size, method, draft, budget, chunk_size, gamma1,
+def serve(model, host, port, api_key, model_name, origins, batch_size, queue_size, method, draft, budget, chunk_size, gamma1,
           gamma2, rebuild_stride, rebuild_threshold, max_context, rope_scaling, dtype, device, profile,
           device_budget, attn, no_graphs, quiet):
     """Serve the model over OpenAI's API: /v1/chat/completions, /v1/completions (streamed as
@@ -63,7 +66,7 @@ def serve(model, host, port, api_key, model_name, batch_size, queue_size, method
     config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device,
                        profile=profile, device_budget=device_budget, attn=attn,
                        graphs="off" if no_graphs else "auto", max_context=max_context, rope_scaling=rope_scaling)
-    run_server(config, listener, api_key, model_name, batch_size, queue_size, quiet)
+    run_server(config, listener, api_key, model_name, batch_size, queue_size, quiet, origins)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -74,7 +77,8 @@ def _listen(host: str, port: int) -> socket.socket:
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
-def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None, queue_size=16, quiet=False):
+def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None, queue_size=16, quiet=False,
+              origins=()):
     """Load the model, size the batch and build the API: (Api, the lines to print at start)."""
     from triforce.app.batch_generate import fit_batch
     from triforce.app.runtime import build_runtime
@@ -90,14 +94,14 @@ def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None,
     lines = [runtime.attn_line] + ([run.batch.describe()] if run.batch is not None else [])
     lines.append(f"triforce serve: {model_id}, method {run.spec.method}, {rows} row(s) at once, "
                  f"{context}-token context")
-    return Api(runtime.lm, scheduler, model_id, context, api_key), lines
+    return Api(runtime.lm, scheduler, model_id, context, api_key, origins), lines
 
 
 def run_server(config: RunConfig, listener: socket.socket, api_key, model_name, batch_size, queue_size,
-               quiet: bool) -> None:
+               quiet: bool, origins=()) -> None:
     import uvicorn
 
-    api, lines = build_api(config, api_key, model_name, batch_size, queue_size, quiet)
+    api, lines = build_api(config, api_key, model_name, batch_size, queue_size, quiet, origins)
     address, port = listener.getsockname()[:2]
     shown = f"[{address}]" if ":" in address else address
     lines[-1] += f"; listening on http://{shown}:{port}/v1 (Ctrl-C or SIGTERM to stop)"

@@ -30,9 +30,11 @@ FINISH = {"eos": "stop", "length": "length", "context": "length"}
 
 
 class Api:
-    def __init__(self, lm, scheduler: Scheduler, model_id: str, context: int, api_key: str | None = None):
+    def __init__(self, lm, scheduler: Scheduler, model_id: str, context: int, api_key: str | None = None,
+                 origins: tuple[str, ...] = ()):
+        """origins: web pages (scheme://host:port, or *) whose scripts may call the API (CORS)."""
         self.lm, self.scheduler, self.model_id = lm, scheduler, model_id
-        self.context, self.api_key = context, api_key
+        self.context, self.api_key, self.origins = context, api_key, tuple(origins)
         self.created = int(time.time())
         self.requests = 0
 
@@ -47,7 +49,13 @@ class Api:
                   Route("/v1/chat/completions", self.chat, methods=["POST"]),
                   Route("/v1/completions", self.completions, methods=["POST"])]
         handlers = {ApiError: _api_error, HTTPException: _http_error}
-        return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+        middleware = []
+        if self.origins:
+            from starlette.middleware import Middleware
+            from starlette.middleware.cors import CORSMiddleware
+            middleware.append(Middleware(CORSMiddleware, allow_origins=list(self.origins), allow_methods=["*"],
+                                         allow_headers=["*"]))
+        return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
 
     # ---- endpoints ---------------------------------------------------------------------------
     async def health(self, request: Request) -> JSONResponse:
@@ -114,7 +122,7 @@ class Api:
         self.requests += 1
         kind = "chatcmpl" if chat else "cmpl"
         label = f"#{self.requests} {'chat' if chat else 'completion'}"
-        job = Job(ids, min(room, wanted or room), params, None, label, ignore_eos=body.ignore_eos)
+        job = Job(ids, min(room, wanted or room), params, None, label, ignore_eos=bool(body.ignore_eos))
         pieces = self._decode(job, body.stop_strings())
         await anext(pieces)  # ('queued',): QueueFull and a failed thread answer before any byte is sent
         reply = _Reply(f"{kind}-{uuid.uuid4().hex}", int(time.time()), self.model_id, chat)

@@ -52,12 +52,12 @@ class _Common(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)  # top_k and ignore_eos: not OpenAI's, but vLLM's and others'
-    ignore_eos: bool = False
+    ignore_eos: bool | None = False
     seed: int | None = Field(None, ge=-2**63, lt=2**64)
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int | None = 1
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict | None = None
@@ -66,7 +66,7 @@ class _Common(BaseModel):
 
     def refuse_unsupported(self) -> None:
         """What would change the answer in a way triforce cannot do: 400, the parameter named."""
-        if self.n != 1:
+        if self.n not in (None, 1):
             raise ApiError(400, f"n must be 1 (one answer per request), got {self.n}", "n")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
@@ -119,7 +119,7 @@ class ChatRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[str] | list[int]
-    echo: bool = False
+    echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
 

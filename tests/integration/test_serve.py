@@ -168,3 +168,19 @@ def test_a_client_that_leaves_stops_its_generation(server, stream):
     wait_for(lambda: server.scheduler.served == served + 1 and server.scheduler.running == 0, "the row to stop")
     label, prompt, _, tokens, stopped_by = server.scheduler.recent[-1]
     assert stopped_by == "interrupt" and tokens < 1900
+
+
+def test_a_client_that_leaves_while_queued_is_never_decoded(server, monkeypatch):
+    jobs = []
+    submit = server.scheduler.submit
+    monkeypatch.setattr(server.scheduler, "submit", lambda job: (jobs.append(job), submit(job)))
+    server.idle()
+    served, assigned = server.scheduler.served, server.scheduler._clock
+    with server.held():
+        sock = _raw_post(server, {"messages": [{"role": "user", "content": "Hello?"}], "max_tokens": 50})
+        wait_for(lambda: jobs, "the request to queue")
+        sock.close()
+        wait_for(lambda: jobs[0].stop, "the server to see the client leave")
+    wait_for(lambda: server.scheduler.served == served + 1, "the queued request to be dropped")
+    assert server.scheduler.recent[-1][3:] == (0, "interrupt") and jobs[0].tokens == 0
+    assert server.scheduler._clock == assigned  # no engine was given to it: nothing prefilled

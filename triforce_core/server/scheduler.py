@@ -160,12 +160,11 @@ class Scheduler:
 
     def _serve(self, job: Job) -> None:
         """One request, as a row of the batch."""
-        if job.stop:  # the client left while it was queued
-            job.emit(("done", "interrupt"))
-            return
         slot = None
         self.running += 1
         try:
+            if job.stop:  # the client left while it was queued
+                raise Cancelled
             slot = self._slot_for(job.ids)
             slot.job = job
             engine = slot.engine

@@ -1,6 +1,9 @@
 """A `triforce serve` API on the loopback inside the test process (uvicorn on a thread), and
 waiting for its state without racing the clock: every wait is on a condition, with a deadline
 only so that a broken server fails instead of hanging."""
+import re
+import subprocess
+import sys
 import time
 
 from triforce.app.runtime import RunConfig
@@ -56,3 +59,18 @@ class LiveServer:
     def stop(self) -> None:
         self.scheduler.admit.set()
         self.background.stop(DEADLINE_S)
+
+
+def start_process(model_dir, *flags, max_context: int | None = 1024):
+    """`triforce serve` as a process on a free port: (process, its /v1 URL, the lines it printed)."""
+    context = ["--max-context", str(max_context)] if max_context else []
+    proc = subprocess.Popen([sys.executable, "-m", "triforce.cli.main", "serve", "--model", str(model_dir),
+                             "--port", "0", "--dtype", "float32", *context, *flags],
+                            stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        found = re.search(r"listening on (http://\S+/v1)", line)
+        if found:
+            return proc, found.group(1), lines
+    raise AssertionError(f"the server did not start: {''.join(lines)}")

@@ -1,31 +1,15 @@
 """`triforce serve` as a process: it prints where it listens, SIGTERM lets the stream in flight
 finish and exits 0, and bad flags or a port in use are one line before any model loads."""
 import json
-import re
 import signal
 import socket
-import subprocess
-import sys
 import threading
 
 import httpx
 import pytest
 
-from serve_helpers import DEADLINE_S, wait_for
+from serve_helpers import DEADLINE_S, start_process as start, wait_for
 from test_cli import assert_one_line_error, run_cli
-
-
-def start(model_dir, *flags):
-    proc = subprocess.Popen([sys.executable, "-m", "triforce.cli.main", "serve", "--model", str(model_dir),
-                             "--port", "0", "--dtype", "float32", "--max-context", "1024", *flags],
-                            stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        found = re.search(r"listening on (http://\S+/v1)", line)
-        if found:
-            return proc, found.group(1), lines
-    raise AssertionError(f"the server did not start: {''.join(lines)}")
 
 
 def test_sigterm_finishes_the_stream_in_flight_and_exits_0(default_model_dir):

@@ -60,6 +60,10 @@ class _Slot:
 
 class Scheduler:
     def __init__(self, runtime, run, max_len: int, width: int, queue_size: int, log: bool = True):
+        """Under tensor parallelism (runtime.world > 1) width must be 1: requests run one at a time,
+        each announced to the other ranks, which decode it beside this one (triforce.server.tp)."""
+        if runtime.world > 1 and width != 1:
+            raise ValueError("tensor-parallel serving decodes one request at a time")
         self.runtime, self.run, self.max_len = runtime, run, max_len
         self.width, self.queue_size, self.log = width, queue_size, log
         self.row_lm, self.row_draft = row_models(runtime)
@@ -109,7 +113,11 @@ class Scheduler:
     # ---- the decoding thread -----------------------------------------------------------------
     def _loop(self) -> None:
         try:
-            self.lockstep.serve(self._take)
+            if self.runtime.world > 1:
+                from triforce.server.tp import lead_requests
+                lead_requests(self)
+            else:
+                self.lockstep.serve(self._take)
         except BaseException as e:  # noqa: BLE001 - reported to every client and on /health
             self.failure = f"the decoding thread failed: {type(e).__name__}: {e}"
             print(f"triforce serve: {self.failure}", file=sys.stderr)
@@ -117,6 +125,11 @@ class Scheduler:
             self._drain()
 
     def _take(self, block: bool):
+        job = self.next_job(block)
+        return None if job is None else lambda: self.serve_request(job)
+
+    def next_job(self, block: bool) -> Job | None:
+        """The next request (None: none now; with block, none will come)."""
         if self._closing and self._incoming.empty():
             return None
         try:
@@ -128,7 +141,7 @@ class Scheduler:
         self.admit.wait()
         with self._lock:
             self.queued -= 1
-        return lambda: self._serve(job)
+        return job
 
     def _drain(self) -> None:
         while True:
@@ -149,8 +162,7 @@ class Scheduler:
         if best is None or 2 * shared[id(best)] < len(best.engine.full.tokens):
             if len(self.slots) < self.width:
                 best = _Slot()
-                best.engine = self.runtime.engine(self.max_len, self.run, lm=self.row_lm, draft=self.row_draft,
-                                                  graphs="off", stop_requested=best.stop_requested)
+                best.engine = self.build_engine(best.stop_requested)
                 self.slots.append(best)
             else:
                 best = min(free, key=lambda s: s.used)
@@ -158,7 +170,16 @@ class Scheduler:
         best.used = self._clock
         return best
 
-    def _serve(self, job: Job) -> None:
+    def build_engine(self, stop_requested: Callable[[], bool]):
+        """A row's engine. Under tensor parallelism every rank asks rank 0 whether to stop."""
+        if self.runtime.world > 1:
+            local, engine = stop_requested, None
+            stop_requested = lambda: bool(engine.hooks.agree([int(local())])[0])  # noqa: E731
+        engine = self.runtime.engine(self.max_len, self.run, lm=self.row_lm, draft=self.row_draft, graphs="off",
+                                     stop_requested=stop_requested)
+        return engine
+
+    def serve_request(self, job: Job) -> None:
         """One request, as a row of the batch."""
         slot = None
         self.running += 1
@@ -173,7 +194,7 @@ class Scheduler:
 
             def progress(n: int) -> None:
                 job.emit(("progress", n))
-                if job.stop:
+                if job.stop and self.runtime.world == 1:  # ranks stop together, between rounds
                     raise Cancelled
 
             started = time.perf_counter()
@@ -200,6 +221,8 @@ class Scheduler:
                 self.slots.remove(slot)
                 slot = None
             job.emit(("error", f"{type(e).__name__}: {e}"))
+            if self.runtime.world > 1:  # the other ranks may be out of step now: stop serving
+                raise
         finally:
             if slot is not None:
                 slot.job = None

@@ -1,0 +1,38 @@
+"""`triforce serve --tp 2` (two gloo processes): answers equal a single process's, one request
+after another with the cache reused, a client leaving mid-stream stops both ranks in step, and
+SIGTERM exits 0."""
+import json
+import signal
+import subprocess
+import sys
+
+import httpx
+
+from serve_helpers import DEADLINE_S, start_process as start
+
+
+def complete(url, prompt, **kw):
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, **kw}
+    return httpx.post(url + "/completions", json=body, timeout=DEADLINE_S).json()
+
+
+def test_tp_server_answers_as_one_process(tiny_model_dir):
+    folder = str(tiny_model_dir("llama-gqa"))
+    flags = ["--method", "triforce", "--budget", "24", "--chunk-size", "4"]
+    proc, url, lines = start(folder, "--tp", "2", *flags, max_context=None)
+    try:
+        assert "tensor-parallel over 2 ranks" in lines[-1]
+        with httpx.stream("POST", url + "/completions", timeout=DEADLINE_S, json={
+                "prompt": "the cat", "max_tokens": 100, "ignore_eos": True, "stream": True}) as response:
+            next(response.iter_lines())  # the first piece, then leave: both ranks must stop together
+        answers = [complete(url, p) for p in ("the cat sat on the mat", "the cat sat on the mat and the dog")]
+        assert answers[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the first one's prefix
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(DEADLINE_S) == 0
+    for prompt, answer in zip(("the cat sat on the mat", "the cat sat on the mat and the dog"), answers):
+        alone = subprocess.run([sys.executable, "-m", "triforce.cli.main", "generate", "--model", folder,
+                                "--prompt", prompt, "--max-new-tokens", "12", "--temperature", "0",
+                                "--dtype", "float32", "--method", "ar", "--json"],
+                               capture_output=True, text=True, timeout=DEADLINE_S)
+        assert answer["choices"][0]["text"] == json.loads(alone.stdout)["text"]

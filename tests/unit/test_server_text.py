@@ -58,6 +58,8 @@ def test_defaults_follow_openai():
     assert parse(CompletionRequest, {"prompt": "x"}).wanted_tokens() == 16
     with pytest.raises(ApiError, match="one string"):
         parse(CompletionRequest, {"prompt": ["a", "b"]})
+    with pytest.raises(ApiError, match="prompt is empty"):
+        parse(CompletionRequest, {"prompt": []})
 
 
 def test_nulls_mean_the_defaults():

@@ -125,7 +125,9 @@ class CompletionRequest(_Common):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str) and len(self.prompt) != 1:
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ApiError(400, "prompt is empty", "prompt")
+        if isinstance(self.prompt, list) and isinstance(self.prompt[0], str) and len(self.prompt) != 1:
             raise ApiError(400, "prompt must be one string (a batch of prompts is several requests here)", "prompt")
         if self.echo:
             raise ApiError(400, "echo is not supported", "echo")

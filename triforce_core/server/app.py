@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from triforce.app.chat import render_messages
+from triforce.app.inputs import text_bound
 from triforce.app.textstream import TextStream
 from triforce.config import SamplingParams
 from triforce.errors import UserError
@@ -93,7 +94,7 @@ class Api:
             ids = list(prompt)
         else:
             text = prompt[0] if isinstance(prompt, list) else prompt
-            if len(text) > 16 * self.context + 4096:  # no tokenizer makes tokens that short
+            if len(text) > text_bound(self.context):  # refused before the tokenizer spends time on it
                 raise ApiError(400, f"the prompt is far longer than the {self.context}-token context", "prompt",
                                code="context_length_exceeded")
             ids = self.lm.tokenizer(text).input_ids  # as `triforce generate`: special tokens included

@@ -88,9 +88,6 @@ class _Common(BaseModel):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
-    def wanted_tokens(self) -> int | None:
-        return self.max_tokens
-
 
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)

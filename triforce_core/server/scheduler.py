@@ -152,10 +152,11 @@ class Scheduler:
             if job is not None:
                 job.emit(("error", self.failure or "the server is shutting down"))
 
-    def _slot_for(self, ids: list[int]) -> _Slot:
+    def _slot_for(self, ids: list[int]) -> tuple[_Slot, int]:
         """The free engine whose cache holds the longest prefix of ids, when that prefix is most of
         what it holds (the same conversation, grown); else a new engine while there are fewer than
-        `width` (another conversation's cache survives); else the least recently used one."""
+        `width` (another conversation's cache survives); else the least recently used one.
+        Returns it and how many leading tokens of ids its cache holds."""
         free = [s for s in self.slots if s.job is None]
         shared = {id(s): s.engine.full.reusable_prefix(ids) for s in free}
         best = max(free, key=lambda s: (shared[id(s)], -s.used), default=None)
@@ -164,11 +165,12 @@ class Scheduler:
                 best = _Slot()
                 best.engine = self.build_engine(best.stop_requested)
                 self.slots.append(best)
+                shared[id(best)] = 0
             else:
                 best = min(free, key=lambda s: s.used)
         self._clock += 1
         best.used = self._clock
-        return best
+        return best, shared[id(best)]
 
     def build_engine(self, stop_requested: Callable[[], bool]):
         """A row's engine. Under tensor parallelism every rank asks rank 0 whether to stop."""
@@ -186,10 +188,10 @@ class Scheduler:
         try:
             if job.stop:  # the client left while it was queued
                 raise Cancelled
-            slot = self._slot_for(job.ids)
+            slot, shared = self._slot_for(job.ids)
             slot.job = job
             engine = slot.engine
-            reused = engine.full.reusable_prefix(job.ids[:-1])
+            reused = min(shared, len(job.ids) - 1)  # the last token is fed when decoding starts
             job.emit(("prefill", reused, len(job.ids)))
 
             def progress(n: int) -> None:

@@ -32,6 +32,9 @@ from triforce.kernels.bf16_dot import HAS_BF16_DOT
 from triforce.kernels.bf16_scores import scores_bf16_pairs
 from triforce.kernels.bf16_values import CHUNK, values_bf16_pairs
 from triforce.kernels.cpu_exp import exp_in_place
+from triforce.kernels.f32_attention_parts import fits as f32_fits
+from triforce.kernels.f32_attention_parts import scores_f32_fma, values_f32_fma
+from triforce.kernels.f32_dot import HAS_F32_FMA
 from triforce.kernels.f32_lanes import max_of
 
 SMALL_QUERIES = 16  # beyond this many new tokens (prefill) the blocked SDPA kernel is the better one
@@ -61,7 +64,8 @@ def _scores_of(q, q32, k, n, scale, out):
 @overload(_scores_of)
 def _scores_for(q, q32, k, n, scale, out):
     """Chosen when numba compiles: bfloat16 on a CPU with the bfloat16 dot instruction scores the
-    raw bits q (then scales), all else the widened, pre-scaled q32."""
+    raw bits q (then scales), float32 on a CPU with FMA goes through f32_attention_parts, all
+    else the widened, pre-scaled q32. The choice depends on the head dim only, never the rows."""
     if k.dtype == types.uint16 and HAS_BF16_DOT:
         def by_pairs(q, q32, k, n, scale, out):
             if q.shape[1] % 32 == 0:
@@ -69,6 +73,13 @@ def _scores_for(q, q32, k, n, scale, out):
             else:
                 _scores(q32, k, n, out)
         return by_pairs
+    if k.dtype == types.float32 and HAS_F32_FMA:
+        def by_fma(q, q32, k, n, scale, out):
+            if f32_fits(q.shape[1]):
+                scores_f32_fma(q32, k, n, out)
+            else:
+                _scores(q32, k, n, out)
+        return by_fma
     return lambda q, q32, k, n, scale, out: _scores(q32, k, n, out)
 
 
@@ -87,6 +98,13 @@ def _values_for(p, v, n, acc, pad, weights):
             else:
                 _values(p, v, n, acc, pad)
         return by_pairs
+    if v.dtype == types.float32 and HAS_F32_FMA:
+        def by_fma(p, v, n, acc, pad, weights):
+            if f32_fits(acc.shape[1]):
+                values_f32_fma(p, v, n, acc)
+            else:
+                _values(p, v, n, acc, pad)
+        return by_fma
     return lambda p, v, n, acc, pad, weights: _values(p, v, n, acc, pad)
 
 

@@ -26,6 +26,7 @@ from numba.extending import overload
 
 from triforce.kernels.bf16_bits import bits_of, to_float32
 from triforce.kernels.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
+from triforce.kernels.f32_dot import HAS_F32_FMA, STEP, linear_f32_fma
 
 SMALL_ROWS = 16  # up to this many input rows the weight stream dominates: the kernels below
 MIN_WEIGHTS = 1 << 17  # smaller matrices sit in cache, where F.linear's lower call cost wins
@@ -53,7 +54,9 @@ def _product(x, w, out):
 @overload(_product)
 def _product_for(x, w, out):
     """Chosen when numba compiles: bfloat16 weights on a CPU with the bfloat16 dot go through it
-    (x holds bfloat16 values wherever such weights are used: exact as bits), all else widens."""
+    (x holds bfloat16 values wherever such weights are used: exact as bits), float32 weights on a
+    CPU with FMA through triforce.kernels.f32_dot, all else widens. The choice depends on the
+    weight's width only, never on the rows, so a row's result is the same in any pass."""
     if w.dtype == types.uint16 and HAS_BF16_DOT:
         def by_pairs(x, w, out):
             if x.shape[1] % PAIR_BLOCK == 0:
@@ -61,6 +64,13 @@ def _product_for(x, w, out):
             else:
                 linear_widening(x, w, out)
         return by_pairs
+    if w.dtype == types.float32 and HAS_F32_FMA:
+        def by_fma(x, w, out):
+            if x.shape[1] % STEP == 0:
+                linear_f32_fma(x, w, out)
+            else:
+                linear_widening(x, w, out)
+        return by_fma
     return lambda x, w, out: linear_widening(x, w, out)
 
 
@@ -101,7 +111,7 @@ class FusedLinear:
         if self._kernel is None or rows.shape[0] > SMALL_ROWS or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias).to(self.out_dtype)
         if rows.dtype != torch.float32 or not rows.is_contiguous():
-            rows = rows.to(torch.float32, memory_format=torch.contiguous_format)
+            rows = rows.to(torch.float32).contiguous()  # .to(memory_format=...) keeps float32 rows strided
         out = torch.empty(rows.shape[0], self.weight.shape[0], dtype=torch.float32, device="cpu")
         self._kernel(rows.numpy(), self._w, out.numpy())
         if self._bias32 is not None:

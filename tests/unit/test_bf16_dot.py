@@ -62,12 +62,12 @@ def test_small_rows_linear_takes_the_instruction_for_bfloat16_widths_in_blocks()
     assert not np.array_equal(via, widened)  # the two really are different summations
 
 
-def test_other_widths_and_float32_weights_widen():
-    for x, w in (_case(3, 100), tuple(t.float() for t in _case(3, 128))):
-        via, widened = np.zeros((3, 40), np.float32), np.zeros((3, 40), np.float32)
-        small_rows_linear(x.float().numpy(), bits_of(w), via)
-        linear_widening(x.float().numpy(), bits_of(w), widened)
-        assert np.array_equal(via, widened)
+def test_other_widths_widen():
+    x, w = _case(3, 100)
+    via, widened = np.zeros((3, 40), np.float32), np.zeros((3, 40), np.float32)
+    small_rows_linear(x.float().numpy(), bits_of(w), via)
+    linear_widening(x.float().numpy(), bits_of(w), widened)
+    assert np.array_equal(via, widened)
 
 
 def test_a_portable_numba_target_never_uses_the_instruction(monkeypatch):

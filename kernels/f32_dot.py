@@ -1,0 +1,187 @@
+"""float32 dot products on explicit 8-lane vectors and fused multiply-adds, for CPUs without the
+bfloat16 dot instruction (AVX2 and FMA: most x86 CPUs in use).
+
+Why: the widening kernels leave the sums to LLVM's vectoriser, which sums each dot across a
+vector's lanes on its own; with several input rows (a verify pass of 9 tokens, a batch's rows)
+the products then became compute-bound: a 960 x 576 projection of 9 rows ran at 8 GB/s where one
+row streams at 28 (2-core Zen 3, float32). Here a weight row is loaded once for four input rows
+(each with two accumulators: eight independent chains of FMAs), and every dot, alone or beside
+others, runs the same steps: lane l of accumulator a takes the products of positions
+16 * t + 8 * a + l in order of t, then the two accumulators are added and their lanes summed by one
+fixed tree. So an input row's result never depends on the other rows of the call (a verify pass
+computes each token as decoding it alone would), and LLVM, given no fast-math licence, keeps that
+order.
+
+`HAS_F32_FMA` says whether numba compiles for a CPU with FMA; elsewhere callers keep their
+widening kernels (llvm.fma would become a slow library call there)."""
+from __future__ import annotations
+
+import numba
+from llvmlite import binding as llvm
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+STEP = 16  # values per step of a dot (two accumulators x 8 lanes): widths must be a multiple
+LANES8 = ir.VectorType(ir.FloatType(), 8)
+
+
+def _host_has_fma() -> bool:
+    """Whether numba targets this CPU (its default) and the CPU has FMA and AVX2."""
+    if numba.config.CPU_NAME not in (None, "host") or numba.config.CPU_FEATURES:
+        return False  # a portable build: no host-only instructions
+    features = llvm.get_host_cpu_features()
+    return bool(features.get("fma", False) and features.get("avx2", False))
+
+
+HAS_F32_FMA = _host_has_fma()
+
+
+class F32x8(types.Type):
+    """8 float32 lanes in one register: an accumulator."""
+
+    def __init__(self):
+        super().__init__(name="F32x8")
+
+
+f32x8 = F32x8()
+
+
+@register_model(F32x8)
+class _F32x8Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, LANES8)
+
+
+@intrinsic
+def zeros8(typingctx):
+    return f32x8(), lambda context, builder, signature, args: ir.Constant(LANES8, None)
+
+
+def fma_instruction(builder):
+    """The declaration of llvm.fma on 8 float32 lanes in the function's module."""
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(LANES8, [LANES8] * 3), "llvm.fma.v8f32")
+
+
+def load8(context, builder, array_type, array, start):
+    """8 float32 values of a 1-D contiguous float32 array from index `start`, as one vector."""
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.load(builder.bitcast(builder.gep(data, [start]), LANES8.as_pointer()), align=4)
+
+
+def is_f32_row(a) -> bool:
+    return isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1 and a.layout == "C"
+
+
+@intrinsic
+def fma_step(typingctx, acc, w, x, start):
+    """acc + w[start:start + 8] * x[start:start + 8], lane by lane, each rounded once."""
+    if acc != f32x8 or not (is_f32_row(w) and is_f32_row(x)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.call(fma_instruction(builder), [
+            load8(context, builder, signature.args[1], args[1], args[3]),
+            load8(context, builder, signature.args[2], args[2], args[3]), args[0]])
+
+    return f32x8(acc, w, x, start), codegen
+
+
+def lane_tree8(builder, v):
+    """The sum of v's 8 lanes: lane i with i + 4, then i + 2, then i + 1."""
+    n = 8
+    while n > 1:
+        half = n // 2
+        low = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half)))
+        high = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half, n)))
+        v, n = builder.fadd(builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high)), half
+    return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
+
+
+@intrinsic
+def sum_lanes8(typingctx, a, b):
+    """The sum of the 16 lanes of a and b: a + b, then lane_tree8."""
+    if a != f32x8 or b != f32x8:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return lane_tree8(builder, builder.fadd(args[0], args[1]))
+
+    return types.float32(a, b), codegen
+
+
+def _mask(lanes):
+    return ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes)
+
+
+@intrinsic
+def sum_lanes8x4(typingctx, a0, a1, b0, b1, c0, c1, d0, d1):
+    """sum_lanes8 of (a0, a1), (b0, b1), (c0, c1) and (d0, d1), the four trees run side by side
+    in shuffled vectors: each lane pair added is the one lane_tree8 adds, so the bits are the
+    same as four sum_lanes8, in 7 additions and 8 shuffles where those take 16 and 24."""
+    if any(arg != f32x8 for arg in (a0, a1, b0, b1, c0, c1, d0, d1)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        va, vb, vc, vd = (builder.fadd(args[i], args[i + 1]) for i in range(0, 8, 2))
+
+        def fold(x, y, low, high):
+            return builder.fadd(builder.shuffle_vector(x, y, _mask(low)), builder.shuffle_vector(x, y, _mask(high)))
+
+        # lane i with i + 4: a's four sums then b's (and c's then d's)
+        u = fold(va, vb, [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+        w = fold(vc, vd, [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15])
+        # then i with i + 2: lanes a a c c b b d d
+        x = fold(u, w, [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15])
+        # then i with i + 1: lanes a c b d
+        y = fold(x, x, [0, 2, 4, 6], [1, 3, 5, 7])
+        lane = [builder.extract_element(y, ir.Constant(ir.IntType(32), i)) for i in (0, 2, 1, 3)]
+        return context.make_tuple(builder, signature.return_type, lane)
+
+    return types.UniTuple(types.float32, 4)(a0, a1, b0, b1, c0, c1, d0, d1), codegen
+
+
+@numba.njit(inline="always")
+def dot(w, x, width):
+    """w . x for float32 rows, width a multiple of STEP, in the module's fixed order."""
+    a0, a1 = zeros8(), zeros8()
+    for k in range(0, width, STEP):
+        a0 = fma_step(a0, w, x, k)
+        a1 = fma_step(a1, w, x, k + 8)
+    return sum_lanes8(a0, a1)
+
+
+@numba.njit(inline="always")
+def dot4(w, x0, x1, x2, x3, width):
+    """dot of w with four rows, each through the same steps as alone; w is read once."""
+    a0, a1, b0, b1 = zeros8(), zeros8(), zeros8(), zeros8()
+    c0, c1, d0, d1 = zeros8(), zeros8(), zeros8(), zeros8()
+    for k in range(0, width, STEP):
+        a0, a1 = fma_step(a0, w, x0, k), fma_step(a1, w, x0, k + 8)
+        b0, b1 = fma_step(b0, w, x1, k), fma_step(b1, w, x1, k + 8)
+        c0, c1 = fma_step(c0, w, x2, k), fma_step(c1, w, x2, k + 8)
+        d0, d1 = fma_step(d0, w, x3, k), fma_step(d1, w, x3, k + 8)
+    return sum_lanes8x4(a0, a1, b0, b1, c0, c1, d0, d1)
+
+
+_ROW_BLOCK = 16  # weight rows per parallel job (as the widening kernel)
+
+
+@numba.njit(parallel=True, cache=True)
+def linear_f32_fma(x, w, out):
+    """out[i, r] = x[i] . w[r] for float32 x [rows, width] and w [n, width], width a multiple of
+    STEP. Only on CPUs with HAS_F32_FMA."""
+    rows, width = x.shape
+    n = w.shape[0]
+    for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
+        for r in range(block * _ROW_BLOCK, min(n, (block + 1) * _ROW_BLOCK)):
+            wr = w[r]
+            i = 0
+            while i + 4 <= rows:
+                out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = dot4(
+                    wr, x[i], x[i + 1], x[i + 2], x[i + 3], width)
+                i += 4
+            while i < rows:
+                out[i, r] = dot(wr, x[i], width)
+                i += 1

@@ -1,0 +1,80 @@
+"""The float32 FMA kernels (triforce.kernels.f32_dot, f32_attention_parts) against float64 and the
+widening kernels, their per-row invariance, and where they are taken. Skipped where the CPU has
+no FMA/AVX2 (numba then never compiles them)."""
+import numpy as np
+import pytest
+
+from triforce.kernels import f32_dot
+from triforce.kernels.cpu_linear import SMALL_ROWS, linear_widening, small_rows_linear
+from triforce.kernels.f32_dot import HAS_F32_FMA, STEP, linear_f32_fma
+
+needs_fma = pytest.mark.skipif(not HAS_F32_FMA, reason="this CPU has no FMA/AVX2")
+
+
+def _rand(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _sum_bound(x, w):
+    """The error allowed a float32 sum of products: 1e-5 of the largest sum of magnitudes."""
+    return 1e-5 * (np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)).T).max()
+
+
+@needs_fma
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9, SMALL_ROWS])
+@pytest.mark.parametrize("width", [STEP, 576])
+def test_linear_matches_float64_and_a_row_is_the_same_alone(rows, width):
+    x, w = _rand(rows, width, seed=rows), _rand(37, width, seed=width)
+    out = np.zeros((rows, 37), np.float32)
+    linear_f32_fma(x, w, out)
+    assert np.abs(out - x.astype(np.float64) @ w.astype(np.float64).T).max() <= _sum_bound(x, w)
+    for i in range(rows):  # in a group of four, or in the remainder: the same bits as alone
+        alone = np.zeros((1, 37), np.float32)
+        linear_f32_fma(x[i:i + 1].copy(), w, alone)
+        assert np.array_equal(alone[0], out[i]), i
+
+
+@needs_fma
+def test_small_rows_linear_takes_it_for_float32_widths_of_whole_steps():
+    x, w = _rand(3, 128), _rand(40, 128, seed=1)
+    via, fma, widened = (np.zeros((3, 40), np.float32) for _ in range(3))
+    small_rows_linear(x, w, via)
+    linear_f32_fma(x, w, fma)
+    linear_widening(x, w, widened)
+    assert np.array_equal(via, fma)
+    assert not np.array_equal(fma, widened)  # the two really are different summations
+    odd_x, odd_w = _rand(3, 100), _rand(40, 100, seed=1)  # not whole steps: widened
+    small_rows_linear(odd_x, odd_w, via)
+    linear_widening(odd_x, odd_w, widened)
+    assert np.array_equal(via, widened)
+
+
+def test_a_portable_numba_target_never_uses_fma(monkeypatch):
+    monkeypatch.setattr(f32_dot.numba.config, "CPU_NAME", "generic")
+    assert not f32_dot._host_has_fma()
+
+
+@needs_fma
+@pytest.mark.parametrize("dim", [32, 64, 128])
+def test_scores_and_values_match_float64_and_keep_a_rows_bits_among_others(dim):
+    from triforce.kernels.f32_attention_parts import scores_f32_fma, values_f32_fma
+    rows, n = 27, 203  # keys: three blocks and a remainder not a multiple of four
+    q, k, v = _rand(rows, dim, seed=1), _rand(n + 5, dim, seed=2), _rand(n + 5, dim, seed=3)
+    scores = np.zeros((rows, 256), np.float32)
+    scores_f32_fma(q, k, n, scores)
+    assert np.abs(scores[:, :n] - q.astype(np.float64) @ k[:n].astype(np.float64).T).max() <= _sum_bound(q, k)
+    p = np.abs(_rand(rows, 256, seed=4))
+    p[:, n:] = np.nan  # past n: never read
+    p[5, 100:n] = 0.0  # keys a row may not see weigh an exact 0
+    acc = np.zeros((rows, dim), np.float32)
+    values_f32_fma(p, v, n, acc)
+    ref = p[:, :n].astype(np.float64) @ v[:n].astype(np.float64)
+    assert np.abs(acc - ref).max() <= 1e-5 * (np.abs(p[:, :n]) @ np.abs(v[:n])).max()
+    seen = np.zeros((1, dim), np.float32)
+    values_f32_fma(p[5:6].copy(), v, 100, seen)  # the row alone, over only the keys it sees
+    assert np.array_equal(seen[0], acc[5])
+    for r in (0, 5, rows - 1):  # alone, and as the odd last row of a call
+        one, one_acc = np.zeros((1, 256), np.float32), np.zeros((1, dim), np.float32)
+        scores_f32_fma(q[r:r + 1].copy(), k, n, one)
+        values_f32_fma(p[r:r + 1].copy(), v, n, one_acc)
+        assert np.array_equal(one[0, :n], scores[r, :n]) and np.array_equal(one_acc[0], acc[r]), r

@@ -55,7 +55,7 @@ def test_a_portable_numba_target_never_uses_fma(monkeypatch):
 
 
 @needs_fma
-@pytest.mark.parametrize("dim", [32, 64, 128])
+@pytest.mark.parametrize("dim", [64, 128])
 def test_scores_and_values_match_float64_and_keep_a_rows_bits_among_others(dim):
     from triforce.kernels.f32_attention_parts import scores_f32_fma, values_f32_fma
     rows, n = 27, 203  # keys: three blocks and a remainder not a multiple of four

@@ -16,7 +16,8 @@ would, so greedy speculative decoding matches AR token for token in bfloat16 too
 bfloat16 queries, keys, values and results travel as raw bits (numba has no bfloat16), widened
 as read and rounded once when written (triforce.kernels.bf16_bits; on CPUs with AVX512-BF16 the
 scores and weighted values take the bits as they are: triforce.kernels.bf16_scores and
-bf16_values); scores, softmax and sums are float32, as in PyTorch's CPU kernels for this dtype,
+bf16_values; float32 on CPUs with FMA and AVX2 takes triforce.kernels.f32_attention_parts);
+scores, softmax and sums are float32, as in PyTorch's CPU kernels for this dtype,
 exp the vectorised one of triforce.kernels.cpu_exp. The kernels index a C-contiguous [heads, rows, dim] block laid over the
 view's storage (a view of a cache buffer's first `keys` rows); numba vectorises only such arrays."""
 from __future__ import annotations

@@ -10,7 +10,8 @@ float32 with the reductions vectorised (fastmath: reassociated sums, no other li
 bfloat16 weights travel as raw bits (numba has no bfloat16): on CPUs with AVX512-BF16 the
 products run on its bfloat16 dot instruction (triforce.kernels.bf16_dot), elsewhere the bits are
 widened to float32 as read; the result is rounded to the weight dtype once, as torch's bfloat16
-linear does. More rows than SMALL_ROWS (prefill) go to F.linear, whose blocked GEMM is
+linear does. float32 weights on CPUs with FMA and AVX2 take explicit 8-lane fused multiply-adds
+(triforce.kernels.f32_dot: a weight row read once for four input rows). More rows than SMALL_ROWS (prefill) go to F.linear, whose blocked GEMM is
 compute-efficient there."""
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from triforce.kernels.bf16_dot import splat
-from triforce.kernels.f32_dot import LANES8, STEP, is_f32_row, dot, dot4, f32x8, fma_instruction
+from triforce.kernels.f32_dot import LANES8, STEP, dot, dot4, f32x8, fma_instruction, is_f32_row, vector_pointer
 
 VALUE_DIMS = 64  # dimensions a row keeps in registers (8 vectors): head dims must be a multiple
 _VECTORS = VALUE_DIMS // 8
@@ -72,11 +72,6 @@ def scores_f32_fma(q, k, n, out):
         s += 1
 
 
-def _pointer(context, builder, array_type, array, start):
-    data = context.make_array(array_type)(context, builder, array).data
-    return builder.bitcast(builder.gep(data, [start]), LANES8.as_pointer())
-
-
 def _vector(builder, base, i):
     return builder.gep(base, [ir.Constant(ir.IntType(64), i)])
 
@@ -88,7 +83,7 @@ def _get(typingctx, a, start):
         return None
 
     def codegen(context, builder, signature, args):
-        base = _pointer(context, builder, signature.args[0], args[0], args[1])
+        base = vector_pointer(context, builder, signature.args[0], args[0], args[1])
         values = [builder.load(_vector(builder, base, i), align=4) for i in range(_VECTORS)]
         return context.make_tuple(builder, signature.return_type, values)
 
@@ -102,7 +97,7 @@ def _put(typingctx, a, start, vectors):
         return None
 
     def codegen(context, builder, signature, args):
-        base = _pointer(context, builder, signature.args[0], args[0], args[1])
+        base = vector_pointer(context, builder, signature.args[0], args[0], args[1])
         for i in range(_VECTORS):
             builder.store(builder.extract_value(args[2], i), _vector(builder, base, i), align=4)
         return context.get_dummy_value()
@@ -117,7 +112,7 @@ def _weigh(typingctx, a, weight, v, start):
         return None
 
     def codegen(context, builder, signature, args):
-        base = _pointer(context, builder, signature.args[2], args[2], args[3])
+        base = vector_pointer(context, builder, signature.args[2], args[2], args[3])
         fma = fma_instruction(builder)
         w = splat(builder, args[1], LANES8)
         out = [builder.call(fma, [w, builder.load(_vector(builder, base, i), align=4), builder.extract_value(args[0], i)])

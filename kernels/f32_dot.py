@@ -64,10 +64,15 @@ def fma_instruction(builder):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(LANES8, [LANES8] * 3), "llvm.fma.v8f32")
 
 
+def vector_pointer(context, builder, array_type, array, start):
+    """A pointer to 8-lane vectors at index `start` of a 1-D contiguous float32 array."""
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.bitcast(builder.gep(data, [start]), LANES8.as_pointer())
+
+
 def load8(context, builder, array_type, array, start):
     """8 float32 values of a 1-D contiguous float32 array from index `start`, as one vector."""
-    data = context.make_array(array_type)(context, builder, array).data
-    return builder.load(builder.bitcast(builder.gep(data, [start]), LANES8.as_pointer()), align=4)
+    return builder.load(vector_pointer(context, builder, array_type, array, start), align=4)
 
 
 def is_f32_row(a) -> bool:

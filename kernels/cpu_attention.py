@@ -58,55 +58,46 @@ def _scores(q, k, n, out):
             out[r, s] = a
 
 
-def _scores_of(q, q32, k, n, scale, out):
+# How a job scores its keys and weighs their values, fixed by the dtype, the CPU and the head dim
+# (never by the rows): each path is a kernel of its own (see attend_kernel), so a model compiles
+# only the code it runs. With both paths in one kernel (a branch on the head dim) a float32 model
+# on an FMA CPU compiled the widening ones too: 17-18 s for the attention kernel instead of 8 on
+# a 2-core Zen 3.
+WIDENED, F32_FMA, BF16_PAIRS = 0, 1, 2
+
+
+def _scores_of(q, q32, k, n, scale, out, path):
     raise NotImplementedError("numba only: see the overload")
 
 
-@overload(_scores_of)
-def _scores_for(q, q32, k, n, scale, out):
-    """Chosen when numba compiles: bfloat16 on a CPU with the bfloat16 dot instruction scores the
-    raw bits q (then scales), float32 on a CPU with FMA goes through f32_attention_parts, all
-    else the widened, pre-scaled q32. The choice depends on the head dim only, never the rows."""
-    if k.dtype == types.uint16 and HAS_BF16_DOT:
-        def by_pairs(q, q32, k, n, scale, out):
-            if q.shape[1] % 32 == 0:
-                scores_bf16_pairs(q, k, n, scale, out)
-            else:
-                _scores(q32, k, n, out)
-        return by_pairs
-    if k.dtype == types.float32 and HAS_F32_FMA:
-        def by_fma(q, q32, k, n, scale, out):
-            if f32_fits(q.shape[1]):
-                scores_f32_fma(q32, k, n, out)
-            else:
-                _scores(q32, k, n, out)
-        return by_fma
-    return lambda q, q32, k, n, scale, out: _scores(q32, k, n, out)
+@overload(_scores_of, prefer_literal=True)
+def _scores_for(q, q32, k, n, scale, out, path):
+    """bfloat16 on a CPU with the bfloat16 dot instruction scores the raw bits q (then scales),
+    float32 on a CPU with FMA goes through f32_attention_parts, all else the widened, pre-scaled q32."""
+    if not isinstance(path, types.IntegerLiteral):
+        return None
+    if path.literal_value == BF16_PAIRS:
+        return lambda q, q32, k, n, scale, out, path: scores_bf16_pairs(q, k, n, scale, out)
+    if path.literal_value == F32_FMA:
+        return lambda q, q32, k, n, scale, out, path: scores_f32_fma(q32, k, n, out)
+    return lambda q, q32, k, n, scale, out, path: _scores(q32, k, n, out)
 
 
-def _values_of(p, v, n, acc, pad, weights):
+def _values_of(p, v, n, acc, pad, weights, path):
     raise NotImplementedError("numba only: see the overload")
 
 
-@overload(_values_of)
-def _values_for(p, v, n, acc, pad, weights):
+@overload(_values_of, prefer_literal=True)
+def _values_for(p, v, n, acc, pad, weights, path):
     """As _scores_for: bfloat16 values on the dot instruction (weights rounded to bfloat16, as
     PyTorch's CPU attention rounds them), all else widened."""
-    if v.dtype == types.uint16 and HAS_BF16_DOT:
-        def by_pairs(p, v, n, acc, pad, weights):
-            if acc.shape[1] % CHUNK == 0:
-                values_bf16_pairs(p, v, n, acc, pad, weights)
-            else:
-                _values(p, v, n, acc, pad)
-        return by_pairs
-    if v.dtype == types.float32 and HAS_F32_FMA:
-        def by_fma(p, v, n, acc, pad, weights):
-            if f32_fits(acc.shape[1]):
-                values_f32_fma(p, v, n, acc)
-            else:
-                _values(p, v, n, acc, pad)
-        return by_fma
-    return lambda p, v, n, acc, pad, weights: _values(p, v, n, acc, pad)
+    if not isinstance(path, types.IntegerLiteral):
+        return None
+    if path.literal_value == BF16_PAIRS:
+        return lambda p, v, n, acc, pad, weights, path: values_bf16_pairs(p, v, n, acc, pad, weights)
+    if path.literal_value == F32_FMA:
+        return lambda p, v, n, acc, pad, weights, path: values_f32_fma(p, v, n, acc)
+    return lambda p, v, n, acc, pad, weights, path: _values(p, v, n, acc, pad)
 
 
 @numba.njit(fastmath=True, cache=True)
@@ -177,11 +168,12 @@ def _merge(m, l, acc, h, r, out, row):
         out[h, r, d] = narrow(row[d] / total, out)
 
 
-@numba.njit(parallel=True, cache=True)
-def _attend(q, k, v, scale, keys, queries, out, threads):
+@numba.njit(inline="always")
+def _attend(q, k, v, scale, keys, queries, out, threads, scores_by, values_by):
     """q [Hkv, R, D] (row r = g * queries + t), k, v [Hkv, >= keys, D], out [Hkv, R, D]: float32,
     or bfloat16 bits, all alike. Row r sees keys s <= keys - queries + t (the new tokens are the
-    view's last ones). threads: numba's pool size (per-thread scratch)."""
+    view's last ones). threads: numba's pool size (per-thread scratch). scores_by, values_by: the
+    paths, as literals (inlined into each path's kernel)."""
     heads, rows, dim = q.shape
     splits = (keys + SPLIT - 1) // SPLIT
     q32 = np.empty((heads, rows, dim), np.float32)  # the queries widened and scaled
@@ -205,13 +197,43 @@ def _attend(q, k, v, scale, keys, queries, out, threads):
         visible = np.empty(rows, np.int64)
         for r in range(rows):
             visible[r] = min(n, keys - queries + r % queries + 1 - lo)
-        _scores_of(q[h], q32[h], k[h, lo:lo + n], n, scale, sc)
+        _scores_of(q[h], q32[h], k[h, lo:lo + n], n, scale, sc, scores_by)
         _softmax(sc, visible, m[h, c], l[h, c], scratch_pow[t])
-        _values_of(sc, v[h, lo:lo + n], n, acc[h, c], np.empty((4, dim), v.dtype), scratch_pairs[t])
+        _values_of(sc, v[h, lo:lo + n], n, acc[h, c], np.empty((4, dim), v.dtype), scratch_pairs[t], values_by)
     row = np.empty(dim, np.float32)
     for h in range(heads):
         for r in range(rows):
             _merge(m, l, acc, h, r, out, row)
+
+
+@numba.njit(parallel=True, cache=True)
+def _attend_widened(q, k, v, scale, keys, queries, out, threads):
+    _attend(q, k, v, scale, keys, queries, out, threads, WIDENED, WIDENED)
+
+
+@numba.njit(parallel=True, cache=True)
+def _attend_f32_fma(q, k, v, scale, keys, queries, out, threads):
+    _attend(q, k, v, scale, keys, queries, out, threads, F32_FMA, F32_FMA)
+
+
+@numba.njit(parallel=True, cache=True)
+def _attend_bf16_pairs(q, k, v, scale, keys, queries, out, threads):
+    _attend(q, k, v, scale, keys, queries, out, threads, BF16_PAIRS, BF16_PAIRS)
+
+
+@numba.njit(parallel=True, cache=True)
+def _attend_bf16_scores(q, k, v, scale, keys, queries, out, threads):
+    """Head dims that are a multiple of 32, not of the values' CHUNK: pairs for the scores only."""
+    _attend(q, k, v, scale, keys, queries, out, threads, BF16_PAIRS, WIDENED)
+
+
+def attend_kernel(dtype: torch.dtype, dim: int):
+    """The compiled attention for `dtype` and head dim `dim` on this CPU (see WIDENED)."""
+    if dtype == torch.bfloat16 and HAS_BF16_DOT and dim % 32 == 0:
+        return _attend_bf16_pairs if dim % CHUNK == 0 else _attend_bf16_scores
+    if dtype == torch.float32 and HAS_F32_FMA and f32_fits(dim):
+        return _attend_f32_fma
+    return _attend_widened
 
 
 def _whole(t: torch.Tensor):
@@ -255,15 +277,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     kv_heads, keys = k.shape[1], k.shape[2]
     rows = heads // kv_heads * queries
     out = torch.empty(1, heads, queries, dim, dtype=q.dtype, device="cpu")
-    _attend(bits_of(q[0].reshape(kv_heads, rows, dim).contiguous()), _whole(k[0]), _whole(v[0]),
-            np.float32(scale), keys, queries,
-            bits_of(out[0].view(kv_heads, rows, dim)), numba.config.NUMBA_NUM_THREADS)
+    attend = attend_kernel(q.dtype, dim)
+    attend(bits_of(q[0].reshape(kv_heads, rows, dim).contiguous()), _whole(k[0]), _whole(v[0]), np.float32(scale),
+           keys, queries, bits_of(out[0].view(kv_heads, rows, dim)), numba.config.NUMBA_NUM_THREADS)
     return out
 
 
-def warm_up(dtype: torch.dtype) -> None:
-    """Compile the kernel for `dtype` now (or load it from numba's cache), so that the first
-    token of the first answer does not wait for it (a few seconds on a fresh install)."""
-    if dtype in (torch.float32, torch.bfloat16):
-        k = torch.zeros(1, 2, 8, 64, dtype=dtype, device="cpu")
-        attention(torch.zeros(1, 2, 1, 64, dtype=dtype, device="cpu"), k, k, scale=1.0)
+def taken_dims(dtype: torch.dtype, kv_shapes) -> list[int]:
+    """The head dims of the models of `dtype`, given as (KV heads, head dim), whose attention
+    this kernel takes."""
+    if dtype not in (torch.float32, torch.bfloat16):
+        return []
+    return sorted({dim for heads, dim in kv_shapes if heads * dim >= MIN_KV_WIDTH})
+
+
+def warm_up(dtype: torch.dtype, kv_shapes=((2, 64),)) -> None:
+    """Compile the kernels for `dtype` and the models' (KV heads, head dim) now (or load them
+    from numba's cache), so that the first token of the first answer does not wait for them
+    (seconds on a fresh install). Models too narrow for this kernel (MIN_KV_WIDTH) compile nothing."""
+    for dim in taken_dims(dtype, kv_shapes):
+        k = torch.zeros(1, 2, 8, dim, dtype=dtype, device="cpu")
+        attention(torch.zeros(1, 2, 1, dim, dtype=dtype, device="cpu"), k, k, scale=1.0)

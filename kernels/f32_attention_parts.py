@@ -28,8 +28,7 @@ AHEAD = 32
 KEY_BLOCK = 64   # keys per block of the values: 16 KB of values at head dim 64, read from L1 by every row
 
 
-@numba.njit(inline="always")
-def fits(dim):
+def fits(dim: int) -> bool:
     """Whether these kernels take a head dim."""
     return dim % STEP == 0 and dim % VALUE_DIMS == 0
 

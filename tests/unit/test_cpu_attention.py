@@ -40,13 +40,16 @@ def test_kernel_matches_float64(dtype, tol, keys, queries):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_query_gets_the_same_bits_alone_or_among_others(dtype):
+@pytest.mark.parametrize("dim", [64, 80])  # 80: the widening path on every CPU (see attend_kernel)
+def test_a_query_gets_the_same_bits_alone_or_among_others(dtype, dim):
     """Verifying T tokens computes each as decoding it alone would: what makes greedy
     speculation equal AR in bfloat16 (with the small-rows linear kernels)."""
     keys, queries = 2 * SPLIT + 37, SMALL_QUERIES
-    k, v = _cache_views(dtype, keys, keys + 8)
-    q = torch.randn(1, 9, queries, 64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    k, v = _cache_views(dtype, keys, keys + 8, dim=dim)
+    q = torch.randn(1, 9, queries, dim, generator=torch.Generator().manual_seed(1)).to(dtype)
     together = cpu_attention.attention(q, k, v, scale=0.125)
+    if dim == 80:  # the widening path against float64 too (the cases above run the one for 64)
+        torch.testing.assert_close(together.double(), _reference(q, k, v, 0.125), rtol=2e-2, atol=2e-2)
     for t in range(queries):
         seen = keys - queries + t + 1
         alone = cpu_attention.attention(q[:, :, t:t + 1], k[:, :, :seen], v[:, :, :seen], scale=0.125)
@@ -110,3 +113,40 @@ def test_warm_up_compiles_what_a_dtype_runs(dtype):
 
     cpu_attention.warm_up(dtype)  # float64 has no kernel: nothing to do
     cpu_linear.warm_up(dtype)
+
+
+def test_each_dtype_cpu_and_head_dim_compiles_one_path(monkeypatch):
+    """A model's attention is one compiled kernel: the FMA one for float32 head dims that are a
+    multiple of 64 on FMA CPUs, the bfloat16 pairs (for scores and values, or scores only) on
+    CPUs with the bfloat16 dot, the widening one for everything else."""
+    ca = cpu_attention
+    for fma in (True, False):
+        monkeypatch.setattr(ca, "HAS_F32_FMA", fma)
+        assert ca.attend_kernel(torch.float32, 64) is (ca._attend_f32_fma if fma else ca._attend_widened)
+        assert ca.attend_kernel(torch.float32, 128) is (ca._attend_f32_fma if fma else ca._attend_widened)
+        assert ca.attend_kernel(torch.float32, 80) is ca._attend_widened
+    for dot in (True, False):
+        monkeypatch.setattr(ca, "HAS_BF16_DOT", dot)
+        assert ca.attend_kernel(torch.bfloat16, 128) is (ca._attend_bf16_pairs if dot else ca._attend_widened)
+        assert ca.attend_kernel(torch.bfloat16, 96) is (ca._attend_bf16_scores if dot else ca._attend_widened)
+        assert ca.attend_kernel(torch.bfloat16, 80) is ca._attend_widened
+
+
+def test_warm_up_compiles_only_the_kernels_the_models_take():
+    """A fresh process (kernels from the suite's numba cache): warming a 3 x 64 float32 model
+    gives the path attend_kernel names a signature and no other; a model too narrow for the kernel
+    (2 x 16) warms nothing."""
+    import subprocess
+    import sys
+
+    script = """
+import torch
+from triforce.kernels import cpu_attention as ca
+ca.warm_up(torch.float32, [(2, 16)])
+print(sum(len(k.signatures) for k in (ca._attend_widened, ca._attend_f32_fma)))
+ca.warm_up(torch.float32, [(3, 64)])
+print(ca._attend_widened.signatures == [] or ca.attend_kernel(torch.float32, 64) is ca._attend_widened)
+print(len(ca.attend_kernel(torch.float32, 64).signatures))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["0", "True", "1"]

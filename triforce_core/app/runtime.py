@@ -66,8 +66,9 @@ class Runtime:
         self.attn_name = backend.name
         if self.lm.device.type == "cpu":  # compile the decode kernels before the first token, not during it
             from triforce.kernels import cpu_attention, cpu_layer, cpu_linear
+            models = [self.lm] + ([self.draft.model] if self.draft.model is not None else [])
             cpu_linear.warm_up(self.lm.dtype)
-            cpu_attention.warm_up(self.lm.dtype)
+            cpu_attention.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models])
             cpu_layer.warm_up(self.lm.dtype)
         self.load_s = time.perf_counter() - started
         # once: an automatic profile reads the device, and counts what is loaded the same either way

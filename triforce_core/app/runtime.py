@@ -65,11 +65,9 @@ class Runtime:
             self.draft.model.attn = backend
         self.attn_name = backend.name
         if self.lm.device.type == "cpu":  # compile the decode kernels before the first token, not during it
-            from triforce.kernels import cpu_attention, cpu_layer, cpu_linear
+            from triforce.kernels import warm
             models = [self.lm] + ([self.draft.model] if self.draft.model is not None else [])
-            cpu_linear.warm_up(self.lm.dtype)
-            cpu_attention.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models])
-            cpu_layer.warm_up(self.lm.dtype)
+            warm.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models])
         self.load_s = time.perf_counter() - started
         # once: an automatic profile reads the device, and counts what is loaded the same either way
         self.profile = resolve_profile(config.profile, self.lm.device, config.device_budget)

@@ -1,0 +1,65 @@
+"""Compile the CPU decoding kernels before the first token, on two cores where a first start has them.
+
+Why: numba compiles on one core, and a first start (an empty kernel cache) compiles three groups
+one after the other: the small-rows linear kernels, the attention kernel and the layer halves
+(4.5, 7.9 and 5.1 s on a 2-core Zen 3, bench/first_start.py). Here, when the attention kernel is
+not in numba's cache yet and a second core is free, a child process compiles it (into the same
+cache) while this one compiles the other two; this process then loads it from the cache. If the
+child fails, the kernel is compiled here as before: the child only saves time, it never decides
+what runs. With the kernels cached, or on one core, everything happens here, as before.
+
+    python -m triforce.kernels.warm float32 3x64 [...]   (the child: dtype, then KV heads x head dim)"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import torch
+
+from triforce.kernels import cpu_attention, cpu_layer, cpu_linear
+
+
+def warm_up(dtype: torch.dtype, kv_shapes) -> None:
+    """Compile (or load) every CPU decoding kernel `dtype` runs for models of these
+    (KV heads, head dim)."""
+    child = _attention_child(dtype, kv_shapes) if _worth_a_child(dtype, kv_shapes) else None
+    cpu_linear.warm_up(dtype)
+    cpu_layer.warm_up(dtype)
+    if child is not None:
+        child.wait()
+    cpu_attention.warm_up(dtype, kv_shapes)  # loads what the child compiled (compiles what it did not)
+
+
+def _worth_a_child(dtype: torch.dtype, kv_shapes) -> bool:
+    """A second core is this process's (numba's threads: ranks of a tensor-parallel run share the
+    cores), and some attention kernel these models take is not in numba's cache."""
+    if numba.get_num_threads() < 2:
+        return False
+    return not all(_cached(cpu_attention.attend_kernel(dtype, dim)) for dim in cpu_attention.taken_dims(dtype, kv_shapes))
+
+
+def _cached(kernel) -> bool:
+    """Whether numba's cache holds an index for `kernel` (some signature of it compiled before).
+    numba has no public call for this: its cache's index path, read defensively (unknown counts as
+    cached, which keeps the one-process warm-up)."""
+    try:
+        return Path(kernel._cache._cache_file._index_path).exists()
+    except (AttributeError, TypeError):
+        return True
+
+
+def _attention_child(dtype: torch.dtype, kv_shapes) -> subprocess.Popen | None:
+    shapes = [f"{heads}x{dim}" for heads, dim in kv_shapes]
+    try:
+        return subprocess.Popen([sys.executable, "-m", "triforce.kernels.warm", str(dtype).removeprefix("torch."),
+                                 *shapes], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+
+
+if __name__ == "__main__":
+    cpu_attention.warm_up(getattr(torch, sys.argv[1]),
+                          [tuple(int(n) for n in shape.split("x")) for shape in sys.argv[2:]])

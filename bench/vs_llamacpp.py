@@ -6,8 +6,9 @@ against the memory bandwidth of this machine, measured side by side in one run.
     python -m triforce.bench.vs_llamacpp --llama-bench ~/.cache/llamacpp/bin/llama-bench \\
         --gguf float32=model-f32.gguf --gguf bfloat16=model-bf16.gguf --depths 2048,6144
 
-With `--long N` a last bfloat16 row decodes at depth N (32000: the KV then outweighs the weights
-~3x): llama-bench -d N, and ours with the model stretched to N tokens (YaRN), once as --method ar
+With `--long N` a last row decodes at depth N (32000: the KV then outweighs the weights ~3x) in
+the dtype `--dtype auto` picks on this CPU (bfloat16 with AVX512-BF16, float32 elsewhere; its
+`--gguf` must be given): llama-bench -d N, and ours with the model stretched to N tokens (YaRN), once as --method ar
 and once as --method triforce --draft lookup after the same prefill, in turns `--repeats` times
 (bench/speculation_cpu.py's method_speed), `--long-new-tokens` tokens each (128: the first 64 tokens after
 the prose prompt drafted worse, acceptance 0.32/0.72 against 0.52/0.84 over 128). Both sides prefill N tokens first: minutes each.
@@ -109,9 +110,9 @@ def plot(rows: list[dict], path: str, machine: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def long_row(model: str, binary: str, gguf: str, threads: int, depth: int, new_tokens: int, budget: int,
+def long_row(model: str, dtype: str, binary: str, gguf: str, threads: int, depth: int, new_tokens: int, budget: int,
              rounds: int) -> dict:
-    """Decoding at `depth` in bfloat16: llama-bench, and our ar and triforce (lookup drafts) on the
+    """Decoding at `depth` in `dtype`: llama-bench, and our ar and triforce (lookup drafts) on the
     model stretched to that depth (YaRN) after one prefill, in turns."""
     from triforce.bench.speculation_cpu import method_speed
     from triforce.model.context_stretch import stretch_request, trained_context
@@ -121,11 +122,11 @@ def long_row(model: str, binary: str, gguf: str, threads: int, depth: int, new_t
     stretch_to = 1 << (depth + new_tokens).bit_length()  # a power of two past the run
     if stretch_to <= trained_context(read_hf_config(resolve_model_dir(model))):
         stretch_to = 0  # within the trained context: nothing to stretch
-    lm = load_model(model, dtype="bfloat16", device="cpu",
+    lm = load_model(model, dtype=dtype, device="cpu",
                     rope_scaling=stretch_request(stretch_to, "yarn") if stretch_to else None)
     ar, spec = method_speed(lm, depth, new_tokens, budget, ("ar", "triforce"), ("prose",), rounds)
     theirs = llama_bench(binary, gguf, threads, depth=depth, gen=new_tokens)
-    return {"dtype": "bfloat16", "test": "decode", "tokens": depth, "triforce_tok_s": ar["decode_tok_s"],
+    return {"dtype": dtype, "test": "decode", "tokens": depth, "triforce_tok_s": ar["decode_tok_s"],
             "llamacpp_tok_s": round(theirs, 2), "ratio": round(ar["decode_tok_s"] / theirs, 3),
             "triforce_gb_s": round(bytes_per_token(lm, depth) * ar["decode_tok_s"] / 1e9, 1),
             "speculation_tok_s": spec["decode_tok_s"], "speculation_vs_ar": spec["speedup_vs_ar"],
@@ -143,7 +144,8 @@ def long_row(model: str, binary: str, gguf: str, threads: int, depth: int, new_t
               help="Prompt length of the prefill row (0: no prefill row).")
 @click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True)
 @click.option("--long", "long_depth", type=click.IntRange(0, 1 << 20), default=0, show_default=True,
-              help="Also a bfloat16 decode row at this depth (e.g. 32000), with --method triforce too (0: none).")
+              help="Also a decode row at this depth (e.g. 32000) in the dtype auto picks here, with --method "
+                   "triforce too (0: none).")
 @click.option("--long-budget", type=click.IntRange(64, 1 << 20), default=2048, show_default=True,
               help="Retrieval cache budget of the --long row's triforce run.")
 @click.option("--long-new-tokens", type=click.IntRange(2, 4096), default=128, show_default=True,
@@ -154,9 +156,12 @@ def long_row(model: str, binary: str, gguf: str, threads: int, depth: int, new_t
 def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth, long_budget, long_new_tokens, with_hf,
          plot_path, as_json):
     from triforce.app.texts import prose_prompt
-    from triforce.model.loading import load_model
+    from triforce.model.loading import load_model, resolve_dtype
 
     threads = torch.get_num_threads()
+    long_dtype = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
+    if long_depth and long_dtype not in [item.partition("=")[0] for item in ggufs]:
+        raise click.UsageError(f"--long runs in {long_dtype} on this CPU: give --gguf {long_dtype}=FILE")
     bandwidth = memory_bandwidth()
     rows = []
     for item in ggufs:
@@ -191,8 +196,9 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
             if not as_json:
                 print(json.dumps(row), flush=True)
         del lm, hf
-        if long_depth and dtype == "bfloat16":
-            rows.append(long_row(model, binary, gguf, threads, long_depth, long_new_tokens, long_budget, repeats))
+        if long_depth and dtype == long_dtype:
+            rows.append(long_row(model, dtype, binary, gguf, threads, long_depth, long_new_tokens, long_budget,
+                                 repeats))
             if not as_json:
                 print(json.dumps(rows[-1]), flush=True)
     info = {"machine": f"{platform.machine()} {platform.processor() or ''} {threads} threads, torch {torch.__version__}",

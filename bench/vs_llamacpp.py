@@ -100,7 +100,8 @@ def plot(rows: list[dict], path: str, machine: str) -> None:
         width = 0.8 / max(len(shown), 1)
         for j, (key, label) in enumerate(shown):
             ax.bar([i + (j - (len(shown) - 1) / 2) * width for i in range(len(chosen))],
-                   [r.get(key, 0) for r in chosen], width, label=label)
+                   [r.get(key, 0) for r in chosen], width, label=label,
+                   color=f"C{[k for k, _ in sides].index(key)}")  # a side keeps its colour in both panels
         ax.set_xticks(list(range(len(chosen))), [f"{r['dtype']}\n{r['tokens']}" for r in chosen])
         ax.set_ylabel("tokens/s")
         ax.set_title(f"{kind} ({'context depth' if kind == 'decode' else 'prompt'} tokens)")

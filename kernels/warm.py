@@ -20,6 +20,8 @@ import torch
 
 from triforce.kernels import cpu_attention, cpu_layer, cpu_linear
 
+CHILD_TIMEOUT_S = 600  # the child's compile takes ~8 s on a 2-core Zen 3; a hung one must not hang a start
+
 
 def warm_up(dtype: torch.dtype, kv_shapes) -> None:
     """Compile (or load) every CPU decoding kernel `dtype` runs for models of these
@@ -28,7 +30,11 @@ def warm_up(dtype: torch.dtype, kv_shapes) -> None:
     cpu_linear.warm_up(dtype)
     cpu_layer.warm_up(dtype)
     if child is not None:
-        child.wait()
+        try:
+            child.wait(timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # never seen: compiled here below all the same
+            child.kill()
+            child.wait()
     cpu_attention.warm_up(dtype, kv_shapes)  # loads what the child compiled (compiles what it did not)
 
 
@@ -37,7 +43,8 @@ def _worth_a_child(dtype: torch.dtype, kv_shapes) -> bool:
     cores), and some attention kernel these models take is not in numba's cache."""
     if numba.get_num_threads() < 2:
         return False
-    return not all(_cached(cpu_attention.attend_kernel(dtype, dim)) for dim in cpu_attention.taken_dims(dtype, kv_shapes))
+    kernels = [cpu_attention.attend_kernel(dtype, dim) for dim in cpu_attention.taken_dims(dtype, kv_shapes)]
+    return not all(_cached(kernel) for kernel in kernels)
 
 
 def _cached(kernel) -> bool:

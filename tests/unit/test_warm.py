@@ -42,7 +42,7 @@ def test_a_child_only_where_a_core_and_an_uncached_kernel_are(monkeypatch):
 _SCRIPT = """
 import torch
 from triforce.kernels import cpu_attention, cpu_layer, cpu_linear, warm
-cpu_linear.warm_up = cpu_layer.warm_up = lambda dtype: None  # this test times nothing: attention only
+cpu_linear.warm_up = cpu_layer.warm_up = lambda dtype: None  # the attention kernel alone: the child's part
 kernel = cpu_attention.attend_kernel(torch.float32, 64)
 print(warm._worth_a_child(torch.float32, [(3, 64)]))
 warm.warm_up(torch.float32, [(3, 64)])

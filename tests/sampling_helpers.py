@@ -1,7 +1,9 @@
 """Sampling the first tokens of a method many times, split over worker processes.
 
-Each worker loads the models itself (spawned, so no state is shared) and seeds its own
-generator, so the counts are deterministic whatever the scheduling."""
+Each job loads the models itself (spawned workers, so nothing is shared with the test process)
+and seeds its own generator, so the counts are deterministic whatever the scheduling and
+whichever worker runs it. A test module may keep one pool for all its calls (`sampling_pool`):
+starting one (fresh interpreters importing torch) took seconds per call."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -43,13 +45,23 @@ def _worker(job) -> dict:
     return counts
 
 
-def _run_workers(worker, job_head: tuple, samples: int, broken_level: str | None, workers: int) -> list:
-    """worker(job) over `workers` spawned processes, the samples split between them, each seeded
-    by its index; the parts in order."""
+WORKERS = min(2, os.cpu_count() or 1)
+
+
+def sampling_pool(workers: int = WORKERS):
+    """Spawned worker processes for sample_counts and batch_sample_counts (a context manager)."""
+    return mp.get_context("spawn").Pool(workers)
+
+
+def _run_workers(worker, job_head: tuple, samples: int, broken_level: str | None, workers: int, pool) -> list:
+    """worker(job) for `workers` jobs, the samples split between them, each seeded by its index,
+    on `pool` (or a pool of their own); the parts in order."""
     share = [samples // workers + (i < samples % workers) for i in range(workers)]
     jobs = [(*job_head, n, 1234 + i, broken_level) for i, n in enumerate(share)]
-    with mp.get_context("spawn").Pool(workers) as pool:
+    if pool is not None:
         return pool.map(worker, jobs)
+    with sampling_pool(workers) as own:
+        return own.map(worker, jobs)
 
 
 def _add(total: dict, part: dict) -> dict:
@@ -60,9 +72,9 @@ def _add(total: dict, part: dict) -> dict:
 
 def sample_counts(target_dir: str, draft_dir: str, spec_kwargs: dict, drafter, params: SamplingParams,
                   prompt_ids: list[int], new_tokens: int, samples: int, broken_level: str | None = None,
-                  workers: int = min(2, os.cpu_count() or 1)) -> dict:
+                  workers: int = WORKERS, pool=None) -> dict:
     parts = _run_workers(_worker, (target_dir, draft_dir, spec_kwargs, drafter, params, prompt_ids, new_tokens),
-                         samples, broken_level, workers)
+                         samples, broken_level, workers, pool)
     total: dict = {}
     for part in parts:
         _add(total, part)
@@ -104,10 +116,10 @@ def _batch_worker(job) -> list[dict]:
 
 def batch_sample_counts(target_dir: str, draft_dir: str, spec_kwargs: dict, drafter, params: SamplingParams,
                         prompts: list[list[int]], new_tokens: int, samples: int, broken_level: str | None = None,
-                        workers: int = min(2, os.cpu_count() or 1)) -> list[dict]:
+                        workers: int = WORKERS, pool=None) -> list[dict]:
     """Per prompt, the counts of its first tokens over `samples` batched runs."""
     parts = _run_workers(_batch_worker, (target_dir, draft_dir, spec_kwargs, drafter, params, prompts, new_tokens),
-                         samples, broken_level, workers)
+                         samples, broken_level, workers, pool)
     total: list[dict] = [{} for _ in prompts]
     for part in parts:
         for r, counts in enumerate(part):

@@ -4,7 +4,7 @@ same test."""
 import pytest
 from scipy.stats import chisquare
 
-from sampling_helpers import batch_sample_counts, sample_counts
+from sampling_helpers import batch_sample_counts, sample_counts, sampling_pool
 from triforce.config import SamplingParams
 from triforce.decoding.full_tier import FullTier
 from triforce.decoding.sampling import probabilities
@@ -26,6 +26,13 @@ def folders(tiny_model_dir):
     draft = tiny_model_dir("llama-gqa", alphabet="abcde", seed=12, num_layers=1, hidden_size=32,
                            weight_std=0.35)
     return str(target), str(draft)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """The worker processes of every test here (one start-up for the module)."""
+    with sampling_pool() as workers:
+        yield workers
 
 
 @pytest.fixture(scope="module")
@@ -70,52 +77,52 @@ def chi_square_p(counts, exact):
     return chisquare(observed, expected).pvalue
 
 
-def run(folders, target, method, drafter=None, params=PARAMS, samples=SAMPLES, broken_level=None):
+def run(pool, folders, target, method, drafter=None, params=PARAMS, samples=SAMPLES, broken_level=None):
     prompt = target.tokenizer(PROMPT).input_ids
     counts = sample_counts(folders[0], folders[1], dict(method=method, **SPEC), drafter, params, prompt,
-                           NEW_TOKENS, samples, broken_level)
+                           NEW_TOKENS, samples, broken_level, pool=pool)
     assert sum(counts.values()) == samples
     return chi_square_p(counts, exact_distribution(target, prompt, params))
 
 
 @pytest.mark.parametrize("method,drafter", [("ar", None), ("triforce", "model"), ("retrieval", None),
                                             ("streaming", None), ("snapkv", None), ("naive", "model")])
-def test_every_method_follows_the_target_distribution(folders, target, method, drafter):
-    assert run(folders, target, method, drafter) > 0.001
+def test_every_method_follows_the_target_distribution(pool, folders, target, method, drafter):
+    assert run(pool, folders, target, method, drafter) > 0.001
 
 
-def test_p_direct_shortcut_at_the_middle_tier_fails_the_same_test(folders, target):
-    assert run(folders, target, "triforce", "model", broken_level="retrieval") < 0.001
+def test_p_direct_shortcut_at_the_middle_tier_fails_the_same_test(pool, folders, target):
+    assert run(pool, folders, target, "triforce", "model", broken_level="retrieval") < 0.001
 
 
-def test_p_direct_shortcut_at_the_full_tier_is_caught(folders, target):
-    assert run(folders, target, "naive", "model", samples=5000, broken_level="full") < 0.001
+def test_p_direct_shortcut_at_the_full_tier_is_caught(pool, folders, target):
+    assert run(pool, folders, target, "naive", "model", samples=5000, broken_level="full") < 0.001
 
 
-def test_lookup_drafter_is_exact(folders, target):
-    assert run(folders, target, "triforce", "lookup", samples=5000) > 0.001
+def test_lookup_drafter_is_exact(pool, folders, target):
+    assert run(pool, folders, target, "triforce", "lookup", samples=5000) > 0.001
 
 
-def test_top_k_and_top_p_are_applied_to_both_sides(folders, target):
+def test_top_k_and_top_p_are_applied_to_both_sides(pool, folders, target):
     params = SamplingParams(temperature=0.8, top_k=4, top_p=0.9, seed=0)
-    assert run(folders, target, "triforce", "model", params=params, samples=5000) > 0.001
+    assert run(pool, folders, target, "triforce", "model", params=params, samples=5000) > 0.001
 
 
 BATCH_PROMPTS = (PROMPT, "eeddcbaab", "cab")
 
 
-def run_batch(folders, target, method, drafter=None, samples=5000, broken_level=None) -> list[float]:
+def run_batch(pool, folders, target, method, drafter=None, samples=5000, broken_level=None) -> list[float]:
     """Each prompt of a lockstep batch (rows of different lengths, ragged acceptance): its p-value."""
     prompts = [target.tokenizer(p).input_ids for p in BATCH_PROMPTS]
     counts = batch_sample_counts(folders[0], folders[1], dict(method=method, **SPEC), drafter, PARAMS, prompts,
-                                 NEW_TOKENS, samples, broken_level)
+                                 NEW_TOKENS, samples, broken_level, pool=pool)
     return [chi_square_p(c, exact_distribution(target, ids, PARAMS)) for c, ids in zip(counts, prompts)]
 
 
 @pytest.mark.parametrize("method,drafter", [("snapkv", None), ("triforce", "model")])
-def test_every_row_of_a_batch_follows_its_target_distribution(folders, target, method, drafter):
-    assert min(run_batch(folders, target, method, drafter)) > 0.001
+def test_every_row_of_a_batch_follows_its_target_distribution(pool, folders, target, method, drafter):
+    assert min(run_batch(pool, folders, target, method, drafter)) > 0.001
 
 
-def test_a_broken_verifier_in_a_batch_fails_the_same_test(folders, target):
-    assert min(run_batch(folders, target, "triforce", "model", broken_level="retrieval")) < 0.001
+def test_a_broken_verifier_in_a_batch_fails_the_same_test(pool, folders, target):
+    assert min(run_batch(pool, folders, target, "triforce", "model", broken_level="retrieval")) < 0.001

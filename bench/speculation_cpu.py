@@ -83,6 +83,8 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
                 "speedup_vs_ar": round(statistics.median(a / r.time_s for a, r in zip(ar_times, results)), 2),
                 "mean_tokens_per_full_verify": first.stats["mean_tokens_per_full_verify"],
                 "acceptance_rates": first.stats["acceptance_rates"],
+                # the first round's seconds in each tier's own passes (they add up to about its time)
+                "tier_time_s": first.stats["tier_time_s"], "full_verifies": first.stats["full_verifies"],
                 "same_tokens_as_ar": all(r.tokens == a.tokens for r, a in zip(results, reference)),
             })
     return rows

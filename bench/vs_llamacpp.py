@@ -131,7 +131,8 @@ def long_row(model: str, dtype: str, binary: str, gguf: str, threads: int, depth
             "llamacpp_tok_s": round(theirs, 2), "ratio": round(ar["decode_tok_s"] / theirs, 3),
             "triforce_gb_s": round(bytes_per_token(lm, depth) * ar["decode_tok_s"] / 1e9, 1),
             "speculation_tok_s": spec["decode_tok_s"], "speculation_vs_ar": spec["speedup_vs_ar"],
-            "stretched_to": stretch_to, "budget": budget, "acceptance_rates": spec["acceptance_rates"]}
+            "stretched_to": stretch_to, "budget": budget, "acceptance_rates": spec["acceptance_rates"],
+            "speculation_tier_time_s": spec["tier_time_s"], "speculation_full_verifies": spec["full_verifies"]}
 
 
 @click.command()

@@ -105,4 +105,25 @@ def _check_header(gguf_path: Path) -> int:
     if arch not in GGUF_ARCHITECTURES:
         raise UserError(f"GGUF file {gguf_path} holds a '{arch}' model; triforce runs "
                         f"{', '.join(GGUF_ARCHITECTURES)} (nothing was converted)")
+    missing = _missing_tensors(reader, arch)
+    if missing:
+        raise UserError(f"GGUF file {gguf_path} lacks {len(missing)} tensor(s) the model needs, e.g. "
+                        f"'{missing[0]}' (an incomplete or edited file); nothing was converted or cached")
     return 4 * elements + (64 << 20)  # float32 weights plus the tokenizer and config
+
+
+def _missing_tensors(reader, arch: str) -> list[str]:
+    """The decoder weights a dense llama-like GGUF must hold (names from gguf's own tables),
+    checked from the header so an incomplete file is refused in a second, not after the
+    conversion; anything subtler (a bias) is still caught when the conversion loads it."""
+    from gguf import MODEL_TENSOR, TENSOR_NAMES
+
+    block_field = reader.fields.get(f"{arch}.block_count")
+    blocks = int(block_field.contents()) if block_field is not None else 0
+    per_block = (MODEL_TENSOR.ATTN_NORM, MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V,
+                 MODEL_TENSOR.ATTN_OUT, MODEL_TENSOR.FFN_NORM, MODEL_TENSOR.FFN_GATE, MODEL_TENSOR.FFN_UP,
+                 MODEL_TENSOR.FFN_DOWN)
+    needed = [TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD], TENSOR_NAMES[MODEL_TENSOR.OUTPUT_NORM]]
+    needed += [TENSOR_NAMES[t].format(bid=b) for b in range(blocks) for t in per_block]
+    present = {t.name for t in reader.tensors}
+    return [f"{name}.weight" for name in needed if f"{name}.weight" not in present]

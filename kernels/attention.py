@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from triforce.kernels import cpu_attention
+from triforce.kernels.partial import fused_partial, fused_shape, partial_attention
 
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device,
@@ -44,6 +45,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         return F.scaled_dot_product_attention(folded, k, v, scale=scale).reshape(batch, heads, 1, dim)
     if num_queries == num_keys and not window_binds:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    if num_queries > cpu_attention.SMALL_QUERIES and not window_binds and fused_shape(
+            q, num_keys, num_keys - num_queries, 0, None) == "diagonal":
+        # a prefill chunk after the first on the CPU: the keys before it whole, then its own keys
+        # as a causal square the kernel masks itself (~1.3x over a mask it must read and apply)
+        out, _ = fused_partial(q, k, v, scale=scale, shape="diagonal", q_start=num_keys - num_queries, k_start=0)
+        return out.to(q.dtype)
     mask = causal_mask(num_queries, num_keys, q.device, sliding_window if window_binds else None)
     if not gqa or not (q.is_cuda if fold_masked_gqa is None else fold_masked_gqa):
         # the CPU's flash kernel takes a mask with GQA (and beats the folded form about 1.5x)
@@ -73,13 +80,10 @@ class SdpaAttention:
 
     def partial(self, q, k, v, *, scale: float, q_start: int, k_start: int,
                 sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        from triforce.kernels.partial import HALF, fused_partial, partial_attention
-
-        all_visible = k_start + k.shape[2] - 1 <= q_start and (
-            sliding_window is None or k_start > q_start + q.shape[2] - 1 - sliding_window)
-        if all_visible and q.dtype in HALF and k.shape[2] > 0 and self.fused_partial_failed is None:
+        shape = fused_shape(q, k.shape[2], q_start, k_start, sliding_window)
+        if shape is not None and self.fused_partial_failed is None:
             try:
-                return fused_partial(q, k, v, scale=scale)
+                return fused_partial(q, k, v, scale=scale, shape=shape, q_start=q_start, k_start=k_start)
             except RuntimeError as e:  # a kernel this build or device lacks: the reference from now on
                 self.fused_partial_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
                 print(f"note: fused partial attention unavailable ({self.fused_partial_failed}); "

@@ -94,21 +94,58 @@ def _tile(q, k, v, scale, q_start, k_start, sliding_window, calc):
 HALF = (torch.float16, torch.bfloat16)
 
 
-def fused_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partial attention over a block every query sees whole (no mask: old tokens before a
-    pass), in one fused kernel that also returns the log-sum-exp: PyTorch's flash kernel (CUDA,
-    or its CPU twin). The query heads sharing a KV head are folded into rows, so K and V are read
-    once in their own dtype: no float32 copy of the block, no per-tile chain of small kernels.
-    q [B, H, T, D] half precision; k, v [B, Hkv, S, D] (last dim contiguous). Returns float32
-    (out [B, H, T, D], lse [B, H, T]) like partial_attention."""
+def fused_shape(q: torch.Tensor, num_keys: int, q_start: int, k_start: int,
+                sliding_window: int | None) -> str | None:
+    """Which fused kernel serves this block, if any: "whole" when every query sees every key
+    (old tokens before a pass), "diagonal" when the keys end with the queries and each query sees
+    the keys up to its own position (a pass's own new tokens, on the CPU), None otherwise.
+    Half precision on any device; float32 on the CPU, whose flash kernel takes it too."""
+    if num_keys == 0 or not (q.dtype in HALF or (q.dtype == torch.float32 and not q.is_cuda)):
+        return None
+    num_queries = q.shape[2]
+    window_hides = sliding_window is not None and k_start <= q_start + num_queries - 1 - sliding_window
+    if window_hides:
+        return None
+    if k_start + num_keys - 1 <= q_start:
+        return "whole"
+    if not q.is_cuda and k_start <= q_start and k_start + num_keys == q_start + num_queries:
+        return "diagonal"
+    return None
+
+
+def fused_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                  shape: str = "whole", q_start: int = 0, k_start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial attention in PyTorch's flash kernel (CUDA, or its CPU twin), which also returns
+    the log-sum-exp, for a block of the kind fused_shape named. A "whole" block folds the query
+    heads sharing a KV head into rows, so K and V are read once in their own dtype: no float32
+    copy of the block, no per-tile chain of small kernels. A "diagonal" block is its whole head
+    (keys before the first query) and a causal square (the queries' own keys), which the kernel
+    masks itself, skipping the hidden half instead of computing and discarding it.
+    q [B, H, T, D]; k, v [B, Hkv, S, D] (last dim contiguous). Returns float32 (out [B, H, T, D],
+    lse [B, H, T]) like partial_attention."""
+    if shape == "whole":
+        return _flash(q, k, v, scale, causal=False)
+    head = q_start - k_start
+    acc = PartialAccumulator()
+    if head:
+        acc.add(*_flash(q, k[:, :, :head], v[:, :, :head], scale, causal=False))
+    acc.add(*_flash(q, k[:, :, head:], v[:, :, head:], scale, causal=True))
+    return acc.out, acc.lse
+
+
+def _flash(q, k, v, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     batch, heads, num_queries, dim = q.shape
     kv_heads = k.shape[1]
-    folded = q.reshape(batch, kv_heads, heads // kv_heads * num_queries, dim)
+    if causal:  # the mask runs along rows: one query head per row block, so K/V are expanded
+        rows = q
+        k, v = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
+    else:
+        rows = q.reshape(batch, kv_heads, heads // kv_heads * num_queries, dim)
     if q.is_cuda:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(folded, k, v, 0.0, False, False,
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(rows, k, v, 0.0, causal, False,
                                                                       scale=scale)[:2]
     else:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(folded, k, v, 0.0, False, scale=scale)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(rows, k, v, 0.0, causal, scale=scale)
     return out.reshape(batch, heads, num_queries, dim).float(), lse.reshape(batch, heads, num_queries).float()
 
 

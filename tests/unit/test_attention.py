@@ -31,3 +31,25 @@ def test_attention_matches_loop_reference_for_every_shape():
 def test_causal_mask_is_bottom_right_aligned():
     mask = causal_mask(2, 4, torch.device("cpu"))
     assert mask.tolist() == [[True, True, True, False], [True, True, True, True]]
+
+
+def test_a_later_prefill_chunk_on_the_cpu_takes_the_kernels_own_causal_mask(monkeypatch):
+    """A chunk of more than SMALL_QUERIES new tokens after earlier ones (float32/bfloat16 on the
+    CPU): the keys before it whole, its own keys as a causal square; the same attention."""
+    import importlib
+
+    module = importlib.import_module("triforce.kernels.attention")  # the package exports the function
+    calls = []
+    real = module.fused_partial
+    monkeypatch.setattr(module, "fused_partial", lambda *a, **kw: calls.append(kw["shape"]) or real(*a, **kw))
+    g = torch.Generator().manual_seed(1)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        q = torch.randn(1, 6, 40, 32, generator=g).to(dtype)
+        k, v = torch.randn(2, 1, 2, 100, 32, generator=g).to(dtype)
+        got = attention(q, k, v, scale=0.2)
+        expected = reference_attention(q.double(), k.double(), v.double(), 0.2)
+        assert got.dtype == dtype and torch.allclose(got.double(), expected, atol=tol, rtol=tol)
+    assert calls == ["diagonal", "diagonal"]
+    attention(q[:, :, :16], k, v, scale=0.2)  # a verify pass's few queries keep their own path
+    attention(q.float(), k.float(), v.float(), scale=0.2, sliding_window=50)  # a window hides keys
+    assert calls == ["diagonal", "diagonal"]

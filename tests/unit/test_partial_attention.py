@@ -83,3 +83,48 @@ def test_fused_partial_of_a_whole_visible_block_matches_the_reference(heads, kv_
     assert out.dtype == lse.dtype == torch.float32 and SDPA.fused_partial_failed is None
     torch.testing.assert_close(out, ref_out, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, ref_lse, atol=2e-2, rtol=1e-3)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (4, 4)])
+@pytest.mark.parametrize("q_start,k_start,num_keys,shape", [
+    (100, 30, 40, "whole"),      # old tokens: every query sees every key
+    (100, 100, 5, "diagonal"),   # a pass's own new tokens: the causal square alone
+    (100, 60, 45, "diagonal"),   # keys from before the queries, then their own
+])
+def test_fused_float32_blocks_on_the_cpu_match_the_reference(heads, kv_heads, q_start, k_start, num_keys, shape):
+    """Offloaded prefill and verify passes on the CPU take the flash kernel in float32 too, for
+    old blocks and for the queries' own keys (masked by the kernel, the hidden half skipped)."""
+    from triforce.kernels import SDPA
+    from triforce.kernels.partial import fused_shape, partial_attention
+
+    g = torch.Generator(device="cpu").manual_seed(7)
+    q = torch.randn(1, heads, 5, 64, generator=g)
+    k, v = torch.randn(2, 1, kv_heads, num_keys, 64, generator=g)
+    assert fused_shape(q, num_keys, q_start, k_start, None) == shape
+    out, lse = SDPA.partial(q, k, v, scale=0.125, q_start=q_start, k_start=k_start)
+    ref_out, ref_lse = partial_attention(q.double(), k.double(), v.double(), scale=0.125, q_start=q_start,
+                                         k_start=k_start)
+    assert out.dtype == lse.dtype == torch.float32 and SDPA.fused_partial_failed is None
+    torch.testing.assert_close(out.double(), ref_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+
+
+class _OnCuda:
+    """What fused_shape reads of a CUDA query (no CUDA here): shape, dtype, is_cuda."""
+    def __init__(self, dtype):
+        self.shape, self.dtype, self.is_cuda = (1, 4, 10, 64), dtype, True
+
+
+@pytest.mark.parametrize("q,q_start,k_start,num_keys,window,expected", [
+    (torch.empty(1, 4, 10, 64), 100, 30, 40, 50, None),          # a sliding window hides some keys
+    (torch.empty(1, 4, 10, 64), 100, 30, 85, None, None),        # keys past the last query
+    (torch.empty(1, 4, 10, 64), 100, 30, 0, None, None),         # no keys
+    (torch.empty(1, 4, 10, 64, dtype=torch.float64), 100, 30, 40, None, None),  # float64: the reference
+    (_OnCuda(torch.float32), 100, 30, 40, None, None),           # CUDA's flash kernel takes no float32
+    (_OnCuda(torch.bfloat16), 100, 90, 20, None, None),          # nor is it asked for a diagonal block
+    (_OnCuda(torch.bfloat16), 100, 30, 40, None, "whole"),
+])
+def test_which_blocks_the_fused_kernels_serve(q, q_start, k_start, num_keys, window, expected):
+    from triforce.kernels.partial import fused_shape
+
+    assert fused_shape(q, num_keys, q_start, k_start, window) == expected

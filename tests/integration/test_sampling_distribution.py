@@ -96,7 +96,8 @@ def test_p_direct_shortcut_at_the_middle_tier_fails_the_same_test(pool, folders,
 
 
 def test_p_direct_shortcut_at_the_full_tier_is_caught(pool, folders, target):
-    assert run(pool, folders, target, "naive", "model", samples=5000, broken_level="full") < 0.001
+    # a blatant bias here: p ~ 1e-41 from 1000 samples (the middle tier's needs the full 20k)
+    assert run(pool, folders, target, "naive", "model", samples=1000, broken_level="full") < 0.001
 
 
 def test_lookup_drafter_is_exact(pool, folders, target):
@@ -125,4 +126,5 @@ def test_every_row_of_a_batch_follows_its_target_distribution(pool, folders, tar
 
 
 def test_a_broken_verifier_in_a_batch_fails_the_same_test(pool, folders, target):
-    assert min(run_batch(pool, folders, target, "triforce", "model", broken_level="retrieval")) < 0.001
+    # 2000 samples a row: two of the three rows give p < 1e-8 (5000 for the rows that must pass)
+    assert min(run_batch(pool, folders, target, "triforce", "model", samples=2000, broken_level="retrieval")) < 0.001

@@ -136,17 +136,23 @@ def fused_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: f
 def _flash(q, k, v, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     batch, heads, num_queries, dim = q.shape
     kv_heads = k.shape[1]
-    if causal:  # the mask runs along rows: one query head per row block, so K/V are expanded
-        rows = q
-        k, v = k.repeat_interleave(heads // kv_heads, 1), v.repeat_interleave(heads // kv_heads, 1)
+    groups = heads // kv_heads
+    if causal:
+        # the mask runs along rows, so query heads cannot be folded into them; rather than expand
+        # K/V to every query head (memory the plan does not hold), one call per query head of
+        # each KV head: heads g, g + groups, ... pair with KV heads 0, 1, ...
+        parts = [_flash_call(q[:, g::groups], k, v, scale, True) for g in range(groups)]
+        out = torch.stack([o for o, _ in parts], 2).reshape(batch, heads, num_queries, dim)
+        lse = torch.stack([lse for _, lse in parts], 2).reshape(batch, heads, num_queries)
     else:
-        rows = q.reshape(batch, kv_heads, heads // kv_heads * num_queries, dim)
-    if q.is_cuda:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention(rows, k, v, 0.0, causal, False,
-                                                                      scale=scale)[:2]
-    else:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(rows, k, v, 0.0, causal, scale=scale)
+        out, lse = _flash_call(q.reshape(batch, kv_heads, groups * num_queries, dim), k, v, scale, False)
     return out.reshape(batch, heads, num_queries, dim).float(), lse.reshape(batch, heads, num_queries).float()
+
+
+def _flash_call(rows, k, v, scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if rows.is_cuda:
+        return torch.ops.aten._scaled_dot_product_flash_attention(rows, k, v, 0.0, causal, False, scale=scale)[:2]
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(rows, k, v, 0.0, causal, scale=scale)[:2]
 
 
 class PartialAccumulator:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from triforce.kernels import cpu_attention
-from triforce.kernels.partial import fused_partial, fused_shape, partial_attention
+from triforce.kernels.partial import block_kind, fused_partial, fused_shape, partial_attention
 
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device,
@@ -169,14 +169,11 @@ class FlashAttention(SdpaAttention):
 
     def partial(self, q, k, v, *, scale: float, q_start: int, k_start: int,
                 sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        num_queries, num_keys = q.shape[2], k.shape[2]
-        all_visible = k_start + num_keys - 1 <= q_start                   # the block precedes every query
-        bottom_right = k_start + num_keys == q_start + num_queries and k_start <= q_start
-        window_binds = sliding_window is not None and k_start <= q_start + num_queries - 1 - sliding_window
-        if not self._takes(q) or window_binds or not (all_visible or bottom_right):
+        kind = block_kind(q.shape[2], k.shape[2], q_start, k_start, sliding_window)
+        if not self._takes(q) or kind is None:
             return super().partial(q, k, v, scale=scale, q_start=q_start, k_start=k_start,
                                    sliding_window=sliding_window)
-        out, lse = self._run(q, k, v, scale, not all_visible, (-1, -1), True)
+        out, lse = self._run(q, k, v, scale, kind == "diagonal", (-1, -1), True)
         return out.float(), lse.float()
 
 

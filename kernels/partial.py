@@ -94,23 +94,29 @@ def _tile(q, k, v, scale, q_start, k_start, sliding_window, calc):
 HALF = (torch.float16, torch.bfloat16)
 
 
-def fused_shape(q: torch.Tensor, num_keys: int, q_start: int, k_start: int,
-                sliding_window: int | None) -> str | None:
-    """Which fused kernel serves this block, if any: "whole" when every query sees every key
-    (old tokens before a pass), "diagonal" when the keys end with the queries and each query sees
-    the keys up to its own position (a pass's own new tokens, on the CPU), None otherwise.
-    Half precision on any device; float32 on the CPU, whose flash kernel takes it too."""
-    if num_keys == 0 or not (q.dtype in HALF or (q.dtype == torch.float32 and not q.is_cuda)):
-        return None
-    num_queries = q.shape[2]
-    window_hides = sliding_window is not None and k_start <= q_start + num_queries - 1 - sliding_window
-    if window_hides:
+def block_kind(num_queries: int, num_keys: int, q_start: int, k_start: int,
+               sliding_window: int | None) -> str | None:
+    """The mask a block of keys needs, by position alone: "whole" when every query sees every
+    key (old tokens before a pass), "diagonal" when the keys end with the queries and each query
+    sees the keys up to its own position (a pass's own new tokens), None otherwise (a sliding
+    window hides some keys, or keys lie past the last query)."""
+    if sliding_window is not None and k_start <= q_start + num_queries - 1 - sliding_window:
         return None
     if k_start + num_keys - 1 <= q_start:
         return "whole"
-    if not q.is_cuda and k_start <= q_start and k_start + num_keys == q_start + num_queries:
+    if k_start <= q_start and k_start + num_keys == q_start + num_queries:
         return "diagonal"
     return None
+
+
+def fused_shape(q: torch.Tensor, num_keys: int, q_start: int, k_start: int,
+                sliding_window: int | None) -> str | None:
+    """Which fused kernel serves this block, if any (block_kind's names): half precision on any
+    device, float32 on the CPU, whose flash kernel takes it too; "diagonal" on the CPU only."""
+    if num_keys == 0 or not (q.dtype in HALF or (q.dtype == torch.float32 and not q.is_cuda)):
+        return None
+    kind = block_kind(q.shape[2], num_keys, q_start, k_start, sliding_window)
+    return None if kind == "diagonal" and q.is_cuda else kind
 
 
 def fused_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,

@@ -28,7 +28,10 @@ def orphan_rank(rank: int, world: int, folder: str) -> None:
     if rank == 1:
         # torch's spawn sends SIGINT when the parent dies, which a chat rank takes for Ctrl-C
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        marker.write_text(str(os.getpid()))
+        # written aside and renamed: rank 0 must never see the file before its pid is in it
+        partial = marker.with_suffix(".partial")
+        partial.write_text(str(os.getpid()))
+        partial.rename(marker)
         while True:
             time.sleep(1)
     while not marker.exists():

@@ -19,10 +19,23 @@ class FiniteFloat(click.ParamType):
         return number
 
 
-# integer flags hold token counts, sizes and ranks: bounded so that a huge value is one error
-# line here rather than an overflow deep inside torch
-INT = click.IntRange(-2**31, 2**31 - 1)
-SEED = click.IntRange(-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
+class BoundedInt(click.ParamType):
+    """An integer flag bounded so that a huge value is one error line here rather than an overflow
+    deep inside torch; unlike click.IntRange, the bounds stay out of --help, where they are noise."""
+    name = "integer"
+
+    def __init__(self, low: int, high: int):
+        self.low, self.high = low, high
+
+    def convert(self, value, param, ctx):
+        number = click.INT.convert(value, param, ctx)
+        if not self.low <= number <= self.high:
+            self.fail(f"{number} is out of range ({self.low} to {self.high})", param, ctx)
+        return number
+
+
+INT = BoundedInt(-2**31, 2**31 - 1)  # token counts, sizes and ranks
+SEED = BoundedInt(-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
 FLOAT = FiniteFloat()
 
 model_option = click.option("--model", "model", default="default", show_default=True,

@@ -11,8 +11,10 @@ bfloat16 weights travel as raw bits (numba has no bfloat16): on CPUs with AVX512
 products run on its bfloat16 dot instruction (triforce.kernels.bf16_dot), elsewhere the bits are
 widened to float32 as read; the result is rounded to the weight dtype once, as torch's bfloat16
 linear does. float32 weights on CPUs with FMA and AVX2 take explicit 8-lane fused multiply-adds
-(triforce.kernels.f32_dot: a weight row read once for four input rows). More rows than SMALL_ROWS (prefill) go to F.linear, whose blocked GEMM is
-compute-efficient there."""
+(triforce.kernels.f32_dot: a weight row read once for four input rows). More rows than SMALL_ROWS
+(prefill) go to F.linear, whose blocked GEMM is compute-efficient there; on a CPU that does not
+multiply 16-bit weights natively (triforce.kernels.cpu_flags) they are widened to float32 a block
+of rows at a time for it, since PyTorch's emulated 16-bit GEMM runs ~7x slower than float32's."""
 from __future__ import annotations
 
 import warnings
@@ -26,12 +28,14 @@ from numba.core.errors import NumbaPerformanceWarning
 from numba.extending import overload
 
 from triforce.kernels.bf16_bits import bits_of, to_float32
+from triforce.kernels.cpu_flags import native_matmul
 from triforce.kernels.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
 from triforce.kernels.f32_dot import HAS_F32_FMA, STEP, linear_f32_fma
 
 SMALL_ROWS = 16  # up to this many input rows the weight stream dominates: the kernels below
 MIN_WEIGHTS = 1 << 17  # smaller matrices sit in cache, where F.linear's lower call cost wins
 _ROW_BLOCK = 16  # weight rows per parallel job: a job is long enough to amortise its start
+WIDEN_BYTES = 8 << 20  # float32 weight rows widened at once for a GEMM: bounded whatever the model
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
@@ -92,8 +96,9 @@ def small_rows_linear(x, w, out):
 
 class FusedLinear:
     """A linear layer over `weight` [out, in] (and `bias`) made once, called per pass: the small-
-    rows kernel on the CPU (float32, bfloat16) when a pass has few rows, F.linear otherwise. The
-    numpy views are made here, so a call costs the kernel plus a few microseconds."""
+    rows kernel on the CPU (float32, bfloat16) when a pass has few rows, F.linear otherwise (its
+    16-bit weights widened by blocks where the CPU would emulate them). The numpy views are made
+    here, so a call costs the kernel plus a few microseconds."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, keep_float32: bool = False):
         """keep_float32: 16-bit weights give float32 results, the kernels' sums unrounded (a
@@ -106,9 +111,12 @@ class FusedLinear:
             if self.weight.dtype in (torch.float32, torch.bfloat16):
                 self._kernel, self._w = small_rows_linear, bits_of(self.weight)
         self._bias32 = None if self.bias is None else self.bias.to(torch.float32)
+        self._widen = half and self.weight.device.type == "cpu" and not native_matmul(self.weight.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
+        if self._widen and rows.shape[0] > SMALL_ROWS and x.dtype == self.weight.dtype:
+            return self._widened(rows).view(*x.shape[:-1], self.weight.shape[0])
         if self._kernel is None or rows.shape[0] > SMALL_ROWS or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias).to(self.out_dtype)
         if rows.dtype != torch.float32 or not rows.is_contiguous():
@@ -118,6 +126,21 @@ class FusedLinear:
         if self._bias32 is not None:
             out += self._bias32
         return out.view(*x.shape[:-1], self.weight.shape[0]).to(self.out_dtype)
+
+    def _widened(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows @ weight.T (+ bias) in float32 GEMMs, each over a float32 copy of WIDEN_BYTES of
+        weight rows, rounded once into out_dtype: no float32 copy of the whole weight or result."""
+        n, width = self.weight.shape
+        x32 = rows.to(torch.float32)
+        out = torch.empty(rows.shape[0], n, dtype=self.out_dtype, device=rows.device)
+        step = max(1, WIDEN_BYTES // (4 * width))
+        for first in range(0, n, step):
+            w32 = self.weight[first:first + step].to(torch.float32)
+            if self._bias32 is None:
+                out[:, first:first + step] = x32 @ w32.t()
+            else:
+                out[:, first:first + step] = torch.addmm(self._bias32[first:first + step], x32, w32.t())
+        return out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

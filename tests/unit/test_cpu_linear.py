@@ -54,6 +54,38 @@ def test_other_dtypes_take_f_linear(dtype):
     assert op._kernel is None and torch.equal(op(x), F.linear(x, w))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize("with_bias, keep_float32", [(False, False), (True, False), (False, True)])
+def test_many_16bit_rows_are_widened_where_the_cpu_would_emulate_them(monkeypatch, dtype, native, with_bias,
+                                                                      keep_float32):
+    """PyTorch's 16-bit GEMM on a CPU without 16-bit dot instructions ran ~7x slower than float32's:
+    there, a prefill's rows meet float32 copies of a few weight rows at a time, rounded once."""
+    monkeypatch.setattr(cpu_linear, "native_matmul", lambda d: native)
+    monkeypatch.setattr(cpu_linear, "WIDEN_BYTES", 4 * 100 * 5)  # 5 weight rows a block: 8 blocks of 37
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(37, 100, generator=g).to(dtype)
+    b = torch.randn(37, generator=g).to(dtype) if with_bias else None
+    x = torch.randn(2, SMALL_ROWS, 100, generator=g).to(dtype)
+    op = FusedLinear(w, b, keep_float32=keep_float32)
+    calls = []
+    real = F.linear
+    monkeypatch.setattr(F, "linear", lambda *a: calls.append(a) or real(*a))
+    out = op(x)
+    assert op._widen is not native and bool(calls) is native
+    assert out.shape == (2, SMALL_ROWS, 37) and out.dtype == (torch.float32 if keep_float32 else dtype)
+    exact = _reference(x, w, b)  # float64: the float32 sums are within 1e-5 of it before rounding
+    if native:
+        assert torch.equal(out, real(x, w, b).to(out.dtype))
+    elif keep_float32:
+        torch.testing.assert_close(out.double(), exact, rtol=1e-5, atol=1e-5 * exact.abs().max().item())
+    else:  # one rounding of the float32 sum: equal to the rounded float64 result but at near-ties
+        assert (out != exact.to(dtype)).float().mean() < 0.01
+        torch.testing.assert_close(out, exact.to(dtype), rtol=2 ** -7, atol=0)
+    monkeypatch.setattr(op, "_widened", None)
+    assert op(x[:, :3]).shape == (2, 3, 37)  # few rows never widen: decoding's kernels as before
+
+
 def test_fused_projections_share_the_weights_and_give_the_same_tokens(default_lm):
     from triforce.config import SamplingParams, SpecParams
     from triforce.decoding.engine import Engine

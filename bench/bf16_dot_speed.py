@@ -21,10 +21,11 @@ import torch
 from numba import prange
 
 from triforce.bench.vs_llamacpp import memory_bandwidth
+from triforce.kernels.attention_paths import scores_widened
 from triforce.kernels.bf16_bits import bits_of
 from triforce.kernels.bf16_dot import HAS_BF16_DOT, _sum_lanes, bf16_rows, dot_step, linear_bf16_pairs, zeros
 from triforce.kernels.bf16_scores import scores_bf16_pairs
-from triforce.kernels.cpu_attention import SPLIT, _scores
+from triforce.kernels.cpu_attention import SPLIT
 from triforce.kernels.cpu_linear import linear_widening
 
 SHAPES = [(3072, 576), (576, 1536), (960, 576), (576, 576)]
@@ -97,7 +98,7 @@ def main(layers: int, rows: str, repeats: int) -> None:
     keys = bits_of(torch.randn(SPLIT, 64, generator=g).to(torch.bfloat16))
     for count in (3, 9, 27):  # a KV head's rows for 1, 3 and 9 tokens (three query heads per KV head)
         q = torch.randn(count, 64, generator=g).to(torch.bfloat16)
-        widened = _best_pass(lambda x, k, o: _scores(x, k, SPLIT, o), [keys], [q.float().numpy()], repeats * 20)
+        widened = _best_pass(lambda x, k, o: scores_widened(x, k, SPLIT, o), [keys], [q.float().numpy()], repeats * 20)
         pairs = _best_pass(lambda x, k, o: scores_bf16_pairs(x, k, SPLIT, np.float32(1.0), o), [keys],
                            [bits_of(q)], repeats * 20)
         print(f"| {count} | {widened * 1e6:.1f} | {pairs * 1e6:.1f} | {widened / pairs:.2f}x |")

@@ -86,6 +86,7 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
                 # the first round's seconds in each tier's own passes (they add up to about its time)
                 "tier_time_s": first.stats["tier_time_s"], "full_verifies": first.stats["full_verifies"],
                 "same_tokens_as_ar": all(r.tokens == a.tokens for r, a in zip(results, reference)),
+                "same_tokens_as_ar_rounds": [r.tokens == a.tokens for r, a in zip(results, reference)],
             })
     return rows
 

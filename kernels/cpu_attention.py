@@ -25,16 +25,14 @@ from __future__ import annotations
 import numba
 import numpy as np
 import torch
-from numba import prange, types
-from numba.extending import overload
+from numba import prange
 
+from triforce.kernels.attention_paths import BF16_FMA, BF16_PAIRS, F32_FMA, WIDENED, scores_of, values_of
 from triforce.kernels.bf16_bits import bits_of, narrow, to_float32
 from triforce.kernels.bf16_dot import HAS_BF16_DOT
-from triforce.kernels.bf16_scores import scores_bf16_pairs
-from triforce.kernels.bf16_values import CHUNK, values_bf16_pairs
+from triforce.kernels.bf16_values import CHUNK
 from triforce.kernels.cpu_exp import exp_in_place
 from triforce.kernels.f32_attention_parts import fits as f32_fits
-from triforce.kernels.f32_attention_parts import scores_f32_fma, values_f32_fma
 from triforce.kernels.f32_dot import HAS_F32_FMA
 from triforce.kernels.f32_lanes import max_of
 
@@ -44,60 +42,6 @@ SPLIT = 512         # keys per job: 3 heads of 2K keys make 12 jobs for 2 cores
 # would outweigh its work. A property of the model, never of the context, so a model's AR steps
 # and verify passes always take the same kernel.
 MIN_KV_WIDTH = 128
-
-
-@numba.njit(fastmath=True, cache=True)
-def _scores(q, k, n, out):
-    """out[r, s] = q[r] . k[s] for s < n (k float32 or bfloat16 bits)."""
-    rows, dim = q.shape
-    for s in range(n):
-        for r in range(rows):
-            a = np.float32(0.0)
-            for d in range(dim):
-                a += q[r, d] * to_float32(k[s, d])
-            out[r, s] = a
-
-
-# How a job scores its keys and weighs their values, fixed by the dtype, the CPU and the head dim
-# (never by the rows): each path is a kernel of its own (see attend_kernel), so a model compiles
-# only the code it runs. With both paths in one kernel (a branch on the head dim) a float32 model
-# on an FMA CPU compiled the widening ones too: 17-18 s for the attention kernel instead of 8 on
-# a 2-core Zen 3.
-WIDENED, F32_FMA, BF16_PAIRS = 0, 1, 2
-
-
-def _scores_of(q, q32, k, n, scale, out, path):
-    raise NotImplementedError("numba only: see the overload")
-
-
-@overload(_scores_of, prefer_literal=True)
-def _scores_for(q, q32, k, n, scale, out, path):
-    """bfloat16 on a CPU with the bfloat16 dot instruction scores the raw bits q (then scales),
-    float32 on a CPU with FMA goes through f32_attention_parts, all else the widened, pre-scaled q32."""
-    if not isinstance(path, types.IntegerLiteral):
-        return None
-    if path.literal_value == BF16_PAIRS:
-        return lambda q, q32, k, n, scale, out, path: scores_bf16_pairs(q, k, n, scale, out)
-    if path.literal_value == F32_FMA:
-        return lambda q, q32, k, n, scale, out, path: scores_f32_fma(q32, k, n, out)
-    return lambda q, q32, k, n, scale, out, path: _scores(q32, k, n, out)
-
-
-def _values_of(p, v, n, acc, pad, weights, path):
-    raise NotImplementedError("numba only: see the overload")
-
-
-@overload(_values_of, prefer_literal=True)
-def _values_for(p, v, n, acc, pad, weights, path):
-    """As _scores_for: bfloat16 values on the dot instruction (weights rounded to bfloat16, as
-    PyTorch's CPU attention rounds them), all else widened."""
-    if not isinstance(path, types.IntegerLiteral):
-        return None
-    if path.literal_value == BF16_PAIRS:
-        return lambda p, v, n, acc, pad, weights, path: values_bf16_pairs(p, v, n, acc, pad, weights)
-    if path.literal_value == F32_FMA:
-        return lambda p, v, n, acc, pad, weights, path: values_f32_fma(p, v, n, acc)
-    return lambda p, v, n, acc, pad, weights, path: _values(p, v, n, acc, pad)
 
 
 @numba.njit(fastmath=True, cache=True)
@@ -123,26 +67,6 @@ def _softmax(sc, visible, m_out, l_out, powers):
         m_out[r] = m
         l_out[r] = total
 
-
-@numba.njit(fastmath=True, cache=True)
-def _values(p, v, n, acc, pad):
-    """acc[r] = sum over s of p[r, s] * v[s], keys four at a time (each group's weighted rows
-    summed, then added: a quarter of the accumulator traffic). Groups start at multiples of 4;
-    the last, partial one is read from `pad` (its rows, then zero rows) through the same loop, so
-    a row's sum never depends on n (hidden keys weigh an exact 0 too)."""
-    rows, dim = acc.shape
-    acc[:, :] = 0.0
-    for g in range(0, n, 4):
-        src, base = v, g
-        if g + 4 > n:
-            pad[:, :] = 0
-            pad[:n - g] = v[g:n]
-            src, base = pad, 0
-        for r in range(rows):
-            w0, w1, w2, w3 = p[r, g], p[r, g + 1], p[r, g + 2], p[r, g + 3]
-            for d in range(dim):
-                acc[r, d] += (w0 * to_float32(src[base, d]) + w1 * to_float32(src[base + 1, d])
-                              + w2 * to_float32(src[base + 2, d]) + w3 * to_float32(src[base + 3, d]))
 
 
 @numba.njit(cache=True)
@@ -187,6 +111,7 @@ def _attend(q, k, v, scale, keys, queries, out, threads, scores_by, values_by):
     scratch_sc = np.empty((threads, rows, SPLIT), np.float32)
     scratch_pow = np.empty((threads, SPLIT), np.int32)
     scratch_pairs = np.empty((threads, rows, SPLIT // 2), np.uint32)
+    scratch_wide = np.empty((threads, SPLIT if scores_by == BF16_FMA else 0, dim), np.float32)
     for job in prange(heads * splits):
         h = job // splits
         c = job - h * splits
@@ -197,9 +122,10 @@ def _attend(q, k, v, scale, keys, queries, out, threads, scores_by, values_by):
         visible = np.empty(rows, np.int64)
         for r in range(rows):
             visible[r] = min(n, keys - queries + r % queries + 1 - lo)
-        _scores_of(q[h], q32[h], k[h, lo:lo + n], n, scale, sc, scores_by)
+        scores_of(q[h], q32[h], k[h, lo:lo + n], n, scale, sc, scratch_wide[t], scores_by)
         _softmax(sc, visible, m[h, c], l[h, c], scratch_pow[t])
-        _values_of(sc, v[h, lo:lo + n], n, acc[h, c], np.empty((4, dim), v.dtype), scratch_pairs[t], values_by)
+        values_of(sc, v[h, lo:lo + n], n, acc[h, c], np.empty((4, dim), v.dtype), scratch_pairs[t], scratch_wide[t],
+                   values_by)
     row = np.empty(dim, np.float32)
     for h in range(heads):
         for r in range(rows):
@@ -217,6 +143,11 @@ def _attend_f32_fma(q, k, v, scale, keys, queries, out, threads):
 
 
 @numba.njit(parallel=True, cache=True)
+def _attend_bf16_fma(q, k, v, scale, keys, queries, out, threads):
+    _attend(q, k, v, scale, keys, queries, out, threads, BF16_FMA, BF16_FMA)
+
+
+@numba.njit(parallel=True, cache=True)
 def _attend_bf16_pairs(q, k, v, scale, keys, queries, out, threads):
     _attend(q, k, v, scale, keys, queries, out, threads, BF16_PAIRS, BF16_PAIRS)
 
@@ -228,11 +159,12 @@ def _attend_bf16_scores(q, k, v, scale, keys, queries, out, threads):
 
 
 def attend_kernel(dtype: torch.dtype, dim: int):
-    """The compiled attention for `dtype` and head dim `dim` on this CPU (see WIDENED)."""
+    """The compiled attention for `dtype` and head dim `dim` on this CPU (see
+    triforce.kernels.attention_paths)."""
     if dtype == torch.bfloat16 and HAS_BF16_DOT and dim % 32 == 0:
         return _attend_bf16_pairs if dim % CHUNK == 0 else _attend_bf16_scores
-    if dtype == torch.float32 and HAS_F32_FMA and f32_fits(dim):
-        return _attend_f32_fma
+    if HAS_F32_FMA and f32_fits(dim):
+        return _attend_f32_fma if dtype == torch.float32 else _attend_bf16_fma
     return _attend_widened
 
 

@@ -20,7 +20,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from triforce.kernels.bf16_dot import splat
-from triforce.kernels.f32_dot import LANES8, STEP, dot, dot4, f32x8, fma_instruction, is_f32_row, vector_pointer
+from triforce.kernels.f32_dot import (LANES8, STEP, dot, dot4, f32x8, fma_instruction, is_f32_row, is_row, load8,
+                                     vector_pointer)
 
 VALUE_DIMS = 64  # dimensions a row keeps in registers (8 vectors): head dims must be a multiple
 _VECTORS = VALUE_DIMS // 8
@@ -106,16 +107,18 @@ def _put(typingctx, a, start, vectors):
 
 @intrinsic
 def _weigh(typingctx, a, weight, v, start):
-    """The accumulators plus weight times v[start:start + VALUE_DIMS], one fused multiply-add per lane."""
-    if not is_f32_row(v):
+    """The accumulators plus weight times v[start:start + VALUE_DIMS], one fused multiply-add per
+    lane (v float32 or bfloat16 bits, widened as loaded)."""
+    if not is_row(v):
         return None
 
     def codegen(context, builder, signature, args):
-        base = vector_pointer(context, builder, signature.args[2], args[2], args[3])
         fma = fma_instruction(builder)
         w = splat(builder, args[1], LANES8)
-        out = [builder.call(fma, [w, builder.load(_vector(builder, base, i), align=4), builder.extract_value(args[0], i)])
-               for i in range(_VECTORS)]
+        step = ir.Constant(ir.IntType(64), 8)
+        starts = [builder.add(args[3], builder.mul(step, ir.Constant(ir.IntType(64), i))) for i in range(_VECTORS)]
+        out = [builder.call(fma, [w, load8(context, builder, signature.args[2], args[2], starts[i]),
+                                  builder.extract_value(args[0], i)]) for i in range(_VECTORS)]
         return context.make_tuple(builder, signature.return_type, out)
 
     return types.UniTuple(f32x8, _VECTORS)(a, weight, v, start), codegen

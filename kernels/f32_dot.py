@@ -12,6 +12,10 @@ fixed tree. So an input row's result never depends on the other rows of the call
 computes each token as decoding it alone would), and LLVM, given no fast-math licence, keeps that
 order.
 
+A row may also be bfloat16 bits (uint16, as triforce.kernels.bf16_bits passes them): its 8
+values are widened as loaded (zero-extend, shift left 16: exact), so bfloat16 weights, keys and
+values on such CPUs take the same steps and give the bits float32 copies of them would.
+
 `HAS_F32_FMA` says whether numba compiles for a CPU with FMA; elsewhere callers keep their
 widening kernels (llvm.fma would become a slow library call there)."""
 from __future__ import annotations
@@ -25,6 +29,8 @@ from numba.extending import intrinsic, models, register_model
 
 STEP = 16  # values per step of a dot (two accumulators x 8 lanes): widths must be a multiple
 LANES8 = ir.VectorType(ir.FloatType(), 8)
+_BITS8 = ir.VectorType(ir.IntType(16), 8)
+_WIDE8 = ir.VectorType(ir.IntType(32), 8)
 
 
 def _host_has_fma() -> bool:
@@ -71,18 +77,30 @@ def vector_pointer(context, builder, array_type, array, start):
 
 
 def load8(context, builder, array_type, array, start):
-    """8 float32 values of a 1-D contiguous float32 array from index `start`, as one vector."""
-    return builder.load(vector_pointer(context, builder, array_type, array, start), align=4)
+    """8 float32 values of a 1-D contiguous row (is_row) from index `start`, as one vector:
+    bfloat16 bits widened."""
+    if array_type.dtype == types.float32:
+        return builder.load(vector_pointer(context, builder, array_type, array, start), align=4)
+    data = context.make_array(array_type)(context, builder, array).data
+    bits = builder.load(builder.bitcast(builder.gep(data, [start]), _BITS8.as_pointer()), align=2)
+    wide = builder.shl(builder.zext(bits, _WIDE8), ir.Constant(_WIDE8, [16] * 8))
+    return builder.bitcast(wide, LANES8)
 
 
 def is_f32_row(a) -> bool:
     return isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1 and a.layout == "C"
 
 
+def is_row(a) -> bool:
+    """A 1-D contiguous row of float32 values or of bfloat16 bits (uint16)."""
+    return isinstance(a, types.Array) and a.dtype in (types.float32, types.uint16) and a.ndim == 1 and a.layout == "C"
+
+
 @intrinsic
 def fma_step(typingctx, acc, w, x, start):
-    """acc + w[start:start + 8] * x[start:start + 8], lane by lane, each rounded once."""
-    if acc != f32x8 or not (is_f32_row(w) and is_f32_row(x)):
+    """acc + w[start:start + 8] * x[start:start + 8], lane by lane, each rounded once (either row
+    may be bfloat16 bits: widened as loaded)."""
+    if acc != f32x8 or not (is_row(w) and is_row(x)):
         return None
 
     def codegen(context, builder, signature, args):
@@ -175,8 +193,8 @@ _ROW_BLOCK = 16  # weight rows per parallel job (as the widening kernel)
 
 @numba.njit(parallel=True, cache=True)
 def linear_f32_fma(x, w, out):
-    """out[i, r] = x[i] . w[r] for float32 x [rows, width] and w [n, width], width a multiple of
-    STEP. Only on CPUs with HAS_F32_FMA."""
+    """out[i, r] = x[i] . w[r] for float32 x [rows, width] and w [n, width] float32 or bfloat16
+    bits, width a multiple of STEP. Only on CPUs with HAS_F32_FMA."""
     rows, width = x.shape
     n = w.shape[0]
     for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):

@@ -126,10 +126,30 @@ def test_each_dtype_cpu_and_head_dim_compiles_one_path(monkeypatch):
         assert ca.attend_kernel(torch.float32, 128) is (ca._attend_f32_fma if fma else ca._attend_widened)
         assert ca.attend_kernel(torch.float32, 80) is ca._attend_widened
     for dot in (True, False):
-        monkeypatch.setattr(ca, "HAS_BF16_DOT", dot)
-        assert ca.attend_kernel(torch.bfloat16, 128) is (ca._attend_bf16_pairs if dot else ca._attend_widened)
-        assert ca.attend_kernel(torch.bfloat16, 96) is (ca._attend_bf16_scores if dot else ca._attend_widened)
-        assert ca.attend_kernel(torch.bfloat16, 80) is ca._attend_widened
+        for fma in (True, False):
+            monkeypatch.setattr(ca, "HAS_BF16_DOT", dot)
+            monkeypatch.setattr(ca, "HAS_F32_FMA", fma)
+            widened = ca._attend_bf16_fma if fma else ca._attend_widened
+            assert ca.attend_kernel(torch.bfloat16, 128) is (ca._attend_bf16_pairs if dot else widened)
+            assert ca.attend_kernel(torch.bfloat16, 64) is (ca._attend_bf16_pairs if dot else widened)
+            assert ca.attend_kernel(torch.bfloat16, 96) is (ca._attend_bf16_scores if dot else ca._attend_widened)
+            assert ca.attend_kernel(torch.bfloat16, 80) is ca._attend_widened
+
+
+@pytest.mark.skipif(not cpu_attention.HAS_F32_FMA, reason="this CPU has no FMA/AVX2")
+@pytest.mark.parametrize("queries", [1, 9])
+def test_bfloat16_on_the_fma_path_is_the_float32_result_of_its_values_rounded_once(monkeypatch, queries):
+    """Without the bfloat16 dot, a job widens its keys and values into float32 scratch for the FMA
+    kernels: exactly what float32 copies of q, k and v give, rounded to bfloat16 once."""
+    monkeypatch.setattr(cpu_attention, "HAS_BF16_DOT", False)
+    keys = 2 * SPLIT + 37
+    k, v = _cache_views(torch.bfloat16, keys, keys + 8)
+    q = torch.randn(1, 9, queries, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    assert cpu_attention.attend_kernel(torch.bfloat16, 64) is cpu_attention._attend_bf16_fma
+    got = cpu_attention.attention(q, k, v, scale=0.125)
+    k32, v32 = (t.float().contiguous() for t in (k, v))
+    want = cpu_attention.attention(q.float(), k32, v32, scale=0.125).to(torch.bfloat16)
+    assert torch.equal(got, want)
 
 
 def test_warm_up_compiles_only_the_kernels_the_models_take():

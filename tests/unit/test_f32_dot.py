@@ -1,6 +1,6 @@
 """The float32 FMA kernels (triforce.kernels.f32_dot, f32_attention_parts) against float64 and the
-widening kernels, their per-row invariance, and where they are taken. Skipped where the CPU has
-no FMA/AVX2 (numba then never compiles them)."""
+widening kernels, their per-row invariance, bfloat16 bits widened as loaded, and where they are
+taken. Skipped where the CPU has no FMA/AVX2 (numba then never compiles them)."""
 import numpy as np
 import pytest
 
@@ -78,3 +78,41 @@ def test_scores_and_values_match_float64_and_keep_a_rows_bits_among_others(dim):
         scores_f32_fma(q[r:r + 1].copy(), k, n, one)
         values_f32_fma(p[r:r + 1].copy(), v, n, one_acc)
         assert np.array_equal(one[0, :n], scores[r, :n]) and np.array_equal(one_acc[0], acc[r]), r
+
+
+def _bf16(*shape, seed=0):
+    """bfloat16 values: their bits (uint16) and the float32 copy (widening is exact)."""
+    import torch
+    t = torch.from_numpy(_rand(*shape, seed=seed)).to(torch.bfloat16)
+    return t.view(torch.uint16).numpy().copy(), t.to(torch.float32).numpy()
+
+
+@needs_fma
+@pytest.mark.parametrize("rows", [1, 5])
+def test_bfloat16_weights_give_the_bits_of_their_float32_copy(rows):
+    from triforce.kernels.bf16_dot import HAS_BF16_DOT
+    wb, w32 = _bf16(37, 576, seed=5)
+    x = _bf16(rows, 576, seed=rows)[1]
+    by_bits, by_copy, via = (np.zeros((rows, 37), np.float32) for _ in range(3))
+    linear_f32_fma(x, wb, by_bits)
+    linear_f32_fma(x, w32, by_copy)
+    assert np.array_equal(by_bits, by_copy)
+    if not HAS_BF16_DOT:  # then bfloat16 weights take this kernel
+        small_rows_linear(x, wb, via)
+        assert np.array_equal(via, by_copy)
+
+
+@needs_fma
+def test_bfloat16_keys_and_values_give_the_bits_of_their_float32_copies():
+    from triforce.kernels.f32_attention_parts import scores_f32_fma, values_f32_fma
+    rows, n = 9, 203
+    q = _rand(rows, 64, seed=1)
+    (kb, k32), (vb, v32) = _bf16(n, 64, seed=2), _bf16(n, 64, seed=3)
+    p = np.abs(_rand(rows, 256, seed=4))
+    outs = {}
+    for name, k, v in (("bits", kb, vb), ("copy", k32, v32)):
+        scores, acc = np.zeros((rows, 256), np.float32), np.zeros((rows, 64), np.float32)
+        scores_f32_fma(q, k, n, scores)
+        values_f32_fma(p, v, n, acc)
+        outs[name] = scores[:, :n], acc
+    assert all(np.array_equal(a, b) for a, b in zip(outs["bits"], outs["copy"]))

@@ -16,7 +16,8 @@ would, so greedy speculative decoding matches AR token for token in bfloat16 too
 bfloat16 queries, keys, values and results travel as raw bits (numba has no bfloat16), widened
 as read and rounded once when written (triforce.kernels.bf16_bits; on CPUs with AVX512-BF16 the
 scores and weighted values take the bits as they are: triforce.kernels.bf16_scores and
-bf16_values; float32 on CPUs with FMA and AVX2 takes triforce.kernels.f32_attention_parts);
+bf16_values; float32, and bfloat16 without that instruction, on CPUs with FMA and AVX2 take
+triforce.kernels.f32_attention_parts, see triforce.kernels.attention_paths);
 scores, softmax and sums are float32, as in PyTorch's CPU kernels for this dtype,
 exp the vectorised one of triforce.kernels.cpu_exp. The kernels index a C-contiguous [heads, rows, dim] block laid over the
 view's storage (a view of a cache buffer's first `keys` rows); numba vectorises only such arrays."""
@@ -27,7 +28,8 @@ import numpy as np
 import torch
 from numba import prange
 
-from triforce.kernels.attention_paths import BF16_FMA, BF16_PAIRS, F32_FMA, WIDENED, scores_of, values_of
+from triforce.kernels.attention_paths import (BF16_FMA, BF16_PAIRS, F32_FMA, WIDEN_AS_LOADED, WIDENED, scores_of,
+                                             values_of)
 from triforce.kernels.bf16_bits import bits_of, narrow, to_float32
 from triforce.kernels.bf16_dot import HAS_BF16_DOT
 from triforce.kernels.bf16_values import CHUNK
@@ -111,7 +113,8 @@ def _attend(q, k, v, scale, keys, queries, out, threads, scores_by, values_by):
     scratch_sc = np.empty((threads, rows, SPLIT), np.float32)
     scratch_pow = np.empty((threads, SPLIT), np.int32)
     scratch_pairs = np.empty((threads, rows, SPLIT // 2), np.uint32)
-    scratch_wide = np.empty((threads, SPLIT if scores_by == BF16_FMA else 0, dim), np.float32)
+    wide = SPLIT if scores_by == BF16_FMA and rows > WIDEN_AS_LOADED else 0
+    scratch_wide = np.empty((threads, wide, dim), np.float32)  # keys, then values, widened
     for job in prange(heads * splits):
         h = job // splits
         c = job - h * splits

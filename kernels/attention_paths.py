@@ -1,5 +1,5 @@
 """How an attention job (one KV head, one split of keys) scores its keys and weighs their values,
-for triforce.kernels.cpu_attention: the path is fixed by the dtype, the CPU and the head dim
+for triforce.kernels.cpu_attention: the arithmetic is fixed by the dtype, the CPU and the head dim
 (never by the rows), so a verify pass computes each token as decoding it alone would.
 
 The widened path is numba's own loops (bfloat16 bits widened as read, sums left to LLVM's
@@ -41,6 +41,7 @@ def scores_widened(q, k, n, out):
 WIDENED, F32_FMA, BF16_PAIRS, BF16_FMA = 0, 1, 2, 3
 # Up to this many query rows BF16_FMA widens keys and values as loaded instead (the same bits):
 # a decoding step's few rows read each key once or twice, and the scratch's round trip cost more.
+# The caller decides once, by the size of the scratch it hands over (no rows: widen as loaded).
 WIDEN_AS_LOADED = 4
 
 
@@ -70,7 +71,7 @@ def _scores_for(q, q32, k, n, scale, out, wide, path):
         return lambda q, q32, k, n, scale, out, wide, path: scores_f32_fma(q32, k, n, out)
     if path.literal_value == BF16_FMA:
         def widened_first(q, q32, k, n, scale, out, wide, path):
-            if q32.shape[0] <= WIDEN_AS_LOADED:
+            if wide.shape[0] == 0:
                 scores_f32_fma(q32, k, n, out)
             else:
                 scores_f32_fma(q32, _widen(k, n, wide), n, out)
@@ -95,7 +96,7 @@ def _values_for(p, v, n, acc, pad, weights, wide, path):
         return lambda p, v, n, acc, pad, weights, wide, path: values_f32_fma(p, v, n, acc)
     if path.literal_value == BF16_FMA:
         def widened_first(p, v, n, acc, pad, weights, wide, path):
-            if acc.shape[0] <= WIDEN_AS_LOADED:
+            if wide.shape[0] == 0:
                 values_f32_fma(p, v, n, acc)
             else:
                 values_f32_fma(p, _widen(v, n, wide), n, acc)

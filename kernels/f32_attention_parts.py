@@ -115,9 +115,8 @@ def _weigh(typingctx, a, weight, v, start):
     def codegen(context, builder, signature, args):
         fma = fma_instruction(builder)
         w = splat(builder, args[1], LANES8)
-        step = ir.Constant(ir.IntType(64), 8)
-        starts = [builder.add(args[3], builder.mul(step, ir.Constant(ir.IntType(64), i))) for i in range(_VECTORS)]
-        out = [builder.call(fma, [w, load8(context, builder, signature.args[2], args[2], starts[i]),
+        out = [builder.call(fma, [w, load8(context, builder, signature.args[2], args[2],
+                                           builder.add(args[3], ir.Constant(ir.IntType(64), 8 * i))),
                                   builder.extract_value(args[0], i)]) for i in range(_VECTORS)]
         return context.make_tuple(builder, signature.return_type, out)
 

@@ -83,7 +83,7 @@ def _kernels(rows: int, dtype: str):
     score()
     probs = np.exp(scores - scores.max(axis=1, keepdims=True)).astype(np.float32)
     visible = np.full(rows, KEYS, np.int64)
-    m, l, powers = np.zeros(rows, np.float32), np.zeros(rows, np.float32), np.zeros(KEYS, np.int32)
+    m, l = np.zeros(rows, np.float32), np.zeros(rows, np.float32)
     work = scores.copy()
     outs = {n: np.zeros((n, 576), np.float32) for n in (1, 4)}
     heads, long_keys = 3, 8192
@@ -93,7 +93,7 @@ def _kernels(rows: int, dtype: str):
 
     def softmax():
         work[:] = scores
-        ca._softmax(work, visible, m, l, powers)
+        ca._softmax(work, visible, m, l)
 
     return [
         (f"scores {rows}x{KEYS}", score),

@@ -19,7 +19,7 @@ scores and weighted values take the bits as they are: triforce.kernels.bf16_scor
 bf16_values; float32, and bfloat16 without that instruction, on CPUs with FMA and AVX2 take
 triforce.kernels.f32_attention_parts, see triforce.kernels.attention_paths);
 scores, softmax and sums are float32, as in PyTorch's CPU kernels for this dtype,
-exp the vectorised one of triforce.kernels.cpu_exp. The kernels index a C-contiguous [heads, rows, dim] block laid over the
+exp 16 lanes at a time (triforce.kernels.f32_lanes.exp_sum). The kernels index a C-contiguous [heads, rows, dim] block laid over the
 view's storage (a view of a cache buffer's first `keys` rows); numba vectorises only such arrays."""
 from __future__ import annotations
 
@@ -33,10 +33,9 @@ from triforce.kernels.attention_paths import (BF16_FMA, BF16_PAIRS, F32_FMA, WID
 from triforce.kernels.bf16_bits import bits_of, narrow, to_float32
 from triforce.kernels.bf16_dot import HAS_BF16_DOT
 from triforce.kernels.bf16_values import CHUNK
-from triforce.kernels.cpu_exp import exp_in_place
 from triforce.kernels.f32_attention_parts import fits as f32_fits
 from triforce.kernels.f32_dot import HAS_F32_FMA
-from triforce.kernels.f32_lanes import max_of
+from triforce.kernels.f32_lanes import exp_sum, max_of
 
 SMALL_QUERIES = 16  # beyond this many new tokens (prefill) the blocked SDPA kernel is the better one
 SPLIT = 512         # keys per job: 3 heads of 2K keys make 12 jobs for 2 cores
@@ -47,10 +46,11 @@ MIN_KV_WIDTH = 128
 
 
 @numba.njit(fastmath=True, cache=True)
-def _softmax(sc, visible, m_out, l_out, powers):
+def _softmax(sc, visible, m_out, l_out):
     """Row r: exponentials of its first visible[r] scores less their max, zeros after (to SPLIT),
-    and their (max, sum). A row that sees none of the split gets (-inf, 0)."""
-    rows, width = sc.shape
+    and their (max, sum); the sum always over the whole split, so its grouping never changes. A
+    row that sees none of the split gets (-inf, 0)."""
+    rows = sc.shape[0]
     for r in range(rows):
         seen = visible[r]
         if seen <= 0:
@@ -58,16 +58,8 @@ def _softmax(sc, visible, m_out, l_out, powers):
             m_out[r] = -np.inf
             l_out[r] = 0.0
             continue
-        m = max_of(sc[r], seen)
-        for s in range(seen):
-            sc[r, s] -= m
-        exp_in_place(sc[r], seen, powers)
-        sc[r, seen:] = 0.0
-        total = np.float32(0.0)
-        for s in range(width):  # always the whole split: the grouping of the sum never changes
-            total += sc[r, s]
-        m_out[r] = m
-        l_out[r] = total
+        m_out[r] = max_of(sc[r], seen)
+        l_out[r] = exp_sum(sc[r], seen, m_out[r])
 
 
 
@@ -111,7 +103,6 @@ def _attend(q, k, v, scale, keys, queries, out, threads, scores_by, values_by):
     l = np.empty((heads, splits, rows), np.float32)
     acc = np.empty((heads, splits, rows, dim), np.float32)
     scratch_sc = np.empty((threads, rows, SPLIT), np.float32)
-    scratch_pow = np.empty((threads, SPLIT), np.int32)
     scratch_pairs = np.empty((threads, rows, SPLIT // 2), np.uint32)
     wide = SPLIT if scores_by == BF16_FMA and rows > WIDEN_AS_LOADED else 0
     scratch_wide = np.empty((threads, wide, dim), np.float32)  # keys, then values, widened
@@ -126,7 +117,7 @@ def _attend(q, k, v, scale, keys, queries, out, threads, scores_by, values_by):
         for r in range(rows):
             visible[r] = min(n, keys - queries + r % queries + 1 - lo)
         scores_of(q[h], q32[h], k[h, lo:lo + n], n, scale, sc, scratch_wide[t], scores_by)
-        _softmax(sc, visible, m[h, c], l[h, c], scratch_pow[t])
+        _softmax(sc, visible, m[h, c], l[h, c])
         values_of(sc, v[h, lo:lo + n], n, acc[h, c], np.empty((4, dim), v.dtype), scratch_pairs[t], scratch_wide[t],
                    values_by)
     row = np.empty(dim, np.float32)

@@ -16,10 +16,10 @@ from __future__ import annotations
 import numba
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from triforce.kernels.bf16_dot import splat
+from triforce.kernels.prefetch import ask_rows
 from triforce.kernels.f32_dot import (LANES8, STEP, dot, dot4, f32x8, fma_instruction, is_f32_row, is_row, load8,
                                      vector_pointer)
 
@@ -34,24 +34,6 @@ def fits(dim: int) -> bool:
     return dim % STEP == 0 and dim % VALUE_DIMS == 0
 
 
-@intrinsic
-def prefetch(typingctx, a, i):
-    """Ask for row i of a 2-D float32 array ahead of use (a hint: never faults)."""
-    def codegen(context, builder, signature, args):
-        arr = context.make_array(signature.args[0])(context, builder, args[0])
-        stride = builder.extract_value(arr.strides, 0)
-        base = builder.bitcast(arr.data, ir.IntType(8).as_pointer())
-        ptr = builder.gep(base, [builder.mul(args[1], stride)])
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [
-            ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(32), ir.IntType(32)]), "llvm.prefetch.p0i8")
-        for line in (0, 64, 128, 192):
-            builder.call(fn, [builder.gep(ptr, [ir.Constant(ir.IntType(64), line)]), ir.Constant(ir.IntType(32), 0),
-                              ir.Constant(ir.IntType(32), 3), ir.Constant(ir.IntType(32), 1)])
-        return context.get_dummy_value()
-
-    return types.none(a, i), codegen
-
-
 @numba.njit(cache=True)
 def scores_f32_fma(q, k, n, out):
     """out[r, s] = q[r] . k[s] for s < n (float32; q already scaled): four keys at a time, every
@@ -61,8 +43,7 @@ def scores_f32_fma(q, k, n, out):
     while s + 4 <= n:
         k0, k1, k2, k3 = k[s], k[s + 1], k[s + 2], k[s + 3]
         if s + AHEAD + 4 <= n:
-            for j in range(4):
-                prefetch(k, s + AHEAD + j)
+            ask_rows(k, s + AHEAD, 4)
         for r in range(rows):
             out[r, s], out[r, s + 1], out[r, s + 2], out[r, s + 3] = dot4(q[r], k0, k1, k2, k3, dim)
         s += 4

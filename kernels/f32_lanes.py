@@ -11,9 +11,10 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
-from triforce.kernels.bf16_dot import LANES, f32x16
+from triforce.kernels.bf16_dot import LANES, f32x16, lane_tree, zeros
 
 _WIDTH = 16
 
@@ -65,3 +66,85 @@ def max_of(a, n):
     for s in range(full, n):
         top = max(top, a[s])
     return np.float32(top)
+
+
+# exp as in triforce.kernels.cpu_exp (Cephes' expf: Cody-Waite reduction, degree-6 polynomial),
+# written for 16 lanes with multiply-adds that LLVM may fuse: numba's loops in exp_in_place ran
+# it in 8-lane pieces with separate multiplies and adds, and a verify job's softmax (27 rows of
+# 512 scores) spent ~4 us there.
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+             5.0000001201e-1)
+
+
+def _splat(builder, value):
+    return ir.Constant(LANES, [value] * _WIDTH) if isinstance(value, float) else \
+        builder.shuffle_vector(builder.insert_element(ir.Constant(LANES, None), value, ir.Constant(ir.IntType(32), 0)),
+                               ir.Constant(LANES, None), ir.Constant(ir.VectorType(ir.IntType(32), _WIDTH), [0] * _WIDTH))
+
+
+def _call(builder, name, *args):
+    """LLVM's intrinsic `name` on 16 float32 lanes (llvm.floor, llvm.fmuladd)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(LANES, [LANES] * len(args)), f"{name}.v16f32")
+    return builder.call(fn, list(args))
+
+
+def exp_below(builder, x, top):
+    """exp(x - top) in each lane (x <= top), its argument clamped to >= -87 as exp_in_place's."""
+    d = builder.fsub(x, _splat(builder, top))
+    floor = _splat(builder, -87.0)
+    d = builder.select(builder.fcmp_ordered(">", d, floor), d, floor)
+    k = _call(builder, "llvm.floor", builder.fadd(builder.fmul(d, _splat(builder, 1.44269504)), _splat(builder, 0.5)))
+    f = _call(builder, "llvm.fmuladd", k, _splat(builder, -0.693359375), d)
+    f = _call(builder, "llvm.fmuladd", k, _splat(builder, 2.12194440e-4), f)
+    p = _splat(builder, _EXP_POLY[0])
+    for c in _EXP_POLY[1:]:
+        p = _call(builder, "llvm.fmuladd", p, f, _splat(builder, c))
+    y = builder.fadd(_call(builder, "llvm.fmuladd", p, builder.fmul(f, f), f), _splat(builder, 1.0))
+    ints = ir.VectorType(ir.IntType(32), _WIDTH)
+    power = builder.shl(builder.add(builder.fptosi(k, ints), ir.Constant(ints, [127] * _WIDTH)),
+                        ir.Constant(ints, [23] * _WIDTH))
+    return builder.fmul(y, builder.bitcast(power, LANES))
+
+
+@intrinsic
+def _exp_step(typingctx, a, start, top, seen, total):
+    """a[start:start + 16] = exp(a[...] - top) for the lanes before index `seen`, 0 after;
+    returns total plus those 16 values."""
+    if not (isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1) or total != f32x16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        where = builder.bitcast(builder.gep(data, [args[1]]), LANES.as_pointer())
+        y = exp_below(builder, builder.load(where, align=4), args[2])
+        ints = ir.VectorType(ir.IntType(64), _WIDTH)
+        index = builder.add(builder.shuffle_vector(
+            builder.insert_element(ir.Constant(ints, None), args[1], ir.Constant(ir.IntType(32), 0)),
+            ir.Constant(ints, None), ir.Constant(ir.VectorType(ir.IntType(32), _WIDTH), [0] * _WIDTH)),
+            ir.Constant(ints, list(range(_WIDTH))))
+        limit = builder.shuffle_vector(
+            builder.insert_element(ir.Constant(ints, None), args[3], ir.Constant(ir.IntType(32), 0)),
+            ir.Constant(ints, None), ir.Constant(ir.VectorType(ir.IntType(32), _WIDTH), [0] * _WIDTH))
+        y = builder.select(builder.icmp_signed("<", index, limit), y, ir.Constant(LANES, [0.0] * _WIDTH))
+        builder.store(y, where, align=4)
+        return builder.fadd(args[4], y)
+
+    return f32x16(a, types.intp, types.float32, types.intp, total), codegen
+
+
+@intrinsic
+def _sum16(typingctx, v):
+    if v != f32x16:
+        return None
+    return types.float32(v), lambda context, builder, signature, args: lane_tree(builder, args[0])
+
+
+@numba.njit(cache=True)
+def exp_sum(a, seen, top):
+    """a[s] = exp(a[s] - top) for s < seen and 0 for seen <= s < len(a) (a multiple of 16);
+    returns their sum, lane i of 16 summing a[i], a[i + 16], ... in order and the lanes then
+    added in one fixed tree, so the sum does not depend on `seen` beyond the values it keeps."""
+    total = zeros()
+    for s in range(0, a.shape[0], _WIDTH):
+        total = _exp_step(a, s, top, seen, total)
+    return _sum16(total)

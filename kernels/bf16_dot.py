@@ -29,6 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 from triforce.kernels.bf16_bits import narrow
+from triforce.kernels.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
 
 PAIR_BLOCK = 64  # values per step of a dot (two accumulators x 32): widths must be a multiple
 
@@ -198,6 +199,8 @@ def linear_bf16_pairs(x, w, out):
     n = w.shape[0]
     for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
         for r in range(block * _ROW_BLOCK, min(n, (block + 1) * _ROW_BLOCK)):
+            if rows >= ASK_FROM_ROWS:
+                ask_rows(w, r + ASK_AHEAD, 1)
             wr = w[r]
             i = 0
             while i + 4 <= rows:

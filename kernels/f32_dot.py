@@ -27,6 +27,8 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
+from triforce.kernels.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
+
 STEP = 16  # values per step of a dot (two accumulators x 8 lanes): widths must be a multiple
 LANES8 = ir.VectorType(ir.FloatType(), 8)
 _BITS8 = ir.VectorType(ir.IntType(16), 8)
@@ -199,6 +201,8 @@ def linear_f32_fma(x, w, out):
     n = w.shape[0]
     for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
         for r in range(block * _ROW_BLOCK, min(n, (block + 1) * _ROW_BLOCK)):
+            if rows >= ASK_FROM_ROWS:
+                ask_rows(w, r + ASK_AHEAD, 1)
             wr = w[r]
             i = 0
             while i + 4 <= rows:

@@ -49,6 +49,9 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
         "prose": lambda: lm.tokenizer(prose_prompt(lm.tokenizer, prompt_tokens)).input_ids,
         "needle": lambda: lm.tokenizer(needle_prompt(lm.tokenizer, prompt_tokens).text).input_ids,
     }
+    if lm.device.type == "cpu":  # compile the decode kernels now: on an empty cache the first round timed numba
+        from triforce.kernels import warm
+        warm.warm_up(lm.dtype, [(lm.config.num_kv_heads, lm.config.head_dim)])
     rows = []
     for name in kinds:
         ids = prompts[name]()[:prompt_tokens]

@@ -142,6 +142,14 @@ def _sum_lanes(typingctx, a, b):
     return types.float32(a, b), codegen
 
 
+@intrinsic
+def sum16(typingctx, acc):
+    """The sum of acc's 16 lanes, in lane_tree's order."""
+    if acc != f32x16:
+        return None
+    return types.float32(acc), lambda context, builder, signature, args: lane_tree(builder, args[0])
+
+
 def lane_tree(builder, v):
     """The sum of v's 16 lanes: lane i with i + 8, then i + 4, i + 2, i + 1."""
     n = 16

@@ -24,8 +24,8 @@ from numba.extending import intrinsic
 
 import numpy as np
 
-from triforce.kernels.bf16_dot import (LANES, dot_instruction, dot_step, f32x16, lane_tree, operand_at, row_pointers,
-                                       splat, zeros)
+from triforce.kernels.bf16_dot import (LANES, dot_instruction, dot_step, f32x16, operand_at, row_pointers,
+                                       splat, sum16, zeros)
 from triforce.kernels.bf16_key_pairs import TURNED_BLOCKS, score_rows, turn_block
 from triforce.kernels.prefetch import ask_rows
 
@@ -94,13 +94,6 @@ def _store_group(typingctx, accs, scale, out, start):
     return types.none(accs, scale, out, start), codegen
 
 
-@intrinsic
-def _sum16(typingctx, acc):
-    if acc != f32x16:
-        return None
-    return types.float32(acc), lambda context, builder, signature, args: lane_tree(builder, args[0])
-
-
 @numba.njit(cache=True)
 def scores_grouped(q, k, full, scale, out):
     """out[r, s] = scale * (q[r] . k[s]) for s < full (a multiple of GROUP), each key its own
@@ -156,4 +149,4 @@ def scores_bf16_pairs(q, k, n, scale, out):
             acc = zeros()
             for start in range(0, dim, 32):
                 acc = dot_step(acc, k[s], q[r], start)
-            out[r, s] = _sum16(acc) * scale
+            out[r, s] = sum16(acc) * scale

@@ -14,7 +14,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from triforce.kernels.bf16_dot import LANES, f32x16, lane_tree, zeros
+from triforce.kernels.bf16_dot import LANES, f32x16, splat, sum16, zeros
 
 _WIDTH = 16
 
@@ -76,10 +76,8 @@ _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
              5.0000001201e-1)
 
 
-def _splat(builder, value):
-    return ir.Constant(LANES, [value] * _WIDTH) if isinstance(value, float) else \
-        builder.shuffle_vector(builder.insert_element(ir.Constant(LANES, None), value, ir.Constant(ir.IntType(32), 0)),
-                               ir.Constant(LANES, None), ir.Constant(ir.VectorType(ir.IntType(32), _WIDTH), [0] * _WIDTH))
+def _lanes(value: float):
+    return ir.Constant(LANES, [value] * _WIDTH)
 
 
 def _call(builder, name, *args):
@@ -90,16 +88,16 @@ def _call(builder, name, *args):
 
 def exp_below(builder, x, top):
     """exp(x - top) in each lane (x <= top), its argument clamped to >= -87 as exp_in_place's."""
-    d = builder.fsub(x, _splat(builder, top))
-    floor = _splat(builder, -87.0)
+    d = builder.fsub(x, splat(builder, top, LANES))
+    floor = _lanes(-87.0)
     d = builder.select(builder.fcmp_ordered(">", d, floor), d, floor)
-    k = _call(builder, "llvm.floor", builder.fadd(builder.fmul(d, _splat(builder, 1.44269504)), _splat(builder, 0.5)))
-    f = _call(builder, "llvm.fmuladd", k, _splat(builder, -0.693359375), d)
-    f = _call(builder, "llvm.fmuladd", k, _splat(builder, 2.12194440e-4), f)
-    p = _splat(builder, _EXP_POLY[0])
+    k = _call(builder, "llvm.floor", builder.fadd(builder.fmul(d, _lanes(1.44269504)), _lanes(0.5)))
+    f = _call(builder, "llvm.fmuladd", k, _lanes(-0.693359375), d)
+    f = _call(builder, "llvm.fmuladd", k, _lanes(2.12194440e-4), f)
+    p = _lanes(_EXP_POLY[0])
     for c in _EXP_POLY[1:]:
-        p = _call(builder, "llvm.fmuladd", p, f, _splat(builder, c))
-    y = builder.fadd(_call(builder, "llvm.fmuladd", p, builder.fmul(f, f), f), _splat(builder, 1.0))
+        p = _call(builder, "llvm.fmuladd", p, f, _lanes(c))
+    y = builder.fadd(_call(builder, "llvm.fmuladd", p, builder.fmul(f, f), f), _lanes(1.0))
     ints = ir.VectorType(ir.IntType(32), _WIDTH)
     power = builder.shl(builder.add(builder.fptosi(k, ints), ir.Constant(ints, [127] * _WIDTH)),
                         ir.Constant(ints, [23] * _WIDTH))
@@ -118,25 +116,13 @@ def _exp_step(typingctx, a, start, top, seen, total):
         where = builder.bitcast(builder.gep(data, [args[1]]), LANES.as_pointer())
         y = exp_below(builder, builder.load(where, align=4), args[2])
         ints = ir.VectorType(ir.IntType(64), _WIDTH)
-        index = builder.add(builder.shuffle_vector(
-            builder.insert_element(ir.Constant(ints, None), args[1], ir.Constant(ir.IntType(32), 0)),
-            ir.Constant(ints, None), ir.Constant(ir.VectorType(ir.IntType(32), _WIDTH), [0] * _WIDTH)),
-            ir.Constant(ints, list(range(_WIDTH))))
-        limit = builder.shuffle_vector(
-            builder.insert_element(ir.Constant(ints, None), args[3], ir.Constant(ir.IntType(32), 0)),
-            ir.Constant(ints, None), ir.Constant(ir.VectorType(ir.IntType(32), _WIDTH), [0] * _WIDTH))
-        y = builder.select(builder.icmp_signed("<", index, limit), y, ir.Constant(LANES, [0.0] * _WIDTH))
+        kept = builder.icmp_signed("<", ir.Constant(ints, list(range(_WIDTH))),
+                                   splat(builder, builder.sub(args[3], args[1]), ints))  # lane i: start + i < seen
+        y = builder.select(kept, y, _lanes(0.0))
         builder.store(y, where, align=4)
         return builder.fadd(args[4], y)
 
     return f32x16(a, types.intp, types.float32, types.intp, total), codegen
-
-
-@intrinsic
-def _sum16(typingctx, v):
-    if v != f32x16:
-        return None
-    return types.float32(v), lambda context, builder, signature, args: lane_tree(builder, args[0])
 
 
 @numba.njit(cache=True)
@@ -147,4 +133,4 @@ def exp_sum(a, seen, top):
     total = zeros()
     for s in range(0, a.shape[0], _WIDTH):
         total = _exp_step(a, s, top, seen, total)
-    return _sum16(total)
+    return sum16(total)

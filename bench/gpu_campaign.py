@@ -5,6 +5,9 @@
 
 Steps (each in its own process, with GPU memory capped to `--cap-gb` so an H100 stands in for a
 24 GB card; a failing or overlong step is recorded and the campaign goes on):
+  user          what a new user types with default flags (generate greedy and sampled, chat with
+                /stats, serve with one openai request) on a random-weight model made on the spot;
+                greedy float32 tokens against transformers' generate (its commands are not capped)
   probe         device, versions, exact pinning, pinned host-to-device and device-to-device GB/s
   gpu-tests     pytest tests/gpu (graphs, Triton retrieval, sync counts, offload, sampling, SDPA kernels)
   tier-steps    tier 0, tier 1 and full-verify step times against their bytes floor, graphs on/off,
@@ -12,8 +15,8 @@ Steps (each in its own process, with GPU memory capped to `--cap-gb` so an H100 
   offload-32k   bench offload, Llama2-7B-128K at 32K: ar-offload, zero-inference, triforce (trace replay)
   offload-127k  the same at 127K (130048 tokens: about 62 GiB of pinned host KV)
 
-Writes gpu-campaign-DATE.json (every step's command, exit code, seconds, parsed JSON and output
-tail) and prints the rows for bench/RESULTS.md."""
+Writes gpu-campaign-DATE.json (the commit, torch, driver and device; every step's command, exit
+code, seconds, parsed JSON and output tail) and prints the rows for bench/RESULTS.md."""
 from __future__ import annotations
 
 import datetime
@@ -44,6 +47,8 @@ def steps(out_dir: Path, quick: bool) -> list[Step]:
     offload = ("-m", "triforce.cli.main", "bench", "offload", "--arch", ARCH, "--profile", "rtx4090-24g",
                "--acceptance-trace", TRACE, "--new-tokens", "8" if quick else "16", "--dtype", "bfloat16", "--json")
     return [
+        Step("user", ("-m", "triforce.bench.user_step", "--json"), 90,
+             "a new user's commands with default flags on a random model made here"),
         Step("probe", ("-m", "triforce.bench.gpu_probe"), 60,
              "device, versions, exact pinning, copy bandwidths"),
         Step("gpu-tests", ("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"), 150,
@@ -70,6 +75,36 @@ def last_json(text: str):
     return None
 
 
+def environment(commit: str | None) -> dict:
+    """What the numbers were measured with: commit, torch, CUDA driver, device."""
+    import torch
+
+    env = {"commit": commit or _git_commit(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "driver": None, "device": "cpu (no CUDA device)"}
+    if torch.cuda.is_available():
+        env["device"] = torch.cuda.get_device_name(0)
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            env["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            pynvml.nvmlShutdown()
+        except Exception as e:  # noqa: BLE001 - recorded, not fatal
+            env["driver"] = f"unknown ({type(e).__name__})"
+    return env
+
+
+def _git_commit() -> str:
+    """HEAD of the checkout, with '+changes' when the tree differs from it; a copy without .git
+    (the device machine's) says so: pass --commit there."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return head.stdout.strip() + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("TRIFORCE_COMMIT", "unknown (no git checkout; pass --commit)")
+
+
 def run_step(step: Step, cap_gb: float, timeout_s: float, log_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "triforce.bench.capped", "--gb", str(cap_gb), "--", *step.argv]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -91,8 +126,10 @@ def run_step(step: Step, cap_gb: float, timeout_s: float, log_dir: Path) -> dict
 def results_rows(report: dict) -> list[str]:
     """Markdown lines for bench/RESULTS.md."""
     probe = next((s["result"] for s in report["steps"] if s["name"] == "probe" and s["result"]), {}) or {}
-    lines = [f"GPU campaign {report['date']}, {probe.get('device_name', 'device unknown')}, memory capped to "
-             f"{report['cap_gb']:g} GB, torch {probe.get('torch', '?')}, pinned host-to-device "
+    env = report.get("environment", {})
+    lines = [f"GPU campaign {report['date']}, {env.get('device') or probe.get('device_name', 'device unknown')}, "
+             f"driver {env.get('driver', '?')}, memory capped to {report['cap_gb']:g} GB, torch "
+             f"{env.get('torch') or probe.get('torch', '?')}, commit {env.get('commit', '?')}, pinned host-to-device "
              f"{probe.get('pinned_h2d_gbps', '?')} GB/s, device copy {probe.get('d2d_gbps', '?')} GB/s",
              "", f"    python -m triforce.bench.gpu_campaign{' --quick' if report['quick'] else ''}", "",
              "| step | result | seconds |", "|---|---|---:|"]
@@ -101,6 +138,13 @@ def results_rows(report: dict) -> list[str]:
         lines.append(f"| {s['name']} | {status} | {s['seconds']} |")
     for s in report["steps"]:
         r = s["result"] or {}
+        if s["name"] == "user" and r.get("steps"):
+            lines += ["", f"user step on {r['device']} (default dtype {r['default_dtype']}): greedy float32 tokens "
+                          f"equal transformers' generate: {r['greedy_float32_equals_transformers']}", "",
+                      "| command | result | seconds |", "|---|---|---:|"]
+            for u in r["steps"]:
+                result = "ok" if u["ok"] else f"failed (exit {u.get('rc')}) {u.get('error', '')}".strip()
+                lines.append(f"| `{u['command'].split(' --model')[0]}` | {result} | {u['seconds']} |")
         if s["name"].startswith("offload") and r.get("rows"):
             lines += ["", f"{s['name']}: context {r['context']}, {r['profile']}, pinned H2D {r['pinned_h2d_gbps']} GB/s",
                       "", "| method | ms/token | PCIe MB/token | H2D GB/s | peak GPU GiB | plan GiB |",
@@ -131,7 +175,8 @@ def results_rows(report: dict) -> list[str]:
 @click.option("--only", default=None, help="Comma-separated step names to run (default: all).")
 @click.option("--quick", is_flag=True, help="Fewer tokens and contexts (for a short lease).")
 @click.option("--dry-run", is_flag=True, help="Print what would run and exit.")
-def main(out_dir, cap_gb, budget_s, only, quick, dry_run):
+@click.option("--commit", default=None, help="The commit measured, where the checkout has no .git (default: git's HEAD).")
+def main(out_dir, cap_gb, budget_s, only, quick, dry_run, commit):
     """Run the GPU tests and GPU benchmarks in one command, carrying on past failures."""
     out = Path(out_dir).resolve()
     chosen = steps(out, quick)
@@ -150,7 +195,7 @@ def main(out_dir, cap_gb, budget_s, only, quick, dry_run):
         return
     out.mkdir(parents=True, exist_ok=True)
     date = datetime.date.today().isoformat()
-    report = {"date": date, "cap_gb": cap_gb, "quick": quick, "steps": []}
+    report = {"date": date, "cap_gb": cap_gb, "quick": quick, "environment": environment(commit), "steps": []}
     deadline = time.perf_counter() + budget_s
     for s in chosen:
         left = deadline - time.perf_counter()

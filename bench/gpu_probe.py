@@ -76,7 +76,9 @@ def main() -> None:
     if not torch.cuda.is_available():
         print(json.dumps(info))
         return
-    device = torch.device("cuda")
+    from triforce.model.loading import resolve_device
+
+    device = resolve_device("cuda")
     props = torch.cuda.get_device_properties(device)
     info.update(device_name=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
                 total_gb=round(props.total_memory / 1e9, 1), sms=props.multi_processor_count)

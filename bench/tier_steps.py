@@ -27,6 +27,7 @@ from triforce.config import SpecParams
 from triforce.decoding.tiers import DraftModelTier, SparseTier
 from triforce.kernels import select_attention
 from triforce.model.architectures import build_random_model
+from triforce.model.loading import resolve_device
 from triforce.offload.measure import memory_gbps
 
 
@@ -141,7 +142,7 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
 @click.option("--attn", "attns", default="sdpa,flash", show_default=True, help="Backends to compare (flash when it imports).")
 @click.option("--json", "as_json", is_flag=True)
 def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, attns, as_json):
-    device = torch.device(device)
+    device = resolve_device(device)
     target = build_random_model(arch, dtype, str(device))
     drafter = build_random_model(draft, dtype, str(device), seed=1) if draft else None
     spec = SpecParams(method="triforce", budget=budget, gamma1=gamma1, gamma2=gamma2)

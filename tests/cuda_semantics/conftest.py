@@ -7,34 +7,25 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from checked_streams import CheckedStreams  # noqa: E402
+from fake_card import FakeCard  # noqa: E402
 
 
-class FakeCudart:
-    """cudaHostRegister / cudaHostUnregister that only count (CPU tensors stay as they are)."""
-
-    def __init__(self, fail: bool = False):
-        self.fail, self.registered, self.unregistered = fail, [], []
-
-    def cudaHostRegister(self, ptr, size, flags):
-        if self.fail:
-            return 2  # cudaErrorMemoryAllocation
-        self.registered.append((ptr, size))
-        return 0
-
-    def cudaHostUnregister(self, ptr):
-        self.unregistered.append(ptr)
-        return 0
+@pytest.fixture
+def card(monkeypatch):
+    """One simulated 24 GB card behind torch.cuda (tests/cuda_semantics/fake_card.py)."""
+    return FakeCard().install(monkeypatch)
 
 
 @pytest.fixture
 def pinning(monkeypatch):
-    """allocate_host pins (registers) on this CPU machine, through a counting stand-in."""
+    """allocate_host pins (registers) on this CPU machine, through the fake card's counting
+    CUDA runtime. Only cudart is installed: the rest of torch.cuda stays as it is (no card)."""
     from triforce.pinned import host_memory
 
-    cudart = FakeCudart()
+    fake = FakeCard()
     monkeypatch.setattr(host_memory, "can_pin", lambda: True)
-    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
-    return cudart
+    monkeypatch.setattr(torch.cuda, "cudart", fake.cudart)
+    return fake.runtime
 
 
 @pytest.fixture

@@ -9,23 +9,21 @@ from triforce.config import ModelConfig, SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.decoding.tiers import DraftModelTier, SparseTier
 from triforce.model.architectures import arch_hf_config
-from triforce.model.loading import load_model
+from triforce.model.loading import load_model, resolve_device
 from triforce.offload.profiles import load_profile
 from triforce.pinned import pinned_bytes
 
+from fake_card import FakeCard
+
 GIB = 2**30
-CUDA = torch.device("cuda", 0)
 
 
-def simulated_card(monkeypatch, total: int, ours: int, others: int = 600 << 20):
+def simulated_card(monkeypatch, total: int, ours: int, others: int = 600 << 20) -> torch.device:
     """A CUDA card of `total` bytes where this process's PyTorch holds `ours` (loaded weights)
-    and the CUDA context and other programs `others`."""
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - ours - others, total))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: ours)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Simulated 24 GB card")
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    if hasattr(torch.cuda, "get_per_process_memory_fraction"):
-        monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda device=None: 1.0)
+    and the CUDA context and other programs `others`; returns the device `--device cuda` means
+    (what the runtime passes, resolved as a user's flag is)."""
+    FakeCard(total_bytes=total, ours_bytes=ours, others_bytes=others).install(monkeypatch)
+    return resolve_device("cuda")
 
 
 def llama31_8b_plan(profile, context=32768):
@@ -36,17 +34,17 @@ def llama31_8b_plan(profile, context=32768):
 @pytest.mark.parametrize("loaded", [False, True], ids=["before-loading", "after-loading"])
 def test_auto_profile_of_a_24gb_card_fits_llama31_8b_bf16_at_32k(monkeypatch, loaded):
     weights = 16_060_522_496  # Llama-3.1-8B in bf16, already on the card after loading
-    simulated_card(monkeypatch, total=24564 << 20, ours=weights if loaded else 0)
-    plan = llama31_8b_plan(auto_profile(CUDA))
+    device = simulated_card(monkeypatch, total=24564 << 20, ours=weights if loaded else 0)
+    plan = llama31_8b_plan(auto_profile(device))
     assert plan.feasible, plan.reason
     assert plan.breakdown["target_weights"] == pytest.approx(weights, rel=0.01)
 
 
 def test_auto_profile_is_the_same_before_and_after_loading(monkeypatch):
-    simulated_card(monkeypatch, total=32 * 10**9, ours=0)
-    before = llama31_8b_plan(auto_profile(CUDA), 130000)
-    simulated_card(monkeypatch, total=32 * 10**9, ours=16 * 10**9)
-    after = llama31_8b_plan(auto_profile(CUDA), 130000)
+    device = simulated_card(monkeypatch, total=32 * 10**9, ours=0)
+    before = llama31_8b_plan(auto_profile(device), 130000)
+    device = simulated_card(monkeypatch, total=32 * 10**9, ours=16 * 10**9)
+    after = llama31_8b_plan(auto_profile(device), 130000)
     assert before.feasible and before.offloaded and before.resident_tokens == after.resident_tokens > 0
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import FakeCudart
+from fake_card import FakeCard
 from triforce.kernels import attention
 from triforce.pinned import HostKVStore, allocate_host, pinned_bytes
 from triforce.pinned import host_memory
@@ -25,7 +25,7 @@ def test_pinning_registers_exactly_the_asked_bytes(pinning):
 
 def test_a_failed_pin_is_said_and_the_store_knows(monkeypatch, capsys):
     monkeypatch.setattr(host_memory, "can_pin", lambda: True)
-    monkeypatch.setattr(torch.cuda, "cudart", lambda: FakeCudart(fail=True))
+    monkeypatch.setattr(torch.cuda, "cudart", FakeCard(pin_fails=True).cudart)
     store = HostKVStore(2, 2, 8, 64, 16, first_position=0, dtype=torch.float32)
     assert not store.pinned
     err = capsys.readouterr().err
@@ -65,6 +65,6 @@ def test_gpu_campaign_dry_run_on_a_cpu():
     done = subprocess.run([sys.executable, "-m", "triforce.bench.gpu_campaign", "--dry-run"], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    for step in ("probe", "gpu-tests", "tier-steps", "offload-32k", "offload-127k"):
-        assert step in done.stdout
-    assert "--gb 24" in done.stdout
+    names = [line.split()[0] for line in done.stdout.splitlines()[1:] if not line.startswith("    ")]
+    assert names == ["user", "probe", "gpu-tests", "tier-steps", "offload-32k", "offload-127k"]  # the user first
+    assert "--gb 24" in done.stdout and "-m triforce.bench.user_step --json" in done.stdout

@@ -12,23 +12,21 @@ from triforce.model.loading import load_model
 from triforce.offload import tp
 from triforce.offload.tp import shard_model
 
+from fake_card import FakeCard
+
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_nccl_rank_selects_its_own_gpu(monkeypatch, rank):
-    calls = []
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", torch.device(device))))
-    monkeypatch.setattr(tp.dist, "init_process_group",
-                        lambda backend, **kw: calls.append(("init", backend, kw.get("device_id"))))
+    card = FakeCard(count=2).install(monkeypatch)
     tp._join(rank, 2, 29500, "nccl")
-    assert calls == [("set_device", torch.device("cuda", rank)), ("init", "nccl", torch.device("cuda", rank))]
+    assert card.current == rank and ("set_device", rank) in card.calls
+    assert card.groups == [("nccl", torch.device("cuda", rank))]
 
 
 def test_gloo_ranks_stay_on_the_cpu(monkeypatch):
-    calls = []
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append("set_device"))
-    monkeypatch.setattr(tp.dist, "init_process_group", lambda backend, **kw: calls.append(kw.get("device_id")))
+    card = FakeCard(count=2).install(monkeypatch)
     tp._join(1, 2, 29500, "gloo")
-    assert calls == [None]
+    assert card.groups == [("gloo", None)] and not any(name == "set_device" for name, _ in card.calls)
 
 
 class MovedShapes(TorchFunctionMode):

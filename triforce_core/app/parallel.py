@@ -9,7 +9,7 @@ import torch
 
 
 def rank_device(device: str, rank: int) -> str:
-    """cuda:<rank> for a CUDA run, else the CPU."""
+    """cuda:<rank> for a CUDA run, else the CPU (check_world refuses one named card for several ranks)."""
     if device in ("auto", "cuda") and torch.cuda.is_available():
         return f"cuda:{rank}"
     return "cpu" if device == "auto" else device
@@ -50,6 +50,9 @@ def check_world(world: int, device: str, model: str | None = None, arch: str | N
 
     if world < 1:
         raise UserError(f"--tp must be >= 1, got {world}")
+    if world > 1 and device.startswith("cuda:"):
+        raise UserError(f"--device {device} names one card, but --tp {world} runs rank N on cuda:N: "
+                        "use --device cuda (or auto)")
     on_cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if on_cuda and world > torch.cuda.device_count():
         raise UserError(f"--tp {world} needs {world} GPUs but {torch.cuda.device_count()} are visible")

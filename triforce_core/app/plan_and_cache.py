@@ -26,9 +26,13 @@ def auto_profile(device: torch.device) -> MemoryProfile:
         return load_profile("cpu")
     import psutil
 
+    if device.index is None:  # torch's memory-fraction query refuses it; resolve_device never returns one
+        raise ValueError(f"auto_profile needs a CUDA device with its index (resolved by resolve_device), got {device}")
     free, total = torch.cuda.mem_get_info(device)
     in_use = max(0, total - free - torch.cuda.memory_reserved(device))
-    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 1.0)(device)
+    # older torch releases have no such query: a cap cannot be read there, so the whole card counts
+    query = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    fraction = query(device) if query is not None else 1.0
     return MemoryProfile(
         name=f"auto:{torch.cuda.get_device_name(device)}", description="detected at start (nominal bandwidths)",
         num_gpus=torch.cuda.device_count(), gpu_bytes=int(total * min(fraction, 1.0)), reserved_bytes=in_use + (512 << 20),

@@ -115,8 +115,7 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     prof = resolve_profile(c.profile, torch_device, c.device_budget)
     if torch_device.type == "cuda":  # emulate the profile's card before anything is allocated
         total = torch.cuda.get_device_properties(torch_device).total_memory
-        index = torch_device.index if torch_device.index is not None else torch.cuda.current_device()
-        torch.cuda.set_per_process_memory_fraction(min(1.0, prof.gpu_bytes / total), index)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, prof.gpu_bytes / total), torch_device)
     runtime = build_runtime(c, rank, world)
     lm = runtime.lm
     name = f"{c.arch} (random weights)" if c.arch is not None else lm.path.name

@@ -47,22 +47,26 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def resolve_device(name: str) -> torch.device:
-    """cpu, cuda or cuda:N (N a present card): torch names other devices (mps, xla, meta)
-    that this build cannot run or that hold no data."""
+    """`--device` -> the one device value the runtime passes around: cpu, or cuda with its index
+    always set (auto and cuda mean the current card). Several torch.cuda functions refuse an
+    index-less cuda device (get_per_process_memory_fraction, set_device), so none reaches them.
+    Other names torch knows (mps, xla, meta) this build cannot run or hold no data."""
     import re
 
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     match = re.fullmatch(r"(cpu|cuda)(?::(\d{1,4}))?", name)
     if match is None or (match.group(1) == "cpu" and match.group(2) is not None):
         raise UserError(f"unknown device '{name}' (use auto, cpu, cuda or cuda:N)")
-    if match.group(1) == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {name} was asked for but no CUDA device is available")
-        index, count = int(match.group(2) or 0), torch.cuda.device_count()
-        if index >= count:
-            raise UserError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
-    return torch.device(name)
+    if match.group(1) == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {name} was asked for but no CUDA device is available")
+    count = torch.cuda.device_count()
+    index = int(match.group(2)) if match.group(2) is not None else torch.cuda.current_device()
+    if index >= count:
+        raise UserError(f"--device {name}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    return torch.device("cuda", index)
 
 
 def resolve_model_dir(spec: str) -> Path:

@@ -41,7 +41,7 @@ setup(
         "triforce.bench",
         "triforce.profiles",
     ],
-    package_data={"triforce.profiles": ["*.toml"]},
+    package_data={"triforce.profiles": ["*.toml"], "triforce.app": ["*.txt.gz"]},  # the natural-text corpus
     install_requires=[
         "torch>=2.5",
         "transformers>=4.56",

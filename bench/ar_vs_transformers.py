@@ -65,13 +65,13 @@ def main(model, contexts, new_tokens, repeats, as_json):
     from transformers import AutoModelForCausalLM
 
     from triforce.model.loading import load_model
-    from triforce.app.texts import prose_prompt
+    from triforce.app.texts import natural_ids
 
     lm = load_model(model, dtype="float32", device="cpu")
     hf = AutoModelForCausalLM.from_pretrained(str(lm.path), dtype=torch.float32).eval()
     rows = []
     for n in [int(c) for c in contexts.split(",")]:
-        ids = lm.tokenizer(prose_prompt(lm.tokenizer, n), add_special_tokens=False).input_ids[:n]
+        ids = natural_ids(lm.tokenizer, n)
         ours = max((time_triforce(lm, ids, new_tokens) for _ in range(repeats)),
                    key=lambda r: r["decode_tokens_per_s"])
         theirs = max((time_transformers(hf, ids, new_tokens) for _ in range(repeats)),

@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 
 from triforce.app.batch_generate import batch_summary, generate_batch, row_models, row_plan
-from triforce.app.texts import stdlib_prose
+from triforce.app.texts import natural_ids, natural_size
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.full_tier import FullTier
 from triforce.offload.batch_choice import BatchPrediction, predict_batch, spec_for
@@ -23,12 +23,10 @@ GPU_CONTEXTS = (32768, 65536, 131072)
 
 
 def prose_rows(tokenizer, context: int, rows: int) -> list[list[int]]:
-    """`rows` prompts of `context` tokens: the prose corpus from a different offset each."""
-    corpus = tokenizer(stdlib_prose(), add_special_tokens=False).input_ids
-    stride = max(1, len(corpus) // max(rows, 1))
-    while len(corpus) < context + stride * rows:
-        corpus = corpus + corpus
-    return [corpus[r * stride:r * stride + context] for r in range(rows)]
+    """`rows` prompts of `context` tokens of natural text, each from a different part of the
+    corpus (they overlap only where the corpus is too short for disjoint rows)."""
+    stride = min(context, max(1, (natural_size(tokenizer) - context) // max(rows - 1, 1)))
+    return [natural_ids(tokenizer, context, r * stride) for r in range(rows)]
 
 
 def measure(runtime, contexts: list[int], batch_sizes: list[int], methods: list[str], new_tokens: int,

@@ -15,7 +15,7 @@ import click
 import torch
 
 from triforce.app.plan_and_cache import make_plan
-from triforce.app.texts import prose_prompt
+from triforce.app.texts import prompt_text
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.model.loading import load_model
@@ -39,13 +39,16 @@ def measure(lm, spec: SpecParams, ids: list[int], new_tokens: int) -> dict:
 @click.option("--new-tokens", type=int, default=48, show_default=True)
 @click.option("--budget", type=int, default=512, show_default=True)
 @click.option("--gamma2", type=int, default=6, show_default=True)
-def main(profile_path, contexts, new_tokens, budget, gamma2):
+@click.option("--prompt", "prompt_kind", type=click.Choice(["natural", "repeated"]), default="natural",
+              show_default=True, help="natural: text that never repeats itself (what users bring); repeated: "
+                                      "the corpus doubled to length, a stated best case for speculation.")
+def main(profile_path, contexts, new_tokens, budget, gamma2, prompt_kind):
     profile = load_profile(profile_path)
     hw = hardware(profile)
     lm = load_model("default", dtype="float32", device="cpu")
     rows = []
     for context in (int(c) for c in contexts.split(",")):
-        ids = lm.tokenizer(prose_prompt(lm.tokenizer, context)).input_ids[:context]
+        ids = lm.tokenizer(prompt_text(prompt_kind, lm.tokenizer, context)).input_ids[:context]
         ar_spec = SpecParams(method="ar")
         tri_spec = SpecParams(method="triforce", budget=budget, gamma2=gamma2)
         costs = make_plan(lm.config, profile, len(ids) + new_tokens, tri_spec, lm.dtype).step_costs

@@ -46,9 +46,12 @@ def decode(runtime, ids: list[int], new_tokens: int, method: str):
 @click.option("--profile", default=None, help="Memory profile (default: cpu).")
 @click.option("--max-context", type=int, default=None, help="With --rope-scaling: stretch the model this far.")
 @click.option("--rope-scaling", default=None)
-def main(contexts, new_tokens, repeats, methods, dtype, profile, max_context, rope_scaling):
+@click.option("--prompt", "prompt_kind", type=click.Choice(["natural", "repeated"]), default="natural",
+              show_default=True, help="natural: text that never repeats itself (what users bring); repeated: "
+                                      "the corpus doubled to length, a stated best case for speculation.")
+def main(contexts, new_tokens, repeats, methods, dtype, profile, max_context, rope_scaling, prompt_kind):
     from triforce.app.runtime import RunConfig, build_runtime
-    from triforce.app.texts import prose_prompt
+    from triforce.app.texts import prompt_text
     from triforce.config import SpecParams
 
     config = RunConfig(spec=SpecParams(method="auto"), dtype=dtype, profile=profile, max_context=max_context,
@@ -57,7 +60,7 @@ def main(contexts, new_tokens, repeats, methods, dtype, profile, max_context, ro
     tok = runtime.lm.tokenizer
     rows = []
     for n in (int(c) for c in contexts.split(",")):
-        ids = tok(prose_prompt(tok, n + 8), add_special_tokens=False).input_ids[:n - new_tokens]
+        ids = tok(prompt_text(prompt_kind, tok, n + 8), add_special_tokens=False).input_ids[:n - new_tokens]
         best, tokens, row = {}, {}, {"context": n, "prompt_tokens": len(ids)}
         for _ in range(repeats):
             for method in methods.split(","):
@@ -75,7 +78,7 @@ def main(contexts, new_tokens, repeats, methods, dtype, profile, max_context, ro
         rows.append(row)
         print(json.dumps(row), flush=True)
     print(json.dumps({"machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
-                      "dtype": str(runtime.lm.dtype).removeprefix("torch."), "profile": runtime.profile.name,
+                      "dtype": str(runtime.lm.dtype).removeprefix("torch."), "profile": runtime.profile.name, "text": prompt_kind,
                       "new_tokens": new_tokens, "rows": rows}))
 
 

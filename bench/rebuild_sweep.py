@@ -12,7 +12,7 @@ from dataclasses import replace
 import click
 
 from triforce.app.evaluation import needle_prompt
-from triforce.app.texts import prose_prompt
+from triforce.app.texts import prompt_text
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.model.loading import load_model
@@ -28,7 +28,7 @@ def main(strides, thresholds, prompt_tokens, new_tokens, budget):
     lm = load_model("default", dtype="float32", device="cpu")
     stride_list = [int(s) for s in strides.split(",")]
     prompts = {"needle": lm.tokenizer(needle_prompt(lm.tokenizer, prompt_tokens).text).input_ids,
-               "prose": lm.tokenizer(prose_prompt(lm.tokenizer, prompt_tokens)).input_ids}
+               "natural": lm.tokenizer(prompt_text("natural", lm.tokenizer, prompt_tokens)).input_ids}
     rows = []
     for name, ids in prompts.items():
         widest = SpecParams(method="triforce", budget=budget, rebuild_stride=max(stride_list))

@@ -14,7 +14,7 @@ import click
 import httpx
 
 from triforce.app.runtime import RunConfig
-from triforce.app.texts import stdlib_prose
+from triforce.app.texts import natural_ids
 from triforce.config import SpecParams
 
 
@@ -38,7 +38,7 @@ def stream(url: str, prompt: str, new_tokens: int) -> dict:
 
 def prompts(tokenizer, clients: int, tokens: int) -> list[str]:
     """Different prose for each client (no shared prefix to reuse)."""
-    ids = tokenizer(stdlib_prose(), add_special_tokens=False).input_ids
+    ids = natural_ids(tokenizer, tokens * clients)
     return [tokenizer.decode(ids[i * tokens:(i + 1) * tokens]) + "\n\nSummarise this." for i in range(clients)]
 
 

@@ -14,7 +14,7 @@ import click
 import httpx
 
 from triforce.app.runtime import RunConfig
-from triforce.app.texts import prose_prompt
+from triforce.app.texts import prompt_text
 from triforce.config import SpecParams
 
 
@@ -61,7 +61,7 @@ def main(model, dtype, method, document_tokens, max_context, new_tokens, as_json
 
     config = RunConfig(model=model, dtype=dtype, max_context=max_context, spec=SpecParams(method=method))
     api, lines = build_api(config, batch_size=1, quiet=True)  # one row: another conversation evicts it
-    document = prose_prompt(api.lm.tokenizer, document_tokens)
+    document = prompt_text("natural", api.lm.tokenizer, document_tokens)
     server = BackgroundServer(api)
     try:
         turn1 = [{"role": "user", "content": f"Here is a document:\n\n{document}\n\nSummarise it in one sentence."}]

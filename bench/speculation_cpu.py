@@ -15,7 +15,7 @@ import click
 import torch
 
 from triforce.app.evaluation import evaluate_acceptance, needle_prompt
-from triforce.app.texts import prose_prompt
+from triforce.app.texts import prompt_text
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.model.context_stretch import KINDS, stretch_request
@@ -26,7 +26,8 @@ def acceptance_table(lm, budgets: list[int], gen: int) -> list[dict]:
 
     prompts = {
         "needle ~6K": lm.tokenizer(needle_prompt(lm.tokenizer, 6000, depth=0.5).text).input_ids,
-        "prose ~7K": lm.tokenizer(prose_prompt(lm.tokenizer, 7000)).input_ids,
+        "natural ~7K": lm.tokenizer(prompt_text("natural", lm.tokenizer, 7000)).input_ids,
+        "repeated ~7K (best case)": lm.tokenizer(prompt_text("repeated", lm.tokenizer, 7000)).input_ids,
     }
     rows = []
     for name, ids in prompts.items():
@@ -38,7 +39,7 @@ def acceptance_table(lm, budgets: list[int], gen: int) -> list[dict]:
 
 
 def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
-                 methods=("ar", "triforce", "retrieval", "streaming", "naive"), kinds=("prose", "needle"),
+                 methods=("ar", "triforce", "retrieval", "streaming", "naive"), kinds=("natural", "needle"),
                  rounds: int = 1) -> list[dict]:
     """Decode speed of each method after the same prompt; the prompt is prefilled once and its
     cache handed from method to method (a 32K-token prefill takes minutes on two cores). With
@@ -46,7 +47,8 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
     its speed-up the median over rounds of ar's time in that round over its own, so a noisy
     neighbour that slows one round slows both sides of that round's ratio."""
     prompts = {
-        "prose": lambda: lm.tokenizer(prose_prompt(lm.tokenizer, prompt_tokens)).input_ids,
+        "natural": lambda: lm.tokenizer(prompt_text("natural", lm.tokenizer, prompt_tokens)).input_ids,
+        "repeated": lambda: lm.tokenizer(prompt_text("repeated", lm.tokenizer, prompt_tokens)).input_ids,
         "needle": lambda: lm.tokenizer(needle_prompt(lm.tokenizer, prompt_tokens).text).input_ids,
     }
     if lm.device.type == "cpu":  # compile the decode kernels now: on an empty cache the first round timed numba
@@ -104,7 +106,9 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
 @click.option("--budget", type=int, default=1024, show_default=True, help="Sparse cache budget for --speed.")
 @click.option("--methods", default="ar,triforce,retrieval,streaming,naive", show_default=True,
               help="Methods timed by --speed (ar first: the others are compared with it).")
-@click.option("--prompts", default="prose,needle", show_default=True, help="Prompt kinds timed by --speed.")
+@click.option("--prompts", default="natural,needle", show_default=True,
+              help="Prompt kinds timed by --speed: natural (text that never repeats itself), needle (a pass key "
+                   "in natural text), repeated (the corpus doubled to length: a stated best case).")
 @click.option("--dtype", default="float32", show_default=True)
 @click.option("--max-context", type=int, default=None, help="With --rope-scaling: stretch the model this far.")
 @click.option("--rope-scaling", type=click.Choice(KINDS), default=None)

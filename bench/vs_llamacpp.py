@@ -125,7 +125,7 @@ def long_row(model: str, dtype: str, binary: str, gguf: str, threads: int, depth
         stretch_to = 0  # within the trained context: nothing to stretch
     lm = load_model(model, dtype=dtype, device="cpu",
                     rope_scaling=stretch_request(stretch_to, "yarn") if stretch_to else None)
-    ar, spec = method_speed(lm, depth, new_tokens, budget, ("ar", "triforce"), ("prose",), rounds)
+    ar, spec = method_speed(lm, depth, new_tokens, budget, ("ar", "triforce"), ("natural",), rounds)
     theirs = llama_bench(binary, gguf, threads, depth=depth, gen=new_tokens)
     return {"dtype": dtype, "test": "decode", "tokens": depth, "triforce_tok_s": ar["decode_tok_s"],
             "llamacpp_tok_s": round(theirs, 2), "ratio": round(ar["decode_tok_s"] / theirs, 3),
@@ -157,7 +157,7 @@ def long_row(model: str, dtype: str, binary: str, gguf: str, threads: int, depth
 @click.option("--json", "as_json", is_flag=True)
 def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth, long_budget, long_new_tokens, with_hf,
          plot_path, as_json):
-    from triforce.app.texts import prose_prompt
+    from triforce.app.texts import natural_ids
     from triforce.model.loading import load_model, resolve_dtype
 
     threads = torch.get_num_threads()
@@ -175,7 +175,7 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
             hf = AutoModelForCausalLM.from_pretrained(str(lm.path), dtype=lm.dtype).eval()
         tests = [("decode", int(d)) for d in depths.split(",") if d.strip()] + ([("prefill", prefill)] if prefill else [])
         for kind, n in tests:
-            ids = lm.tokenizer(prose_prompt(lm.tokenizer, n + 8), add_special_tokens=False).input_ids[:n]
+            ids = natural_ids(lm.tokenizer, n)
             theirs, ours, reference, hf_rate = 0.0, 0.0, 0.0, 0.0
             for _ in range(repeats):
                 if kind == "decode":

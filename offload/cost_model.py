@@ -179,3 +179,26 @@ class Gamma2Controller:
         acc = Acceptance(alpha, self.acceptance.retrieval)
         lo, hi = self.bounds
         return best_gammas(self.costs, self.hw, acc, self.has_tier0, (self.gamma1,), range(lo, hi + 1))[1]
+
+
+@dataclass(frozen=True)
+class RoundPrices:
+    """The cost model's price of the forward passes a decoding round ran, at the length it ran at:
+    --method auto's online check compares speculation's priced rounds with an ar step."""
+    costs: StepCosts
+    hw: Hardware
+    resident_tokens: int
+
+    def pass_ms(self, kind: str, tokens: int, length: int) -> float:
+        """kind: full (the full cache, `tokens` fed), sparse (tier 1), draft (a tier-0 model's
+        step) or lookup (free)."""
+        if kind == "full":
+            return full_verify_ms(costs_at(self.costs, self.resident_tokens, length), self.hw, tokens)
+        if kind == "sparse":
+            return tier1_ms(self.costs, self.hw, tokens)
+        if kind == "draft":
+            return tokens * tier0_ms(self.costs, self.hw)
+        return 0.0
+
+    def ar_ms(self, length: int) -> float:
+        return self.pass_ms("full", 1, length)

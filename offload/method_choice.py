@@ -17,18 +17,18 @@ from triforce.config import ModelConfig
 from triforce.offload.cost_model import (Acceptance, costs_at, full_verify_ms, naive_ms_per_token,
                                          rate_from_fraction, triforce_ms_per_token)
 from triforce.offload.planner import hardware, plan_memory
-from triforce.offload.profiles import MemoryProfile
-from triforce.offload.speculation_choice import plan_with_choice
+from triforce.offload.profiles import MemoryProfile, acceptance_table
+from triforce.offload.speculation_choice import measured_tier_acceptance, plan_with_choice
 
 AUTO_MARGIN = 1.25
-# acceptance where the profile has none measured: the lowest that CPU runs of the default model
-# saw with prompt-lookup drafts on prose, 8K-32K tokens (bench/RESULTS.md). The full tier kept
-# 0.68 of gamma2 = 8 drafts: the model's per-token rate for that is 0.91. The retrieval tier kept
-# 0.44 of gamma1 = 4 lookup drafts; that fraction stays as the rate (0.70 per token would keep
-# it), because prompt lookup proposes nothing at many steps, which the fraction does not count
-# and the model has no term for: taken at 0.70, auto chose naive for every short chat, where two
-# runs of five chat prompts gave naive 0.74-1.82x of ar (1.1-2.3 tokens per verify; RESULTS.md).
-AUTO_ASSUMED = Acceptance(full=rate_from_fraction(0.68, 8), retrieval=0.45)
+# acceptance where the profile has none measured: the lowest the default model showed with
+# prompt-lookup drafts on natural text (`eval acceptance --drafts lookup`, 8K tokens, greedy and
+# T=0.6; bench/RESULTS.md "Natural text"). The full tier kept 0.65 of gamma2 = 8 drafts: a per-token
+# rate of 0.90. The retrieval tier kept 0.16 of gamma1 = 4 lookup drafts at T=0.6 (0.53 greedy);
+# that fraction stays as the rate, because prompt lookup proposes nothing at many steps, which
+# the fraction does not count and the model has no term for. (Text that repeats itself gave
+# 0.68 and 0.45, and auto picked speculation where natural text made it slower.)
+AUTO_ASSUMED = Acceptance(full=rate_from_fraction(0.65, 8), retrieval=0.16)
 SHORTEST = 256  # lengths tried for the switch-over: SHORTEST, 1.5x, 2x, ... up to the context
 
 
@@ -66,8 +66,12 @@ def lengths(context: int) -> list[int]:
 
 def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec, fixed: frozenset[str], *,
                   dtype_bytes: int, draft: ModelConfig | None = None, draft_dtype_bytes: int | None = None,
-                  tp: int = 1, has_tier0: bool = True, assumed: Acceptance = AUTO_ASSUMED):
-    """(MethodChoice, the spec to run: the chosen method with its budget and gammas)."""
+                  tp: int = 1, has_tier0: bool = True, assumed: Acceptance | None = None):
+    """(MethodChoice, the spec to run: the chosen method with its budget and gammas). assumed:
+    the acceptance to predict with (default: what the profile measured with lookup drafts, else
+    AUTO_ASSUMED)."""
+    if assumed is None:
+        assumed = measured_tier_acceptance(acceptance_table(profile)) or AUTO_ASSUMED
     hw = hardware(profile, dtype_bytes)
     ar_spec = replace(spec, method="ar")
     ar_plan = plan_memory(model, profile, context, ar_spec, dtype_bytes=dtype_bytes, tp=tp)

@@ -43,6 +43,19 @@ def measured_acceptance(rows: list[dict], policy: str) -> dict[tuple[int, int], 
     return table
 
 
+def measured_tier_acceptance(rows: list[dict], draft: str = "lookup") -> Acceptance | None:
+    """The lowest acceptance measured per tier with this tier 0 (rows of `eval acceptance --drafts`,
+    over the texts and temperatures measured): the full tier's per-token rate, and the retrieval
+    tier's kept fraction of tier-0 drafts (prompt lookup often proposes nothing, which a per-token
+    rate would not count). None without such rows."""
+    mine = [r for r in rows if r.get("draft") == draft and "full" in r.get("per_token_rates", {})]
+    if not mine:
+        return None
+    full = min(r["per_token_rates"]["full"] for r in mine)
+    kept = [r["acceptance_rates"]["retrieval"] for r in mine if "retrieval" in r.get("acceptance_rates", {})]
+    return Acceptance(full=full, retrieval=min(kept) if kept else Acceptance().retrieval, measured=True)
+
+
 def choose_speculation(model: ModelConfig, profile: MemoryProfile, context: int, spec, *, dtype_bytes: int,
                        fixed: frozenset[str] = frozenset(), draft: ModelConfig | None = None, tp: int = 1,
                        rows: list[dict] = (), assumed: Acceptance = Acceptance(),

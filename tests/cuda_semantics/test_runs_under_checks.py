@@ -11,7 +11,7 @@ from triforce.cli.main import main
 
 PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat and the dog sat on the log. the cat sat on"
 LONG = PROMPT * 4  # 392 tokens: at --device-budget 1.9MB, 256 stay resident and the rest go to the host
-TRACE = "bench/traces/smollm2-needle8k-triforce-lookup.json"
+TRACE = "bench/traces/smollm2-needle8k-repeated-filler-triforce-lookup.json"
 
 
 def run(capsys, *args):

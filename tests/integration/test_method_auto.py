@@ -63,3 +63,43 @@ def test_plan_shows_the_choice(capsys):
                            "--context", "130048", "--method", "auto", "--dtype", "bfloat16", "--json")
     plan = json.loads(out)
     assert plan["method"] == "triforce" and plan["method_choice"]["speculate_from"] > 0
+
+
+class VerifyHeavyPrices:
+    """A full pass costs 10 ms plus 2 ms per extra token; lookup drafts cost nothing."""
+
+    def pass_ms(self, kind, tokens, length):
+        return 10.0 + 2.0 * (tokens - 1) if kind == "full" else 0.0
+
+    def ar_ms(self, length):
+        return 10.0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_low_acceptance_falls_back_to_ar_with_the_same_tokens(tiny_model_dir, temperature):
+    """A random model rejects what prompt lookup drafts from a repeating prompt: the online check
+    finds speculation slower, decodes as ar, probes again later, and the tokens are ar's."""
+    from triforce.decoding.hooks import EngineHooks
+    from triforce.decoding.speculation_gate import GATE_HOLD, SpeculationGate
+    from triforce.model.loading import load_model
+
+    lm = load_model(str(tiny_model_dir("llama-gqa", max_position_embeddings=512, seed=1)), dtype="float64",
+                    device="cpu")
+    ids = lm.tokenizer("abc abd abe abf abg abh " * 4).input_ids
+    params = SamplingParams(temperature=temperature, seed=5)
+    ar = Engine(lm, SpecParams(method="ar"), len(ids) + 120)
+    ar.set_sequence(ids)
+    expected = ar.generate(120, params).tokens
+    prices = VerifyHeavyPrices()
+    priced = lambda passes, seconds, length: sum(prices.pass_ms(k, n, length) for k, n in passes)  # noqa: E731
+    gate = SpeculationGate(prices, cost=priced)  # priced, not timed: the test repeats exactly
+    engine = Engine(lm, SpecParams(method="naive", gamma2=8), len(ids) + 120, "lookup",
+                    hooks=EngineHooks(speculation_gate=gate))
+    engine.set_sequence(ids)
+    result = engine.generate(120, params)
+    if temperature == 0:
+        assert result.tokens == expected
+    assert result.stats["auto_fallbacks"] == gate.fallbacks >= 1
+    assert result.stats["auto_ar_tokens"] == gate.ar_tokens >= GATE_HOLD[0]
+    checked = [proposed for tier, proposed, _ in engine.rounds if tier == "full"]
+    assert checked.count(0) >= gate.ar_tokens  # one token per ar pass (and rounds lookup had nothing for)

@@ -54,3 +54,31 @@ def test_auto_is_a_method_name_until_planned():
     assert SpecParams(method="auto").uses_draft  # the draft is loaded: auto may pick triforce
     with pytest.raises(UserError, match="auto"):
         SpecParams(method="automatic")
+
+
+def tier_row(draft, temperature, full_rate, retrieval_kept):
+    return {"draft": draft, "temperature": temperature, "budget": 1024, "gamma1": 4, "gamma2": 8,
+            "acceptance_rates": {"retrieval": retrieval_kept, "full": 0.5},
+            "per_token_rates": {"retrieval": 0.5, "full": full_rate}}
+
+
+def test_measured_tier_acceptance_takes_the_lowest_lookup_rows():
+    from triforce.offload.speculation_choice import measured_tier_acceptance
+
+    rows = [tier_row("lookup", 0.0, 0.93, 0.53), tier_row("lookup", 0.6, 0.91, 0.16), tier_row("none", 0.0, 0.5, 0.1),
+            {"policy": "retrieval", "budget": 1024, "expected_accept": 0.9}]
+    assert measured_tier_acceptance(rows) == Acceptance(full=0.91, retrieval=0.16, measured=True)
+    assert measured_tier_acceptance(rows[3:]) is None
+
+
+def test_auto_predicts_with_the_profile_s_measured_tier_acceptance():
+    """A profile that measured poor lookup acceptance makes auto's prediction for triforce slower
+    than the built-in assumption does (and says it was measured)."""
+    from dataclasses import replace
+
+    model, profile = arch_config("llama2-7b-128k"), load_profile("rtx4090-24g")
+    assumed, _ = choose_method(model, profile, 130048, AUTO, frozenset(), dtype_bytes=2)
+    poor = replace(profile, extras=(*profile.extras, ("acceptance", [tier_row("lookup", 0.6, 0.6, 0.05)])))
+    measured, _ = choose_method(model, poor, 130048, AUTO, frozenset(), dtype_bytes=2)
+    assert measured.predicted_ms["triforce"] > assumed.predicted_ms["triforce"]
+    assert measured.predicted_ms["ar"] == assumed.predicted_ms["ar"]

@@ -11,6 +11,7 @@ from triforce.config import SNAPKV_WINDOW, SamplingParams
 from triforce.decoding.full_tier import FullTier
 from triforce.decoding.sampling import probabilities
 from triforce.decoding.tiers import SparseTier
+from triforce.app.texts import natural_ids
 from triforce.errors import UserError
 from triforce.model.loading import LoadedModel
 
@@ -18,6 +19,7 @@ NEEDLE_INTRO = ("There is an important pass key hidden inside a lot of irrelevan
                 "Find it and memorize it. I will quiz you about the pass key.\n\n")
 NEEDLE_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE_QUESTION = "\n\nWhat is the pass key? The pass key is"
+HAYSTACKS = ("natural", "repeated")
 
 
 @dataclass(frozen=True)
@@ -27,20 +29,44 @@ class NeedlePrompt:
     tokens: int
 
 
-def needle_prompt(tokenizer, context: int, depth: float = 0.5, seed: int = 0) -> NeedlePrompt:
-    """A pass key hidden at `depth` (0 = start, 1 = end) of filler text, about `context` tokens."""
+def needle_prompt(tokenizer, context: int, depth: float = 0.5, seed: int = 0,
+                  haystack: str = "natural") -> NeedlePrompt:
+    """A pass key hidden at `depth` (0 = start, 1 = end) of about `context` tokens of haystack:
+    natural text that never repeats itself (as RULER-style tests use essays), or `repeated`, one
+    filler paragraph over and over (the model learns to recite it: a best case for speculation)."""
     if not 0 <= depth <= 1:
         raise UserError(f"--depth must be in [0, 1], got {depth}")
+    if haystack not in HAYSTACKS:
+        raise UserError(f"unknown haystack '{haystack}' (choose {', '.join(HAYSTACKS)})")
     key = str(random.Random(seed).randint(10000, 99999))
     needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
     fixed = len(tokenizer(NEEDLE_INTRO + needle + NEEDLE_QUESTION).input_ids)
     per_filler = len(tokenizer(NEEDLE_FILLER * 20, add_special_tokens=False).input_ids) / 20
-    repeats = int((context - fixed) / per_filler)
-    if repeats < 1:
+    room = context - fixed
+    if room < per_filler:
         raise UserError(f"--context {context} is too short for a needle prompt (needs > {fixed + per_filler:.0f})")
-    before = int(repeats * depth)
-    text = NEEDLE_INTRO + NEEDLE_FILLER * before + needle + NEEDLE_FILLER * (repeats - before) + NEEDLE_QUESTION
+    if haystack == "repeated":
+        repeats = int(room / per_filler)
+        before = int(repeats * depth)
+        text = NEEDLE_INTRO + NEEDLE_FILLER * before + needle + NEEDLE_FILLER * (repeats - before) + NEEDLE_QUESTION
+    else:
+        length = len(tokenizer.decode(natural_ids(tokenizer, int(room))))
+        hay = tokenizer.decode(natural_ids(tokenizer, int(room) + 256))
+        hay = hay[:_sentence_end_near(hay, length)].rstrip()  # end on the whole sentence nearest the length
+        cut = _sentence_end_near(hay, int(len(hay) * depth))
+        text = NEEDLE_INTRO + hay[:cut] + (" " if cut and not hay[cut - 1].isspace() else "") + needle \
+            + hay[cut:].lstrip() + NEEDLE_QUESTION
     return NeedlePrompt(text, key, len(tokenizer(text).input_ids))
+
+
+def _sentence_end_near(text: str, position: int) -> int:
+    """The end of the sentence nearest `position` (after its '. '), so the needle sits between
+    sentences; the text's start or end at the extremes."""
+    if position <= 0 or position >= len(text):
+        return max(0, min(position, len(text)))
+    before, after = text.rfind(". ", 0, position), text.find(". ", position)
+    ends = [i + 2 for i in (before, after) if i >= 0]
+    return min(ends, key=lambda e: abs(e - position)) if ends else position
 
 
 def evaluate_acceptance(lm: LoadedModel, prompt_ids: list[int], budgets: list[int], policies: list[str],

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from triforce.config import AUTO, ModelConfig, SpecParams
-from triforce.offload.cost_model import Acceptance, Gamma2Controller
+from triforce.offload.cost_model import Acceptance, Gamma2Controller, RoundPrices
 from triforce.offload.method_choice import MethodChoice, choose_method
 from triforce.offload.planner import MemoryPlan, hardware, plan_memory
 from triforce.offload.profiles import MemoryProfile, load_profile, parse_size
@@ -63,18 +63,29 @@ class RunPlan:
     profile: MemoryProfile
     auto: MethodChoice | None = None  # --method auto: the method chosen and why
     batch: object = None             # a batch's --method auto: its BatchChoice (triforce.offload.batch_choice)
+    dtype_bytes: int | None = None   # the run's element size: the profile's rates scale with it
 
     @property
     def speculate_from(self) -> int:
         """Sequence length below which the engine decodes as ar (auto only; 0: from the start)."""
         return self.auto.speculate_from if self.auto is not None else 0
 
+    def speculation_gate(self):
+        """--method auto's online check (None for a method the user named, or where the plan has
+        no step costs to price rounds with)."""
+        if self.auto is None or self.auto.method == "ar" or self.plan.step_costs is None:
+            return None
+        from triforce.decoding.speculation_gate import SpeculationGate
+
+        prices = RoundPrices(self.plan.step_costs, hardware(self.profile, self.dtype_bytes), self.plan.resident_tokens)
+        return SpeculationGate(prices, self.speculate_from)
+
     def gamma2_controller(self, has_tier0: bool) -> Gamma2Controller | None:
         """Adapts gamma2 to the observed acceptance when its range is open."""
         low, high = self.spec.gamma2_range
         if low == high or self.plan.step_costs is None or self.choice is None:
             return None
-        return Gamma2Controller(self.plan.step_costs, hardware(self.profile), self.choice.acceptance,
+        return Gamma2Controller(self.plan.step_costs, hardware(self.profile, self.dtype_bytes), self.choice.acceptance,
                                 self.spec.gamma1, has_tier0, (low, high))
 
 
@@ -93,7 +104,7 @@ def plan_run(cfg: ModelConfig, profile: MemoryProfile, context: int, spec: SpecP
     plan, spec, choice = plan_with_choice(cfg, profile, context, spec, fixed, dtype_bytes=_size(dtype),
                                           draft=draft_cfg, draft_dtype_bytes=_size(draft_dtype) if draft_dtype else None,
                                           tp=tp, assumed=assumed, has_tier0=has_tier0)
-    return RunPlan(plan, spec, choice, profile, auto)
+    return RunPlan(plan, spec, choice, profile, auto, dtype_bytes=_size(dtype))
 
 
 def _size(dtype: torch.dtype) -> int:

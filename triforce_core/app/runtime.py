@@ -55,7 +55,7 @@ class Runtime:
         self.lm = _load(config.arch, config.model, config.dtype, device, shard, stretch)
         self.context = run_context(self.lm.config.max_position_embeddings, config.max_context)
         self.draft: Draft = resolve_draft(config.draft, config.spec,
-                                          load=lambda name: _load_draft(name, config.dtype, device))
+                                          load=lambda name: load_draft(name, config.dtype, device))
         try:
             backend, self.attn_line = select_attention(config.attn, self.lm.device)
         except ValueError as e:
@@ -102,6 +102,7 @@ class Runtime:
             kv_cache = build_kv_cache(lm, max_len, run.plan, overlap=self.config.overlap)
         hooks = EngineHooks(replay=replay, stop_requested=stop_requested,
                             gamma2_controller=run.gamma2_controller(self.draft.has_tier0),
+                            speculation_gate=run.speculation_gate() if lm is self.lm else None,
                             sync_counter=SyncCounter() if self.config.count_syncs else None,
                             **self._rank_agreement())
         draft = (draft or self.draft) if run.spec.uses_draft else None
@@ -154,7 +155,7 @@ def _load(arch: str | None, model: str | None, dtype: str, device: str, shard, r
     return load_model(model, dtype=dtype, device=device, shard=shard, rope_scaling=rope_scaling)
 
 
-def _load_draft(name: str, dtype: str, device: str):
+def load_draft(name: str, dtype: str, device: str):
     """A draft model: an architecture name (random weights, for timing) or a model path."""
     from triforce.model.architectures import ARCHITECTURES, build_random_model
     from triforce.model.loading import load_model

@@ -31,14 +31,25 @@ def eval_group():
 @click.option("--sink-tokens", type=INT, default=16, show_default=True, help="StreamingLLM sink tokens.")
 @click.option("--temperature", type=FLOAT, default=0.6, show_default=True,
               help="Temperature of the expected-acceptance figure.")
+@click.option("--drafts", default=None,
+              help="Instead of the policy table: run the decoding loop (retrieval tier at the first --budgets, "
+                   "--gamma1, --gamma2) with each of these tier 0s (lookup, none, or a draft model path) at each "
+                   "of --temperatures, and report each tier's acceptance.")
+@click.option("--temperatures", default="0,0.6", show_default=True, help="With --drafts: temperatures to run at.")
+@click.option("--gamma1", type=INT, default=4, show_default=True, help="With --drafts: tier-0 drafts per tier-1 check.")
+@click.option("--gamma2", type=INT, default=8, show_default=True, help="With --drafts: drafts per full verify.")
 @dtype_option
 @device_option
 @context_options
-@click.option("--json", "as_json", is_flag=True, help='Print {"results": [...]} as JSON.')
-def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_tokens, temperature, dtype,
-               device, max_context, rope_scaling, as_json):
+@click.option("--json", "as_json", is_flag=True, help='Print {"results": [...]} (with --drafts {"tiers": [...]}) as JSON.')
+def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_tokens, temperature, drafts, temperatures,
+               gamma1, gamma2, dtype, device, max_context, rope_scaling, as_json):
     """Greedy match rate and expected acceptance of each sparse cache policy and budget, over the
-    full cache's greedy continuation of the prompt (paper Table 1 in miniature)."""
+    full cache's greedy continuation of the prompt (paper Table 1 in miniature).
+
+    With --drafts, the acceptance of each tier of the real decoding loop instead: the fraction of
+    drafts each tier keeps and the per-token rate the cost model takes from it. Measure on text
+    like yours: prose that repeats itself is drafted far better than prose that does not."""
     from tqdm import tqdm
 
     from triforce.app.evaluation import evaluate_acceptance
@@ -61,6 +72,7 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
     for b in budget_list:
         if b < 2 * chunk_size or b <= sink_tokens:
             raise UserError(f"budget {b} must hold two chunks ({2 * chunk_size}) and exceed {sink_tokens} sinks")
+    temps = _temperatures(temperatures) if drafts is not None else []
     text = read_prompt(None, prompt_file)  # stdin now; a file is checked now and read below
     lm = load_model(model, dtype=dtype, device=device, rope_scaling=stretch_request(max_context, rope_scaling))
     context = run_context(lm.config.max_position_embeddings, max_context)
@@ -71,6 +83,9 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
     if len(ids) + gen > context:
         raise UserError(f"the prompt has {len(ids)} tokens; with --gen {gen} that exceeds the "
                         f"context of {context} tokens")
+    if drafts is not None:
+        _tier_table(lm, ids, drafts, temps, gen, budget_list[0], chunk_size, gamma1, gamma2, dtype, device, as_json)
+        return
     total = gen + gen * len(budget_list) * len(policy_list)
     with tqdm(total=total, desc="scoring", unit="tok", file=sys.stderr, leave=False) as bar:
         results = evaluate_acceptance(lm, ids, budget_list, policy_list, gen, chunk_size, sink_tokens,
@@ -84,22 +99,61 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
         print(f"{r['policy']:10s} {r['budget']:7d} {r['greedy_match']:13.3f} {r['expected_accept']:16.3f}")
 
 
+def _temperatures(text: str) -> list[float]:
+    try:
+        temps = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"--temperatures must be numbers >= 0, got '{text}'") from None
+    if not temps or any(not t >= 0 for t in temps):
+        raise UserError(f"--temperatures must be numbers >= 0, got '{text}'")
+    return temps
+
+
+def _tier_table(lm, ids, drafts, temps, gen, budget, chunk_size, gamma1, gamma2, dtype, device, as_json) -> None:
+    from triforce.app.runtime import load_draft
+    from triforce.app.tier_acceptance import evaluate_tiers
+    from triforce.config import SpecParams
+    from triforce.decoding.draft import LOOKUP, NO_DRAFT, Draft
+
+    chosen = {}
+    for name in (d.strip() for d in drafts.split(",") if d.strip()):
+        chosen[name] = {"lookup": LOOKUP, "none": NO_DRAFT}.get(name) or Draft("model", load_draft(name, dtype, device))
+    if not chosen:
+        raise UserError("--drafts needs at least one of lookup, none or a model path")
+    spec = SpecParams(method="triforce", budget=budget, chunk_size=chunk_size, gamma1=gamma1, gamma2=gamma2)
+    rows = evaluate_tiers(lm, ids, chosen, temps, gen, spec, log=lambda line: print(line, file=sys.stderr))
+    if as_json:
+        print(json.dumps({"prompt_tokens": len(ids), "gen": gen, "tiers": rows}))
+        return
+    print(f"prompt {len(ids)} tokens, {gen} new tokens, budget {budget}, gamma1 {gamma1}, gamma2 {gamma2}")
+    print(f"{'tier 0':12s} {'T':>4s} {'retrieval kept':>15s} {'full kept':>10s} {'per-token full':>15s} "
+          f"{'tokens/verify':>14s}")
+    for r in rows:
+        kept, rate = r["acceptance_rates"], r["per_token_rates"]
+        print(f"{r['draft']:12s} {r['temperature']:4.2g} {kept.get('retrieval', float('nan')):15.3f} "
+              f"{kept.get('full', float('nan')):10.3f} {rate.get('full', float('nan')):15.3f} "
+              f"{r['mean_tokens_per_full_verify'] or float('nan'):14.2f}")
+
+
 @eval_group.command("needle")
 @model_option
 @click.option("--context", type=INT, required=True, help="Prompt length in tokens (approximate).")
 @click.option("--out", required=True, help="File to write the prompt to.")
 @click.option("--depth", type=FLOAT, default=0.5, show_default=True, help="Where the key sits: 0 start, 1 end.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Chooses the pass key.")
-def needle(model, context, out, depth, seed):
-    """Write a needle-in-a-haystack prompt: a pass key hidden in filler text, ending in the
-    question. The key goes to stdout; feed the file to `triforce generate --prompt-file`."""
+@click.option("--haystack", type=click.Choice(["natural", "repeated"]), default="natural", show_default=True,
+              help="natural: technical prose that never repeats itself; repeated: one filler paragraph over "
+                   "and over (the older test: easy to draft, a best case for speculation).")
+def needle(model, context, out, depth, seed, haystack):
+    """Write a needle-in-a-haystack prompt: a pass key hidden in a haystack of text, ending in
+    the question. The key goes to stdout; feed the file to `triforce generate --prompt-file`."""
     from triforce.app.evaluation import needle_prompt
     from triforce.model.loading import load_tokenizer, resolve_model_dir
 
     tokenizer = load_tokenizer(resolve_model_dir(model))
-    prompt = needle_prompt(tokenizer, context, depth, seed)
+    prompt = needle_prompt(tokenizer, context, depth, seed, haystack)
     try:
         Path(out).write_text(prompt.text, encoding="utf-8")
     except OSError as e:
         raise UserError(f"cannot write {out}: {e.strerror}") from None
-    print(json.dumps({"out": out, "key": prompt.key, "tokens": prompt.tokens, "depth": depth}))
+    print(json.dumps({"out": out, "key": prompt.key, "tokens": prompt.tokens, "depth": depth, "haystack": haystack}))

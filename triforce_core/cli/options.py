@@ -46,7 +46,8 @@ dtype_option = click.option("--dtype", type=click.Choice(["auto", "float32", "fl
                                  "(AVX512_BF16, AMX, Arm BF16), float32 elsewhere. Greedy tokens equal plain "
                                  "decoding exactly in float32/float64.")
 device_option = click.option("--device", default="auto", show_default=True,
-                             help="cpu, cuda or cuda:N; auto picks CUDA when present.")
+                             help="cpu, cuda or cuda:N; auto picks CUDA when present. auto and cuda mean the "
+                                  "current card (cuda:0 unless CUDA_VISIBLE_DEVICES or torch says otherwise).")
 
 
 def sampling_options(default_temperature: float):

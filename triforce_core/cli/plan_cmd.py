@@ -93,10 +93,10 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
         batch, prof, spec, fixed = _batch(shape, prof, context, batch_size, spec, fixed, dtype, tp, draft)
         method = spec.method
     if spec.method == "auto":
-        from triforce.offload.method_choice import AUTO_ASSUMED, choose_method
+        from triforce.offload.method_choice import choose_method
         auto, spec = choose_method(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
                                    draft=_draft_shape(draft), tp=tp, has_tier0=draft != "none",
-                                   assumed=_acceptance(acceptance) if acceptance else AUTO_ASSUMED)
+                                   assumed=_acceptance(acceptance) if acceptance else None)
         method = spec.method
     result, spec, choice = plan_with_choice(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
                                             draft=_draft_shape(draft) if spec.uses_draft else None, tp=tp,

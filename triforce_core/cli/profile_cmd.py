@@ -102,6 +102,10 @@ def _acceptance_rows(path: str) -> list[dict]:
 
     try:
         data = json.loads(open(path, encoding="utf-8").read())
+        if "tiers" in data:  # `eval acceptance --drafts`: each tier's acceptance in the decoding loop
+            keep = ("draft", "temperature", "prompt_tokens", "budget", "gamma1", "gamma2", "acceptance_rates",
+                    "per_token_rates")
+            return [{k: r[k] for k in keep if k in r} for r in data["tiers"] if "draft" in r and "per_token_rates" in r]
         rows = data["results"]
         keep = ("policy", "budget", "chunk_size", "greedy_match", "expected_accept")
         return [{k: r[k] for k in keep if k in r} for r in rows if "policy" in r and "expected_accept" in r]

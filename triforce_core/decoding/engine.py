@@ -24,7 +24,7 @@ from triforce.decoding.hooks import EngineHooks
 from triforce.decoding.policy import SpeculationPolicy, SparseUpkeep
 from triforce.decoding.sampling import make_generator, probabilities, sample
 from triforce.decoding.statistics import GenerationResult, LevelStats, summarize
-from triforce.decoding.tiers import LookupDrafter, SparseTier, build_levels, prepare_graphs
+from triforce.decoding.tiers import LookupDrafter, SparseTier, build_levels, pass_kind, prepare_graphs
 from triforce.decoding.verification import Verdict, verify_greedy, verify_sampled
 from triforce.errors import UserError
 from triforce.model.loading import LoadedModel
@@ -61,6 +61,8 @@ class Engine:
         self.generator: torch.Generator | None = None
         self.stats = [LevelStats() for _ in self.levels]
         self.rounds: list[tuple[str, int, int]] = []  # (tier, proposed, accepted) of each check
+        self.gate = hooks.speculation_gate
+        self._passes: list[tuple[str, int]] = []  # (kind, tokens fed) of the round's passes, for the gate
 
     @property
     def max_len(self) -> int:
@@ -104,6 +106,7 @@ class Engine:
         with counter.recording(self.lm.device) if counter is not None else nullcontext():
             stopped_by = self._generate_loop(out, max_new_tokens, stop_ids, on_token)
         stats = summarize(self, before)
+        stats.update(self.gate_report())
         if counter is not None:
             stats["host_syncs"] = counter.report(len(out))
         return GenerationResult(out, stopped_by, time.perf_counter() - started, stats)
@@ -122,10 +125,15 @@ class Engine:
                     return "context"
                 if self.hooks.stop_requested is not None and self.hooks.stop_requested():
                     return "interrupt"
+                round_started = time.perf_counter()  # the round's time for the gate: upkeep included
                 with self._phase("cache upkeep"):
                     self.upkeep.make_room()
                     self.full.prepare_verify()  # offloaded KV starts streaming while tiers below draft
-                self.gammas[-1] = self.policy.gamma2 if len(self.seq) >= self.speculate_from else 0
+                speculate = len(self.seq) >= self.speculate_from and (self.gate is None or self.gate.speculate(base))
+                if self.gate is not None and self.hooks.agree is not None:  # rank 0's timings decide for every rank
+                    speculate = bool(self.hooks.agree([int(speculate)])[0])
+                self.gammas[-1] = self.policy.gamma2 if speculate else 0
+                self._passes = []
                 queries = self._round(len(self.levels) - 1, limit)[1]
                 new = self.seq[base:]
                 stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
@@ -136,6 +144,9 @@ class Engine:
                 with self._phase("cache upkeep"):
                     self.upkeep.after_full_verify(base - 1, len(self.seq) - 1, queries)
                 self.policy.next_gamma2()  # the next round reads policy.gamma2 (above)
+                if self.gate is not None:
+                    self.gate.round_done(base, self._passes, len(self.seq) - base, speculate and len(self.levels) > 1,
+                                         time.perf_counter() - round_started)
                 for token in self.seq[base:]:
                     out.append(token)
                     if on_token is not None:
@@ -160,6 +171,7 @@ class Engine:
         draft_dists = self._propose(level - 1, want) if want > 0 else []
         drafts = self.seq[base:]
         queries = None
+        self._passes.append((pass_kind(tier), len(self.seq) - _covered(tier)))
         with self._phase(f"{tier.name} forward"):
             if tier is self.full:
                 logits, queries = tier.verify(self.seq, record_queries=bool(self.sparse_tiers))
@@ -204,6 +216,7 @@ class Engine:
             return [None] * len(tokens)
         dists = []
         for _ in range(count):
+            self._passes.append((pass_kind(tier), len(self.seq) - _covered(tier)))
             with self._phase(f"{tier.name} forward"):
                 logits = tier.logits(self.seq)[-1]
             with self._phase(f"{tier.name} sample"):
@@ -221,7 +234,18 @@ class Engine:
             self.stats[0].emitted += count
         return dists
 
+    def gate_report(self) -> dict:
+        """What --method auto's online check did (empty without one)."""
+        if self.gate is None:
+            return {}
+        return {"auto_fallbacks": self.gate.fallbacks, "auto_ar_tokens": self.gate.ar_tokens}
+
     # ---- cache upkeep ------------------------------------------------------------------
     def _truncate_all(self, length: int) -> None:
         for tier in self.levels:
             tier.truncate(length)
+
+
+def _covered(tier) -> int:
+    """Tokens of the sequence a tier's cache already holds (the rest is fed to it)."""
+    return len(tier.tokens) if hasattr(tier, "tokens") else tier.cache.length

@@ -182,3 +182,14 @@ def prepare_graphs(levels: list, spec: SpecParams) -> None:
     for tier in levels:
         if getattr(tier, "runner", None) is not None:
             tier.runner.prepare(range(1, longest + 1))
+
+
+def pass_kind(tier) -> str:
+    """What a pass of `tier` costs in the cost model's terms (offload.cost_model.RoundPrices)."""
+    if isinstance(tier, SparseTier):
+        return "sparse"
+    if isinstance(tier, DraftModelTier):
+        return "draft"
+    if isinstance(tier, LookupDrafter):
+        return "lookup"
+    return "full"

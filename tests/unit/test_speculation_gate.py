@@ -1,0 +1,114 @@
+"""--method auto's online check without a model: ar steps calibrate the reference, speculative
+rounds are scored per token against it, ar takes over while they lose, a probe follows a hold
+that doubles while probes lose, and speculation comes back when a probe wins. Round costs are
+given (as tests do) rather than read from a clock, so decisions repeat exactly."""
+from triforce.decoding.speculation_gate import CALIBRATION_STEPS, GATE_HOLD, GATE_WINDOW, SpeculationGate
+
+AR_MS = 10.0
+
+
+def given_ms(passes, seconds, length):
+    """The test says each round's cost in `seconds` (as milliseconds)."""
+    return seconds
+
+
+def calibrated(gate, length=100, ms=AR_MS):
+    for i in range(CALIBRATION_STEPS):
+        assert not gate.speculate(length + i)
+        gate.round_done(length + i, [("full", 1)], 1, speculated=False, seconds=ms)
+    return length + CALIBRATION_STEPS
+
+
+def spec_round(gate, length, emitted, ms):
+    gate.round_done(length, [("lookup", 0), ("full", 9)], emitted, speculated=True, seconds=ms)
+
+
+def test_ar_steps_calibrate_before_the_first_speculative_round():
+    gate = SpeculationGate(cost=given_ms)
+    length = calibrated(gate)
+    assert gate.speculate(length) and gate.ar_ms(length) == AR_MS
+
+
+def test_rounds_that_pay_keep_speculating():
+    gate = SpeculationGate(cost=given_ms)
+    length = calibrated(gate)
+    for _ in range(20):
+        spec_round(gate, length, emitted=5, ms=19.0)  # 3.8 ms a token against 10
+        length += 5
+        assert gate.speculate(length)
+    assert gate.fallbacks == 0
+
+
+def test_losing_rounds_hand_over_to_ar_then_probe_with_a_doubling_hold():
+    gate = SpeculationGate(cost=given_ms)
+    length = calibrated(gate)
+    for _ in range(GATE_WINDOW - 1):
+        spec_round(gate, length, emitted=1, ms=19.0)
+        length += 1
+        assert gate.speculate(length)  # the window is not full yet
+    spec_round(gate, length, emitted=1, ms=19.0)
+    assert gate.fallbacks == 1
+    assert not gate.speculate(length + GATE_HOLD[0] - 1) and gate.speculate(length + GATE_HOLD[0])
+    length += GATE_HOLD[0]
+    spec_round(gate, length, emitted=1, ms=19.0)  # a losing probe decides alone: the hold doubles
+    assert gate.fallbacks == 2
+    assert not gate.speculate(length + 2 * GATE_HOLD[0] - 1) and gate.speculate(length + 2 * GATE_HOLD[0])
+    length += 2 * GATE_HOLD[0]
+    spec_round(gate, length, emitted=9, ms=19.0)  # a winning probe: speculation stays
+    length += 9
+    assert gate.speculate(length)
+    for _ in range(GATE_WINDOW):
+        spec_round(gate, length, emitted=1, ms=19.0)
+        length += 1
+    assert gate.fallbacks == 3  # ... and the next loss waits the first hold again
+    assert not gate.speculate(length - 1 + GATE_HOLD[0] - 1) and gate.speculate(length - 1 + GATE_HOLD[0])
+
+
+def test_the_hold_stops_doubling_at_its_cap():
+    gate = SpeculationGate(cost=given_ms)
+    length = calibrated(gate)
+    for _ in range(GATE_WINDOW):
+        spec_round(gate, length, emitted=1, ms=19.0)
+    for _ in range(12):  # every probe loses
+        while not gate.speculate(length):
+            length += 1
+        spec_round(gate, length, emitted=1, ms=19.0)
+    wait = 0
+    while not gate.speculate(length + wait):
+        wait += 1
+    assert wait == GATE_HOLD[1]
+
+
+def test_the_ar_reference_follows_the_length_by_the_cost_model_ratio():
+    class Prices:
+        def ar_ms(self, length):
+            return length / 100  # an ar step's cost grows with the KV read
+
+    gate = SpeculationGate(Prices(), cost=given_ms)
+    calibrated(gate, length=1000, ms=20.0)
+    assert 39.0 < gate.ar_ms(2000) < 41.0  # measured ~20 ms at ~1000 tokens, twice the KV later
+
+
+def test_below_the_switch_over_it_is_always_ar_and_no_fallback_is_counted():
+    gate = SpeculationGate(speculate_from=500, cost=given_ms)
+    calibrated(gate, length=300)
+    assert not gate.speculate(499) and gate.speculate(500)
+    assert gate.ar_tokens == 0  # below the switch-over ar is the plan, not a fallback
+
+
+def test_round_prices_are_the_cost_model_s_pass_times_at_the_length():
+    from triforce.offload.cost_model import (Hardware, RoundPrices, StepCosts, costs_at, full_verify_ms, tier0_ms,
+                                             tier1_ms)
+
+    costs = StepCosts(num_layers=30, weights_bytes=270_000_000, resident_kv_bytes=50_000_000,
+                      host_kv_bytes=150_000_000, retrieval_kv_bytes=6_000_000, draft_bytes=20_000_000, draft_layers=4,
+                      flops_per_token=2.7e8, draft_flops_per_token=2e7, attention_flops_per_key=30_000, context=8192,
+                      budget=1024)
+    hw = Hardware(hbm_gbps=30, h2d_gbps=20, compute_tflops=0.1, layer_overhead_us=50, attention_tflops=0.2)
+    prices = RoundPrices(costs, hw, resident_tokens=2048)
+    at_6k = costs_at(costs, 2048, 6000)
+    assert prices.pass_ms("full", 9, 6000) == full_verify_ms(at_6k, hw, 9)
+    assert prices.ar_ms(6000) == full_verify_ms(at_6k, hw, 1) < prices.ar_ms(8000)  # longer: more KV to read
+    assert prices.pass_ms("sparse", 5, 6000) == tier1_ms(costs, hw, 5)
+    assert prices.pass_ms("draft", 3, 6000) == 3 * tier0_ms(costs, hw)
+    assert prices.pass_ms("lookup", 7, 6000) == 0.0

@@ -1,0 +1,85 @@
+"""--method auto, online: decode as ar while speculation turns out slower than ar.
+
+The a priori choice assumes an acceptance; the text decides the real one (prose that never
+repeats itself is drafted far worse than a document the answer quotes). So the engine keeps
+score: the time of each full verify's round (drafting and verify) per token it emitted, over the
+last GATE_WINDOW speculative rounds, against the time of an ar step. When speculation loses, the
+engine decodes as ar for a hold of tokens, then tries one round (a probe); a losing probe doubles
+the hold, a winning one brings speculation back.
+
+Times are measured (the cost model's absolute times can be off by 2-3x on a CPU its profile was
+not tuned on: 34 ms predicted for an ar step at 8K against 78 measured on an AVX2 host); the cost
+model only carries an ar step's measured time to the current length (an ar step at 12K costs more
+than the one measured at 8K). The first ar steps calibrate the reference. `cost` turns a round
+into milliseconds: wall time by default; tests price the passes instead, so decisions repeat."""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import Callable
+
+GATE_WINDOW = 4        # speculative rounds scored together
+GATE_HOLD = (16, 512)  # tokens decoded as ar before speculation is tried again: the first hold, the longest
+CALIBRATION_STEPS = 4  # ar steps that measure the reference before the first speculative round
+AR_SAMPLES = 8         # recent ar steps whose median is the reference
+
+Passes = list[tuple[str, int]]  # (kind, tokens fed) of each forward pass of a round
+
+
+def wall_ms(passes: Passes, seconds: float, length: int) -> float:
+    return seconds * 1000.0
+
+
+class SpeculationGate:
+    def __init__(self, prices=None, speculate_from: int = 0, cost: Callable[[Passes, float, int], float] = wall_ms,
+                 window: int = GATE_WINDOW, hold: tuple[int, int] = GATE_HOLD, calibration: int = CALIBRATION_STEPS):
+        """prices: offload.cost_model.RoundPrices (scales the ar reference with the length; None:
+        no scaling). speculate_from: below this length always ar (the a priori switch-over)."""
+        self.prices, self.speculate_from, self.cost = prices, speculate_from, cost
+        self.first_hold, self.max_hold = hold
+        self._hold = self.first_hold
+        self._rounds: deque[tuple[float, int]] = deque(maxlen=window)  # (ms, tokens emitted)
+        self._ar: deque[tuple[float, int]] = deque(maxlen=AR_SAMPLES)  # (ms of one ar step, its length)
+        self._calibration = calibration
+        self._ar_until = 0     # decode as ar while the sequence is shorter than this
+        self._probing = False  # the next speculative round decides alone
+        self.fallbacks = 0     # times speculation was found slower and ar took over
+        self.ar_tokens = 0     # tokens emitted by ar steps from speculate_from on
+
+    def speculate(self, length: int) -> bool:
+        if length < self.speculate_from:
+            return False
+        return len(self._ar) >= self._calibration and length >= self._ar_until
+
+    def round_done(self, length: int, passes: Passes, emitted: int, speculated: bool, seconds: float) -> None:
+        """A full verify's round at sequence length `length`: its passes, the tokens it emitted,
+        whether it checked drafts, and its wall time."""
+        ms = self.cost(passes, seconds, length)
+        if not speculated:
+            if length >= self.speculate_from:
+                self.ar_tokens += emitted
+            if emitted == 1:  # an ar step cut short by the end is no sample
+                self._ar.append((ms, length))
+            return
+        self._rounds.append((ms, emitted))
+        if not self._probing and len(self._rounds) < self._rounds.maxlen:
+            return
+        spec_ms = sum(ms for ms, _ in self._rounds) / sum(n for _, n in self._rounds)
+        if spec_ms > self.ar_ms(length):
+            self._ar_until = length + self._hold
+            self._hold = min(2 * self._hold, self.max_hold)
+            self._rounds.clear()
+            self._probing = True
+            self.fallbacks += 1
+        elif self._probing:
+            self._probing, self._hold = False, self.first_hold
+
+    def ar_ms(self, length: int) -> float:
+        """An ar step's time at `length`: the median of the recent ar steps, each carried from the
+        length it ran at by the cost model's ratio."""
+        if not self._ar:
+            return float("inf")
+        if self.prices is None:
+            return statistics.median(ms for ms, _ in self._ar)
+        now = self.prices.ar_ms(length)
+        return statistics.median(ms * now / self.prices.ar_ms(then) for ms, then in self._ar)

@@ -111,8 +111,9 @@ def _size(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
-def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool = True):
-    """A ResidentKVCache when the plan keeps everything resident, else an OffloadedKVCache."""
+def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool = True, hybrid: bool = True):
+    """A ResidentKVCache when the plan keeps everything resident, else an OffloadedKVCache (its
+    short passes split between PCIe and the CPU as the plan says, unless hybrid is False)."""
     from triforce.cache.resident import ResidentKVCache
 
     if plan is None or plan.resident_tokens >= max_len:
@@ -122,5 +123,5 @@ def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool =
 
         cache = OffloadedKVCache(lm.config, max_len, plan.resident_tokens, plan.block_tokens, dtype=lm.dtype,
                                  device=lm.device, overlap=overlap, host_budget_bytes=plan.host_budget_bytes,
-                                 attn=lm.attn)
+                                 attn=lm.attn, hybrid=plan.hybrid if hybrid else None)
     return cache

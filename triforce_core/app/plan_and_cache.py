@@ -73,12 +73,12 @@ class RunPlan:
     def speculation_gate(self):
         """--method auto's online check (None for a method the user named, or where the plan has
         no step costs to price rounds with)."""
-        if self.auto is None or self.auto.method == "ar" or self.plan.step_costs is None:
+        if self.auto is None or (self.auto.method == "ar" and not self.auto.probe) or self.plan.step_costs is None:
             return None
-        from triforce.decoding.speculation_gate import SpeculationGate
+        from triforce.decoding.speculation_gate import PROBE_HOLD, SpeculationGate
 
         prices = RoundPrices(self.plan.step_costs, hardware(self.profile, self.dtype_bytes), self.plan.resident_tokens)
-        return SpeculationGate(prices, self.speculate_from)
+        return SpeculationGate(prices, self.speculate_from, ar_first=PROBE_HOLD if self.auto.probe else 0)
 
     def gamma2_controller(self, has_tier0: bool) -> Gamma2Controller | None:
         """Adapts gamma2 to the observed acceptance when its range is open."""

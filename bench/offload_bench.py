@@ -19,7 +19,10 @@ from triforce.decoding.acceptance_trace import ReplayVerifier
 from triforce.errors import UserError
 from triforce.offload.offloaded_cache import OffloadedKVCache
 
-METHODS = ("ar-offload", "zero-inference", "triforce")
+# ar-offload: the paper's baseline (every host block over PCIe); ar-hybrid: the stronger one (the
+# CPU attends its share in place, offload.hybrid); triforce splits as the plan says
+METHODS = ("ar-offload", "ar-hybrid", "zero-inference", "triforce", "transformers-offloaded")
+SPECULATIVE_TOKENS = 64  # speculative rows time at least this many: several full verifies and a rebuild
 ALL_GIVEN = frozenset({"budget", "chunk_size", "gamma1", "gamma2"})  # the bench's speculation is not re-chosen
 
 
@@ -58,12 +61,11 @@ def fill_random_kv(cache, length: int, seed: int = 0) -> None:
             for block in range(cache.store.num_blocks):
                 cache.store.block(layer, block).copy_(template)
     elif isinstance(cache, HostAttentionKVCache):
-        template = torch.randn(cache.k_host.shape[1:3] + (1024, cache.k_host.shape[-1]), generator=g, device="cpu")
-        template = template.to(cache.k_host.dtype)
-        for start in range(0, length, 1024):
-            n = min(1024, length - start)
-            cache.k_host[:, :, :, start:start + n] = template[:, :, :n]
-            cache.v_host[:, :, :, start:start + n] = template[:, :, :n]
+        store = cache.store
+        template = torch.randn(store.block(0, 0).shape, generator=g, device="cpu").to(store.data.dtype)
+        for layer in range(store.data.shape[0]):
+            for block in range(-(-length // store.block_tokens)):
+                store.block(layer, block).copy_(template)
     else:
         raise TypeError(f"cannot fill {type(cache).__name__}")
     cache.length = length
@@ -79,17 +81,44 @@ class Setup:
     trace: dict | None
     overlap: bool = True
     prompt_ids: list[int] | None = None  # a real prompt to prefill; None: random KV (random weights)
+    hybrid: bool = True
+    repeats: int = 2           # timed windows per method after the warm-up (their spread is reported)
 
     @property
     def lm(self):
         return self.runtime.lm
 
 
+def sized_gamma2(runtime, context: int, spec: SpecParams, trace: dict) -> int:
+    """gamma2 the cost model picks for the trace's acceptance on this run's plan (offload.cost_model
+    best_gammas), at most the trace's own: a replayed check accepts no more than was recorded."""
+    from triforce.decoding.acceptance_trace import trace_acceptance
+    from triforce.offload.cost_model import best_gammas
+    from triforce.offload.planner import hardware
+
+    run = runtime.plan(context + SPECULATIVE_TOKENS, spec, ALL_GIVEN)
+    if run.plan.step_costs is None:
+        return spec.gamma2
+    hw = hardware(runtime.profile, runtime.lm.dtype.itemsize)
+    cap = int(trace.get("gamma2", spec.gamma2))
+    return best_gammas(run.plan.step_costs, hw, trace_acceptance(trace), True, (spec.gamma1,), range(1, cap + 1))[1]
+
+
 def run_method(method: str, s: Setup) -> dict:
     """Decode `new_tokens` after a `context`-token cache; returns the row of the table."""
     device = s.lm.device
+    if method == "transformers-offloaded":  # the peer: its own model and cache (bench/hf_offloaded.py)
+        from triforce.bench.hf_offloaded import time_hf_offloaded
+        arch = getattr(s.runtime.config, "arch", None)
+        if arch is None:
+            return {"method": method, "error": "timed with --arch only"}
+        try:
+            return time_hf_offloaded(arch, s.context, s.new_tokens, s.lm.dtype, device)
+        except (RuntimeError, ValueError, TypeError, AttributeError) as e:  # a peer's failure is a row, not the end
+            return {"method": method, "error": f"{type(e).__name__}: {str(e)[:300]}"}
     spec = s.spec if method == "triforce" else SpecParams(method="ar")
-    max_len = s.context + s.new_tokens + 8
+    new_tokens = max(s.new_tokens, SPECULATIVE_TOKENS) if method == "triforce" else s.new_tokens
+    max_len = s.context + 2 + new_tokens * s.repeats + 8
     try:
         run = s.runtime.plan(max_len, spec, ALL_GIVEN)
     except UserError as e:
@@ -102,7 +131,7 @@ def run_method(method: str, s: Setup) -> dict:
         cache = HostAttentionKVCache(s.lm.config, max_len, dtype=s.lm.dtype, device=device,
                                      host_budget_bytes=s.profile.host_bytes)
     else:
-        cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap)
+        cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap, hybrid=method != "ar-offload" and s.hybrid)
     replay = ReplayVerifier(s.trace) if method == "triforce" and s.trace is not None else None
     engine = s.runtime.engine(max_len, run, kv_cache=cache, replay=replay)
     if s.prompt_ids is not None:
@@ -115,22 +144,33 @@ def run_method(method: str, s: Setup) -> dict:
         engine.full.tokens = ids[:-1]
         engine.set_sequence(ids)
     engine.generate(2, SamplingParams(), frozenset())  # warm-up: kernels, allocator, first copies
-    before = _transfer_bytes(cache)
-    _sync(device)
-    result = engine.generate(s.new_tokens, SamplingParams(), frozenset())
-    _sync(device)
+    before, cpu_before = _transfer_bytes(cache), getattr(cache, "cpu_bytes", 0)
+    windows = []
+    for _ in range(s.repeats):  # the same cache, later positions: a steady state, rebuilds inside
+        _sync(device)
+        result = engine.generate(new_tokens, SamplingParams(), frozenset())
+        _sync(device)
+        windows.append(result)
     h2d, d2h = (a - b for a, b in zip(_transfer_bytes(cache), before))
-    tokens = len(result.tokens)
-    ms = 1000 * result.time_s / tokens
+    tokens = sum(len(r.tokens) for r in windows)
+    seconds = sum(r.time_s for r in windows)
+    per_window = [1000 * r.time_s / len(r.tokens) for r in windows]
+    result = windows[-1]
     row = {
-        "method": method, "tokens": tokens, "ms_per_token": round(ms, 2),
+        "method": method, "tokens": tokens, "ms_per_token": round(1000 * seconds / tokens, 2),
+        "ms_per_token_windows": [round(ms, 2) for ms in per_window],
+        "spread": round((max(per_window) - min(per_window)) / min(per_window), 3),
         "pcie_bytes_per_token": int((h2d + d2h) / tokens),
-        "achieved_h2d_gbps": round(h2d / result.time_s / 1e9, 2),
+        "cpu_attended_bytes_per_token": int((getattr(cache, "cpu_bytes", 0) - cpu_before) / tokens),
+        "achieved_h2d_gbps": round(h2d / seconds / 1e9, 2),
         "plan_gpu_bytes": plan.gpu_bytes_total, "budget_bytes": plan.gpu_budget_bytes,
         "resident_tokens": plan.resident_tokens if method != "zero-inference" else 0,
         "host_kv_bytes": plan.host_kv_bytes if method != "zero-inference" else cache.host_nbytes,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     }
+    if method in ("triforce", "ar-hybrid"):
+        row["hybrid_cpu_share"] = round(cache.cpu_share(spec.gamma2 + 1 if method == "triforce" else 1), 3) \
+            if isinstance(cache, OffloadedKVCache) else 0.0
     if method == "triforce":
         row.update(mean_tokens_per_full_verify=result.stats["mean_tokens_per_full_verify"],
                    acceptance_rates=result.stats["acceptance_rates"],

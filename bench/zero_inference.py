@@ -1,27 +1,34 @@
 """The ZeRO-Inference-style baseline: the whole KV cache lives in host memory and attention runs
-on the CPU (a parallel numba kernel), as DeepSpeed ZeRO-Inference's KV offload does. Each layer
-sends its query and new K/V to the host and gets the attention output back; weights stay on the
-device. Only plain autoregressive decoding uses it."""
+on the CPU, as DeepSpeed ZeRO-Inference's KV offload does. Each layer sends its query and new K/V
+to the host and gets the attention output back; weights stay on the device. Only plain
+autoregressive decoding uses it.
+
+Its attention is the project's own multi-threaded kernel over host blocks
+(triforce.kernels.host_attention, the hybrid verify's CPU half), so the baseline is the strongest
+version of that design rather than a scalar loop."""
 from __future__ import annotations
 
 import torch
 
 from triforce.cache_contract import CacheStep
 from triforce.kernels import attention
-from triforce.pinned import allocate_host, cpu_attention
+from triforce.kernels.host_attention import host_partial
+from triforce.kernels.host_attention import takes as host_attention_takes
+from triforce.pinned import HostKVStore
+
+BLOCK_TOKENS = 1024
 
 
 class HostAttentionKVCache:
-    """k_host, v_host: [num_layers, B, Hkv, max_len, D] in (pinned) host memory."""
+    """The KV of every token in a host KV store (token-major blocks of BLOCK_TOKENS, from position 0)."""
 
     layer_major = False
 
     def __init__(self, cfg, max_len: int, *, dtype: torch.dtype, device: torch.device | str, batch: int = 1,
                  host_budget_bytes: int | None = None):
-        shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
         # pageable: the CPU computes on it, nothing is copied from it to the device
-        self.k_host, self.v_host = allocate_host([shape, shape], dtype, pin=False, budget_bytes=host_budget_bytes,
-                                                 what="the host KV cache")
+        self.store = HostKVStore(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_len, BLOCK_TOKENS,
+                                 first_position=0, dtype=dtype, batch=batch, pin=False, budget_bytes=host_budget_bytes)
         self.device = torch.device(device)
         self.max_len, self.length = max_len, 0
         self.scale = cfg.head_dim ** -0.5
@@ -34,7 +41,7 @@ class HostAttentionKVCache:
 
     @property
     def host_nbytes(self) -> int:
-        return self.k_host.nbytes + self.v_host.nbytes
+        return self.store.nbytes
 
     def step(self, num_new: int, record_queries: bool = False, prefill: bool = False) -> "HostAttentionStep":
         if record_queries:
@@ -53,16 +60,21 @@ class HostAttentionKVCache:
     def prepare_verify(self) -> None:
         """Nothing to prefetch: attention runs where the KV is."""
 
+    def layer_kv(self, layer: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of k, v [B, Hkv, end, D] of `layer` (the prefill's attention reads them)."""
+        parts = [self.store.block_kv(self.store.block(layer, b), min(self.store.block_tokens, end - self.store.block_start(b)))
+                 for b in range(-(-end // self.store.block_tokens))]
+        return torch.cat([k for k, _ in parts], dim=2), torch.cat([v for _, v in parts], dim=2)
+
 
 class HostAttentionStep(CacheStep):
     def __init__(self, cache: HostAttentionKVCache, start: int, end: int):
-        super().__init__(start, end, torch.arange(start, end, device=cache.device)[None], cache.k_host.shape[0])
+        super().__init__(start, end, torch.arange(start, end, device=cache.device)[None], cache.store.data.shape[0])
         self.cache = cache
 
     def write(self, layer: int, first: int, k: torch.Tensor, v: torch.Tensor) -> None:
         c = self.cache
-        c.k_host[layer, :, :, first:first + k.shape[2]] = k.to("cpu")
-        c.v_host[layer, :, :, first:first + v.shape[2]] = v.to("cpu")
+        c.store.write(layer, first, k.to("cpu"), v.to("cpu"))
         c.d2h_bytes += k.nbytes + v.nbytes
 
     def attend_written(self, layer: int, q: torch.Tensor, first: int) -> torch.Tensor:
@@ -70,12 +82,14 @@ class HostAttentionStep(CacheStep):
         q_host = q.to("cpu")
         c.d2h_bytes += q.nbytes
         window = c.sliding_windows[layer]
-        if q.shape[2] > 1:  # prefill: torch's vectorised CPU attention (the baseline times decoding)
-            out = attention(q_host, c.k_host[layer, :, :, :end], c.v_host[layer, :, :, :end],
-                            scale=c.scale, sliding_window=window)
-        else:
-            out = cpu_attention(q_host, c.k_host[layer], c.v_host[layer], scale=c.scale, q_start=first,
-                                num_keys=end, sliding_window=window)
+        if q.shape[2] == 1 and window is None and host_attention_takes(c.store.data.dtype):
+            bt = c.store.block_tokens
+            blocks = list(range(-(-end // bt)))
+            out, _ = host_partial(q_host, c.store.data[layer], blocks, [min(bt, end - b * bt) for b in blocks],
+                                  scale=c.scale)
+        else:  # prefill (the baseline times decoding): torch's vectorised CPU attention
+            k, v = c.layer_kv(layer, end)
+            out = attention(q_host, k.to(q_host.dtype), v.to(q_host.dtype), scale=c.scale, sliding_window=window)
         out = out.to(device=c.device, dtype=q.dtype)
         c.h2d_bytes += out.nbytes
         return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from triforce.offload.errors import OffloadError
+from triforce.offload.hybrid import HybridRates
 
 # at most 15 drafts: a verify pass of <= 16 tokens stays within the CPU kernels' small-rows limit,
 # where each token is computed as a one-token step would be (bfloat16 greedy equals AR; README)
@@ -68,6 +69,8 @@ class Hardware:
     layer_overhead_us: float = 0.0        # fixed cost per layer per forward pass
     attention_gbps: float | None = None   # KV read by the attention kernel; None: hbm_gbps
     attention_tflops: float | None = None  # attention's arithmetic (a verify pass); None: compute_tflops
+    cpu_attention_gbps: float | None = None   # host KV attended in place by the CPU (hybrid); None: streamed only
+    cpu_attention_tflops: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,8 @@ class StepCosts:
     attention_flops_per_key: float  # per token and key: 4 x layers x heads x head_dim
     context: int
     budget: int
+    kv_group: int = 1               # query heads per KV head
+    element_bytes: int = 2          # of the KV
 
 
 def _forward_ms(hw: Hardware, weight_bytes: float, weight_flops: float, kv_bytes: float, attention_flops: float,
@@ -96,10 +101,19 @@ def _forward_ms(hw: Hardware, weight_bytes: float, weight_flops: float, kv_bytes
     return projections + attention + layers * hw.layer_overhead_us / 1000
 
 
+def host_kv_ms(c: StepCosts, hw: Hardware, tokens: int, rows: int = 1) -> float:
+    """The host KV's part of a full pass of `tokens` new tokens: over PCIe alone, or hybrid (the
+    CPU attending its share in place while the link streams the rest) when the hardware has CPU
+    attention rates."""
+    host = rows * c.host_kv_bytes
+    rates = HybridRates.of(hw, c)
+    return rates.host_ms(host, tokens) if rates is not None else host / (hw.h2d_gbps * 1e6)
+
+
 # A pass over `rows` sequences of a batch (triforce.decoding.lockstep) reads the weights once and
 # each row's own KV: arithmetic and KV scale with the rows, weights do not (MagicDec's analysis).
 def full_verify_ms(c: StepCosts, hw: Hardware, tokens: int, rows: int = 1) -> float:
-    return rows * c.host_kv_bytes / (hw.h2d_gbps * 1e6) + _forward_ms(
+    return host_kv_ms(c, hw, tokens, rows) + _forward_ms(
         hw, c.weights_bytes, rows * tokens * c.flops_per_token, rows * c.resident_kv_bytes,
         rows * tokens * c.attention_flops_per_key * c.context, c.num_layers)
 

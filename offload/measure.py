@@ -104,16 +104,25 @@ def attention_tflops(device: torch.device, dtype: torch.dtype, queries: int = 9,
     return 4 * heads * queries * num_keys * dim * layers / seconds / 1e12
 
 
-def cpu_attention_gbps(num_keys: int = 16384, heads: int = 8, dim: int = 128) -> float:
-    """KV bytes per second the numba CPU attention kernel reads (bfloat16, one query token)."""
-    from triforce.pinned import cpu_attention
+def host_attention_rates(dtype: torch.dtype = torch.bfloat16, num_keys: int = 16384, kv_heads: int = 32,
+                         dim: int = 128, block_tokens: int = 2048, verify_tokens: int = 9) -> tuple[float, float]:
+    """(GB/s, TFLOP/s) of the CPU attending over host KV blocks in place (the hybrid verify's CPU
+    half, triforce.kernels.host_attention): KV bytes read per second with one query token per KV
+    head (bound by memory), and the arithmetic rate of a `verify_tokens` pass. Llama2-7B's heads
+    (MHA, 32 x 128) in blocks as the host store lays them out, 256 MB in bfloat16."""
+    from triforce.kernels.host_attention import host_partial
 
-    q = torch.randn(1, heads, 1, dim)
-    k = torch.randn(1, heads, num_keys, dim, dtype=torch.bfloat16)
-    v = torch.randn(1, heads, num_keys, dim, dtype=torch.bfloat16)
-    seconds = _best_seconds(lambda: cpu_attention(q, k, v, scale=dim ** -0.5, q_start=num_keys - 1,
-                                                  num_keys=num_keys), lambda: None)
-    return (k.nbytes + v.nbytes) / seconds / 1e9
+    blocks = num_keys // block_tokens
+    data = torch.randn(blocks, block_tokens, 2, 1, kv_heads, dim, dtype=dtype)
+    index, counts = list(range(blocks)), [block_tokens] * blocks
+
+    def seconds(tokens: int) -> float:
+        q = torch.randn(1, kv_heads, tokens, dim, dtype=dtype)
+        return _best_seconds(lambda: host_partial(q, data, index, counts, scale=dim ** -0.5), lambda: None)
+
+    gbps = data.nbytes / seconds(1) / 1e9
+    tflops = 4 * kv_heads * verify_tokens * num_keys * dim / seconds(verify_tokens) / 1e12
+    return gbps, tflops
 
 
 def gpu_memory() -> list[tuple[int, int, str]]:

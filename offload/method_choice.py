@@ -30,6 +30,10 @@ AUTO_MARGIN = 1.25
 # 0.68 and 0.45, and auto picked speculation where natural text made it slower.)
 AUTO_ASSUMED = Acceptance(full=rate_from_fraction(0.65, 8), retrieval=0.16)
 SHORTEST = 256  # lengths tried for the switch-over: SHORTEST, 1.5x, 2x, ... up to the context
+# Where ar is picked but the fastest speculative method is predicted within this factor of it, the
+# engine decodes as ar and tries that method now and then (triforce.decoding.speculation_gate): the
+# acceptance of the text at hand decides, which no prediction knows (a quote repeats, prose does not)
+PROBE_WITHIN = 1.6
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class MethodChoice:
     speculate_from: int         # sequence length from which speculation runs (0: from the start)
     context: int
     predicted_ms: dict          # method -> predicted ms/token at the context (ar included)
+    probe: str | None = None    # with ar: the method tried now and then (its tiers are built)
 
     @property
     def speedup(self) -> float:
@@ -45,13 +50,15 @@ class MethodChoice:
 
     def to_json(self) -> dict:
         return {"method": self.method, "speculate_from": self.speculate_from, "context": self.context,
-                "margin": AUTO_MARGIN, "predicted_ms_per_token": {m: round(v, 3) for m, v in self.predicted_ms.items()}}
+                "margin": AUTO_MARGIN, "probe": self.probe,
+                "predicted_ms_per_token": {m: round(v, 3) for m, v in self.predicted_ms.items()}}
 
     def describe(self) -> str:
         ratios = ", ".join(f"{m} {self.predicted_ms['ar'] / v:.2f}x" for m, v in self.predicted_ms.items() if m != "ar")
         if self.method == "ar":
+            tries = f"; trying {self.probe} now and then, kept where it pays" if self.probe else ""
             return (f"method auto: ar (predicted at {self.context} tokens, vs ar: {ratios or 'nothing else fits'}; "
-                    f"speculation needs {AUTO_MARGIN}x)")
+                    f"speculation needs {AUTO_MARGIN}x{tries})")
         start = f", ar below {self.speculate_from} tokens" if self.speculate_from else ""
         return f"method auto: {self.method} (predicted {self.speedup:.2f}x of ar at {self.context} tokens{start})"
 
@@ -98,6 +105,8 @@ def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec
         specs[method] = candidate
     fastest = min(timings, key=lambda m: predicted[m], default=None)
     if fastest is None or predicted["ar"] < AUTO_MARGIN * predicted[fastest]:
+        if fastest is not None and predicted[fastest] <= PROBE_WITHIN * predicted["ar"]:
+            return MethodChoice("ar", 0, context, predicted, probe=fastest), specs[fastest]
         return MethodChoice("ar", 0, context, predicted), ar_spec
     grid = lengths(context)
     start = context

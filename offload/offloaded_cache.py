@@ -8,30 +8,44 @@ New tokens' KV goes to its home once its layer is done. It implements the FullCa
 
 Prefill runs layer-major (`layer_major`): one pass, one layer over all new tokens before the
 next, its queries attending in large groups, so a layer's host-bound KV is written once and its
-host blocks are streamed once per group rather than once per prefill chunk."""
+host blocks are streamed once per group rather than once per prefill chunk.
+
+Hybrid (`hybrid`, offload.hybrid): in a pass of a few new tokens (decoding, a verify) the CPU
+attends over the oldest share of each layer's host blocks in place (triforce.kernels.host_attention,
+on a worker thread on CUDA) while the prefetcher streams the rest; the CPU's partial result merges
+with the others by log-sum-exp."""
 from __future__ import annotations
 
 import torch
 
 from triforce.cache_contract import CacheStep
-from triforce.kernels import SDPA, TORCH_KERNELS, PartialAccumulator, RetrievalKernels, block_visible
+from triforce.kernels import SDPA, PartialAccumulator, RetrievalKernels, block_visible
 from triforce.kernels.chunk_means import ChunkMeans
+from triforce.kernels.host_attention import host_partial
+from triforce.kernels.host_attention import takes as host_attention_takes
+from triforce.kernels.host_attention import warm_up as warm_host_attention
 from triforce.offload.errors import OffloadError
+from triforce.offload.hybrid import CpuWorker, HybridRates, split_blocks
 from triforce.offload.prefetcher import Prefetcher, TransferPlan
-from triforce.pinned import HostKVStore, allocate_host
+from triforce.offload.sparse_reads import SparseReads
+from triforce.pinned import HostKVStore
 
 
 # an all-resident query group attends in one call when its [T, S] mask has at most this many
 # elements; longer groups go through the tiled partial path, whose temporaries are bounded
 ONE_SHOT_MASK_ELEMENTS = 1 << 25
+MAX_HYBRID_TOKENS = 16  # passes of at most this many new tokens split their host KV (a prefill streams it)
 
 
-class OffloadedKVCache:
+class OffloadedKVCache(SparseReads):
     layer_major = True
 
     def __init__(self, cfg, max_len: int, resident_tokens: int, block_tokens: int, *,
                  dtype: torch.dtype, device: torch.device | str, batch: int = 1, overlap: bool = True,
-                 pin: bool = True, host_budget_bytes: int | None = None, attn=SDPA, streams=None):
+                 pin: bool = True, host_budget_bytes: int | None = None, attn=SDPA, streams=None,
+                 hybrid: HybridRates | float | None = None):
+        """hybrid: the rates that split a short pass's host blocks between PCIe and the CPU, or a
+        fixed CPU share (tests); None: every host block is streamed."""
         if not 0 <= resident_tokens < max_len:
             raise OffloadError(f"resident tokens ({resident_tokens}) must be below the context ({max_len})")
         self.device = torch.device(device)
@@ -56,6 +70,12 @@ class OffloadedKVCache:
         # the last short pass's host-bound KV, still on the device per layer: (first position, k, v);
         # kv_range serves the newly committed tokens from here instead of reading the host back
         self._recent: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
+        self.hybrid = hybrid if host_attention_takes(dtype) else None
+        if self.hybrid is not None:  # compile before the first pass, not during it
+            warm_host_attention(dtype, cfg.num_kv_heads, cfg.head_dim)
+        self._last_tokens = 1  # the last short pass's new tokens: the next prefetch's split
+        self.cpu_worker = CpuWorker(self.device)
+        self.cpu_bytes = 0     # host KV bytes attended in place (not streamed)
 
     # ---- bookkeeping --------------------------------------------------------------------
     @property
@@ -77,7 +97,10 @@ class OffloadedKVCache:
         start = self.length
         self.length += num_new
         self._recent = {}  # this pass rewrites the positions they held
-        return OffloadedCacheStep(self, start, self.length, record_queries, self.transfer_plan(start), prefill)
+        if not prefill and num_new <= MAX_HYBRID_TOKENS:
+            self._last_tokens = num_new
+        in_place, streamed = self._split(start, num_new, prefill)
+        return OffloadedCacheStep(self, start, self.length, record_queries, streamed, prefill, in_place)
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
@@ -90,13 +113,40 @@ class OffloadedKVCache:
             means.rollback(max(0, length - self.resident_tokens))
 
     def prepare_verify(self) -> None:
-        """Start copying the first host blocks of the next pass while the drafting tiers run."""
-        self.prefetcher.prefetch(self.transfer_plan(self.length))
+        """Start copying the first streamed host blocks of the next pass while the drafting tiers
+        run (split as the last short pass was: the same number of new tokens is likeliest)."""
+        self.prefetcher.prefetch(self._split(self.length, self._last_tokens, False)[1])
 
     def transfer_plan(self, start: int) -> TransferPlan:
         """The host blocks a pass whose new tokens begin at `start` reads: in every layer, those
         holding old tokens [resident, start) that some query of the pass may see."""
         return TransferPlan(tuple(tuple(self._host_blocks(layer, start)) for layer in range(self.num_layers)))
+
+    def cpu_share(self, num_new: int, prefill: bool = False) -> float:
+        """The share of a pass's host blocks the CPU attends in place."""
+        if self.hybrid is None or prefill or num_new > MAX_HYBRID_TOKENS:
+            return 0.0
+        return self.hybrid if isinstance(self.hybrid, float) else self.hybrid.cpu_share(num_new)
+
+    def _split(self, start: int, num_new: int, prefill: bool) -> tuple[tuple[tuple[int, ...], ...], TransferPlan]:
+        """(the blocks the CPU attends in place per layer, the plan of the streamed ones)."""
+        share = self.cpu_share(num_new, prefill)
+        whole = self.transfer_plan(start).blocks
+        if share == 0.0:
+            return tuple(() for _ in whole), TransferPlan(whole)
+        halves = [((), blocks) if self.sliding_windows[layer] is not None else split_blocks(blocks, share)
+                  for layer, blocks in enumerate(whole)]
+        return tuple(h[0] for h in halves), TransferPlan(tuple(h[1] for h in halves))
+
+    def host_share(self, layer: int, q: torch.Tensor, blocks: tuple[int, ...], start: int, first: bool):
+        """Start the CPU's attention of `q` over host `blocks` of `layer` (keys before `start`);
+        returns a function giving its (out, lse) on the device. first: the pass's first such call,
+        which waits for the earlier passes' writes to reach the host."""
+        if first:
+            self.prefetcher.synchronize()
+        counts = [min(self.store.block_tokens, start - self.store.block_start(b)) for b in blocks]
+        self.cpu_bytes += sum(counts) * self.store.data[layer, 0, 0].nbytes
+        return self.cpu_worker.start(host_partial, q, self.store.data[layer], list(blocks), counts, scale=self.scale)
 
     def _host_blocks(self, layer: int, start: int) -> range:
         first_visible = self.resident_tokens
@@ -108,123 +158,18 @@ class OffloadedKVCache:
         bt = self.store.block_tokens
         return range((first_visible - self.resident_tokens) // bt, (start - 1 - self.resident_tokens) // bt + 1)
 
-    # ---- the read interface of sparse caches --------------------------------------------
-    def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
-        """query [B, H, D] -> [B, Hkv, length // chunk_size]. Resident chunks are scored on the
-        device; host chunks on the CPU from mean keys kept on the host and updated only for chunks
-        completed since the last call."""
-        if self.resident_tokens % chunk_size or self.store.block_tokens % chunk_size:
-            raise OffloadError(f"--chunk-size {chunk_size} must divide the offload alignment "
-                               f"({self.store.block_tokens} tokens); use a power of two up to 256")
-        num_chunks = self.length // chunk_size
-        resident_chunks = min(num_chunks, self.resident_tokens // chunk_size)
-        if chunk_size not in self._resident_means:
-            self._resident_means[chunk_size] = ChunkMeans.like(self.k_res, chunk_size)
-        keys = self.k_res[layer]
-        means = self._resident_means[chunk_size].read(layer, resident_chunks, lambda start, end: keys[:, :, start:end])
-        scores = [self.kernels.scores(query, means)]
-        host_chunks = num_chunks - resident_chunks
-        if host_chunks > 0:
-            means = self._host_chunk_means(layer, chunk_size, host_chunks)
-            scores.append(TORCH_KERNELS.scores(query.to("cpu"), means).to(self.device, scores[0].dtype))
-        return torch.cat(scores, dim=-1)
-
-    def _host_chunk_means(self, layer: int, chunk_size: int, count: int) -> torch.Tensor:
-        """Mean keys [B, Hkv, count, D] (host) of the first `count` host chunks of `layer`."""
-        if chunk_size not in self._host_means:
-            shape = (self.num_layers, self.batch, self.kv_heads, self.store.capacity // chunk_size,
-                     self.k_res.shape[-1])
-            (means,) = allocate_host([shape], self.k_res.dtype, pin=False, what="host chunk means")
-            self._host_means[chunk_size] = ChunkMeans(means, chunk_size)
-        return self._host_means[chunk_size].read(layer, count, lambda start, end: self._host_keys(layer, start, end))
-
-    def _host_keys(self, layer: int, start: int, end: int) -> torch.Tensor:
-        """Keys [B, Hkv, end - start, D] of host positions [start, end) (counted from the store's first)."""
-        self.prefetcher.synchronize()  # host writes of recent tokens must have landed
-        bt = self.store.block_tokens
-        first, last = start // bt, (end - 1) // bt
-        keys = torch.cat([self.store.keys_of_block(layer, block) for block in range(first, last + 1)], dim=2)
-        return keys[:, :, start - first * bt:end - first * bt]
-
-    def keys(self, layer: int) -> torch.Tensor:
-        """Keys [B, Hkv, length, D] of every token of `layer` on the device, the host part copied
-        over (for the top-k policy, an oracle that reads every key anyway)."""
-        resident = min(self.length, self.resident_tokens)
-        parts = [self.k_res[layer, :, :, :resident]]
-        if self.length > resident:
-            parts.append(self._host_keys(layer, 0, self.length - resident).to(self.device))
-        return torch.cat(parts, dim=2)
-
-    def gather_into(self, layer: int, index: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor) -> None:
-        """index [B, Hkv, N] (device) -> k_dst, v_dst [B, Hkv, N, D]: the keys and values of those tokens."""
-        if self.length <= self.resident_tokens:  # all resident: the device kernel, no host round trip
-            self.kernels.gather_into(self.k_res[layer], self.v_res[layer], index, k_dst, v_dst)
-            return
-        k, v = self._gather_with_host(layer, index)
-        k_dst.copy_(k)
-        v_dst.copy_(v)
-
-    def _gather_with_host(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values [B, Hkv, N, D] on the device; host entries are gathered by the numba
-        kernel into a host staging buffer, then copied over."""
-        resident = self.resident_tokens
-        expanded = index.clamp(max=max(resident - 1, 0))[..., None].expand(-1, -1, -1, self.k_res.shape[-1])
-        if resident:
-            k = torch.gather(self.k_res[layer], 2, expanded)
-            v = torch.gather(self.v_res[layer], 2, expanded)
-        else:
-            k = v = None
-        self.prefetcher.synchronize()
-        shape = (self.batch, self.kv_heads, index.shape[-1], self.k_res.shape[-1])
-        numel = shape[0] * shape[1] * shape[2] * shape[3]
-        if not self._gather_staging or self._gather_staging[0].numel() < numel:
-            self._gather_staging = allocate_host([(numel,), (numel,)], self.k_res.dtype,
-                                                 what="the retrieval staging buffer")
-        host_k, host_v = (t[:numel].view(shape) for t in self._gather_staging)
-        self.store.gather(layer, index.to("cpu"), host_k, host_v)
-        host_k, host_v = host_k.to(self.device), host_v.to(self.device)
-        if k is None:
-            return host_k, host_v
-        on_host = (index >= resident)[..., None]
-        return torch.where(on_host, host_k, k), torch.where(on_host, host_v, v)
-
-    def kv_range(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values [L, B, Hkv, end - start, D] of tokens [start, end) on the device."""
-        split = min(max(start, self.resident_tokens), end)
-        parts_k, parts_v = [self.k_res[:, :, :, start:split]], [self.v_res[:, :, :, start:split]]
-        recent = self._recent_range(split, end)
-        if recent is not None:  # no wait for the copy stream, no copy back from the host
-            parts_k.append(recent[0])
-            parts_v.append(recent[1])
-        elif end > split:
-            self.prefetcher.synchronize()
-            host_k, host_v = self.store.read(split, end)
-            parts_k.append(host_k.to(self.device))
-            parts_v.append(host_v.to(self.device))
-        return torch.cat(parts_k, dim=3), torch.cat(parts_v, dim=3)
-
-    def _recent_range(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Tokens [start, end) of every layer from the last pass's device copies, if all have them."""
-        if end <= start or len(self._recent) < self.num_layers:
-            return None
-        for first, k, _ in self._recent.values():
-            if not first <= start or end > first + k.shape[2]:
-                return None
-        layers = [self._recent[layer] for layer in range(self.num_layers)]
-        return (torch.stack([k[:, :, start - first:end - first] for first, k, _ in layers]),
-                torch.stack([v[:, :, start - first:end - first] for first, _, v in layers]))
-
-
 class OffloadedCacheStep(CacheStep):
     """One forward pass over new tokens [start, end). In a layer-major prefill the model calls
     attend once per query group of a layer, in order; each call streams the layer's host blocks
     once, so a group as long as the prompt reads the host KV once per layer."""
 
     def __init__(self, cache: OffloadedKVCache, start: int, end: int, record_queries: bool, plan: TransferPlan,
-                 prefill: bool = False):
+                 prefill: bool = False, in_place: tuple[tuple[int, ...], ...] = ()):
         super().__init__(start, end, torch.arange(start, end, device=cache.device)[None], cache.num_layers,
                          record_queries)
         self.cache, self.plan, self.prefill = cache, plan, prefill
+        self.in_place = in_place or tuple(() for _ in range(cache.num_layers))  # CPU-attended host blocks
+        self._waited_writes = False
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # this layer's host-bound new KV
         self._scratch_layer = -1
 
@@ -249,6 +194,10 @@ class OffloadedCacheStep(CacheStep):
             return c.attn.attend(q, c.k_res[layer, :, :, :q_end], c.v_res[layer, :, :, :q_end], scale=c.scale,
                                  sliding_window=window)
         acc = PartialAccumulator()
+        cpu_part = None
+        if self.in_place[layer]:  # the CPU starts on its share while the device does the rest
+            cpu_part = c.host_share(layer, q, self.in_place[layer], self.start, first=not self._waited_writes)
+            self._waited_writes = True
         resident_end = min(q_end, resident)
         if resident_end > 0 and block_visible(q_start, q.shape[2], 0, resident_end, window):
             acc.add(*c.attn.partial(q, c.k_res[layer, :, :, :resident_end], c.v_res[layer, :, :, :resident_end],
@@ -258,6 +207,8 @@ class OffloadedCacheStep(CacheStep):
             k_old, v_old = c.store.block_kv(staged, min(c.store.block_tokens, self.start - first))
             acc.add(*c.attn.partial(q, k_old, v_old, scale=c.scale, q_start=q_start, k_start=first,
                                     sliding_window=window))
+        if cpu_part is not None:
+            acc.add(*cpu_part())
         if q_end > host_new_start:
             scratch_k, scratch_v = self._scratch
             count = q_end - host_new_start

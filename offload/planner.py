@@ -13,14 +13,13 @@ from triforce.offload.cost_model import (Acceptance, Hardware, StepCosts, full_v
                                          triforce_ms_per_token)
 from triforce.offload.errors import OffloadError
 from triforce.offload.fit_advice import check_tp, too_big_reason
+from triforce.offload.hybrid import HybridRates
 from triforce.offload.profiles import MemoryProfile, format_size
 from triforce.offload.shapes import activation_bytes_per_token, kv_bytes_per_token_layer, kv_heads_share, weight_bytes
 
 ALIGN_TOKENS = 256             # resident and block sizes are multiples of this (chunk sizes divide it)
 DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): big copies, small footprint
-# Score elements of one partial-attention tile (kernels/partial.py MAX_SCORE_ELEMENTS; repeated
-# here so planning needs no torch import, and a test keeps the two equal).
-MAX_SCORE_ELEMENTS = 1 << 22
+MAX_SCORE_ELEMENTS = 1 << 22  # of a partial-attention tile (kernels/partial.py's, kept equal by a test: no torch here)
 PREFILL_CHUNKS = (1024, 512, 256, 128, 64)  # tokens per prefill forward, largest that fits
 # queries per attention call of a layer-major (offloaded) prefill: each call streams the layer's
 # host KV once, so a 32K prompt reads it 4 times per layer instead of 32 (at 1024-token chunks)
@@ -56,6 +55,7 @@ class MemoryPlan:
     prefill_group: int = PREFILL_GROUP  # queries per attention call of a layer-major prefill
     predictions: dict = field(default_factory=dict)
     step_costs: StepCosts | None = None  # what each tier's forward pass moves and computes
+    hybrid: HybridRates | None = None    # the CPU's share of short passes' host KV (offload.hybrid); None: streamed
 
     @property
     def gpu_bytes_total(self) -> int:
@@ -242,13 +242,14 @@ def step_costs(plan: "MemoryPlan", model: ModelConfig, spec: SpecParams, dtype_b
         draft_bytes=b["draft_weights"] + b["streaming_cache"], draft_layers=draft.num_layers if draft else 0,
         flops_per_token=2 * b["target_weights"] / dtype_bytes, draft_flops_per_token=2 * draft_params,
         attention_flops_per_key=4 * model.num_layers * heads * model.head_dim,
-        context=plan.context, budget=spec.budget)
+        context=plan.context, budget=spec.budget, kv_group=model.num_heads // model.num_kv_heads,
+        element_bytes=dtype_bytes)
 
 
 _ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
 
 
-def hardware(profile: MemoryProfile, dtype_bytes: int | None = None) -> Hardware:
+def hardware(profile: MemoryProfile, dtype_bytes: int | None = None, hybrid: bool = True) -> Hardware:
     """The profile's rates for a run whose elements take `dtype_bytes`. A profile measured in a
     narrower dtype (its `measured_dtype`, written by `profile tune`) overstates the arithmetic
     rate of a wider one: on a CPU a vector instruction does half as many float32 products as
@@ -257,8 +258,12 @@ def hardware(profile: MemoryProfile, dtype_bytes: int | None = None) -> Hardware
     measured = _ELEMENT_BYTES.get(str(dict(profile.extras).get("measured_dtype", "")))
     scale = measured / dtype_bytes if measured and dtype_bytes and dtype_bytes > measured else 1.0
     rate = lambda tflops: None if tflops is None else tflops * scale  # noqa: E731
+    # hybrid (offload.hybrid): on a GPU whose profile has CPU rates (a CPU profile's device is the CPU)
+    cpu = hybrid and profile.num_gpus > 0 and profile.host_attention_gbps is not None
     return Hardware(profile.hbm_gbps, profile.pcie_h2d_gbps, rate(profile.compute_tflops), profile.layer_overhead_us,
-                    profile.attention_gbps, rate(profile.attention_tflops))
+                    profile.attention_gbps, rate(profile.attention_tflops),
+                    cpu_attention_gbps=profile.host_attention_gbps if cpu else None,
+                    cpu_attention_tflops=rate(profile.host_attention_tflops) if cpu else None)
 
 
 def _with_predictions(plan: MemoryPlan, model: ModelConfig, profile: MemoryProfile, spec: SpecParams,
@@ -266,8 +271,10 @@ def _with_predictions(plan: MemoryPlan, model: ModelConfig, profile: MemoryProfi
                       has_tier0: bool) -> MemoryPlan:
     costs = step_costs(plan, model, spec, dtype_bytes, draft, tp)
     hw = hardware(profile, dtype_bytes)
-    ar = full_verify_ms(costs, hw, 1)
+    ar = full_verify_ms(costs, hardware(profile, dtype_bytes, hybrid=False), 1)  # the paper's baseline
     spec_part = triforce_ms_per_token(costs, hw, acceptance, spec.gamma1, spec.gamma2, has_tier0=has_tier0)
+    rates = HybridRates.of(hw, costs)
+    verify_share = rates.cpu_share(spec.gamma2 + 1) if rates and costs.host_kv_bytes else 0.0
     predictions = {
         "ar_offload_ms_per_token": round(ar, 3),
         "triforce_ms_per_token": round(spec_part["triforce_ms_per_token"], 3),
@@ -276,11 +283,17 @@ def _with_predictions(plan: MemoryPlan, model: ModelConfig, profile: MemoryProfi
         "tier0_step_ms": round(tier0_ms(costs, hw), 4),
         "drafting_ms_per_verify": round(spec_part["drafting_ms_per_verify"], 3),
         "expected_tokens_per_full_verify": round(spec_part["expected_tokens_per_full_verify"], 3),
-        "pcie_bytes_per_full_verify": costs.host_kv_bytes,
+        "pcie_bytes_per_full_verify": int(costs.host_kv_bytes * (1 - verify_share)),
         "acceptance": {"full": acceptance.full, "retrieval": acceptance.retrieval,
                        "measured": acceptance.measured},
         "gamma1": spec.gamma1, "gamma2": spec.gamma2, "budget": spec.budget, "chunk_size": spec.chunk_size,
     }
+    if rates is not None and costs.host_kv_bytes:
+        ar_hybrid = full_verify_ms(costs, hw, 1)
+        predictions.update(ar_hybrid_ms_per_token=round(ar_hybrid, 3), hybrid_cpu_share_verify=round(verify_share, 3),
+                           hybrid_cpu_share_ar=round(rates.cpu_share(1), 3))
     if predictions["triforce_ms_per_token"] > 0:
         predictions["predicted_speedup"] = round(ar / spec_part["triforce_ms_per_token"], 2)
-    return replace(plan, predictions=predictions, step_costs=costs)
+    return replace(plan, predictions=predictions, step_costs=costs,
+                   hybrid=rates if costs.host_kv_bytes else None)
+

@@ -66,6 +66,10 @@ class MemoryProfile:
     layer_overhead_us: float = 0.0       # fixed cost per layer per forward pass (launches, Python)
     attention_gbps: float | None = None  # KV bytes/s of the attention kernel; None: hbm_gbps
     attention_tflops: float | None = None  # attention's arithmetic in a verify pass; None: compute_tflops
+    # CPU threads attending over host KV in place (hybrid full verify): KV bytes/s with one query
+    # row per KV head, and the arithmetic rate with many; None: no hybrid split (all streamed)
+    host_attention_gbps: float | None = None
+    host_attention_tflops: float | None = None
     source: str = ""          # the file it came from
     extras: tuple = ()        # (key, value) pairs a newer tool wrote; kept, not interpreted
 
@@ -88,6 +92,9 @@ class MemoryProfile:
             raise OffloadError(f"profile {self.name}: field 'attention_tflops' must be a positive number")
         if self.attention_gbps is not None and not self.attention_gbps > 0:
             raise OffloadError(f"profile {self.name}: field 'attention_gbps' must be a positive number of GB/s")
+        for name in ("host_attention_gbps", "host_attention_tflops"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise OffloadError(f"profile {self.name}: field '{name}' must be a positive number")
         if self.layer_overhead_us < 0:
             raise OffloadError(f"profile {self.name}: field 'layer_overhead_us' must be >= 0")
 
@@ -107,7 +114,8 @@ _REQUIRED = {"num_gpus": int, "gpu_bytes": "size", "host_bytes": "size", "pcie_h
              "hbm_gbps": float}
 _OPTIONAL = {"name": str, "description": str, "reserved_bytes": "size", "pcie_d2h_gbps": float,
              "cpu_threads": int, "measured": bool, "compute_tflops": float, "layer_overhead_us": float,
-             "attention_gbps": float, "attention_tflops": float}
+             "attention_gbps": float, "attention_tflops": float, "host_attention_gbps": float,
+             "host_attention_tflops": float}
 
 
 _KIND_NAMES = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
@@ -144,7 +152,8 @@ def profile_from_dict(data: dict, source: str) -> MemoryProfile:
         hbm_gbps=values["hbm_gbps"], cpu_threads=values.get("cpu_threads", 1),
         measured=values.get("measured", False), compute_tflops=values.get("compute_tflops"),
         layer_overhead_us=values.get("layer_overhead_us", 0.0), attention_gbps=values.get("attention_gbps"),
-        attention_tflops=values.get("attention_tflops"), source=source, extras=extras)
+        attention_tflops=values.get("attention_tflops"), host_attention_gbps=values.get("host_attention_gbps"),
+        host_attention_tflops=values.get("host_attention_tflops"), source=source, extras=extras)
 
 
 def _shipped() -> dict[str, object]:

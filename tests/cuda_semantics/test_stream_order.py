@@ -118,3 +118,27 @@ def test_strided_host_write_breaks_copy_discipline(checked, monkeypatch):
     monkeypatch.setattr(HostKVStore, "write_packed", strided_write)
     with pytest.raises(CopyDisciplineError, match="non-contiguous host view"):
         session((ResidentKVCache(CFG, 96, dtype=torch.float64), offloaded()))
+
+
+def hybrid(cfg=CFG):
+    return OffloadedKVCache(cfg, 96, 8, 8, dtype=torch.float64, device="cpu", hybrid=0.6)
+
+
+@pytest.mark.parametrize("cfg", [CFG, WINDOWED], ids=["full-attention", "sliding-window"])
+def test_hybrid_schedule_is_ordered_and_equals_resident(checked, cfg):
+    """The CPU attends the oldest host blocks in place while the rest stream: the same results,
+    and the CPU reads the host store only after the copy stream's earlier writes have landed."""
+    caches = (ResidentKVCache(cfg, 96, dtype=torch.float64), hybrid(cfg))
+    session(caches, cfg)
+    assert caches[1].cpu_bytes > 0 and checked.copies > 0
+
+
+def test_planted_bug_hybrid_read_before_the_writes_land_is_caught(checked, monkeypatch):
+    """The CPU's share read without waiting for the last pass's writes to the host store."""
+    from triforce.offload.offloaded_cache import OffloadedKVCache as Cache
+
+    real = Cache.host_share
+    monkeypatch.setattr(Cache, "host_share", lambda self, layer, q, blocks, start, first:
+                        real(self, layer, q, blocks, start, False))
+    with pytest.raises(StreamOrderError, match="host thread"):
+        session((ResidentKVCache(CFG, 96, dtype=torch.float64), hybrid()))

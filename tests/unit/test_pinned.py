@@ -3,8 +3,7 @@ against a plain torch reference."""
 import pytest
 import torch
 
-from test_attention import reference_attention
-from triforce.pinned import HostCapacityError, HostKVStore, allocate_host, cpu_attention, gather_blocked
+from triforce.pinned import HostCapacityError, HostKVStore, allocate_host, gather_blocked
 from triforce.pinned import host_memory
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
@@ -49,19 +48,6 @@ def test_numba_gather_matches_torch_reference(dtype):
                 assert torch.equal(out_v[0, h, n], v[1, 0, h, pos - 16])
             else:          # resident positions are left for the device gather
                 assert (out_k[0, h, n] == 7).all() and (out_v[0, h, n] == 7).all()
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("T,window", [(1, None), (5, None), (4, 6)])
-def test_numba_cpu_attention_matches_reference(dtype, T, window):
-    g = torch.Generator().manual_seed(2)
-    S = 23
-    q = torch.randn(1, 4, T, 8, generator=g).to(dtype)
-    k = torch.randn(1, 2, S + 5, 8, generator=g).to(dtype)  # 5 slots past the end must be ignored
-    v = torch.randn(1, 2, S + 5, 8, generator=g).to(dtype)
-    got = cpu_attention(q, k, v, scale=0.35, q_start=S - T, num_keys=S, sliding_window=window)
-    ref = reference_attention(q.double(), k[:, :, :S].double(), v[:, :, :S].double(), 0.35, window)
-    assert torch.allclose(got.double(), ref, atol=1e-12 if dtype == torch.float64 else 1e-5)
 
 
 def test_allocation_over_the_budget_allocates_nothing():

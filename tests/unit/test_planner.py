@@ -183,9 +183,12 @@ def test_gamma2_controller_moves_with_observed_acceptance():
 
 
 def test_predictions_favour_triforce_at_long_context():
-    p = plan("llama2-7b-128k", "rtx4090-24g").predictions
+    result = plan("llama2-7b-128k", "rtx4090-24g")
+    p = result.predictions
     assert p["triforce_ms_per_token"] < p["ar_offload_ms_per_token"]
-    assert p["pcie_bytes_per_full_verify"] > 40 * GiB
+    assert result.step_costs.host_kv_bytes > 40 * GiB  # read every verify: streamed, or the CPU's share in place
+    assert p["pcie_bytes_per_full_verify"] == pytest.approx(result.step_costs.host_kv_bytes
+                                                            * (1 - p["hybrid_cpu_share_verify"]), rel=2e-3)
 
 
 @pytest.mark.parametrize("alpha, gamma", [(0.3, 1), (0.7, 4), (0.91, 8), (0.99, 15)])
@@ -226,3 +229,32 @@ def test_snapkv_needs_the_whole_kv_on_the_device_and_keeps_its_window_of_queries
     config = arch_config("smollm2-135m")
     one_token = config.num_layers * config.num_heads * config.head_dim * 2
     assert resident.breakdown["workspace"] - retrieval.breakdown["workspace"] == 31 * one_token
+
+
+def test_hybrid_verify_is_planned_from_the_profile_s_cpu_rates():
+    """With measured CPU attention rates the plan splits the host KV of short passes between PCIe
+    and the CPU: ar-hybrid and triforce are predicted faster, the paper's ar-offload is not, and
+    the bytes over PCIe per verify shrink by the CPU's share. A CPU profile's device is the CPU:
+    no split."""
+    from dataclasses import replace as with_rates
+
+    from triforce.model.architectures import arch_config
+    from triforce.offload.hybrid import HybridRates
+
+    model, spec = arch_config("llama2-7b-128k"), SpecParams(method="triforce")
+    streamed = load_profile("rtx4090-24g")
+    streamed = with_rates(streamed, host_attention_gbps=None, host_attention_tflops=None)
+    hybrid = with_rates(streamed, host_attention_gbps=40.0, host_attention_tflops=1.0)
+    a = plan_memory(model, streamed, 130048, spec, dtype_bytes=2)
+    b = plan_memory(model, hybrid, 130048, spec, dtype_bytes=2)
+    assert a.hybrid is None and isinstance(b.hybrid, HybridRates)
+    pa, pb = a.predictions, b.predictions
+    assert pa["ar_offload_ms_per_token"] == pb["ar_offload_ms_per_token"]
+    assert pb["ar_hybrid_ms_per_token"] < pb["ar_offload_ms_per_token"]
+    assert pb["triforce_ms_per_token"] < pa["triforce_ms_per_token"]
+    share = pb["hybrid_cpu_share_verify"]
+    assert 0 < share < 1
+    assert pb["pcie_bytes_per_full_verify"] == pytest.approx(pa["pcie_bytes_per_full_verify"] * (1 - share), rel=2e-3)
+    cpu = with_rates(load_profile("cpu"), host_attention_gbps=40.0, host_attention_tflops=1.0)
+    assert plan_memory(arch_config("smollm2-135m"), cpu.with_device_budget(200 << 20), 8192, spec,
+                       dtype_bytes=2).hybrid is None

@@ -112,3 +112,15 @@ def test_round_prices_are_the_cost_model_s_pass_times_at_the_length():
     assert prices.pass_ms("sparse", 5, 6000) == tier1_ms(costs, hw, 5)
     assert prices.pass_ms("draft", 3, 6000) == 3 * tier0_ms(costs, hw)
     assert prices.pass_ms("lookup", 7, 6000) == 0.0
+
+
+def test_ar_first_tries_speculation_once_after_the_hold_and_keeps_it_where_it_pays():
+    gate = SpeculationGate(cost=given_ms, ar_first=32)
+    length = calibrated(gate)  # ar steps, which also start the hold at the first length seen
+    assert not gate.speculate(100 + 31) and gate.speculate(100 + 32)
+    spec_round(gate, 132, emitted=9, ms=19.0)  # the probe wins alone: speculation stays
+    assert gate.speculate(141) and gate.fallbacks == 0
+    other = SpeculationGate(cost=given_ms, ar_first=32)
+    calibrated(other)
+    spec_round(other, 132, emitted=1, ms=19.0)  # the probe loses alone: ar for a hold
+    assert other.fallbacks == 1 and not other.speculate(133) and other.speculate(132 + GATE_HOLD[0])

@@ -73,12 +73,12 @@ class RunPlan:
     def speculation_gate(self):
         """--method auto's online check (None for a method the user named, or where the plan has
         no step costs to price rounds with)."""
-        if self.auto is None or self.auto.method == "ar" or self.plan.step_costs is None:
+        if self.auto is None or (self.auto.method == "ar" and not self.auto.probe) or self.plan.step_costs is None:
             return None
-        from triforce.decoding.speculation_gate import SpeculationGate
+        from triforce.decoding.speculation_gate import PROBE_HOLD, SpeculationGate
 
         prices = RoundPrices(self.plan.step_costs, hardware(self.profile, self.dtype_bytes), self.plan.resident_tokens)
-        return SpeculationGate(prices, self.speculate_from)
+        return SpeculationGate(prices, self.speculate_from, ar_first=PROBE_HOLD if self.auto.probe else 0)
 
     def gamma2_controller(self, has_tier0: bool) -> Gamma2Controller | None:
         """Adapts gamma2 to the observed acceptance when its range is open."""
@@ -111,8 +111,9 @@ def _size(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
-def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool = True):
-    """A ResidentKVCache when the plan keeps everything resident, else an OffloadedKVCache."""
+def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool = True, hybrid: bool = True):
+    """A ResidentKVCache when the plan keeps everything resident, else an OffloadedKVCache (its
+    short passes split between PCIe and the CPU as the plan says, unless hybrid is False)."""
     from triforce.cache.resident import ResidentKVCache
 
     if plan is None or plan.resident_tokens >= max_len:
@@ -122,5 +123,5 @@ def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool =
 
         cache = OffloadedKVCache(lm.config, max_len, plan.resident_tokens, plan.block_tokens, dtype=lm.dtype,
                                  device=lm.device, overlap=overlap, host_budget_bytes=plan.host_budget_bytes,
-                                 attn=lm.attn)
+                                 attn=lm.attn, hybrid=plan.hybrid if hybrid else None)
     return cache

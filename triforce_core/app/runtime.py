@@ -32,6 +32,7 @@ class RunConfig:
     attn: str = "auto"              # auto | flash | sdpa | sdpa-reference
     graphs: str = "auto"            # auto | off | static (see Engine)
     overlap: bool = True            # prefetch offloaded KV while drafting
+    hybrid: bool = True             # the CPU attends a share of short passes' host KV in place (offload.hybrid)
     count_syncs: bool = False       # host synchronisations per decoding phase (CUDA)
     max_context: int | None = None  # tokens the context holds (None: the model's own)
     rope_scaling: str | None = None  # stretch the RoPE to max_context (yarn | linear | dynamic)
@@ -99,7 +100,7 @@ class Runtime:
         if kv_cache is None:
             if lm is self.lm:  # a batch checks the room of all its rows at once
                 self.check_host_room(run, max_len)
-            kv_cache = build_kv_cache(lm, max_len, run.plan, overlap=self.config.overlap)
+            kv_cache = build_kv_cache(lm, max_len, run.plan, overlap=self.config.overlap, hybrid=self.config.hybrid)
         hooks = EngineHooks(replay=replay, stop_requested=stop_requested,
                             gamma2_controller=run.gamma2_controller(self.draft.has_tier0),
                             speculation_gate=run.speculation_gate() if lm is self.lm else None,

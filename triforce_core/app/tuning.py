@@ -11,7 +11,7 @@ from triforce.offload import measure
 from triforce.offload.profiles import MemoryProfile
 
 STEPS = ("memory", "host-to-device copy", "device-to-host copy", "device memory copy", "matrix-vector product",
-         "decode-shaped matmul", "forward-pass calibration", "verify-pass attention", "CPU attention kernel")
+         "decode-shaped matmul", "forward-pass calibration", "verify-pass attention", "CPU attention over host KV")
 
 
 CALIBRATION_ARCH = "smollm2-135m"  # the default model's shape: realistic per-layer op mix, quick to build
@@ -86,7 +86,7 @@ def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> Memory
         elif step == "verify-pass attention":
             values["attention_tflops"] = measure.attention_tflops(device, dtype)
         else:
-            values["cpu_attention"] = measure.cpu_attention_gbps()
+            values["host_attention"] = measure.host_attention_rates(dtype if dtype != torch.float64 else torch.float32)
     available = values["host"][0]
     gpus = values["gpus"] if device.type == "cuda" else []
     if gpus:
@@ -96,7 +96,7 @@ def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> Memory
     else:  # the CPU is the device: most of the memory for the model, a share for an emulated host store
         gpu_bytes, reserved, host_bytes = int(0.6 * available), 0, int(0.25 * available)
         description = f"CPU only ({platform.machine()}), measured"
-    extras = {"copy_gbps": round(values["copy"], 3), "cpu_attention_gbps": round(values["cpu_attention"], 3),
+    extras = {"copy_gbps": round(values["copy"], 3),
               "machine": measure.machine_name(), "measured_on": datetime.date.today().isoformat(),
               "measured_dtype": str(dtype).removeprefix("torch.")}
     if acceptance_rows:
@@ -108,4 +108,6 @@ def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> Memory
         hbm_gbps=round(values["gemv"], 3), cpu_threads=torch.get_num_threads(), measured=True,
         compute_tflops=round(values["tflops"], 4), layer_overhead_us=round(values["overhead"], 2),
         attention_gbps=round(values["attention"], 3), attention_tflops=round(values["attention_tflops"], 4),
+        host_attention_gbps=round(values["host_attention"][0], 3),
+        host_attention_tflops=round(values["host_attention"][1], 4),
         extras=tuple(extras.items()))

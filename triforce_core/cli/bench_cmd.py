@@ -25,17 +25,24 @@ def bench_group():
 @click.option("--context", type=INT, required=True,
               help="Tokens already in the KV cache when decoding starts (with --model: a needle prompt this long).")
 @offload_options
-@click.option("--methods", default="ar-offload,zero-inference,triforce", show_default=True)
+@click.option("--methods", default="ar-offload,ar-hybrid,zero-inference,triforce", show_default=True,
+              help="ar-offload: the paper's baseline (all host KV over PCIe each token); ar-hybrid: the CPU attends "
+                   "its share in place (the stronger baseline); zero-inference: all attention on the CPU; triforce.")
 @click.option("--acceptance-trace", default=None,
               help="Accept/reject sequence to replay in the triforce row (from generate --record-acceptance); "
                    "required with --arch: random weights cannot accept drafts honestly.")
 @click.option("--draft", default=None,
               help="Tier-0 drafter: an architecture name, a model path or 'lookup' "
                    "(default: llama-68m with --arch, lookup with --model).")
-@click.option("--new-tokens", type=INT, default=16, show_default=True, help="Tokens timed per method.")
+@click.option("--new-tokens", type=INT, default=16, show_default=True,
+              help="Tokens timed per method and window (speculative methods: at least 64, so the window holds "
+                   "several full verifies and a rebuild).")
+@click.option("--repeats", type=INT, default=2, show_default=True, help="Timed windows per method (the spread is reported).")
 @click.option("--budget", type=INT, default=None, help="Retrieval budget (default: the trace's, else 4096).")
 @click.option("--gamma1", type=INT, default=None, help="Default: the trace's, else 2.")
-@click.option("--gamma2", type=INT, default=None, help="Default: the trace's, else 6.")
+@click.option("--gamma2", type=INT, default=None,
+              help="Default: with a trace, what the cost model picks for its acceptance on this plan (at most the "
+                   "trace's, which a replay cannot exceed); else 6.")
 @click.option("--no-overlap", is_flag=True, help="Use the plain (non-overlapped) copy schedule.")
 @click.option("--plot", "plot_path", default="offload-bench.png", show_default=True, help="PNG to write.")
 @dtype_option
@@ -46,7 +53,7 @@ def bench_group():
               help="Tensor-parallel ranks: each GPU streams its own heads' KV over its own link.")
 @runtime_options(count_syncs=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def offload(arch, model, context, profile, device_budget, methods, acceptance_trace, draft, new_tokens, budget,
+def offload(arch, model, context, profile, device_budget, methods, acceptance_trace, draft, new_tokens, repeats, budget,
             gamma1, gamma2, no_overlap, plot_path, dtype, device, rope_scaling, tp, attn, no_graphs, as_json):
     """Time ms/token of offloaded decoding methods at a context length, on a budget.
 
@@ -63,8 +70,8 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
         raise UserError(f"unknown methods {unknown or methods!r} (choose from {', '.join(METHODS)})")
     if (arch is None) == (model is None):
         raise UserError("give exactly one of --arch and --model")
-    if context < 2 or new_tokens < 1 or tp < 1:
-        raise UserError("--context must be >= 2, --new-tokens >= 1 and --tp >= 1")
+    if context < 2 or new_tokens < 1 or tp < 1 or repeats < 1:
+        raise UserError("--context must be >= 2, --new-tokens, --repeats and --tp >= 1")
     check_output_path("--plot", plot_path)
     trace = load_trace(acceptance_trace) if acceptance_trace else None
     if arch is not None and "triforce" in chosen and trace is None:
@@ -78,8 +85,10 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     config = RunConfig(model=model, arch=arch, draft=draft or ("llama-68m" if arch is not None else "lookup"),
                        spec=spec, dtype=dtype, device=device, profile=profile, device_budget=device_budget, attn=attn,
                        graphs="off" if no_graphs else "auto", overlap=not no_overlap,
-                       max_context=context + new_tokens + 1 if rope_scaling else None, rope_scaling=rope_scaling)
-    request = BenchRequest(config, context, chosen, trace, acceptance_trace, new_tokens, plot_path, as_json)
+                       max_context=context + 2 + max(new_tokens, 64) * repeats + 9 if rope_scaling else None,
+                       rope_scaling=rope_scaling)
+    request = BenchRequest(config, context, chosen, trace, acceptance_trace, new_tokens, plot_path, as_json, repeats,
+                           size_gamma2=gamma2 is None and trace is not None)
     from triforce.app.parallel import run_on_ranks
     run_on_ranks(tp, bench_rank, request, model, device, arch)
 
@@ -94,6 +103,8 @@ class BenchRequest:
     new_tokens: int
     plot_path: str
     as_json: bool
+    repeats: int = 2
+    size_gamma2: bool = False  # gamma2 chosen by the cost model for the trace's acceptance
 
 
 def bench_rank(rank: int, world: int, request: BenchRequest) -> None:
@@ -121,12 +132,29 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     name = f"{c.arch} (random weights)" if c.arch is not None else lm.path.name
     runtime.say_attention()
     h2d = measure_h2d_gbps(lm.device)
+    measured_rates = None
+    if lm.device.type == "cuda" and runtime.profile.host_attention_gbps is not None:
+        # the hybrid split follows this machine's link and CPU, measured now, not the profile's nominal rates
+        from dataclasses import replace as with_rates
+
+        from triforce.offload.measure import host_attention_rates
+        cpu_gbps, cpu_tflops = host_attention_rates(lm.dtype)
+        runtime.profile = with_rates(runtime.profile, pcie_h2d_gbps=round(h2d, 2), host_attention_gbps=round(cpu_gbps, 2),
+                                     host_attention_tflops=round(cpu_tflops, 3))
+        measured_rates = {"pcie_h2d_gbps": round(h2d, 2), "host_attention_gbps": round(cpu_gbps, 2),
+                          "host_attention_tflops": round(cpu_tflops, 3)}
     prompt_ids = None
     if c.model is not None:  # a real model decodes after a real prompt, with its own acceptance
         from triforce.app.evaluation import needle_prompt
         prompt_ids = lm.tokenizer(needle_prompt(lm.tokenizer, r.context).text).input_ids
-    setup = Setup(runtime, prof, len(prompt_ids) if prompt_ids else r.context, r.new_tokens, c.spec, r.trace,
-                  overlap=c.overlap, prompt_ids=prompt_ids)
+    spec = c.spec
+    if r.size_gamma2:
+        from dataclasses import replace
+
+        from triforce.bench.offload_bench import sized_gamma2
+        spec = replace(spec, gamma2=sized_gamma2(runtime, r.context, spec, r.trace))
+    setup = Setup(runtime, prof, len(prompt_ids) if prompt_ids else r.context, r.new_tokens, spec, r.trace,
+                  overlap=c.overlap, prompt_ids=prompt_ids, repeats=r.repeats)
     rows = []
     for method in r.methods:
         if rank == 0:
@@ -137,10 +165,14 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     title = (f"{name}, context {r.context}, {str(lm.dtype).removeprefix('torch.')} on {lm.device}, {prof.name}"
              f"{', tp %d' % world if world > 1 else ''}")
     plotted = write_plot(rows, h2d, title, r.plot_path)
+    from triforce.bench.provenance import git_commit
+
     out = {"model": name, "context": r.context, "device": str(lm.device), "profile": prof.name, "tp": world,
+           "commit": git_commit(), "repeats": r.repeats, "hybrid_rates_measured": measured_rates,
            "pinned_h2d_gbps": round(h2d, 2), "rows": rows, "replayed_trace": r.trace_path,
            "plot": r.plot_path if plotted else None, "attention": runtime.attn_name, "graphs": c.graphs,
-           "spec": {"budget": c.spec.budget, "gamma1": c.spec.gamma1, "gamma2": c.spec.gamma2}}
+           "spec": {"budget": spec.budget, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
+                    "gamma2_sized_by_cost_model": r.size_gamma2}}
     if r.as_json:
         print(json.dumps(out))
         return
@@ -161,7 +193,10 @@ def print_table(out: dict, title: str, device_type: str, plotted: bool) -> None:
         if "error" in r:
             print(f"{r['method']:15s} does not fit: {r['error']}")
             continue
-        peak = format_size(r["peak_gpu_bytes"]) if r["peak_gpu_bytes"] is not None else "n/a (CPU)"
+        peak = format_size(r["peak_gpu_bytes"]) if r.get("peak_gpu_bytes") is not None else "n/a (CPU)"
+        if "pcie_bytes_per_token" not in r:  # a peer timed by its own code: ms/token only
+            print(f"{r['method']:15s} {r['ms_per_token']:10.2f} {'':>12s} {'':>9s} {peak:>11s}")
+            continue
         print(f"{r['method']:15s} {r['ms_per_token']:10.2f} {r['pcie_bytes_per_token'] / 1e6:12.3f} "
               f"{r['achieved_h2d_gbps']:9.2f} {peak:>11s} {format_size(r['plan_gpu_bytes']):>11s} "
               f"{format_size(r['budget_bytes']):>11s}")

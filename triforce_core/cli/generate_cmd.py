@@ -70,6 +70,9 @@ def encode_prompt(lm, text: str, as_chat: bool, context: int) -> list[int]:
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
 @offload_options
 @click.option("--no-overlap", is_flag=True, help="Copy offloaded KV with the plain schedule (no prefetch).")
+@click.option("--no-hybrid", is_flag=True,
+              help="Stream all offloaded KV over PCIe (by default, on a GPU whose profile measured the CPU's attention "
+                   "rates, CPU threads attend a share of it in place during decoding and verify passes).")
 @click.option("--record-acceptance", default=None,
               help="Write each check's proposed/accepted counts to this JSON file (for `bench offload`).")
 @click.option("--tp", type=INT, default=1, show_default=True,
@@ -79,7 +82,7 @@ def encode_prompt(lm, text: str, as_chat: bool, context: int) -> list[int]:
 def generate(model, prompt, prompt_file, prompts_file, batch_size, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
              rebuild_threshold, max_new_tokens, max_context, rope_scaling, temperature, top_p, top_k, seed, dtype,
              device, as_chat,
-             ignore_eos, profile, device_budget, no_overlap, record_acceptance, tp, attn, no_graphs, count_syncs,
+             ignore_eos, profile, device_budget, no_overlap, no_hybrid, record_acceptance, tp, attn, no_graphs, count_syncs,
              as_json):
     """Generate a continuation of a prompt.
 
@@ -110,7 +113,7 @@ def generate(model, prompt, prompt_file, prompts_file, batch_size, method, draft
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
                        device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
-                       overlap=not no_overlap, count_syncs=count_syncs, max_context=max_context,
+                       overlap=not no_overlap, hybrid=not no_hybrid, count_syncs=count_syncs, max_context=max_context,
                        rope_scaling=rope_scaling)
     if prompts_file is not None:
         from triforce.cli.generate_batch import run_generate_batch

@@ -93,7 +93,7 @@ def tune_cmd(out, name, acceptance_file):
           f"{profile.hbm_gbps} GB/s (copy {extras['copy_gbps']}), attention {profile.attention_gbps} GB/s, "
           f"matmul {profile.compute_tflops} TFLOP/s at decode shapes, verify-pass attention "
           f"{profile.attention_tflops} TFLOP/s, {profile.layer_overhead_us} us per layer ({extras['measured_dtype']}), "
-          f"CPU attention kernel {extras['cpu_attention_gbps']} GB/s"
+          f"CPU attention over host KV {profile.host_attention_gbps} GB/s and {profile.host_attention_tflops} TFLOP/s"
           + (f", {len(rows)} acceptance figures" if rows else ""))
 
 

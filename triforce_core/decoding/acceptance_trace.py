@@ -65,14 +65,16 @@ class ReplayVerifier:
         return Verdict(accepted, int(torch.argmax(logits[accepted])))
 
 
-def acceptance_summary(rounds: list[tuple[str, int, int]]) -> dict:
-    """Per level: checks, drafts proposed and accepted, acceptance rate."""
-    out: dict[str, dict] = {}
-    for name, proposed, accepted in rounds:
-        s = out.setdefault(name, {"checks": 0, "proposed": 0, "accepted": 0})
-        s["checks"] += 1
-        s["proposed"] += proposed
-        s["accepted"] += accepted
-    for s in out.values():
-        s["rate"] = round(s["accepted"] / s["proposed"], 4) if s["proposed"] else None
-    return out
+def trace_acceptance(trace: dict):
+    """The acceptance a trace shows, as the cost model takes it: the full tier's per-token rate
+    (from the share of drafts it kept, at the trace's gamma2) and the retrieval tier's kept share."""
+    from triforce.offload.cost_model import Acceptance, rate_from_fraction
+
+    def kept(level: str) -> float | None:
+        checks = trace["levels"].get(level, [])
+        proposed = sum(p for p, _ in checks)
+        return sum(a for _, a in checks) / proposed if proposed else None
+
+    full, retrieval = kept("full"), kept("retrieval")
+    return Acceptance(full=rate_from_fraction(full, int(trace.get("gamma2", 8))) if full is not None else 0.9,
+                      retrieval=retrieval if retrieval is not None else Acceptance().retrieval, measured=True)

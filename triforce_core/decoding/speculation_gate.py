@@ -21,6 +21,7 @@ from typing import Callable
 GATE_WINDOW = 4        # speculative rounds scored together
 GATE_HOLD = (16, 512)  # tokens decoded as ar before speculation is tried again: the first hold, the longest
 CALIBRATION_STEPS = 4  # ar steps that measure the reference before the first speculative round
+PROBE_HOLD = 32        # where the cost model expects ar to win: ar steps before the first try of speculation
 AR_SAMPLES = 8         # recent ar steps whose median is the reference
 
 Passes = list[tuple[str, int]]  # (kind, tokens fed) of each forward pass of a round
@@ -32,9 +33,13 @@ def wall_ms(passes: Passes, seconds: float, length: int) -> float:
 
 class SpeculationGate:
     def __init__(self, prices=None, speculate_from: int = 0, cost: Callable[[Passes, float, int], float] = wall_ms,
-                 window: int = GATE_WINDOW, hold: tuple[int, int] = GATE_HOLD, calibration: int = CALIBRATION_STEPS):
+                 window: int = GATE_WINDOW, hold: tuple[int, int] = GATE_HOLD, calibration: int = CALIBRATION_STEPS,
+                 ar_first: int = 0):
         """prices: offload.cost_model.RoundPrices (scales the ar reference with the length; None:
-        no scaling). speculate_from: below this length always ar (the a priori switch-over)."""
+        no scaling). speculate_from: below this length always ar (the a priori switch-over).
+        ar_first: decode this many tokens as ar before the first speculative round, which then
+        decides alone (where the cost model expects ar to win, speculation is only tried: text
+        that repeats itself, a quoted document, still gets its speed-up)."""
         self.prices, self.speculate_from, self.cost = prices, speculate_from, cost
         self.first_hold, self.max_hold = hold
         self._hold = self.first_hold
@@ -42,11 +47,14 @@ class SpeculationGate:
         self._ar: deque[tuple[float, int]] = deque(maxlen=AR_SAMPLES)  # (ms of one ar step, its length)
         self._calibration = calibration
         self._ar_until = 0     # decode as ar while the sequence is shorter than this
-        self._probing = False  # the next speculative round decides alone
+        self._probing = ar_first > 0  # the next speculative round decides alone
+        self._ar_first = ar_first     # set against the first length seen
         self.fallbacks = 0     # times speculation was found slower and ar took over
         self.ar_tokens = 0     # tokens emitted by ar steps from speculate_from on
 
     def speculate(self, length: int) -> bool:
+        if self._ar_first:
+            self._ar_until, self._ar_first = length + self._ar_first, 0
         if length < self.speculate_from:
             return False
         return len(self._ar) >= self._calibration and length >= self._ar_until

@@ -1,0 +1,110 @@
+"""Predicted, not measured: what each step of the offloading work is worth at 32K and 127K on a
+24 GB card, by the cost model, before a GPU measures it.
+
+    python -m triforce.bench.offload_predictions [--trace FILE] [--json]
+
+Llama2-7B-128K in bfloat16 on each profile (rtx4090-24g: PCIe 4.0; h100-80g capped to 24 GB as the
+GPU campaign runs it, with its nominal PCIe 5.0 link), acceptance from an acceptance trace recorded
+on natural text (default: the 8K one; the 32K YaRN trace shows the 135M model reciting itself, 0.97 kept). Cumulative rows:
+  today            every host block over PCIe, drafting before the verify, budget and gammas of the trace
+  + hybrid         the CPU attends its share of the host KV in place (offload.hybrid), the rest streams
+  + residency      the prefill's scratch memory holds resident KV once decoding starts
+  + overlap        the next cycle's drafting runs while the verify's copies stream
+  + sized gamma2   gamma2 chosen by the cost model for the acceptance (up to 15)
+ar-offload (the paper's baseline) and ar-hybrid (the stronger one) beside them. The profiles' CPU
+rates are nominal estimates until `triforce profile tune` measures them on the machine."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from triforce.config import SpecParams
+from triforce.decoding.acceptance_trace import load_trace, trace_acceptance
+from triforce.model.architectures import arch_config
+from triforce.offload.cost_model import (GAMMA2_RANGE, best_gammas, costs_at, full_verify_ms,
+                                         triforce_ms_per_token)
+from triforce.offload.planner import hardware, plan_memory
+from triforce.offload.profiles import load_profile
+from triforce.offload.shapes import kv_bytes_per_token_layer
+
+CONTEXTS = (32768, 130048)
+PROFILES = (("rtx4090-24g", None), ("h100-80g", "24GB"))
+
+
+def predict(profile_name: str, budget_bytes: str | None, context: int, trace: dict) -> dict:
+    from triforce.offload.profiles import parse_size
+
+    profile = load_profile(profile_name)
+    if budget_bytes:
+        profile = profile.with_device_budget(parse_size(budget_bytes))
+    model = arch_config("llama2-7b-128k")
+    acceptance = trace_acceptance(trace)
+    spec = SpecParams(method="triforce", budget=int(trace.get("budget", 1024)), gamma1=int(trace.get("gamma1", 4)),
+                      gamma2=int(trace.get("gamma2", 8)), chunk_size=int(trace.get("chunk_size", 8)))
+    plan = plan_memory(model, profile, context, spec, dtype_bytes=2, acceptance=acceptance, has_tier0=True)
+    if not plan.feasible:
+        return {"profile": profile.name, "context": context, "error": plan.reason}
+    costs = plan.step_costs
+    streamed, hybrid = hardware(profile, 2, hybrid=False), hardware(profile, 2)
+
+    def tri(c, hw, g2=spec.gamma2, overlap=False) -> float:
+        part = triforce_ms_per_token(c, hw, acceptance, spec.gamma1, g2, has_tier0=True)
+        if not overlap:
+            return part["triforce_ms_per_token"]
+        cycle = max(part["full_verify_ms"], part["drafting_ms_per_verify"])
+        return cycle / part["expected_tokens_per_full_verify"]
+
+    per_token = kv_bytes_per_token_layer(model, 2) * model.num_layers
+    freed = plan.breakdown.get("prefill_scratch", 0) // per_token // 256 * 256
+    resident = min(context, plan.resident_tokens + freed)
+    roomier = costs_at(costs, resident, context)
+    best_g2 = best_gammas(roomier, hybrid, acceptance, True, (spec.gamma1,), GAMMA2_RANGE)[1]
+    rows = {
+        "ar-offload": full_verify_ms(costs, streamed, 1),
+        "ar-hybrid": full_verify_ms(costs, hybrid, 1),
+        "today": tri(costs, streamed),
+        "+ hybrid": tri(costs, hybrid),
+        "+ residency": tri(roomier, hybrid),
+        "+ overlap": tri(roomier, hybrid, overlap=True),
+        "+ sized gamma2": tri(roomier, hybrid, g2=best_g2, overlap=True),
+    }
+    return {"profile": profile.name, "context": context, "resident_tokens": plan.resident_tokens,
+            "resident_after_prefill": resident, "gamma2_sized": best_g2,
+            "acceptance": {"full": acceptance.full, "retrieval": acceptance.retrieval},
+            "host_attention": [profile.host_attention_gbps, profile.host_attention_tflops],
+            "pcie_gbps": profile.pcie_h2d_gbps, "ms_per_token": {k: round(v, 1) for k, v in rows.items()}}
+
+
+@click.command()
+@click.option("--trace", "trace_path", default="bench/traces/smollm2-natural8k-triforce-lookup.json",
+              show_default=True, help="Acceptance trace the predictions take their acceptance from.")
+@click.option("--json", "as_json", is_flag=True)
+def main(trace_path: str, as_json: bool) -> None:
+    """Print the predicted ms/token of each step (see the module docstring)."""
+    trace = load_trace(trace_path)
+    results = [predict(name, budget, context, trace) for name, budget in PROFILES for context in CONTEXTS]
+    if as_json:
+        print(json.dumps({"trace": trace_path, "results": results}))
+        return
+    acc = trace_acceptance(trace)
+    print(f"Predicted (cost model), Llama2-7B-128K bf16, acceptance from {trace_path}: full {acc.full} per token, "
+          f"retrieval {acc.retrieval:.2f} kept\n")
+    keys = list(next(r for r in results if "error" not in r)["ms_per_token"])
+    print("| profile | context | " + " | ".join(f"predicted {k} ms/token" for k in keys) + " |")
+    print("|---|---:|" + "---:|" * len(keys))
+    for r in results:
+        if "error" in r:
+            print(f"| {r['profile']} | {r['context']} | does not fit: {r['error']} |")
+            continue
+        cells = [f"{v:.1f}" for v in r["ms_per_token"].values()]
+        print(f"| {r['profile']} | {r['context']} | " + " | ".join(cells) + " |")
+    for r in results:
+        if "error" not in r:
+            print(f"- {r['profile']} {r['context']}: resident {r['resident_tokens']} -> {r['resident_after_prefill']} "
+                  f"tokens after prefill, gamma2 sized {r['gamma2_sized']}, CPU rates {r['host_attention']} "
+                  f"(GB/s, TFLOP/s), PCIe {r['pcie_gbps']} GB/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""What sparse caches read from the offloaded full cache (the FullCache contract's read side):
+chunk scores from mean keys (resident chunks on the device, host chunks on the CPU), the keys of
+a layer, a gather of selected tokens, and a range of recent tokens' KV. A part of
+OffloadedKVCache, kept apart so each file stays readable; it reads the cache's buffers, store and
+prefetcher."""
+from __future__ import annotations
+
+import torch
+
+from triforce.kernels import TORCH_KERNELS
+from triforce.kernels.chunk_means import ChunkMeans
+from triforce.offload.errors import OffloadError
+from triforce.pinned import allocate_host
+
+
+class SparseReads:
+    def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
+        """query [B, H, D] -> [B, Hkv, length // chunk_size]. Resident chunks are scored on the
+        device; host chunks on the CPU from mean keys kept on the host and updated only for chunks
+        completed since the last call."""
+        if self.resident_tokens % chunk_size or self.store.block_tokens % chunk_size:
+            raise OffloadError(f"--chunk-size {chunk_size} must divide the offload alignment "
+                               f"({self.store.block_tokens} tokens); use a power of two up to 256")
+        num_chunks = self.length // chunk_size
+        resident_chunks = min(num_chunks, self.resident_tokens // chunk_size)
+        if chunk_size not in self._resident_means:
+            self._resident_means[chunk_size] = ChunkMeans.like(self.k_res, chunk_size)
+        keys = self.k_res[layer]
+        means = self._resident_means[chunk_size].read(layer, resident_chunks, lambda start, end: keys[:, :, start:end])
+        scores = [self.kernels.scores(query, means)]
+        host_chunks = num_chunks - resident_chunks
+        if host_chunks > 0:
+            means = self._host_chunk_means(layer, chunk_size, host_chunks)
+            scores.append(TORCH_KERNELS.scores(query.to("cpu"), means).to(self.device, scores[0].dtype))
+        return torch.cat(scores, dim=-1)
+
+    def _host_chunk_means(self, layer: int, chunk_size: int, count: int) -> torch.Tensor:
+        """Mean keys [B, Hkv, count, D] (host) of the first `count` host chunks of `layer`."""
+        if chunk_size not in self._host_means:
+            shape = (self.num_layers, self.batch, self.kv_heads, self.store.capacity // chunk_size,
+                     self.k_res.shape[-1])
+            (means,) = allocate_host([shape], self.k_res.dtype, pin=False, what="host chunk means")
+            self._host_means[chunk_size] = ChunkMeans(means, chunk_size)
+        return self._host_means[chunk_size].read(layer, count, lambda start, end: self._host_keys(layer, start, end))
+
+    def _host_keys(self, layer: int, start: int, end: int) -> torch.Tensor:
+        """Keys [B, Hkv, end - start, D] of host positions [start, end) (counted from the store's first)."""
+        self.prefetcher.synchronize()  # host writes of recent tokens must have landed
+        bt = self.store.block_tokens
+        first, last = start // bt, (end - 1) // bt
+        keys = torch.cat([self.store.keys_of_block(layer, block) for block in range(first, last + 1)], dim=2)
+        return keys[:, :, start - first * bt:end - first * bt]
+
+    def keys(self, layer: int) -> torch.Tensor:
+        """Keys [B, Hkv, length, D] of every token of `layer` on the device, the host part copied
+        over (for the top-k policy, an oracle that reads every key anyway)."""
+        resident = min(self.length, self.resident_tokens)
+        parts = [self.k_res[layer, :, :, :resident]]
+        if self.length > resident:
+            parts.append(self._host_keys(layer, 0, self.length - resident).to(self.device))
+        return torch.cat(parts, dim=2)
+
+    def gather_into(self, layer: int, index: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor) -> None:
+        """index [B, Hkv, N] (device) -> k_dst, v_dst [B, Hkv, N, D]: the keys and values of those tokens."""
+        if self.length <= self.resident_tokens:  # all resident: the device kernel, no host round trip
+            self.kernels.gather_into(self.k_res[layer], self.v_res[layer], index, k_dst, v_dst)
+            return
+        k, v = self._gather_with_host(layer, index)
+        k_dst.copy_(k)
+        v_dst.copy_(v)
+
+    def _gather_with_host(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [B, Hkv, N, D] on the device; host entries are gathered by the numba
+        kernel into a host staging buffer, then copied over."""
+        resident = self.resident_tokens
+        expanded = index.clamp(max=max(resident - 1, 0))[..., None].expand(-1, -1, -1, self.k_res.shape[-1])
+        if resident:
+            k = torch.gather(self.k_res[layer], 2, expanded)
+            v = torch.gather(self.v_res[layer], 2, expanded)
+        else:
+            k = v = None
+        self.prefetcher.synchronize()
+        shape = (self.batch, self.kv_heads, index.shape[-1], self.k_res.shape[-1])
+        numel = shape[0] * shape[1] * shape[2] * shape[3]
+        if not self._gather_staging or self._gather_staging[0].numel() < numel:
+            self._gather_staging = allocate_host([(numel,), (numel,)], self.k_res.dtype,
+                                                 what="the retrieval staging buffer")
+        host_k, host_v = (t[:numel].view(shape) for t in self._gather_staging)
+        self.store.gather(layer, index.to("cpu"), host_k, host_v)
+        host_k, host_v = host_k.to(self.device), host_v.to(self.device)
+        if k is None:
+            return host_k, host_v
+        on_host = (index >= resident)[..., None]
+        return torch.where(on_host, host_k, k), torch.where(on_host, host_v, v)
+
+    def kv_range(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [L, B, Hkv, end - start, D] of tokens [start, end) on the device."""
+        split = min(max(start, self.resident_tokens), end)
+        parts_k, parts_v = [self.k_res[:, :, :, start:split]], [self.v_res[:, :, :, start:split]]
+        recent = self._recent_range(split, end)
+        if recent is not None:  # no wait for the copy stream, no copy back from the host
+            parts_k.append(recent[0])
+            parts_v.append(recent[1])
+        elif end > split:
+            self.prefetcher.synchronize()
+            host_k, host_v = self.store.read(split, end)
+            parts_k.append(host_k.to(self.device))
+            parts_v.append(host_v.to(self.device))
+        return torch.cat(parts_k, dim=3), torch.cat(parts_v, dim=3)
+
+    def _recent_range(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Tokens [start, end) of every layer from the last pass's device copies, if all have them."""
+        if end <= start or len(self._recent) < self.num_layers:
+            return None
+        for first, k, _ in self._recent.values():
+            if not first <= start or end > first + k.shape[2]:
+                return None
+        layers = [self._recent[layer] for layer in range(self.num_layers)]
+        return (torch.stack([k[:, :, start - first:end - first] for first, k, _ in layers]),
+                torch.stack([v[:, :, start - first:end - first] for first, _, v in layers]))

@@ -50,7 +50,8 @@ def decode(runtime, ids: list[int], new_tokens: int, method: str):
               show_default=True, help="natural: text that never repeats itself (what users bring); repeated: "
                                       "the corpus doubled to length, a stated best case for speculation.")
 def main(contexts, new_tokens, repeats, methods, dtype, profile, max_context, rope_scaling, prompt_kind):
-    from triforce.app.runtime import RunConfig, build_runtime
+    from triforce.app.runtime import build_runtime
+    from triforce.config import RunConfig
     from triforce.app.texts import prompt_text
     from triforce.config import SpecParams
 

@@ -96,7 +96,10 @@ def sized_gamma2(runtime, context: int, spec: SpecParams, trace: dict) -> int:
     from triforce.offload.cost_model import best_gammas
     from triforce.offload.planner import hardware
 
-    run = runtime.plan(context + SPECULATIVE_TOKENS, spec, ALL_GIVEN)
+    try:
+        run = runtime.plan(context + SPECULATIVE_TOKENS, spec, ALL_GIVEN)
+    except UserError:  # the triforce row reports that it does not fit; the other rows still run
+        return spec.gamma2
     if run.plan.step_costs is None:
         return spec.gamma2
     hw = hardware(runtime.profile, runtime.lm.dtype.itemsize)
@@ -135,8 +138,14 @@ def run_method(method: str, s: Setup) -> dict:
     replay = ReplayVerifier(s.trace) if method == "triforce" and s.trace is not None else None
     engine = s.runtime.engine(max_len, run, kv_cache=cache, replay=replay)
     if s.prompt_ids is not None:
+        from triforce.app.progress import prefill_bar
+
         ids = s.prompt_ids
-        engine.set_sequence(ids)  # a real prefill: real models must see their real KV
+        bar = prefill_bar(len(ids) - 1, desc=f"prefill ({method})")
+        try:
+            engine.set_sequence(ids, bar.update)  # a real prefill: real models must see their real KV
+        finally:
+            bar.close()
     else:
         vocab = min(s.lm.config.vocab_size, 32000)
         ids = torch.randint(3, vocab, (s.context,), generator=torch.Generator(device="cpu").manual_seed(1), device="cpu").tolist()

@@ -13,7 +13,7 @@ import time
 import click
 import httpx
 
-from triforce.app.runtime import RunConfig
+from triforce.config import RunConfig
 from triforce.app.texts import natural_ids
 from triforce.config import SpecParams
 
@@ -52,7 +52,7 @@ def prompts(tokenizer, clients: int, tokens: int) -> list[str]:
 @click.option("--max-context", type=int, default=4096, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def main(model, dtype, method, clients, prompt_tokens, new_tokens, max_context, as_json):
-    from triforce.cli.serve_cmd import build_api
+    from triforce.server.assembly import build_api
     from triforce.server.background import BackgroundServer
 
     config = RunConfig(model=model, dtype=dtype, max_context=max_context, spec=SpecParams(method=method))

@@ -13,7 +13,7 @@ import time
 import click
 import httpx
 
-from triforce.app.runtime import RunConfig
+from triforce.config import RunConfig
 from triforce.app.texts import prompt_text
 from triforce.config import SpecParams
 
@@ -56,7 +56,7 @@ def ask(url: str, messages: list[dict], new_tokens: int) -> dict:
 @click.option("--new-tokens", type=int, default=32, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def main(model, dtype, method, document_tokens, max_context, new_tokens, as_json):
-    from triforce.cli.serve_cmd import build_api
+    from triforce.server.assembly import build_api
     from triforce.server.background import BackgroundServer
 
     config = RunConfig(model=model, dtype=dtype, max_context=max_context, spec=SpecParams(method=method))

@@ -30,10 +30,12 @@ AUTO_MARGIN = 1.25
 # 0.68 and 0.45, and auto picked speculation where natural text made it slower.)
 AUTO_ASSUMED = Acceptance(full=rate_from_fraction(0.65, 8), retrieval=0.16)
 SHORTEST = 256  # lengths tried for the switch-over: SHORTEST, 1.5x, 2x, ... up to the context
-# Where ar is picked but the fastest speculative method is predicted within this factor of it, the
-# engine decodes as ar and tries that method now and then (triforce.decoding.speculation_gate): the
-# acceptance of the text at hand decides, which no prediction knows (a quote repeats, prose does not)
-PROBE_WITHIN = 1.6
+# Where ar is picked at the assumed acceptance but a method would pay at this acceptance (text that
+# repeats: a quoted document, an edited file), the engine decodes as ar and tries that method now
+# and then (triforce.decoding.speculation_gate): the text at hand decides, which no prediction
+# knows. On a CPU that is naive up to ~8K (lookup drafts checked by the full cache; retrieval's
+# self-drafts cost a step each and do not pay even when all are kept) and triforce beyond.
+BEST_CASE = Acceptance(full=0.99, retrieval=0.9)
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,12 @@ class MethodChoice:
         return f"method auto: {self.method} (predicted {self.speedup:.2f}x of ar at {self.context} tokens{start})"
 
 
+def default_acceptance(profile: MemoryProfile) -> Acceptance:
+    """What every prediction assumes without --acceptance: the profile's measured lookup rows
+    (`eval acceptance --drafts`, stored by `profile tune --acceptance`), else AUTO_ASSUMED."""
+    return measured_tier_acceptance(acceptance_table(profile)) or AUTO_ASSUMED
+
+
 def lengths(context: int) -> list[int]:
     out, n = [], SHORTEST
     while n < context:
@@ -77,8 +85,7 @@ def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec
     """(MethodChoice, the spec to run: the chosen method with its budget and gammas). assumed:
     the acceptance to predict with (default: what the profile measured with lookup drafts, else
     AUTO_ASSUMED)."""
-    if assumed is None:
-        assumed = measured_tier_acceptance(acceptance_table(profile)) or AUTO_ASSUMED
+    assumed = assumed or default_acceptance(profile)
     hw = hardware(profile, dtype_bytes)
     ar_spec = replace(spec, method="ar")
     ar_plan = plan_memory(model, profile, context, ar_spec, dtype_bytes=dtype_bytes, tp=tp)
@@ -88,7 +95,7 @@ def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec
         return full_verify_ms(costs_at(ar_costs, ar_plan.resident_tokens, length), hw, 1)
 
     predicted = {"ar": ar_ms(context)} if ar_costs is not None else {}
-    timings, specs = {}, {}
+    timings, specs, best_case = {}, {}, {}
     methods = ("triforce", "retrieval", "naive") if has_tier0 else ("retrieval",)
     for method in methods:
         drafts = method in ("triforce", "naive")
@@ -103,10 +110,12 @@ def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec
         timings[method] = _timing(method, plan, candidate, acceptance, hw)
         predicted[method] = timings[method](context)
         specs[method] = candidate
+        best_case[method] = _timing(method, plan, candidate, BEST_CASE, hw)(context)
     fastest = min(timings, key=lambda m: predicted[m], default=None)
     if fastest is None or predicted["ar"] < AUTO_MARGIN * predicted[fastest]:
-        if fastest is not None and predicted[fastest] <= PROBE_WITHIN * predicted["ar"]:
-            return MethodChoice("ar", 0, context, predicted, probe=fastest), specs[fastest]
+        hopeful = min(best_case, key=best_case.get, default=None)
+        if hopeful is not None and predicted["ar"] >= AUTO_MARGIN * best_case[hopeful]:
+            return MethodChoice("ar", 0, context, predicted, probe=hopeful), specs[hopeful]
         return MethodChoice("ar", 0, context, predicted), ar_spec
     grid = lengths(context)
     start = context

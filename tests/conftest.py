@@ -8,6 +8,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import make_tiny_model  # noqa: E402
 
+pytest_plugins = ["interrupt_plugin"]  # Ctrl-C ends the run even where the CLI turns it into exit 130
+
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 if not torch.cuda.is_available():
     # Triton kernels run on CPU tensors through Triton's interpreter (read when a kernel is defined)

@@ -6,8 +6,8 @@ import subprocess
 import sys
 import time
 
-from triforce.app.runtime import RunConfig
-from triforce.cli.serve_cmd import build_api
+from triforce.config import RunConfig
+from triforce.server.assembly import build_api
 from triforce.config import SpecParams
 from triforce.server.background import BackgroundServer
 

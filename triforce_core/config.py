@@ -1,7 +1,7 @@
 """Small frozen configuration objects, validated when built."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from triforce.errors import UserError
 
@@ -186,3 +186,25 @@ class SpecParams:
     @property
     def draft_window_tokens(self) -> int:
         return max(self.draft_window, self.draft_slack)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a runtime needs; picklable, so tensor-parallel ranks can receive it."""
+    model: str | None = "default"  # Hugging Face folder, .gguf file or 'default'
+    arch: str | None = None        # instead of model: a named architecture with random weights (timing)
+    draft: str | None = None       # model path, architecture name, 'lookup', 'none' (None: lookup)
+    spec: SpecParams = field(default_factory=SpecParams)
+    fixed: frozenset = frozenset()  # speculation flags the user gave (the cost model fills the rest)
+    dtype: str = "auto"
+    device: str = "auto"
+    profile: str | None = None
+    device_budget: str | None = None
+    attn: str = "auto"              # auto | flash | sdpa | sdpa-reference
+    graphs: str = "auto"            # auto | off | static (see Engine)
+    overlap: bool = True            # prefetch offloaded KV while drafting
+    hybrid: bool = True             # the CPU attends a share of short passes' host KV in place (offload.hybrid)
+    count_syncs: bool = False       # host synchronisations per decoding phase (CUDA)
+    max_context: int | None = None  # tokens the context holds (None: the model's own)
+    rope_scaling: str | None = None  # stretch the RoPE to max_context (yarn | linear | dynamic)
+    threads: int | None = None       # CPU threads of the kernels (None: the cores available; see app.threads)

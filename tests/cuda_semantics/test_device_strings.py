@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from fake_card import FakeCard
-from triforce.app.runtime import RunConfig, build_runtime
+from triforce.app.runtime import build_runtime
+from triforce.config import RunConfig
 from triforce.cli.main import main
 from triforce.errors import UserError
 

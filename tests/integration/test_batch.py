@@ -6,7 +6,8 @@ import json
 import pytest
 
 from triforce.app.batch_generate import fit_batch, generate_batch, parse_prompt_lines, row_plan
-from triforce.app.runtime import RunConfig, build_runtime
+from triforce.app.runtime import build_runtime
+from triforce.config import RunConfig
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.errors import UserError

@@ -160,7 +160,7 @@ def test_installed_console_script_end_to_end(tiny_model_dir):
     assert ok.returncode == 0 and json.loads(ok.stdout)["new_tokens"] <= 3
     bad = subprocess.run([exe, "generate", "--prompt", "hi", "--temperature", "-1"],
                          capture_output=True, text=True)
-    assert bad.returncode != 0 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_truncated_gguf(capsys, tmp_path, monkeypatch, default_model_dir):

@@ -103,3 +103,21 @@ def test_low_acceptance_falls_back_to_ar_with_the_same_tokens(tiny_model_dir, te
     assert result.stats["auto_ar_tokens"] == gate.ar_tokens >= GATE_HOLD[0]
     checked = [proposed for tier, proposed, _ in engine.rounds if tier == "full"]
     assert checked.count(0) >= gate.ar_tokens  # one token per ar pass (and rounds lookup had nothing for)
+
+
+@pytest.mark.parametrize("method", ["ar", "retrieval", "snapkv"])
+def test_the_prefill_count_is_known_before_the_prefill(tiny_model_dir, method):
+    """The server's streamed progress says `reused + done / total`: tokens_to_prefill must be what
+    set_sequence prefills, also where a selection re-runs its window of cached tokens (it once
+    printed 56/49 on a request that extended a cached conversation)."""
+    from triforce.model.loading import load_model
+
+    lm = load_model(str(tiny_model_dir("llama-gqa", max_position_embeddings=512)), dtype="float32", device="cpu")
+    spec = SpecParams(method=method, budget=40, chunk_size=4) if method != "ar" else SpecParams(method="ar")
+    engine = Engine(lm, spec, 400)
+    first = lm.tokenizer("the cat sat on the mat. " * 4).input_ids
+    for ids in (first, first + lm.tokenizer(" and the dog sat too.").input_ids, first[:30]):
+        expected = engine.tokens_to_prefill(ids)
+        counted = []
+        assert engine.set_sequence(ids, counted.append) == expected == sum(counted)
+        assert expected <= len(ids) - 1

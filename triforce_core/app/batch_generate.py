@@ -125,9 +125,10 @@ def row_models(runtime) -> tuple:
 
 def generate_batch(runtime, prompts: list[list[int]], max_new: list[int], params, stop_ids: frozenset[int],
                    rows: int, run: RunPlan, on_row: Callable[[BatchRow], None] | None = None,
-                   engines: list | None = None) -> BatchOutcome:
-    """Decode every prompt (token ids) with at most `rows` at once; on_row(row) as each finishes.
-    engines: one per prompt, built over row_models (a benchmark hands over prefilled caches)."""
+                   engines: list | None = None, on_prefill: Callable[[int], None] | None = None) -> BatchOutcome:
+    """Decode every prompt (token ids) with at most `rows` at once; on_row(row) as each finishes,
+    on_prefill(n) as prompt tokens are prefilled. engines: one per prompt, built over row_models
+    (a benchmark hands over prefilled caches)."""
     max_len = max(len(ids) + max(n, 1) for ids, n in zip(prompts, max_new))
     if engines is None:
         lm, draft = row_models(runtime)
@@ -141,7 +142,7 @@ def generate_batch(runtime, prompts: list[list[int]], max_new: list[int], params
         engine = free.pop() if engines is None else engines[index]
         try:
             started = time.perf_counter()
-            engine.set_sequence(prompts[index])
+            engine.set_sequence(prompts[index], on_prefill)
             if index < rows:  # the first rows start decoding together, once all have prefilled
                 lockstep.barrier()
             decode_started = time.perf_counter()

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from triforce.app.inputs import check_text_file, read_text_file, text_bound
+from triforce.app.threads import threads_in_use
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.decoding.statistics import GenerationResult
@@ -112,6 +113,7 @@ class Chat:
             "acceptance_rates": speculation.get("acceptance_rates"),
             "mean_tokens_per_full_verify": speculation.get("mean_tokens_per_full_verify"),
             "tier_time_s": speculation.get("tier_time_s"),
+            "threads": threads_in_use(),
             "kv_cache_bytes": self.full.cache.nbytes,
             "kv_host_bytes": self.full.cache.host_nbytes,
         }

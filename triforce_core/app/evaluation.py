@@ -71,7 +71,7 @@ def _sentence_end_near(text: str, position: int) -> int:
 
 def evaluate_acceptance(lm: LoadedModel, prompt_ids: list[int], budgets: list[int], policies: list[str],
                         gen: int, chunk_size: int = 8, sink_tokens: int = 16,
-                        temperature: float = 0.6, progress=None) -> list[dict]:
+                        temperature: float = 0.6, progress=None, on_prefill=None) -> list[dict]:
     """Along the full cache's greedy continuation, how often the target over each sparse cache
     picks the same token, and its expected acceptance sum(min(p, q)) at `temperature`.
 
@@ -81,7 +81,7 @@ def evaluate_acceptance(lm: LoadedModel, prompt_ids: list[int], budgets: list[in
         raise UserError("the prompt must have at least two tokens")
     params = SamplingParams(temperature=temperature)
     full = FullTier(lm, len(prompt_ids) + gen)
-    window = full.cover(prompt_ids[:-1], record_queries=SNAPKV_WINDOW if "snapkv" in policies else 1)[1]
+    window = full.cover(prompt_ids[:-1], on_prefill, record_queries=SNAPKV_WINDOW if "snapkv" in policies else 1)[1]
     queries = [q[:, :, -1] for q in window]  # the last token's: retrieval and top-k select by it
     configs = [(kind, budget) for kind in policies for budget in budgets]
     tiers = {}

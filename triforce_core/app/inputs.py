@@ -3,6 +3,7 @@ context it must fit, so a huge file (or /dev/zero) is refused by its size, befor
 from __future__ import annotations
 
 import stat
+import sys
 from pathlib import Path
 
 from triforce.errors import UserError
@@ -58,3 +59,25 @@ def read_text_file(path: str | Path, what: str, max_bytes: int, room: str, error
         return data.decode("utf-8", errors=errors)
     except UnicodeDecodeError as e:
         raise UserError(f"{what} '{path}' is not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+STDIN_PROMPT_BYTES = 64 << 20  # stdin has no size to check first: read at most this much
+
+
+def read_prompt(prompt: str | None, prompt_file: str | None) -> str | None:
+    """The prompt text now, for --prompt and stdin; None for a file, which is checked now and read
+    after the model is known (app.inputs.read_text_file), so its size can be bounded by the context."""
+    if (prompt is None) == (prompt_file is None):
+        raise UserError("give exactly one of --prompt and --prompt-file")
+    if prompt is not None:
+        return prompt
+    if prompt_file == "-":
+        data = sys.stdin.buffer.read(STDIN_PROMPT_BYTES + 1)
+        if len(data) > STDIN_PROMPT_BYTES:
+            raise UserError(f"the prompt on stdin is longer than {STDIN_PROMPT_BYTES:,} bytes")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UserError(f"the prompt on stdin is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    check_text_file(prompt_file, "prompt file")
+    return None

@@ -15,14 +15,12 @@ def rank_device(device: str, rank: int) -> str:
     return "cpu" if device == "auto" else device
 
 
-def share_threads(world: int) -> None:
-    """CPU ranks split the cores instead of each taking all of them (torch's threads and the
-    numba kernels' alike)."""
-    import numba
+def share_threads(world: int, threads: int | None = None) -> None:
+    """CPU ranks split the cores (or --threads) instead of each taking all of them (torch's
+    threads and the numba kernels' alike)."""
+    from triforce.app.threads import available_cores, use_threads
 
-    share = max(1, (os.cpu_count() or 1) // world)
-    torch.set_num_threads(share)
-    numba.set_num_threads(min(share, numba.config.NUMBA_NUM_THREADS))
+    use_threads(max(1, (threads or available_cores()) // world))
 
 
 def run_on_ranks(world: int, fn, request, model: str | None = None, device: str = "auto",

@@ -8,7 +8,7 @@ import torch
 
 from triforce.config import AUTO, ModelConfig, SpecParams
 from triforce.offload.cost_model import Acceptance, Gamma2Controller, RoundPrices
-from triforce.offload.method_choice import MethodChoice, choose_method
+from triforce.offload.method_choice import MethodChoice, choose_method, default_acceptance
 from triforce.offload.planner import MemoryPlan, hardware, plan_memory
 from triforce.offload.profiles import MemoryProfile, load_profile, parse_size
 from triforce.offload.speculation_choice import Choice, plan_with_choice
@@ -91,7 +91,7 @@ class RunPlan:
 
 def plan_run(cfg: ModelConfig, profile: MemoryProfile, context: int, spec: SpecParams, fixed: frozenset[str],
              dtype: torch.dtype, draft_cfg: ModelConfig | None = None, draft_dtype: torch.dtype | None = None,
-             tp: int = 1, assumed: Acceptance = Acceptance(), has_tier0: bool | None = None) -> RunPlan:
+             tp: int = 1, assumed: Acceptance | None = None, has_tier0: bool | None = None) -> RunPlan:
     """The cost model's choices for the flags left open (the method too, for auto), and the
     memory plan for them."""
     auto = None
@@ -101,6 +101,7 @@ def plan_run(cfg: ModelConfig, profile: MemoryProfile, context: int, spec: SpecP
                                    has_tier0=bool(has_tier0) if has_tier0 is not None else True)
         if not spec.uses_draft:
             draft_cfg, draft_dtype, has_tier0 = None, None, False
+    assumed = assumed or default_acceptance(profile)
     plan, spec, choice = plan_with_choice(cfg, profile, context, spec, fixed, dtype_bytes=_size(dtype),
                                           draft=draft_cfg, draft_dtype_bytes=_size(draft_dtype) if draft_dtype else None,
                                           tp=tp, assumed=assumed, has_tier0=has_tier0)

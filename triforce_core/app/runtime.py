@@ -5,37 +5,15 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
 from functools import partial
 
 from triforce.app.plan_and_cache import RunPlan, build_kv_cache, resolve_profile, plan_run
-from triforce.config import SpecParams
+from triforce.config import RunConfig, SpecParams
 from triforce.decoding.draft import Draft, resolve_draft
 from triforce.decoding.engine import Engine
 from triforce.decoding.hooks import EngineHooks
 from triforce.errors import UserError
 from triforce.model.context_stretch import run_context, stretch_request
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything a runtime needs; picklable, so tensor-parallel ranks can receive it."""
-    model: str | None = "default"  # Hugging Face folder, .gguf file or 'default'
-    arch: str | None = None        # instead of model: a named architecture with random weights (timing)
-    draft: str | None = None       # model path, architecture name, 'lookup', 'none' (None: lookup)
-    spec: SpecParams = field(default_factory=SpecParams)
-    fixed: frozenset = frozenset()  # speculation flags the user gave (the cost model fills the rest)
-    dtype: str = "auto"
-    device: str = "auto"
-    profile: str | None = None
-    device_budget: str | None = None
-    attn: str = "auto"              # auto | flash | sdpa | sdpa-reference
-    graphs: str = "auto"            # auto | off | static (see Engine)
-    overlap: bool = True            # prefetch offloaded KV while drafting
-    hybrid: bool = True             # the CPU attends a share of short passes' host KV in place (offload.hybrid)
-    count_syncs: bool = False       # host synchronisations per decoding phase (CUDA)
-    max_context: int | None = None  # tokens the context holds (None: the model's own)
-    rope_scaling: str | None = None  # stretch the RoPE to max_context (yarn | linear | dynamic)
 
 
 class Runtime:
@@ -49,7 +27,10 @@ class Runtime:
         device = config.device
         if world > 1:
             device = rank_device(config.device, rank)
-            share_threads(world)
+            share_threads(world, config.threads)
+        else:
+            from triforce.app.threads import use_threads
+            use_threads(config.threads)
         started = time.perf_counter()
         shard = (rank, world) if world > 1 else None
         stretch = stretch_request(config.max_context, config.rope_scaling)

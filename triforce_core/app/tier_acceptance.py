@@ -15,7 +15,8 @@ from triforce.offload.cost_model import rate_from_fraction
 
 
 def evaluate_tiers(lm: LoadedModel, ids: list[int], drafts: dict[str, Draft], temperatures: list[float], gen: int,
-                   spec: SpecParams, seed: int = 0, log: Callable[[str], None] | None = None) -> list[dict]:
+                   spec: SpecParams, seed: int = 0, log: Callable[[str], None] | None = None,
+                   on_prefill: Callable[[int], None] | None = None) -> list[dict]:
     """One row per (tier 0, temperature): each tier's fraction of drafts kept and the per-token
     rate the cost model uses for it (a check stops at its first rejection, so keeping 0.68 of 8
     drafts means a per-token rate of about 0.91), tokens per full verify, tier seconds."""
@@ -26,7 +27,7 @@ def evaluate_tiers(lm: LoadedModel, ids: list[int], drafts: dict[str, Draft], te
             engine = Engine(lm, run_spec, len(ids) + gen + 1, draft, kv_cache=cache)
             if cache is not None:
                 engine.full.adopt(ids[:-1])  # the prompt's KV, prefilled once for every row
-            engine.set_sequence(ids)
+            engine.set_sequence(ids, on_prefill if cache is None else None)
             cache = engine.full.cache
             result = engine.generate(gen, SamplingParams(temperature=temperature, seed=seed))
             rows.append(_row(name, temperature, run_spec, result, len(ids)))

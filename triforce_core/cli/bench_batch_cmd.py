@@ -8,7 +8,8 @@ import sys
 
 import click
 
-from triforce.cli.options import INT, check_output_path, device_option, dtype_option, int_list, model_option
+from triforce.cli.options import (INT, check_output_path, device_option, dtype_option, int_list, model_option,
+                                  threads_option)
 from triforce.errors import UserError
 
 METHODS = ("ar", "streaming", "snapkv", "retrieval", "triforce")
@@ -26,7 +27,8 @@ METHODS = ("ar", "streaming", "snapkv", "retrieval", "triforce")
 @device_option
 @click.option("--plot", "plot_path", default="batch-bench.png", show_default=True, help="PNG to write.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def batch(model, contexts, batch_sizes, methods, new_tokens, budget, dtype, device, plot_path, as_json):
+@threads_option
+def batch(model, contexts, batch_sizes, methods, new_tokens, budget, dtype, device, plot_path, threads, as_json):
     """Decode batches of long prompts with each method, beside the cost model's prediction.
 
     MagicDec's claim: once a batch's KV outweighs the weights, self-speculation with a small draft
@@ -44,11 +46,13 @@ def batch(model, contexts, batch_sizes, methods, new_tokens, budget, dtype, devi
     if new_tokens < 1 or budget < 1:
         raise UserError("--new-tokens and --budget must be >= 1")
     check_output_path("--plot", plot_path)
-    from triforce.app.runtime import RunConfig, build_runtime
+    from triforce.app.runtime import build_runtime
+    from triforce.config import RunConfig
     from triforce.bench import batch_bench
     from triforce.config import SpecParams
 
-    runtime = build_runtime(RunConfig(model=model, spec=SpecParams(method="auto"), dtype=dtype, device=device))
+    runtime = build_runtime(RunConfig(model=model, spec=SpecParams(method="auto"), dtype=dtype, device=device,
+                                      threads=threads))
     limit = runtime.context
     if max(context_list) + new_tokens > limit:
         raise UserError(f"--contexts up to {max(context_list)} plus {new_tokens} new tokens exceed the model's "

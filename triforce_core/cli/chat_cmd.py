@@ -9,12 +9,16 @@ from pathlib import Path
 import click
 
 from triforce.app.inputs import is_utf8
-from triforce.app.runtime import RunConfig
+from triforce.config import RunConfig
 from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, context_options,
                                   device_option, dtype_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
 from triforce.errors import UserError
+
+# A small model answers best near greedy: at 0.7 the default model answered the README's own
+# question wrongly and once ran to the 512-token cap; greedy alone falls into loops more often
+CHAT_TEMPERATURE, CHAT_TOP_P = 0.2, 0.9
 
 HELP_TEXT = """commands:
   /load FILE   put a document into the context (prefilled now, with a progress bar)
@@ -83,7 +87,7 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 @click.option("--max-new-tokens", type=INT, default=512, show_default=True, help="Longest answer, in tokens.")
 @context_options
 @speculation_options(default_method="auto")
-@sampling_options(default_temperature=0.7)
+@sampling_options(default_temperature=CHAT_TEMPERATURE, default_top_p=CHAT_TOP_P)
 @dtype_option
 @device_option
 @offload_options
@@ -92,7 +96,7 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 @runtime_options(count_syncs=False)
 def chat(model, system, max_new_tokens, max_context, rope_scaling, method, draft, budget, chunk_size, gamma1, gamma2,
          rebuild_stride, rebuild_threshold, temperature, top_p, top_k, seed, dtype, device, profile, device_budget,
-         tp, attn, no_graphs):
+         tp, attn, no_graphs, threads):
     """Chat with a model in the terminal.
 
     The KV of earlier turns is kept, so each turn prefills only what is new. Type /help for
@@ -104,7 +108,7 @@ def chat(model, system, max_new_tokens, max_context, rope_scaling, method, draft
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
                        device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
-                       max_context=max_context, rope_scaling=rope_scaling)
+                       max_context=max_context, rope_scaling=rope_scaling, threads=threads)
     request = ChatRequest(config=config, system=system, max_new_tokens=max_new_tokens,
                           params=build_sampling(temperature, top_p, top_k, seed))
     from triforce.app.parallel import run_on_ranks
@@ -199,7 +203,9 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     console.say(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}), "
                 f"{session.full.max_len}-token context, {session.engine.describe()}, attention {runtime.attn_name}"
                 f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}"
-                f"{', tensor-parallel over %d ranks' % world if world > 1 else ''}. "
+                f"{', tensor-parallel over %d ranks' % world if world > 1 else ''}; "
+                f"sampling at temperature {r.params.temperature:g}, top-p {r.params.top_p:g}"
+                f"{', top-k %d' % r.params.top_k if r.params.top_k else ''} (--temperature 0: greedy). "
                 "/help for commands, Ctrl-D to leave.")
     while True:
         line = console.read()
@@ -231,6 +237,9 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
             note = {"interrupt": " [stopped]", "length": " [answer cut at --max-new-tokens]",
                     "context": " [context full: /reset]"}.get(result.stopped_by, "")
             console.say(note)
+            if result.tokens and result.time_s > 0:  # as llama-cli does, after every answer
+                console.say(f"[{len(result.tokens)} tokens, {len(result.tokens) / result.time_s:.1f} tok/s]",
+                            file=sys.stderr)
         except UserError as e:
             if rank == 0:
                 print(f"error: {e}", file=sys.stderr)

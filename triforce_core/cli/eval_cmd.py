@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from triforce.app.inputs import read_text_file, text_bound
-from triforce.cli.generate_cmd import read_prompt
-from triforce.cli.options import (FLOAT, INT, SEED, context_options, device_option, dtype_option, int_list,
+from triforce.app.inputs import read_prompt, read_text_file, text_bound
+from triforce.cli.options import (FLOAT, INT, SEED, context_options, device_option, dtype_option, int_list, threads_option,
                                   model_option)
 from triforce.errors import UserError
 
@@ -41,9 +40,10 @@ def eval_group():
 @dtype_option
 @device_option
 @context_options
+@threads_option
 @click.option("--json", "as_json", is_flag=True, help='Print {"results": [...]} (with --drafts {"tiers": [...]}) as JSON.')
 def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_tokens, temperature, drafts, temperatures,
-               gamma1, gamma2, dtype, device, max_context, rope_scaling, as_json):
+               gamma1, gamma2, dtype, device, max_context, rope_scaling, threads, as_json):
     """Greedy match rate and expected acceptance of each sparse cache policy and budget, over the
     full cache's greedy continuation of the prompt (paper Table 1 in miniature).
 
@@ -53,6 +53,7 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
     from tqdm import tqdm
 
     from triforce.app.evaluation import evaluate_acceptance
+    from triforce.app.progress import PROGRESS_DELAY_S, prefill_bar
     from triforce.cache.sparse import POLICIES
     from triforce.config import SNAPKV_WINDOW
     from triforce.model.context_stretch import run_context, stretch_request
@@ -74,6 +75,8 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
             raise UserError(f"budget {b} must hold two chunks ({2 * chunk_size}) and exceed {sink_tokens} sinks")
     temps = _temperatures(temperatures) if drafts is not None else []
     text = read_prompt(None, prompt_file)  # stdin now; a file is checked now and read below
+    from triforce.app.threads import use_threads
+    use_threads(threads)
     lm = load_model(model, dtype=dtype, device=device, rope_scaling=stretch_request(max_context, rope_scaling))
     context = run_context(lm.config.max_position_embeddings, max_context)
     if text is None:
@@ -87,9 +90,13 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
         _tier_table(lm, ids, drafts, temps, gen, budget_list[0], chunk_size, gamma1, gamma2, dtype, device, as_json)
         return
     total = gen + gen * len(budget_list) * len(policy_list)
-    with tqdm(total=total, desc="scoring", unit="tok", file=sys.stderr, leave=False) as bar:
-        results = evaluate_acceptance(lm, ids, budget_list, policy_list, gen, chunk_size, sink_tokens,
-                                      temperature, progress=bar.update)
+    prefill = prefill_bar(len(ids) - 1)
+    with tqdm(total=total, desc="scoring", unit="tok", file=sys.stderr, leave=False, delay=PROGRESS_DELAY_S) as bar:
+        try:
+            results = evaluate_acceptance(lm, ids, budget_list, policy_list, gen, chunk_size, sink_tokens,
+                                          temperature, progress=bar.update, on_prefill=prefill.update)
+        finally:
+            prefill.close()
     if as_json:
         print(json.dumps({"prompt_tokens": len(ids), "gen": gen, "results": results}))
         return
@@ -121,7 +128,14 @@ def _tier_table(lm, ids, drafts, temps, gen, budget, chunk_size, gamma1, gamma2,
     if not chosen:
         raise UserError("--drafts needs at least one of lookup, none or a model path")
     spec = SpecParams(method="triforce", budget=budget, chunk_size=chunk_size, gamma1=gamma1, gamma2=gamma2)
-    rows = evaluate_tiers(lm, ids, chosen, temps, gen, spec, log=lambda line: print(line, file=sys.stderr))
+    from triforce.app.progress import prefill_bar
+
+    prefill = prefill_bar(len(ids) - 1)
+    try:
+        rows = evaluate_tiers(lm, ids, chosen, temps, gen, spec, log=lambda line: print(line, file=sys.stderr),
+                              on_prefill=prefill.update)
+    finally:
+        prefill.close()
     if as_json:
         print(json.dumps({"prompt_tokens": len(ids), "gen": gen, "tiers": rows}))
         return

@@ -8,14 +8,24 @@ import click
 from triforce.config import SamplingParams
 from triforce.errors import UserError
 
+
 class FiniteFloat(click.ParamType):
-    """A float flag: 'nan' and 'inf' parse as floats but mean nothing as a temperature or a depth."""
+    """A float flag: 'nan' and 'inf' parse as floats but mean nothing as a temperature or a depth.
+    low/high: the range a value must lie in (open at the low end when low_open), refused here
+    with a flag error (exit 2) like any other bad value."""
     name = "number"
+
+    def __init__(self, low: float | None = None, high: float | None = None, low_open: bool = False):
+        self.low, self.high, self.low_open = low, high, low_open
 
     def convert(self, value, param, ctx):
         number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
+        below = self.low is not None and (number <= self.low if self.low_open else number < self.low)
+        if below or (self.high is not None and number > self.high):
+            bounds = f"{'(' if self.low_open else '['}{self.low}, {self.high if self.high is not None else 'inf'}"
+            self.fail(f"{number:g} is outside {bounds}{']' if self.high is not None else ')'}", param, ctx)
         return number
 
 
@@ -50,14 +60,19 @@ device_option = click.option("--device", default="auto", show_default=True,
                                   "current card (cuda:0 unless CUDA_VISIBLE_DEVICES or torch says otherwise).")
 
 
-def sampling_options(default_temperature: float):
+threads_option = click.option("--threads", type=BoundedInt(1, 4096), default=None,
+                              help="CPU threads of the kernels (default: the cores this process may use). Fewer "
+                                   "leave cores to other programs; decoding on a shared machine keeps its pace.")
+
+
+def sampling_options(default_temperature: float, default_top_p: float = 1.0):
     def decorate(f):
         f = click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")(f)
         f = click.option("--top-k", type=INT, default=0, show_default=True,
                          help="Keep only the k most likely tokens (0 = off).")(f)
-        f = click.option("--top-p", type=FLOAT, default=1.0, show_default=True,
-                         help="Nucleus sampling mass, in (0, 1].")(f)
-        f = click.option("--temperature", type=FLOAT, default=default_temperature, show_default=True,
+        f = click.option("--top-p", type=FiniteFloat(0.0, 1.0, low_open=True), default=default_top_p,
+                         show_default=True, help="Nucleus sampling mass, in (0, 1].")(f)
+        f = click.option("--temperature", type=FiniteFloat(0.0), default=default_temperature, show_default=True,
                          help="0 = greedy (argmax).")(f)
         return f
     return decorate
@@ -155,8 +170,9 @@ def offload_options(f):
 
 
 def runtime_options(count_syncs: bool = True):
-    """--attn and --no-graphs (and --count-syncs where a summary reports it)."""
+    """--attn, --no-graphs and --threads (and --count-syncs where a summary reports it)."""
     def decorate(f):
+        f = threads_option(f)
         if count_syncs:
             f = click.option("--count-syncs", is_flag=True,
                              help="Count the host synchronisations of each decoding phase (CUDA; a debug aid "

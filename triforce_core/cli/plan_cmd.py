@@ -32,10 +32,11 @@ def _draft_shape(draft: str | None):
     return _model_shape(draft, None)[0]
 
 
-def _acceptance(text: str | None):
+def _acceptance(text: str | None, profile):
     from triforce.offload.cost_model import Acceptance
     if text is None:
-        return Acceptance()
+        from triforce.offload.method_choice import default_acceptance
+        return default_acceptance(profile)
     try:
         values = [float(v) for v in text.split(",")]
     except ValueError:
@@ -59,7 +60,9 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 @click.option("--dtype", type=click.Choice(["auto", *_DTYPE_BYTES]), default="auto", show_default=True,
               help="auto = bfloat16 for GPU profiles and on CPUs with native bfloat16, else float32.")
 @click.option("--acceptance", default=None,
-              help="FULL[,RETRIEVAL] acceptance rates for the prediction (default 0.9,0.8, assumed).")
+              help="FULL[,RETRIEVAL] acceptance rates for the prediction (default: the profile's measured ones, "
+                   "else what natural text gave the default model with prompt lookup: 0.90 per token at the full "
+                   "tier, 0.16 of lookup drafts kept at the retrieval tier).")
 @click.option("--batch-size", type=INT, default=None,
               help="Plan one row of a batch of this many sequences (they share the weights) and predict "
                    "each method's latency and throughput for the batch.")
@@ -96,11 +99,11 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
         from triforce.offload.method_choice import choose_method
         auto, spec = choose_method(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
                                    draft=_draft_shape(draft), tp=tp, has_tier0=draft != "none",
-                                   assumed=_acceptance(acceptance) if acceptance else None)
+                                   assumed=_acceptance(acceptance, prof))
         method = spec.method
     result, spec, choice = plan_with_choice(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
                                             draft=_draft_shape(draft) if spec.uses_draft else None, tp=tp,
-                                            assumed=_acceptance(acceptance),
+                                            assumed=_acceptance(acceptance, prof),
                                             has_tier0=spec.uses_draft and draft != "none")
     chosen = {"budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
               "gamma2_range": list(spec.gamma2_range),

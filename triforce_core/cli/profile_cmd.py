@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from triforce.cli.options import threads_option
+
 
 @click.group("profile")
 def profile_group():
@@ -60,7 +62,8 @@ def _as_dict(p) -> dict:
 @click.option("--acceptance", "acceptance_file", default=None,
               help="JSON from `triforce eval acceptance --json` to store with the profile; the cost model "
                    "then chooses the budget, chunk size and gammas from it.")
-def tune_cmd(out, name, acceptance_file):
+@threads_option
+def tune_cmd(out, name, acceptance_file, threads):
     """Measure this machine and write a profile: memory per GPU (NVML) and on the host, pinned
     host-to-device and device-to-host bandwidth, device memory bandwidth (a copy and a
     matrix-vector product), matmul rate at decode shapes, the per-layer overhead and attention
@@ -76,6 +79,8 @@ def tune_cmd(out, name, acceptance_file):
     from triforce.app.tuning import STEPS, tune
 
     rows = _acceptance_rows(acceptance_file) if acceptance_file else []
+    from triforce.app.threads import use_threads
+    use_threads(threads)  # the rates measured are those of this many threads (cpu_threads in the profile)
     with tqdm(total=len(STEPS), desc="measuring", file=sys.stderr, leave=False) as bar:
         def progress(step):
             if step != STEPS[0]:

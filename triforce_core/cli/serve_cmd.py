@@ -1,20 +1,14 @@
 """`triforce serve`: an OpenAI-compatible server on the loopback (see triforce.server)."""
 from __future__ import annotations
 
-import signal
-import socket
-import sys
-from dataclasses import dataclass
-from pathlib import Path
-
 import click
 
-from triforce.app.runtime import RunConfig
+from triforce.config import RunConfig
 from triforce.cli.options import (INT, build_spec, context_options, device_option, dtype_option, model_option,
                                   offload_options, runtime_options, speculation_options)
 from triforce.errors import UserError
+from triforce.server.assembly import DEFAULT_MAX_ROWS
 
-DEFAULT_MAX_ROWS = 4  # rows decoded together unless --batch-size says otherwise (each row slows the others)
 
 
 @click.command()
@@ -48,7 +42,7 @@ DEFAULT_MAX_ROWS = 4  # rows decoded together unless --batch-size says otherwise
 @click.option("--quiet", is_flag=True, help="No line per request on stderr.")
 def serve(model, host, port, api_key, model_name, origins, batch_size, queue_size, method, draft, budget, chunk_size, gamma1,
           gamma2, rebuild_stride, rebuild_threshold, max_context, rope_scaling, dtype, device, profile,
-          device_budget, attn, no_graphs, tp, quiet):
+          device_budget, attn, no_graphs, threads, tp, quiet):
     """Serve the model over OpenAI's API: /v1/chat/completions, /v1/completions (streamed as
     server-sent events with "stream": true), /v1/models and /health.
 
@@ -69,11 +63,14 @@ def serve(model, host, port, api_key, model_name, origins, batch_size, queue_siz
         raise UserError(f"--tp must be >= 1, got {tp}")
     if tp > 1 and batch_size not in (None, 1):
         raise UserError("--tp decodes one request at a time: leave out --batch-size (or give 1)")
-    listener = _listen(host, port)  # a port in use fails now, not after loading the model
+    from triforce.server.assembly import ServeRequest, listen, run_server, serve_rank
+
+    listener = listen(host, port)  # a port in use fails now, not after loading the model
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device,
                        profile=profile, device_budget=device_budget, attn=attn,
-                       graphs="off" if no_graphs else "auto", max_context=max_context, rope_scaling=rope_scaling)
+                       graphs="off" if no_graphs else "auto", max_context=max_context, rope_scaling=rope_scaling,
+                       threads=threads)
     if tp == 1:
         run_server(config, listener, api_key, model_name, batch_size, queue_size, quiet, origins)
         return
@@ -83,77 +80,3 @@ def serve(model, host, port, api_key, model_name, origins, batch_size, queue_siz
     listener.close()
     request = ServeRequest(config, host, port, api_key, model_name, queue_size, quiet, tuple(origins))
     run_on_ranks(tp, serve_rank, request, model, device)
-
-
-@dataclass(frozen=True)
-class ServeRequest:
-    """What every rank of `serve --tp` needs (picklable)."""
-    config: RunConfig
-    host: str
-    port: int
-    api_key: str | None
-    model_name: str | None
-    queue_size: int
-    quiet: bool
-    origins: tuple
-
-
-def serve_rank(rank: int, world: int, r: ServeRequest) -> None:
-    """Rank 0 serves (triforce.server.tp.lead_requests); the others follow its requests."""
-    if rank == 0:
-        run_server(r.config, _listen(r.host, r.port), r.api_key, r.model_name, 1, r.queue_size, r.quiet,
-                   r.origins, rank, world)
-        return
-    from triforce.app.batch_generate import fit_batch
-    from triforce.app.runtime import build_runtime
-    from triforce.server.tp import follow_requests
-
-    runtime = build_runtime(r.config, rank, world)
-    follow_requests(runtime, fit_batch(runtime, runtime.context, 1, 1)[1], runtime.context)
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family, backlog=128)
-    except OSError as e:
-        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-
-
-def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None, queue_size=16, quiet=False,
-              origins=(), rank: int = 0, world: int = 1):
-    """Load the model, size the batch and build the API: (Api, the lines to print at start)."""
-    from triforce.app.batch_generate import fit_batch
-    from triforce.app.runtime import build_runtime
-    from triforce.server.app import Api
-    from triforce.server.scheduler import Scheduler
-
-    runtime = build_runtime(config, rank, world)
-    context = runtime.context
-    rows, run = fit_batch(runtime, context, batch_size or DEFAULT_MAX_ROWS, batch_size)
-    runtime.check_host_room(run, context, rows)
-    scheduler = Scheduler(runtime, run, context, rows, queue_size, log=not quiet)
-    model_id = model_name or Path(str(runtime.lm.path)).name
-    lines = [runtime.attn_line] + ([run.batch.describe()] if run.batch is not None else [])
-    parallel = f", tensor-parallel over {world} ranks" if world > 1 else ""
-    lines.append(f"triforce serve: {model_id}, method {run.spec.method}, {rows} row(s) at once, "
-                 f"{context}-token context{parallel}")
-    return Api(runtime.lm, scheduler, model_id, context, api_key, origins), lines
-
-
-def run_server(config: RunConfig, listener: socket.socket, api_key, model_name, batch_size, queue_size,
-               quiet: bool, origins=(), rank: int = 0, world: int = 1) -> None:
-    import uvicorn
-
-    api, lines = build_api(config, api_key, model_name, batch_size, queue_size, quiet, origins, rank, world)
-    address, port = listener.getsockname()[:2]
-    shown = f"[{address}]" if ":" in address else address
-    lines[-1] += f"; listening on http://{shown}:{port}/v1 (Ctrl-C or SIGTERM to stop)"
-    print("\n".join(lines), file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(api.app(), log_level="warning", timeout_graceful_shutdown=None))
-    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with these
-    # handlers in place that re-raise does nothing and the command exits 0
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    server.run(sockets=[listener])
-    print("triforce serve: stopped", file=sys.stderr)

@@ -72,6 +72,10 @@ class Engine:
         return " -> ".join(t.name for t in self.levels)
 
     # ---- input -------------------------------------------------------------------------
+    def tokens_to_prefill(self, ids: list[int]) -> int:
+        """How many tokens set_sequence(ids) will prefill (the rest is reused from the cache)."""
+        return len(ids) - 1 - self.full.kept(ids[:-1], self.spec.selection_window if self.sparse_tiers else 0)
+
     def set_sequence(self, ids: list[int], progress: Callable[[int], None] | None = None) -> int:
         """Make the sequence `ids` (the last token pending), reusing cached KV where it can.
         Returns the number of tokens prefilled into the full cache."""

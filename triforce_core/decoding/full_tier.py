@@ -129,16 +129,22 @@ class FullTier:
         number of tokens prefilled and, with record_queries = W > 0, the queries [B, H, W', D] of
         the last W' = min(W, len(ids)) tokens (a selection's: retrieval reads 1, SnapKV 32)."""
         window = int(record_queries)
-        keep = self.reusable_prefix(ids)
-        if window and keep == len(ids) and keep > 0:
+        keep = self.kept(ids, window)
+        if keep == len(ids) and window:
             self.truncate(keep)
-            if (keep, window) in self._query_memo:
-                return 0, self._query_memo[(keep, window)]
-        if window:
-            keep = min(keep, max(0, len(ids) - window))  # re-run the window's tokens to record them
+            return 0, self._query_memo[(keep, window)]
         self.truncate(keep)
         queries = self._prefill(ids[keep:], progress, None, window)[1]
         return len(ids) - keep, queries
+
+    def kept(self, ids: list[int], record_queries: int = 0) -> int:
+        """How many leading tokens of `ids` cover() keeps (the rest it prefills): the common
+        prefix, less the last record_queries tokens it must re-run to record their queries
+        unless it remembers them."""
+        keep = self.reusable_prefix(ids)
+        if record_queries and keep == len(ids) and keep > 0 and (keep, record_queries) in self._query_memo:
+            return keep
+        return min(keep, max(0, len(ids) - record_queries)) if record_queries else keep
 
     def adopt(self, tokens: list[int]) -> None:
         """Take the cache's first len(tokens) entries as the KV of `tokens`: another engine of

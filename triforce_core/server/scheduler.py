@@ -191,7 +191,8 @@ class Scheduler:
             slot, shared = self._slot_for(job.ids)
             slot.job = job
             engine = slot.engine
-            reused = min(shared, len(job.ids) - 1)  # the last token is fed when decoding starts
+            # what the cache keeps (the last token is fed when decoding starts; a selection's window re-runs)
+            reused = len(job.ids) - 1 - engine.tokens_to_prefill(job.ids)
             job.emit(("prefill", reused, len(job.ids)))
 
             def progress(n: int) -> None:

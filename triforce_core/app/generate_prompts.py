@@ -1,5 +1,5 @@
-"""`triforce generate --prompts FILE`: many prompts decoded as one batch (see
-triforce.app.batch_generate); texts in input order, or one JSON object."""
+"""`triforce generate --prompts FILE`'s use case: many prompts decoded as one batch (the batching
+itself is triforce.app.batch_generate); texts in input order, or one JSON object."""
 from __future__ import annotations
 
 import json
@@ -10,13 +10,14 @@ from tqdm import tqdm
 from triforce.app.batch_generate import (PROMPTS_FILE_BYTES, BatchRow, batch_summary, fit_batch, generate_batch,
                                          parse_prompt_lines)
 from triforce.app.inputs import read_text_file
+from triforce.app.progress import prefill_bar
 from triforce.errors import UserError
 
 
 def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_chat: bool, params,
                        max_new_tokens: int, ignore_eos: bool, as_json: bool) -> None:
     from triforce.app.runtime import build_runtime
-    from triforce.cli.generate_cmd import encode_prompt
+    from triforce.app.generate import encode_prompt
 
     text = read_text_file(prompts_file, "prompts file", PROMPTS_FILE_BYTES, "a prompts file (256 MiB)")
     prompts = parse_prompt_lines(text, f"prompts file '{prompts_file}'")
@@ -42,15 +43,23 @@ def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_cha
         print(f"{len(ids)} prompts, {rows} at a time, method {run.spec.method}", file=sys.stderr)
     printer = _InOrder(lm.tokenizer, len(ids), quiet=as_json)
     stop_ids = frozenset() if ignore_eos else lm.eos_ids
+    prefill = prefill_bar(sum(len(row) - 1 for row in ids), desc="prefill (all prompts)")
     with tqdm(total=len(ids), unit="prompt", file=sys.stderr, disable=None, leave=False) as bar:
         def finished(row: BatchRow) -> None:
             bar.update(1)
             printer.add(row, bar)
 
-        outcome = generate_batch(runtime, ids, max_new, params, stop_ids, rows, run, on_row=finished)
+        try:
+            outcome = generate_batch(runtime, ids, max_new, params, stop_ids, rows, run, on_row=finished,
+                                     on_prefill=prefill.update)
+        finally:
+            prefill.close()
         printer.finish(bar)
     summary = batch_summary(outcome)
+    from triforce.app.threads import threads_in_use
+
     summary.update(method=run.spec.method, model=str(lm.path), dtype=str(lm.dtype).removeprefix("torch."),
+                   threads=threads_in_use(),
                    device=str(lm.device), attention=runtime.attn_name,
                    method_choice=run.batch.to_json() if run.batch is not None else None, plan=run.plan.to_json())
     if as_json:

@@ -130,7 +130,7 @@ class FullTier:
         the last W' = min(W, len(ids)) tokens (a selection's: retrieval reads 1, SnapKV 32)."""
         window = int(record_queries)
         keep = self.kept(ids, window)
-        if keep == len(ids) and window:
+        if window and keep == len(ids) and (keep, window) in self._query_memo:
             self.truncate(keep)
             return 0, self._query_memo[(keep, window)]
         self.truncate(keep)

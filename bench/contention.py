@@ -74,7 +74,10 @@ def main(busy: int, new_tokens: int, rounds: int, variants: str, model: str) -> 
             print(f"{name}: quiet {quiet['tok_s']} tok/s, with {busy} busy {loaded['tok_s']} tok/s", file=sys.stderr)
     rows = [{"variant": v, "env": VARIANTS[v], **b, "loaded_vs_quiet": round(b["loaded"] / b["quiet"], 3)}
             for v, b in best.items()]
-    print(json.dumps({"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "busy": busy,
+    from triforce.bench.provenance import git_commit
+
+    print(json.dumps({"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "commit": git_commit(),
+                      "date": time.strftime("%Y-%m-%d"), "busy": busy,
                       "new_tokens": new_tokens, "rounds": rounds, "rows": rows}))
 
 

@@ -38,6 +38,8 @@ setup(
         "triforce.offload",
         "triforce.pinned",
         "triforce.kernels",
+        "triforce.kernels.cpu",
+        "triforce.kernels.cuda",
         "triforce.bench",
         "triforce.profiles",
     ],

@@ -21,12 +21,12 @@ import torch
 from numba import prange
 
 from triforce.bench.vs_llamacpp import memory_bandwidth
-from triforce.kernels.attention_paths import scores_widened
-from triforce.kernels.bf16_bits import bits_of
-from triforce.kernels.bf16_dot import HAS_BF16_DOT, _sum_lanes, bf16_rows, dot_step, linear_bf16_pairs, zeros
-from triforce.kernels.bf16_scores import scores_bf16_pairs
-from triforce.kernels.cpu_attention import SPLIT
-from triforce.kernels.cpu_linear import linear_widening
+from triforce.kernels.cpu.attention_paths import scores_widened
+from triforce.kernels.cpu.bf16_bits import bits_of
+from triforce.kernels.cpu.bf16_dot import HAS_BF16_DOT, _sum_lanes, bf16_rows, dot_step, linear_bf16_pairs, zeros
+from triforce.kernels.cpu.bf16_scores import scores_bf16_pairs
+from triforce.kernels.cpu.cpu_attention import SPLIT
+from triforce.kernels.cpu.cpu_linear import linear_widening
 
 SHAPES = [(3072, 576), (576, 1536), (960, 576), (576, 576)]
 

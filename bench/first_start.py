@@ -7,7 +7,7 @@ time goes (each kernel group's warm-up, timed in a child process of its own).
 Each run gets a fresh NUMBA_CACHE_DIR in a temporary folder, so the user's own cache is neither
 used nor touched. Issue 15 asks for a first start under ~30 s. The groups are timed one after
 the other; chat compiles the attention kernel in a child beside the others where it has two
-cores (triforce.kernels.warm), so its first start is less than their sum."""
+cores (triforce.kernels.cpu.warm), so its first start is less than their sum."""
 from __future__ import annotations
 
 import os
@@ -21,7 +21,7 @@ import click
 _WARM_UPS = """
 import sys, time, torch
 dtype = getattr(torch, sys.argv[1])
-from triforce.kernels import cpu_attention, cpu_layer, cpu_linear
+from triforce.kernels.cpu import cpu_attention, cpu_layer, cpu_linear
 for name, module in (("linear", cpu_linear), ("attention", cpu_attention), ("layer", cpu_layer)):
     start = time.perf_counter()
     module.warm_up(dtype)

@@ -52,7 +52,7 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
         "needle": lambda: lm.tokenizer(needle_prompt(lm.tokenizer, prompt_tokens).text).input_ids,
     }
     if lm.device.type == "cpu":  # compile the decode kernels now: on an empty cache the first round timed numba
-        from triforce.kernels import warm
+        from triforce.kernels.cpu import warm
         warm.warm_up(lm.dtype, [(lm.config.num_kv_heads, lm.config.head_dim)])
     rows = []
     for name in kinds:

@@ -5,12 +5,12 @@
 Each kernel of `--dtype` (one attention job's scores, softmax and weighted values at `--rows`
 query rows over 512 keys; the linear kernel at 1 and 4 rows on cache-resident weights; the whole
 attention call: bfloat16 on the AVX512-BF16 kernels, float32 on the FMA ones of
-triforce.kernels.f32_dot) is timed in child processes that differ only in the size of one environment variable,
+triforce.kernels.cpu.f32_dot) is timed in child processes that differ only in the size of one environment variable,
 which shifts the stack by that many bytes. Address-space randomisation is switched off for the
 children (`setarch -R`, util-linux) so the shift is the only difference; where setarch is
 missing each pad runs three times with randomisation and the spread shows the same lottery.
 A kernel whose times differ between pads spills vector registers to the stack with unaligned
-moves (see triforce.kernels.bf16_dot.opaque); the table shows microseconds per call, best of
+moves (see triforce.kernels.cpu.bf16_dot.opaque); the table shows microseconds per call, best of
 `--repeats`."""
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def _best(call, repeats: int) -> float:
 def _inputs(rows: int, dtype: str):
     """Random queries, keys, values, a 576 x 576 weight and 1- and 4-row inputs, as the kernels
     of `dtype` take them (bfloat16 as raw bits)."""
-    from triforce.kernels.bf16_bits import bits_of
-    from triforce.kernels.bf16_dot import bf16_rows
+    from triforce.kernels.cpu.bf16_bits import bits_of
+    from triforce.kernels.cpu.bf16_dot import bf16_rows
 
     g = torch.Generator().manual_seed(0)
     if dtype == "bfloat16":
@@ -60,12 +60,12 @@ def _kernels(rows: int, dtype: str):
     """(name, call) for each timed kernel of `dtype`, on fixed random inputs."""
     import numba
 
-    from triforce.kernels import cpu_attention as ca
-    from triforce.kernels.bf16_dot import linear_bf16_pairs
-    from triforce.kernels.bf16_scores import scores_bf16_pairs
-    from triforce.kernels.bf16_values import values_bf16_pairs
-    from triforce.kernels.f32_attention_parts import scores_f32_fma, values_f32_fma
-    from triforce.kernels.f32_dot import linear_f32_fma
+    from triforce.kernels.cpu import cpu_attention as ca
+    from triforce.kernels.cpu.bf16_dot import linear_bf16_pairs
+    from triforce.kernels.cpu.bf16_scores import scores_bf16_pairs
+    from triforce.kernels.cpu.bf16_values import values_bf16_pairs
+    from triforce.kernels.cpu.f32_attention_parts import scores_f32_fma, values_f32_fma
+    from triforce.kernels.cpu.f32_dot import linear_f32_fma
 
     numba.set_num_threads(1)
     make, q, k, v, weight, xs = _inputs(rows, dtype)
@@ -120,8 +120,8 @@ def _child(rows: int, repeats: int, dtype: str) -> None:
               help="Kernels to time: auto is bfloat16 on CPUs with AVX512-BF16, float32 on CPUs with FMA.")
 @click.option("--child", is_flag=True, hidden=True)
 def main(pads: str, rows: int, repeats: int, dtype: str, child: bool) -> None:
-    from triforce.kernels.bf16_dot import HAS_BF16_DOT
-    from triforce.kernels.f32_dot import HAS_F32_FMA
+    from triforce.kernels.cpu.bf16_dot import HAS_BF16_DOT
+    from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
 
     if child:
         return _child(rows, repeats, dtype)

@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from triforce.kernels import cpu_attention
+import triforce.kernels.cpu.cpu_attention as cpu_attention
 from triforce.kernels.partial import block_kind, fused_partial, fused_shape, partial_attention
 
 
@@ -31,7 +31,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
               cpu_kernel: bool = True) -> torch.Tensor:
     """q: [B, H, T, D]; k, v: [B, Hkv, S, D] with H a multiple of Hkv. Returns [B, H, T, D].
     fold_masked_gqa (default: on CUDA) serves masked GQA by folding query heads into rows.
-    cpu_kernel: decoding steps on the CPU go to triforce.kernels.cpu_attention (False: SDPA)."""
+    cpu_kernel: decoding steps on the CPU go to triforce.kernels.cpu.cpu_attention (False: SDPA)."""
     if cpu_kernel and cpu_attention.takes(q, k, v, sliding_window):
         return cpu_attention.attention(q, k, v, scale=scale)
     num_queries, num_keys = q.shape[-2], k.shape[-2]
@@ -67,7 +67,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
 
 class SdpaAttention:
     """PyTorch scaled_dot_product_attention for whole views (decoding steps on the CPU: the
-    kernel of triforce.kernels.cpu_attention), the tiled torch kernel for partial attention.
+    kernel of triforce.kernels.cpu.cpu_attention), the tiled torch kernel for partial attention.
     Works on every device and dtype."""
 
     name = "sdpa"

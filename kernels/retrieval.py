@@ -65,7 +65,7 @@ class RetrievalKernels:
         self._proven: set[str] = set()  # Triton kernels that have run once
         self.failed: set[str] = set()   # Triton kernels handed over to their reference
         if use_triton:
-            from triforce.kernels import retrieval_triton
+            import triforce.kernels.cuda.retrieval_triton as retrieval_triton
             self._triton = retrieval_triton
 
     def _run(self, name: str, run_triton, run_torch):

@@ -11,7 +11,7 @@ next, its queries attending in large groups, so a layer's host-bound KV is writt
 host blocks are streamed once per group rather than once per prefill chunk.
 
 Hybrid (`hybrid`, offload.hybrid): in a pass of a few new tokens (decoding, a verify) the CPU
-attends over the oldest share of each layer's host blocks in place (triforce.kernels.host_attention,
+attends over the oldest share of each layer's host blocks in place (triforce.kernels.cpu.host_attention,
 on a worker thread on CUDA) while the prefetcher streams the rest; the CPU's partial result merges
 with the others by log-sum-exp."""
 from __future__ import annotations
@@ -21,9 +21,9 @@ import torch
 from triforce.cache_contract import CacheStep
 from triforce.kernels import SDPA, PartialAccumulator, RetrievalKernels, block_visible
 from triforce.kernels.chunk_means import ChunkMeans
-from triforce.kernels.host_attention import host_partial
-from triforce.kernels.host_attention import takes as host_attention_takes
-from triforce.kernels.host_attention import warm_up as warm_host_attention
+from triforce.kernels.cpu.host_attention import host_partial
+from triforce.kernels.cpu.host_attention import takes as host_attention_takes
+from triforce.kernels.cpu.host_attention import warm_up as warm_host_attention
 from triforce.offload.errors import OffloadError
 from triforce.offload.hybrid import CpuWorker, HybridRates, split_blocks
 from triforce.offload.prefetcher import Prefetcher, TransferPlan
@@ -101,6 +101,11 @@ class OffloadedKVCache(SparseReads):
             self._last_tokens = num_new
         in_place, streamed = self._split(start, num_new, prefill)
         return OffloadedCacheStep(self, start, self.length, record_queries, streamed, prefill, in_place)
+
+    def keep_recent(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keep a verify pass's new host-bound KV of `layer` (from `start`) on the device too: the
+        sparse tiers read it from here until the next pass instead of over PCIe."""
+        self._recent[layer] = (start, k, v)
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
@@ -217,7 +222,7 @@ class OffloadedCacheStep(CacheStep):
             if self.layer_done(layer):  # send the layer's KV home
                 c.prefetcher.write(layer, host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
                 if not self.prefill:  # a verify pass: keep its KV on the device for the sparse tiers
-                    c._recent[layer] = (host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
+                    c.keep_recent(layer, host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
                 self._scratch = None
         return acc.result(q.dtype)
 

@@ -24,7 +24,6 @@ PREFILL_CHUNKS = (1024, 512, 256, 128, 64)  # tokens per prefill forward, larges
 # queries per attention call of a layer-major (offloaded) prefill: each call streams the layer's
 # host KV once, so a 32K prompt reads it 4 times per layer instead of 32 (at 1024-token chunks)
 PREFILL_GROUP = 8192
-MAX_GRAPH_TOKENS = 16  # CUDA graphs are kept for steps of 1..16 new tokens (triforce.decoding.graph_runner); longer run eagerly
 
 
 def choose_block_tokens(per_token_layer: int, staging_bytes: int, host_tokens: int) -> int:
@@ -128,7 +127,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
 
     graph_pool = 0
     if graphs:  # each drafting tier's runner: a graph per step length, each keeping its [T, vocab] logits
-        longest = min(MAX_GRAPH_TOKENS, max(spec.gamma1, spec.gamma2) + 1)
+        longest = spec.longest_graph_step
         logits_slots = longest * (longest + 1) // 2 * model.vocab_size
         if spec.uses_sparse_cache:
             graph_pool += logits_slots * dtype_bytes + longest * activation_per_token

@@ -14,6 +14,9 @@ from triforce.pinned import allocate_host
 
 
 class SparseReads:
+    def top_chunks(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        return self.kernels.topk(scores, k)
+
     def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
         """query [B, H, D] -> [B, Hkv, length // chunk_size]. Resident chunks are scored on the
         device; host chunks on the CPU from mean keys kept on the host and updated only for chunks

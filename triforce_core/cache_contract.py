@@ -60,6 +60,10 @@ class FullCache(Protocol):
     def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
         """query [B, H, D] -> [B, Hkv, length // chunk_size]: query . mean key of each complete chunk."""
 
+    def top_chunks(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        """scores [B, Hkv, C] (from chunk_scores) -> int64 [B, Hkv, k]: the k best chunks, ascending,
+        ties to the lower index, by the kernel of the cache's device."""
+
     def keys(self, layer: int) -> torch.Tensor:
         """Keys [B, Hkv, length, D] of `layer` on the device."""
 

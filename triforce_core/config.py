@@ -36,11 +36,6 @@ class ModelConfig:
         if len(self.sliding_windows) != self.num_layers:
             raise UserError("sliding window list does not match the number of layers")
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V per token over all layers, per element byte (multiply by dtype size)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
-
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
         """Build from a transformers PretrainedConfig."""
@@ -99,6 +94,7 @@ class SamplingParams:
 
 METHODS = ("ar", "triforce", "retrieval", "streaming", "snapkv", "naive")
 SNAPKV_WINDOW = 32  # SnapKV's observation window (tokens), as the MagicDec paper uses it
+MAX_GRAPH_TOKENS = 16  # CUDA graphs are kept for steps of 1..16 new tokens; longer steps run eagerly
 AUTO = "auto"  # the cost model picks one of the methods (triforce.offload.method_choice)
 
 
@@ -158,6 +154,12 @@ class SpecParams:
     @property
     def uses_draft(self) -> bool:
         return self.method in ("triforce", "naive", AUTO)  # auto may pick a drafting method
+
+    @property
+    def longest_graph_step(self) -> int:
+        """The longest drafting-tier step kept as a CUDA graph: the runners capture 1..this tokens
+        (decoding.tiers) and the planner reserves their logits (offload.planner)."""
+        return min(MAX_GRAPH_TOKENS, max(self.gamma1, self.gamma2) + 1)
 
     @property
     def uses_sparse_cache(self) -> bool:

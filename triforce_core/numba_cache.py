@@ -30,8 +30,8 @@ def source_digest(folders: list[Path] | None = None) -> str:
     """A digest of the Python files (names and bytes) in `folders` (default: source_folders())."""
     digest = hashlib.sha256()
     for folder in folders or source_folders():
-        for path in sorted(folder.glob("*.py")):
-            digest.update(f"{folder.name}/{path.name}\0".encode())
+        for path in sorted(folder.rglob("*.py")):  # kernels/cpu/ and kernels/cuda/ included
+            digest.update(f"{folder.name}/{path.relative_to(folder).as_posix()}\0".encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -9,8 +9,8 @@ from torch.overrides import TorchFunctionMode
 
 from triforce.decoding.graph_runner import TierRunner
 from triforce.model.loading import load_model
-from triforce.offload import tp
-from triforce.offload.tp import shard_model
+from triforce.app import ranks
+from triforce.model.tensor_parallel import even_split, shard_model
 
 from fake_card import FakeCard
 
@@ -18,14 +18,14 @@ from fake_card import FakeCard
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_nccl_rank_selects_its_own_gpu(monkeypatch, rank):
     card = FakeCard(count=2).install(monkeypatch)
-    tp._join(rank, 2, 29500, "nccl")
+    ranks._join(rank, 2, 29500, "nccl")
     assert card.current == rank and ("set_device", rank) in card.calls
     assert card.groups == [("nccl", torch.device("cuda", rank))]
 
 
 def test_gloo_ranks_stay_on_the_cpu(monkeypatch):
     card = FakeCard(count=2).install(monkeypatch)
-    tp._join(1, 2, 29500, "gloo")
+    ranks._join(1, 2, 29500, "gloo")
     assert card.groups == [("gloo", None)] and not any(name == "set_device" for name, _ in card.calls)
 
 
@@ -58,7 +58,7 @@ def test_a_rank_loads_only_its_share(tiny_model_dir, family, rank):
         assert torch.equal(p, got[name]), name
     # nothing larger than the share ever went to the device (tied weights are moved once)
     assert moved.shapes == Counter(tuple(p.shape) for p in share.model.parameters())
-    assert share.config.num_kv_heads == tp.even_split(whole.config.num_kv_heads, 2)[rank][1]
+    assert share.config.num_kv_heads == even_split(whole.config.num_kv_heads, 2)[rank][1]
 
 
 class CaptureStub(TierRunner):

@@ -12,8 +12,9 @@ import torch
 from tp_helpers import save_logits_rank
 from triforce.cache.resident import ResidentKVCache
 from triforce.model.loading import load_model
-from triforce.offload.errors import OffloadError
-from triforce.offload.tp import even_split, launch
+from triforce.errors import UserError
+from triforce.app.ranks import launch
+from triforce.model.tensor_parallel import even_split
 
 PROMPT = "The capital of France is Paris. The capital of Italy is Rome. The capital of Spain is"
 
@@ -27,7 +28,7 @@ def single_process_logits(model_dir, ids):
 def test_heads_split_as_evenly_as_possible():
     assert even_split(3, 2) == [(0, 2), (2, 1)]
     assert even_split(32, 2) == [(0, 16), (16, 16)]
-    with pytest.raises(OffloadError, match="at most 2"):
+    with pytest.raises(UserError, match="at most 2"):
         even_split(2, 3)
 
 
@@ -92,7 +93,7 @@ def test_tp_chat_gives_the_same_answers(tiny_model_dir):
 def test_workers_die_with_their_parent(tmp_path):
     """A killed rank 0 gets no chance to stop its workers: they must notice and end themselves."""
     code = ("import sys; sys.path.insert(0, sys.argv[2]); from tp_helpers import orphan_rank; "
-            "from triforce.offload.tp import launch; launch(2, orphan_rank, (sys.argv[1],))")
+            "from triforce.app.ranks import launch; launch(2, orphan_rank, (sys.argv[1],))")
     tests = os.path.dirname(os.path.dirname(__file__))
     parent = subprocess.run([sys.executable, "-c", code, str(tmp_path), tests], capture_output=True, text=True,
                             timeout=300)

@@ -14,7 +14,7 @@ def no_work(monkeypatch):
         raise AssertionError("expensive work started before validation")
 
     monkeypatch.setattr("triforce.app.runtime.Runtime.__init__", refuse)
-    monkeypatch.setattr("triforce.offload.tp.launch", refuse)
+    monkeypatch.setattr("triforce.app.ranks.launch", refuse)
 
 
 TP_CASES = [  # (command line after the model flag, fragment of the error, cores this machine claims)

@@ -5,9 +5,9 @@ CPU's share, and a planted bug in the split or in the merge is caught."""
 import pytest
 import torch
 
-from triforce.config import SamplingParams, SpecParams
+from triforce.config import SamplingParams
 from triforce.decoding.engine import Engine
-from triforce.kernels import host_attention
+from triforce.kernels.cpu import host_attention
 from triforce.model.loading import load_model
 from triforce.offload import offloaded_cache
 from triforce.offload.hybrid import HybridRates, split_blocks

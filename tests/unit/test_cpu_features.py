@@ -41,8 +41,8 @@ def test_the_real_check_reads_this_machine():
     (ZEN4, True, False), (SAPPHIRE + "flags\t\t: avx512_fp16 amx_fp16\n", True, True), (SKYLAKE, False, False),
     ("Features\t: fp asimd asimdhp bf16\n", True, True), (GRAVITON2, False, False)])
 def test_which_16bit_formats_a_cpu_multiplies_natively(cpuinfo, bf16, fp16):
-    """The prefill's GEMMs widen 16-bit weights where these are False (triforce.kernels.cpu_linear)."""
-    from triforce.kernels.cpu_flags import flags_in, native_matmul
+    """The prefill's GEMMs widen 16-bit weights where these are False (triforce.kernels.cpu.cpu_linear)."""
+    from triforce.kernels.cpu.cpu_flags import flags_in, native_matmul
 
     flags = flags_in(cpuinfo)
     assert native_matmul(torch.bfloat16, flags) is bf16 and native_matmul(torch.float16, flags) is fp16

@@ -14,8 +14,10 @@ ALLOWED = {
     "pinned": ("triforce.pinned", "triforce.kernels"),
     "offload": ("triforce.offload", "triforce.pinned", "triforce.kernels", "triforce.config", "triforce.errors",
                 "triforce.cache_contract", "triforce.profiles"),
+    # tensor parallelism's sharding is a transform of the model (model/tensor_parallel.py); launching
+    # the ranks is app/'s: model/ sits below offload/, which plans for it
     "triforce_core/model": ("triforce.model", "triforce.config", "triforce.errors", "triforce.paths",
-                            "triforce.cache_contract", "triforce.kernels", "triforce.offload"),
+                            "triforce.cache_contract", "triforce.kernels"),
     "triforce_core/cache": ("triforce.cache", "triforce.model", "triforce.config", "triforce.errors",
                             "triforce.cache_contract", "triforce.kernels", "triforce.offload", "triforce.pinned"),
     "triforce_core/decoding": ("triforce.decoding", "triforce.cache", "triforce.model", "triforce.config",
@@ -86,3 +88,54 @@ def test_idle_kernel_threads_sleep_unless_told_to_spin():
     spinning = subprocess.run([sys.executable, "-c", code], env={**env, "TRIFORCE_THREAD_WAIT": "spin"},
                               capture_output=True, text=True, timeout=60)
     assert sleeping.stdout.strip() == "PASSIVE" and spinning.stdout.strip() == "None"
+
+
+SOURCE_PACKAGES = {"triforce": "triforce_core", "triforce.offload": "offload", "triforce.pinned": "pinned",
+                   "triforce.kernels": "kernels", "triforce.bench": "bench"}
+
+
+def module_files() -> dict[str, Path]:
+    """Every importable module of the project by its dotted name (a package by its __init__)."""
+    found = {}
+    for package, folder in SOURCE_PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def imported_modules(path: Path, modules: dict) -> set[str]:
+    """The project modules `path` imports anywhere in it: `from P import x` imports package P (its
+    __init__ runs) and, where x is a submodule, P.x too."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names & modules.keys()
+
+
+def test_no_import_cycle_between_modules():
+    """A cycle (kernels/__init__ re-exporting attention, which imported from kernels) works only by
+    the order things happen to load; none is left, lazy imports inside functions included."""
+    modules = module_files()
+    graph = {name: imported_modules(path, modules) - {name} for name, path in modules.items()}
+    cycles, state = [], {}
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = "open"
+        for other in sorted(graph[name]):
+            if state.get(other) == "open":
+                cycles.append(stack[stack.index(other):] + [name, other] if other in stack else [name, other])
+            elif other not in state:
+                visit(other, stack + [name])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    assert not cycles, cycles

@@ -17,8 +17,18 @@ def test_digest_changes_with_any_source_file(tmp_path):
 
 def test_the_real_packages_are_found_and_digested():
     folders = numba_cache.source_folders()
-    assert any((folder / "cpu_attention.py").exists() for folder in folders)
+    assert any((folder / "cpu" / "cpu_attention.py").exists() for folder in folders)
     assert len(numba_cache.source_digest()) == 16
+
+
+def test_digest_follows_files_in_subfolders(tmp_path):
+    """kernels/cpu/ holds the numba code: a change there must name a new cache folder."""
+    (tmp_path / "kernels" / "cpu").mkdir(parents=True)
+    kernel = tmp_path / "kernels" / "cpu" / "kernel.py"
+    kernel.write_text("def f(): return 1\n")
+    before = numba_cache.source_digest([tmp_path / "kernels"])
+    kernel.write_text("def f(): return 2\n")
+    assert numba_cache.source_digest([tmp_path / "kernels"]) != before
 
 
 def test_cache_folder_is_named_by_the_digest_and_old_ones_are_pruned(tmp_path, monkeypatch):

@@ -55,7 +55,7 @@ def test_planned_categories_equal_what_the_runtime_allocates(arch, profile, tp):
     from triforce.model.architectures import arch_hf_config
     from triforce.model.decoder import CausalLM
     from triforce.model.rope import RotaryEmbedding
-    from triforce.model.sharding import shard_meta_model
+    from triforce.model.tensor_parallel import shard_meta_model
 
     def meta_model(name, share=None):
         rope = RotaryEmbedding(arch_hf_config(name))

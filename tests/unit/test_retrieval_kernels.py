@@ -17,7 +17,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.fixture(scope="module")
 def rt():
     pytest.importorskip("triton")
-    from triforce.kernels import retrieval_triton
+    from triforce.kernels.cuda import retrieval_triton
     return retrieval_triton
 
 

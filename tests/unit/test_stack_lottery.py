@@ -4,8 +4,8 @@ import pytest
 from click.testing import CliRunner
 
 from triforce.bench import stack_lottery
-from triforce.kernels.bf16_dot import HAS_BF16_DOT
-from triforce.kernels.f32_dot import HAS_F32_FMA
+from triforce.kernels.cpu.bf16_dot import HAS_BF16_DOT
+from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
 
 DTYPES = [d for d, ok in (("bfloat16", HAS_BF16_DOT), ("float32", HAS_F32_FMA)) if ok]
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from triforce.kernels import cpu_attention, warm
+from triforce.kernels.cpu import cpu_attention, warm
 
 
 def _kernel_with_index(path):
@@ -41,7 +41,7 @@ def test_a_child_only_where_a_core_and_an_uncached_kernel_are(monkeypatch):
 
 _SCRIPT = """
 import torch
-from triforce.kernels import cpu_attention, cpu_layer, cpu_linear, warm
+from triforce.kernels.cpu import cpu_attention, cpu_layer, cpu_linear, warm
 cpu_linear.warm_up = cpu_layer.warm_up = lambda dtype: None  # the attention kernel alone: the child's part
 kernel = cpu_attention.attend_kernel(torch.float32, 64)
 print(warm._worth_a_child(torch.float32, [(3, 64)]))

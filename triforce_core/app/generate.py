@@ -50,7 +50,7 @@ class GenerateRequest:
 
 
 def generate_rank(rank: int, world: int, request: GenerateRequest) -> None:
-    """One tensor-parallel rank (started by triforce.offload.tp.launch)."""
+    """One tensor-parallel rank (started by triforce.app.ranks.launch)."""
     run_generate(request, rank, world)
 
 

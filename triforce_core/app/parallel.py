@@ -1,5 +1,5 @@
 """Running the verifier over several GPUs (or several CPU processes with gloo): each rank loads
-the model, cuts it to its share (triforce.model.sharding), and runs the same engine on its own heads'
+the model, cuts it to its share (triforce.model.tensor_parallel), and runs the same engine on its own heads'
 KV. Every rank reaches the same logits; decisions are broadcast from rank 0 all the same."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def run_on_ranks(world: int, fn, request, model: str | None = None, device: str 
         fn(0, 1, request)
         return
     from triforce.errors import UserError
-    from triforce.offload.tp import RankFailed, launch
+    from triforce.app.ranks import RankFailed, launch
 
     check_world(world, device, model, arch)
     try:

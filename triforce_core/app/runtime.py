@@ -47,7 +47,7 @@ class Runtime:
             self.draft.model.attn = backend
         self.attn_name = backend.name
         if self.lm.device.type == "cpu":  # compile the decode kernels before the first token, not during it
-            from triforce.kernels import warm
+            from triforce.kernels.cpu import warm
             models = [self.lm] + ([self.draft.model] if self.draft.model is not None else [])
             warm.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models])
         self.load_s = time.perf_counter() - started
@@ -112,7 +112,7 @@ class Runtime:
         """Under tensor parallelism rank 0's decisions win, and graph capture must succeed on all."""
         if self.world == 1:
             return {}
-        from triforce.offload.tp import all_ranks_ok, broadcast_ints
+        from triforce.app.ranks import all_ranks_ok, broadcast_ints
 
         device = self.lm.device if self.lm.device.type == "cuda" else "cpu"
         return {"agree": partial(broadcast_ints, device=device), "agree_ok": partial(all_ranks_ok, device=device)}

@@ -78,6 +78,9 @@ class ResidentKVCache:
         return self.v_buf[layer, :, :, :self.length]
 
     # ---- the read interface sparse caches use (the FullCache contract) ----------------------
+    def top_chunks(self, scores: torch.Tensor, k: int) -> torch.Tensor:
+        return self.kernels.topk(scores, k)
+
     def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
         """query [B, H, D] -> [B, Hkv, length // chunk_size]: q . mean key of each complete chunk.
         Mean keys are kept and extended only by chunks completed since the last call."""

@@ -15,52 +15,89 @@ from triforce.kernels import SDPA
 
 
 @dataclass(frozen=True)
-class SelectionPolicy:
-    """kind: retrieval | streaming | topk | snapkv; budget in tokens. snapkv selects by the
-    queries of an observation window (SNAPKV_WINDOW tokens), the others by one token's."""
-    kind: str
+class _Policy:
     budget: int
     chunk_size: int = 8
     sink_tokens: int = 16
-    window: int = SNAPKV_WINDOW  # snapkv's observation window (its queries are passed to select)
+    window: int = SNAPKV_WINDOW
+    kind = ""
+    by_window = False  # selects by its observation window's queries [B, H, W, D], not one token's [B, H, D]
 
     def __post_init__(self):
-        if self.kind not in POLICIES:
-            raise ValueError(f"unknown selection policy '{self.kind}'")
-        if self.kind == "retrieval" and self.budget < 2 * self.chunk_size:
-            raise ValueError(f"a retrieval budget must hold at least two chunks ({2 * self.chunk_size} tokens)")
         if self.budget < 1:
             raise ValueError("the budget must be at least one token")
-        if self.kind == "snapkv" and self.budget <= self.window:
-            raise ValueError(f"a SnapKV budget must exceed its observation window ({self.window} tokens)")
 
     def select(self, query: torch.Tensor | None, keys: torch.Tensor) -> torch.Tensor:
-        """query: [B, H, D] post-RoPE (unused by streaming; snapkv: [B, H, W, D], the window's);
-        keys: [B, Hkv, S, D] -> [B, Hkv, N]."""
-        if self.kind == "snapkv":
-            return select_snapkv(_window(query), keys, self.budget)
-        if self.kind == "retrieval":
-            return select_retrieval(query, keys, self.budget, self.chunk_size)
-        if self.kind == "streaming":
-            batch, kv_heads, length, _ = keys.shape
-            return select_streaming(batch, kv_heads, length, self.budget, self.sink_tokens, keys.device)
+        """query: [B, H, D] post-RoPE (or the window's, by_window); keys [B, Hkv, S, D] -> [B, Hkv, N]."""
+        raise NotImplementedError
+
+    def select_from(self, full: FullCache, layer: int, query: torch.Tensor | None) -> torch.Tensor:
+        """The same choice made through a full cache's read interface, so caches that keep part of
+        their KV off the device need not materialise more than the policy reads."""
+        return self.select(query, full.keys(layer))
+
+
+class RetrievalPolicy(_Policy):
+    """TriForce's retrieval cache: the chunks whose mean key best matches the query."""
+    kind = "retrieval"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.budget < 2 * self.chunk_size:
+            raise ValueError(f"a retrieval budget must hold at least two chunks ({2 * self.chunk_size} tokens)")
+
+    def select(self, query, keys):
+        return select_retrieval(query, keys, self.budget, self.chunk_size)
+
+    def select_from(self, full, layer, query):
+        scores = full.chunk_scores(layer, query, self.chunk_size)  # never the whole layer's keys
+        return select_by_chunk_scores(scores, full.length, self.budget, self.chunk_size, full.top_chunks)
+
+
+class StreamingPolicy(_Policy):
+    """StreamingLLM: the sink tokens and the most recent window; reads no keys."""
+    kind = "streaming"
+
+    def select(self, query, keys):
+        batch, kv_heads, length, _ = keys.shape
+        return select_streaming(batch, kv_heads, length, self.budget, self.sink_tokens, keys.device)
+
+    def select_from(self, full, layer, query):
+        return select_streaming(full.batch, full.kv_heads, full.length, self.budget, self.sink_tokens, full.device)
+
+
+class TopKPolicy(_Policy):
+    """The oracle: the tokens the query attends to most (needs every key)."""
+    kind = "topk"
+
+    def select(self, query, keys):
         return select_topk(query, keys, self.budget)
 
-    def select_from(self, full, layer: int, query: torch.Tensor | None) -> torch.Tensor:
-        """The same choice made through a full cache's read interface (chunk_scores, keys), so
-        caches that keep part of their KV off the device need not materialise a whole layer."""
-        if self.kind == "retrieval":
-            scores = full.chunk_scores(layer, query, self.chunk_size)
-            return select_by_chunk_scores(scores, full.length, self.budget, self.chunk_size, full.kernels.topk)
-        if self.kind == "streaming":
-            return select_streaming(full.batch, full.kv_heads, full.length, self.budget, self.sink_tokens,
-                                    full.device)
-        if self.kind == "snapkv":
-            return select_snapkv(_window(query), full.keys(layer), self.budget)
-        return select_topk(query, full.keys(layer), self.budget)
+
+class SnapKVPolicy(_Policy):
+    """SnapKV (MagicDec's drafts): the tokens the observation window attends to most, pooled."""
+    kind = "snapkv"
+    by_window = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.budget <= self.window:
+            raise ValueError(f"a SnapKV budget must exceed its observation window ({self.window} tokens)")
+
+    def select(self, query, keys):
+        return select_snapkv(_window(query), keys, self.budget)
 
 
-POLICIES = ("retrieval", "streaming", "topk", "snapkv")
+POLICY_CLASSES = {cls.kind: cls for cls in (RetrievalPolicy, StreamingPolicy, TopKPolicy, SnapKVPolicy)}
+POLICIES = tuple(POLICY_CLASSES)
+
+
+def SelectionPolicy(kind: str, budget: int, chunk_size: int = 8, sink_tokens: int = 16,  # noqa: N802 (a factory)
+                    window: int = SNAPKV_WINDOW) -> _Policy:
+    """The policy of `kind` (retrieval | streaming | topk | snapkv), budget in tokens."""
+    if kind not in POLICY_CLASSES:
+        raise ValueError(f"unknown selection policy '{kind}'")
+    return POLICY_CLASSES[kind](budget, chunk_size, sink_tokens, window)
 
 
 def _window(query: torch.Tensor | None) -> torch.Tensor:
@@ -73,7 +110,7 @@ class SparseKVCache:
     """k_buf, v_buf: [num_layers, B, Hkv, capacity, D]; entries [0, num_selected) come from the
     last selection, then one entry per token appended since (logical positions build_point..)."""
 
-    def __init__(self, cfg: ModelConfig, policy: SelectionPolicy, max_appended: int, *, batch: int = 1,
+    def __init__(self, cfg: ModelConfig, policy: _Policy, max_appended: int, *, batch: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", attn=SDPA):
         self.policy = policy
         self.attn = attn

@@ -24,7 +24,7 @@ from triforce.decoding.hooks import EngineHooks
 from triforce.decoding.policy import SpeculationPolicy, SparseUpkeep
 from triforce.decoding.sampling import make_generator, probabilities, sample
 from triforce.decoding.statistics import GenerationResult, LevelStats, summarize
-from triforce.decoding.tiers import LookupDrafter, SparseTier, build_levels, pass_kind, prepare_graphs
+from triforce.decoding.tiers import build_levels, prepare_graphs
 from triforce.decoding.verification import Verdict, verify_greedy, verify_sampled
 from triforce.errors import UserError
 from triforce.model.loading import LoadedModel
@@ -50,7 +50,7 @@ class Engine:
         # an engine built in code ignores a draft its method does not use (the CLI refuses one)
         draft = resolve_draft(draft, spec, refuse_unused=False)
         self.levels = build_levels(lm, spec, draft, self.full, self.runner_mode, hooks.agree_ok)
-        self.sparse_tiers = [t for t in self.levels if isinstance(t, SparseTier)]
+        self.sparse_tiers = [t for t in self.levels if t.kind == "sparse"]
         self.policy = SpeculationPolicy(spec, hooks.gamma2_controller if len(self.levels) > 1 else None)
         self.upkeep = SparseUpkeep(self.sparse_tiers, self.full, self.policy, spec.selection_window)
         # drafts each verifying level checks per round: the full tier gamma2, a middle one gamma1
@@ -175,7 +175,7 @@ class Engine:
         draft_dists = self._propose(level - 1, want) if want > 0 else []
         drafts = self.seq[base:]
         queries = None
-        self._passes.append((pass_kind(tier), len(self.seq) - _covered(tier)))
+        self._passes.append((tier.kind, len(self.seq) - tier.covered()))
         with self._phase(f"{tier.name} forward"):
             if tier is self.full:
                 logits, queries = tier.verify(self.seq, record_queries=bool(self.sparse_tiers))
@@ -214,13 +214,13 @@ class Engine:
 
     def _propose_bottom(self, count: int) -> list[torch.Tensor | None]:
         tier = self.levels[0]
-        if isinstance(tier, LookupDrafter):
+        if tier.kind == "lookup":
             tokens = tier.propose(self.seq, count)
             self.seq.extend(tokens)
             return [None] * len(tokens)
         dists = []
         for _ in range(count):
-            self._passes.append((pass_kind(tier), len(self.seq) - _covered(tier)))
+            self._passes.append((tier.kind, len(self.seq) - tier.covered()))
             with self._phase(f"{tier.name} forward"):
                 logits = tier.logits(self.seq)[-1]
             with self._phase(f"{tier.name} sample"):
@@ -249,7 +249,3 @@ class Engine:
         for tier in self.levels:
             tier.truncate(length)
 
-
-def _covered(tier) -> int:
-    """Tokens of the sequence a tier's cache already holds (the rest is fed to it)."""
-    return len(tier.tokens) if hasattr(tier, "tokens") else tier.cache.length

@@ -26,7 +26,8 @@ def latest(kept: torch.Tensor | None, new: torch.Tensor, window: int) -> torch.T
 
 
 class FullTier:
-    name = "full"
+    name = kind = "full"
+    runner = None  # the engine drives its passes (verify, prefill); no graphs
 
     def __init__(self, lm: LoadedModel, max_len: int, kv_cache: FullCache | None = None,
                  prefill_chunk: int = PREFILL_CHUNK, prefill_group: int = PREFILL_GROUP):
@@ -167,6 +168,9 @@ class FullTier:
     def prepare_verify(self) -> None:
         """Let the cache fetch ahead what the coming full verify reads (offloaded caches)."""
         self.cache.prepare_verify()
+
+    def covered(self) -> int:
+        return len(self.tokens)
 
     def truncate(self, length: int) -> None:
         """Keep only the first `length` tokens (no-op if fewer are held)."""

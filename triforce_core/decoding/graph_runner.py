@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from triforce.errors import UserError
-from triforce.offload.planner import MAX_GRAPH_TOKENS
+from triforce.config import MAX_GRAPH_TOKENS
 
 MODES = ("eager", "static", "graph")
 
@@ -71,7 +71,8 @@ class TierRunner:
     """Runs `model` over a sparse or streaming cache (anything with k_buf, v_buf, scale, attn and
     a step whose new tokens take physical slots [start, end))."""
 
-    def __init__(self, model, cache, mode: str = "eager", max_graph_tokens: int = MAX_GRAPH_TOKENS):
+    def __init__(self, model, cache, mode: str = "eager", max_graph_tokens: int = MAX_GRAPH_TOKENS,
+                 agree: Callable[[bool], bool] | None = None):
         if mode not in MODES:
             raise ValueError(f"unknown runner mode '{mode}' (choose from {', '.join(MODES)})")
         if mode == "graph" and cache.k_buf.device.type != "cuda":
@@ -87,7 +88,7 @@ class TierRunner:
         self.graph_failed: str | None = None  # why capture was given up (then everything runs eagerly)
         # agree(ok) -> whether every rank captured: under tensor parallelism all ranks must take the
         # same path (a graph on one rank and eager code on another put collectives out of step)
-        self.agree: Callable[[bool], bool] = lambda ok: ok
+        self.agree: Callable[[bool], bool] = agree or (lambda ok: ok)
         self.replays = 0      # graph replays
         self.static_runs = 0  # fixed-shape runs without a graph (static mode, captures)
         self.eager_runs = 0

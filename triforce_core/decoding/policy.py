@@ -92,6 +92,6 @@ class SparseUpkeep:
 
     def _rebuild(self, tier) -> None:
         queries = self.latest_queries
-        if queries is not None and tier.cache.policy.kind != "snapkv":
+        if queries is not None and not tier.cache.policy.by_window:
             queries = [q[:, :, -1] for q in queries]  # retrieval (and top-k) select by the last token
         tier.rebuild(self.full.cache, queries)

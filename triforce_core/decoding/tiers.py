@@ -3,6 +3,7 @@ own cache, feeds the rest on `logits(seq)`, and rolls back on `truncate(n)`."""
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -15,18 +16,36 @@ from triforce.decoding.draft import Draft
 from triforce.decoding.graph_runner import TierRunner
 from triforce.errors import UserError
 from triforce.model.loading import LoadedModel
-from triforce.offload.planner import MAX_GRAPH_TOKENS
+
+
+class Tier(Protocol):
+    """What the engine asks of every level (the full tier included)."""
+    name: str
+    kind: str                    # the cost model's kind of pass: lookup | draft | sparse | full
+    runner: TierRunner | None    # the forward passes kept as CUDA graphs (None: not a drafting model)
+    time_s: float
+
+    def covered(self) -> int:
+        """Tokens of the sequence the tier's cache stands for (the rest is fed to it)."""
+
+    def truncate(self, length: int) -> None:
+        """Forget everything from token `length` on."""
 
 
 class ModelTier:
     """A model over some cache; `logits(seq)` feeds seq[cache.length:]. runner_mode: how its
-    forward passes run (triforce.decoding.graph_runner: eager, static, graph)."""
+    forward passes run (triforce.decoding.graph_runner: eager, static, graph); agree: under tensor
+    parallelism, whether every rank captured a graph (all or none take it)."""
+    kind = "draft"
 
-    def __init__(self, name: str, lm: LoadedModel, cache, vocab_size: int, runner_mode: str = "eager"):
+    def __init__(self, name: str, lm: LoadedModel, cache, vocab_size: int, runner_mode: str = "eager", agree=None):
         self.name, self.lm, self.model, self.cache = name, lm, lm.model, cache
         self.vocab_size = vocab_size  # the target's: drafts live in the target's vocabulary
-        self.runner = TierRunner(lm.model, cache, runner_mode)
+        self.runner = TierRunner(lm.model, cache, runner_mode, agree=agree)
         self.time_s = 0.0
+
+    def covered(self) -> int:
+        return self.cache.length
 
     def logits(self, seq: list[int]) -> torch.Tensor:
         started = time.perf_counter()
@@ -58,10 +77,12 @@ class SparseTier(ModelTier):
     """The target model over a sparse cache selected from the full cache (retrieval or
     StreamingLLM). After each full verify it takes the exact KV of the accepted tokens."""
 
-    def __init__(self, name: str, lm: LoadedModel, policy: SelectionPolicy, max_appended: int,
-                 runner_mode: str = "eager"):
+    kind = "sparse"
+
+    def __init__(self, name: str, lm: LoadedModel, policy, max_appended: int,
+                 runner_mode: str = "eager", agree=None):
         cache = SparseKVCache(lm.config, policy, max_appended, dtype=lm.dtype, device=lm.device, attn=lm.attn)
-        super().__init__(name, lm, cache, lm.config.vocab_size, runner_mode)
+        super().__init__(name, lm, cache, lm.config.vocab_size, runner_mode, agree)
         self.rebuilds = 0
 
     def rebuild(self, full: FullCache, queries: list[torch.Tensor] | None) -> None:
@@ -78,12 +99,15 @@ class DraftModelTier(ModelTier):
     """A separate small model with a StreamingLLM cache of its own."""
 
     def __init__(self, draft: LoadedModel, target: LoadedModel, sink_tokens: int, window: int, slack: int,
-                 runner_mode: str = "eager"):
+                 runner_mode: str = "eager", agree=None):
         check_same_tokenizer(draft, target)
         cache = StreamingKVCache(draft.config, draft.model.rope, sink_tokens, window, slack,
                                  dtype=draft.dtype, device=draft.device, attn=draft.attn)
-        super().__init__("draft", draft, cache, target.config.vocab_size, runner_mode)
+        super().__init__("draft", draft, cache, target.config.vocab_size, runner_mode, agree)
         self.tokens: list[int] = []  # the sequence prefix the cache stands for
+
+    def covered(self) -> int:
+        return len(self.tokens)  # its window holds fewer entries than the tokens it stands for
 
     def logits(self, seq: list[int]) -> torch.Tensor:
         start = self.cache.length
@@ -128,7 +152,8 @@ class LookupDrafter:
     """Prompt-lookup drafting: find the latest earlier occurrence of the sequence's last n-gram
     (longest n first) and propose the tokens that followed it. Deterministic (one-hot q)."""
 
-    name = "lookup"
+    name = kind = "lookup"
+    runner = None
 
     def __init__(self, max_ngram: int = 3):
         self.max_ngram = max_ngram
@@ -151,6 +176,9 @@ class LookupDrafter:
                 return arr[start:start + count].tolist()
         return []
 
+    def covered(self) -> int:
+        return 0  # no cache: it reads the sequence itself
+
     def truncate(self, length: int) -> None:
         pass
 
@@ -159,37 +187,23 @@ def build_levels(lm: LoadedModel, spec: SpecParams, draft: Draft, full, runner_m
     """The tiers from bottom to top: tier 0 (draft model or lookup) where the method has one, the
     sparse tier (retrieval or streaming) where it has one, and the full tier. agree_ok: under
     tensor parallelism, graph capture succeeds on every rank or on none."""
-    levels: list = []
+    levels: list[Tier] = []
     if draft.kind == "lookup":
         levels.append(LookupDrafter())
     elif draft.kind == "model":
         levels.append(DraftModelTier(draft.model, lm, spec.sink_tokens, spec.draft_window_tokens, spec.draft_slack,
-                                     runner_mode))
+                                     runner_mode, agree_ok))
     if spec.uses_sparse_cache:
         kind = spec.sparse_policy
         policy = SelectionPolicy(kind, spec.budget, spec.chunk_size, spec.sink_tokens, spec.snapkv_window)
-        levels.append(SparseTier(kind, lm, policy, spec.sparse_append_slots, runner_mode))
+        levels.append(SparseTier(kind, lm, policy, spec.sparse_append_slots, runner_mode, agree_ok))
     levels.append(full)
-    for tier in levels:
-        if agree_ok is not None and getattr(tier, "runner", None) is not None:
-            tier.runner.agree = agree_ok
     return levels
 
 
 def prepare_graphs(levels: list, spec: SpecParams) -> None:
     """Capture the drafting tiers' CUDA graphs for every step length they will run, up front."""
-    longest = min(MAX_GRAPH_TOKENS, max(spec.gamma1, spec.gamma2) + 1)
+    longest = spec.longest_graph_step
     for tier in levels:
-        if getattr(tier, "runner", None) is not None:
+        if tier.runner is not None:
             tier.runner.prepare(range(1, longest + 1))
-
-
-def pass_kind(tier) -> str:
-    """What a pass of `tier` costs in the cost model's terms (offload.cost_model.RoundPrices)."""
-    if isinstance(tier, SparseTier):
-        return "sparse"
-    if isinstance(tier, DraftModelTier):
-        return "draft"
-    if isinstance(tier, LookupDrafter):
-        return "lookup"
-    return "full"

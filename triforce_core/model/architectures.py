@@ -82,7 +82,7 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
     with torch.device("meta"):
         model = CausalLM(cfg, rope).to(torch_dtype)
     if shard is not None:  # a rank's tensor-parallel share only: the whole model may not fit one card
-        from triforce.model.sharding import shard_meta_model
+        from triforce.model.tensor_parallel import shard_meta_model
         shard_meta_model(model, *shard)
     # cast on the meta device, then allocate: building in float32 first would need twice the
     # memory of bf16 weights on the device (a 7B model would not fit a 24 GB card)

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import torch
 
-from triforce.kernels.cpu_flags import flags_in, native_matmul
+from triforce.kernels.cpu.cpu_flags import flags_in, native_matmul
 
 
 @lru_cache(maxsize=1)

@@ -103,8 +103,8 @@ def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.
         model = CausalLM(cfg, rope)
     slicer = None
     if shard is not None:
-        from triforce.offload.tp import shard_slicer
-        from triforce.model.sharding import shard_meta_model
+        from triforce.model.tensor_parallel import shard_slicer
+        from triforce.model.tensor_parallel import shard_meta_model
 
         shard_meta_model(model, *shard)
         slicer = shard_slicer(cfg, *shard)

@@ -28,8 +28,8 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from triforce.kernels.bf16_bits import narrow
-from triforce.kernels.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
+from triforce.kernels.cpu.bf16_bits import narrow
+from triforce.kernels.cpu.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
 
 PAIR_BLOCK = 64  # values per step of a dot (two accumulators x 32): widths must be a multiple
 

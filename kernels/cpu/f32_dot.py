@@ -12,7 +12,7 @@ fixed tree. So an input row's result never depends on the other rows of the call
 computes each token as decoding it alone would), and LLVM, given no fast-math licence, keeps that
 order.
 
-A row may also be bfloat16 bits (uint16, as triforce.kernels.bf16_bits passes them): its 8
+A row may also be bfloat16 bits (uint16, as triforce.kernels.cpu.bf16_bits passes them): its 8
 values are widened as loaded (zero-extend, shift left 16: exact), so bfloat16 weights, keys and
 values on such CPUs take the same steps and give the bits float32 copies of them would.
 
@@ -27,7 +27,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from triforce.kernels.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
+from triforce.kernels.cpu.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
 
 STEP = 16  # values per step of a dot (two accumulators x 8 lanes): widths must be a multiple
 LANES8 = ir.VectorType(ir.FloatType(), 8)

@@ -8,7 +8,7 @@ cache) while this one compiles the other two; this process then loads it from th
 child fails, the kernel is compiled here as before: the child only saves time, it never decides
 what runs. With the kernels cached, or on one core, everything happens here, as before.
 
-    python -m triforce.kernels.warm float32 3x64 [...]   (the child: dtype, then KV heads x head dim)"""
+    python -m triforce.kernels.cpu.warm float32 3x64 [...]   (the child: dtype, then KV heads x head dim)"""
 from __future__ import annotations
 
 import subprocess
@@ -18,7 +18,7 @@ from pathlib import Path
 import numba
 import torch
 
-from triforce.kernels import cpu_attention, cpu_layer, cpu_linear
+from triforce.kernels.cpu import cpu_attention, cpu_layer, cpu_linear
 
 CHILD_TIMEOUT_S = 600  # the child's compile takes ~8 s on a 2-core Zen 3; a hung one must not hang a start
 
@@ -60,7 +60,7 @@ def _cached(kernel) -> bool:
 def _attention_child(dtype: torch.dtype, kv_shapes) -> subprocess.Popen | None:
     shapes = [f"{heads}x{dim}" for heads, dim in kv_shapes]
     try:
-        return subprocess.Popen([sys.executable, "-m", "triforce.kernels.warm", str(dtype).removeprefix("torch."),
+        return subprocess.Popen([sys.executable, "-m", "triforce.kernels.cpu.warm", str(dtype).removeprefix("torch."),
                                  *shapes], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     except OSError:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import click
 
+from triforce.bench.gpu_campaign import last_json  # the campaign reads its steps' output the same way
+
 PROMPT = "the capital of france is"
 NEW_TOKENS = 24
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -80,21 +82,11 @@ def run(name: str, args: list[str], stdin: str | None = None, timeout_s: float =
         rc, out, err = "timeout", _text(e.stdout), _text(e.stderr)
     return {"name": name, "command": "triforce " + " ".join(args), "rc": rc, "ok": rc == 0,
             "seconds": round(time.perf_counter() - started, 1), "stdout_tail": out[-1500:], "stderr_tail": err[-1500:],
-            "json": _last_json(out)}
+            "json": last_json(out)}
 
 
 def _text(value) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
-
-
-def _last_json(text: str):
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                return None
-    return None
 
 
 def transformers_tokens(folder: Path, device: str) -> list[int]:

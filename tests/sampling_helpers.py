@@ -28,14 +28,27 @@ def p_direct_shortcut(drafts, draft_probs, target_probs, generator):
     return Verdict(len(drafts), int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator)))
 
 
+class BrokenEngine(Engine):
+    """An engine whose `broken_level` checks its drafts with p_direct_shortcut (the chi-square
+    tests must catch it); every other level verifies as the runtime does."""
+
+    def __init__(self, *args, broken_level: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.broken_level = broken_level
+
+    def sampled_verdict(self, tier_name, drafts, draft_dists, probs):
+        if tier_name == self.broken_level:
+            return p_direct_shortcut(drafts, draft_dists, probs, self.generator)
+        return super().sampled_verdict(tier_name, drafts, draft_dists, probs)
+
+
 def _worker(job) -> dict:
     target_dir, draft_dir, spec_kwargs, drafter, params, prompt_ids, new_tokens, samples, seed, broken_level = job
     torch.set_num_threads(1)
     target = load_model(target_dir, dtype="float32", device="cpu")
     draft = load_model(draft_dir, dtype="float32", device="cpu") if drafter == "model" else drafter
-    engine = Engine(target, SpecParams(**spec_kwargs), len(prompt_ids) + new_tokens + 2, draft)
-    if broken_level:
-        engine.verifiers[broken_level] = p_direct_shortcut
+    engine = BrokenEngine(target, SpecParams(**spec_kwargs), len(prompt_ids) + new_tokens + 2, draft,
+                          broken_level=broken_level)
     generator = torch.Generator().manual_seed(seed)
     counts: dict = {}
     for _ in range(samples):
@@ -97,10 +110,8 @@ def _batch_worker(job) -> list[dict]:
         loaded = load_model(draft_dir, dtype="float32", device="cpu")
         draft = dataclasses.replace(loaded, model=RowModel(loaded.model))
     longest = max(map(len, prompts)) + new_tokens + 2
-    engines = [Engine(rows_lm, SpecParams(**spec_kwargs), longest, draft, graphs="off") for _ in prompts]
-    if broken_level:
-        for engine in engines:
-            engine.verifiers[broken_level] = p_direct_shortcut
+    engines = [BrokenEngine(rows_lm, SpecParams(**spec_kwargs), longest, draft, graphs="off", broken_level=broken_level)
+               for _ in prompts]
     generators = [torch.Generator().manual_seed(seed * 100 + r) for r in range(len(prompts))]
     counts: list[dict] = [{} for _ in prompts]
 

@@ -55,7 +55,6 @@ class Engine:
         self.upkeep = SparseUpkeep(self.sparse_tiers, self.full, self.policy, spec.selection_window)
         # drafts each verifying level checks per round: the full tier gamma2, a middle one gamma1
         self.gammas = [0] + [spec.gamma1] * (len(self.levels) - 2) + [spec.gamma2]
-        self.verifiers = {t.name: verify_sampled for t in self.levels[1:]}  # a test may plant a broken one
         self.seq: list[int] = []
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
@@ -189,7 +188,7 @@ class Engine:
                 verdict, probs = verify_greedy(drafts, rows), None
             else:
                 probs = probabilities(rows, self.params)
-                verdict = self.verifiers[tier.name](drafts, draft_dists, probs, self.generator)
+                verdict = self.sampled_verdict(tier.name, drafts, draft_dists, probs)
             if self.hooks.agree is not None:
                 verdict = Verdict(*self.hooks.agree([verdict.accepted, verdict.token]))
         del self.seq[base + verdict.accepted:]
@@ -237,6 +236,10 @@ class Engine:
             self.stats[0].rounds += count
             self.stats[0].emitted += count
         return dists
+
+    def sampled_verdict(self, tier_name: str, drafts: list[int], draft_dists: list, probs: torch.Tensor) -> Verdict:
+        """Exact speculative sampling of `drafts` against tier `tier_name`'s probabilities."""
+        return verify_sampled(drafts, draft_dists, probs, self.generator)
 
     def gate_report(self) -> dict:
         """What --method auto's online check did (empty without one)."""

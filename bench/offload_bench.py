@@ -174,6 +174,7 @@ def run_method(method: str, s: Setup) -> dict:
         "achieved_h2d_gbps": round(h2d / seconds / 1e9, 2),
         "plan_gpu_bytes": plan.gpu_bytes_total, "budget_bytes": plan.gpu_budget_bytes,
         "resident_tokens": plan.resident_tokens if method != "zero-inference" else 0,
+        "decode_resident_tokens": cache.device_tokens if isinstance(cache, OffloadedKVCache) else 0,
         "host_kv_bytes": plan.host_kv_bytes if method != "zero-inference" else cache.host_nbytes,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     }

@@ -92,7 +92,7 @@ def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec
     ar_costs = ar_plan.step_costs
 
     def ar_ms(length: int) -> float:
-        return full_verify_ms(costs_at(ar_costs, ar_plan.resident_tokens, length), hw, 1)
+        return full_verify_ms(costs_at(ar_costs, ar_plan.decode_resident_tokens, length), hw, 1)
 
     predicted = {"ar": ar_ms(context)} if ar_costs is not None else {}
     timings, specs, best_case = {}, {}, {}
@@ -130,7 +130,7 @@ def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec
 def _timing(method: str, plan, spec, acceptance: Acceptance, hw):
     """length -> predicted ms/token of `method` under `plan` once the sequence is that long."""
     def ms(length: int) -> float:
-        costs = costs_at(plan.step_costs, plan.resident_tokens, length)
+        costs = costs_at(plan.step_costs, plan.decode_resident_tokens, length)
         if method == "naive":
             return naive_ms_per_token(costs, hw, acceptance.retrieval, spec.gamma2)
         return triforce_ms_per_token(costs, hw, acceptance, spec.gamma1, spec.gamma2,

@@ -10,6 +10,11 @@ Prefill runs layer-major (`layer_major`): one pass, one layer over all new token
 next, its queries attending in large groups, so a layer's host-bound KV is written once and its
 host blocks are streamed once per group rather than once per prefill chunk.
 
+Residency after prefill (`decode_resident_tokens`): a layer-major prefill needs device scratch
+that decoding does not. At the first short pass after a prefill the first whole host blocks are
+copied into that room once (`k_ext`, `v_ext`) and no longer streamed; the host keeps them too, so
+a later prefill (a chat turn) frees the copies and a rollback below them only forgets them.
+
 Hybrid (`hybrid`, offload.hybrid): in a pass of a few new tokens (decoding, a verify) the CPU
 attends over the oldest share of each layer's host blocks in place (triforce.kernels.cpu.host_attention,
 on a worker thread on CUDA) while the prefetcher streams the rest; the CPU's partial result merges
@@ -43,9 +48,11 @@ class OffloadedKVCache(SparseReads):
     def __init__(self, cfg, max_len: int, resident_tokens: int, block_tokens: int, *,
                  dtype: torch.dtype, device: torch.device | str, batch: int = 1, overlap: bool = True,
                  pin: bool = True, host_budget_bytes: int | None = None, attn=SDPA, streams=None,
-                 hybrid: HybridRates | float | None = None):
+                 hybrid: HybridRates | float | None = None, decode_resident_tokens: int = 0):
         """hybrid: the rates that split a short pass's host blocks between PCIe and the CPU, or a
-        fixed CPU share (tests); None: every host block is streamed."""
+        fixed CPU share (tests); None: every host block is streamed. decode_resident_tokens: KV
+        tokens the device may hold once prefill is done (the plan's; at most resident_tokens:
+        none move)."""
         if not 0 <= resident_tokens < max_len:
             raise OffloadError(f"resident tokens ({resident_tokens}) must be below the context ({max_len})")
         self.device = torch.device(device)
@@ -76,13 +83,18 @@ class OffloadedKVCache(SparseReads):
         self._last_tokens = 1  # the last short pass's new tokens: the next prefetch's split
         self.cpu_worker = CpuWorker(self.device)
         self.cpu_bytes = 0     # host KV bytes attended in place (not streamed)
+        # device copies of host positions [resident_tokens, resident_tokens + ext_tokens), whole blocks
+        self.ext_capacity = max(0, decode_resident_tokens - resident_tokens) // block_tokens * block_tokens
+        self.k_ext = self.v_ext = None
+        self.ext_tokens = 0
 
     # ---- bookkeeping --------------------------------------------------------------------
     @property
     def nbytes(self) -> int:
         """Device bytes: resident KV (and its chunk means) plus staging buffers."""
         means = sum(m.nbytes for m in self._resident_means.values())
-        return self.k_res.nbytes + self.v_res.nbytes + means + self.prefetcher.staging_bytes
+        ext = 2 * self.k_ext.nbytes if self.k_ext is not None else 0
+        return self.k_res.nbytes + self.v_res.nbytes + ext + means + self.prefetcher.staging_bytes
 
     @property
     def host_nbytes(self) -> int:
@@ -95,6 +107,10 @@ class OffloadedKVCache(SparseReads):
             raise OffloadError(f"context full: {self.length} + {num_new} tokens exceed the cache's "
                                f"{self.max_len} slots")
         start = self.length
+        if prefill:
+            self._free_ext()  # the prefill's scratch is where the copies were
+        else:
+            self.promote(start)
         self.length += num_new
         self._recent = {}  # this pass rewrites the positions they held
         if not prefill and num_new <= MAX_HYBRID_TOKENS:
@@ -112,6 +128,9 @@ class OffloadedKVCache(SparseReads):
             raise ValueError(f"cannot roll back to {length}: cache holds {self.length}")
         self.length = length
         self._recent = {layer: r for layer, r in self._recent.items() if r[0] < length}
+        # copies of blocks the next pass may rewrite are forgotten (the host still holds them)
+        bt = self.store.block_tokens
+        self.ext_tokens = min(self.ext_tokens, max(0, length - self.resident_tokens) // bt * bt)
         for means in self._resident_means.values():
             means.rollback(length)
         for means in self._host_means.values():
@@ -122,10 +141,40 @@ class OffloadedKVCache(SparseReads):
         run (split as the last short pass was: the same number of new tokens is likeliest)."""
         self.prefetcher.prefetch(self._split(self.length, self._last_tokens, False)[1])
 
+    def promote(self, start: int) -> None:
+        """Copy the whole host blocks filled before `start` into the device's room for them
+        (once; a rollback may have forgotten some, which are copied again)."""
+        bt = self.store.block_tokens
+        want = min(self.ext_capacity, max(0, start - self.resident_tokens) // bt * bt)
+        if want <= self.ext_tokens:
+            return
+        if self.k_ext is None:
+            shape = (*self.k_res.shape[:3], self.ext_capacity, self.k_res.shape[-1])
+            self.k_ext = torch.empty(shape, dtype=self.k_res.dtype, device=self.device)
+            self.v_ext = torch.empty_like(self.k_ext)
+        self.prefetcher.synchronize()  # the prefill's last writes have reached the host
+        for layer in range(self.num_layers):
+            for block in range(self.ext_tokens // bt, want // bt):
+                k, v = self.store.block_kv(self.store.block(layer, block).to(self.device), bt)
+                self.k_ext[layer, :, :, block * bt:(block + 1) * bt] = k
+                self.v_ext[layer, :, :, block * bt:(block + 1) * bt] = v
+        self.ext_tokens = want
+
+    def _free_ext(self) -> None:
+        self.k_ext = self.v_ext = None
+        self.ext_tokens = 0
+
+    @property
+    def device_tokens(self) -> int:
+        """Old tokens [0, device_tokens) attend from device memory; later ones from the host."""
+        return self.resident_tokens + self.ext_tokens
+
     def transfer_plan(self, start: int) -> TransferPlan:
         """The host blocks a pass whose new tokens begin at `start` reads: in every layer, those
-        holding old tokens [resident, start) that some query of the pass may see."""
-        return TransferPlan(tuple(tuple(self._host_blocks(layer, start)) for layer in range(self.num_layers)))
+        holding old tokens [device_tokens, start) that some query of the pass may see; only the
+        filled part of the last one is copied."""
+        blocks = tuple(tuple(self._host_blocks(layer, start)) for layer in range(self.num_layers))
+        return TransferPlan(blocks, filled=start - self.store.first_position)
 
     def cpu_share(self, num_new: int, prefill: bool = False) -> float:
         """The share of a pass's host blocks the CPU attends in place."""
@@ -136,12 +185,12 @@ class OffloadedKVCache(SparseReads):
     def _split(self, start: int, num_new: int, prefill: bool) -> tuple[tuple[tuple[int, ...], ...], TransferPlan]:
         """(the blocks the CPU attends in place per layer, the plan of the streamed ones)."""
         share = self.cpu_share(num_new, prefill)
-        whole = self.transfer_plan(start).blocks
+        whole = self.transfer_plan(start)
         if share == 0.0:
-            return tuple(() for _ in whole), TransferPlan(whole)
+            return tuple(() for _ in whole.blocks), whole
         halves = [((), blocks) if self.sliding_windows[layer] is not None else split_blocks(blocks, share)
-                  for layer, blocks in enumerate(whole)]
-        return tuple(h[0] for h in halves), TransferPlan(tuple(h[1] for h in halves))
+                  for layer, blocks in enumerate(whole.blocks)]
+        return tuple(h[0] for h in halves), TransferPlan(tuple(h[1] for h in halves), filled=whole.filled)
 
     def host_share(self, layer: int, q: torch.Tensor, blocks: tuple[int, ...], start: int, first: bool):
         """Start the CPU's attention of `q` over host `blocks` of `layer` (keys before `start`);
@@ -154,14 +203,15 @@ class OffloadedKVCache(SparseReads):
         return self.cpu_worker.start(host_partial, q, self.store.data[layer], list(blocks), counts, scale=self.scale)
 
     def _host_blocks(self, layer: int, start: int) -> range:
-        first_visible = self.resident_tokens
+        first_visible = self.device_tokens
         window = self.sliding_windows[layer]
         if window is not None:
             first_visible = max(first_visible, start - window + 1)
         if start <= first_visible:
             return range(0)
         bt = self.store.block_tokens
-        return range((first_visible - self.resident_tokens) // bt, (start - 1 - self.resident_tokens) // bt + 1)
+        origin = self.store.first_position
+        return range((first_visible - origin) // bt, (start - 1 - origin) // bt + 1)
 
 class OffloadedCacheStep(CacheStep):
     """One forward pass over new tokens [start, end). In a layer-major prefill the model calls
@@ -207,6 +257,9 @@ class OffloadedCacheStep(CacheStep):
         if resident_end > 0 and block_visible(q_start, q.shape[2], 0, resident_end, window):
             acc.add(*c.attn.partial(q, c.k_res[layer, :, :, :resident_end], c.v_res[layer, :, :, :resident_end],
                                     scale=c.scale, q_start=q_start, k_start=0, sliding_window=window))
+        if c.ext_tokens and block_visible(q_start, q.shape[2], resident, c.device_tokens, window):
+            acc.add(*c.attn.partial(q, c.k_ext[layer, :, :, :c.ext_tokens], c.v_ext[layer, :, :, :c.ext_tokens],
+                                    scale=c.scale, q_start=q_start, k_start=resident, sliding_window=window))
         for block, staged in c.prefetcher.read(self.plan, layer, again=not self.layer_done(layer)):
             first = c.store.block_start(block)
             k_old, v_old = c.store.block_kv(staged, min(c.store.block_tokens, self.start - first))

@@ -55,6 +55,9 @@ class MemoryPlan:
     predictions: dict = field(default_factory=dict)
     step_costs: StepCosts | None = None  # what each tier's forward pass moves and computes
     hybrid: HybridRates | None = None    # the CPU's share of short passes' host KV (offload.hybrid); None: streamed
+    # KV tokens on the GPU while decoding: the resident ones plus the whole host blocks the
+    # prefill's freed scratch holds (OffloadedKVCache promotes them after prefill)
+    decode_resident_tokens: int = 0
 
     @property
     def gpu_bytes_total(self) -> int:
@@ -151,7 +154,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
     if sum(resident_all.values()) <= budget:
         plan = MemoryPlan(True, "", breakdown=resident_all, resident_tokens=context,
                           host_breakdown={"host_kv": 0}, block_tokens=0, prefill_chunk=PREFILL_CHUNKS[0],
-                          **common)
+                          decode_resident_tokens=context, **common)
         return _with_predictions(plan, model, profile, spec, dtype_bytes, draft, tp, acceptance, has_tier0)
 
     block = choose_block_tokens(per_token_layer, _staging_bytes(profile), context)
@@ -218,8 +221,16 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
                   "cache does not hold: use a context that fits the device, or --method streaming or retrieval")
     plan = MemoryPlan(not reason, reason, breakdown=breakdown, resident_tokens=resident_tokens,
                       host_breakdown=host, block_tokens=block, prefill_chunk=chunk, prefill_group=group,
+                      decode_resident_tokens=resident_tokens + promoted_tokens(offload["prefill_scratch"],
+                                                                              per_token, block, host_tokens),
                       **common)
     return _with_predictions(plan, model, profile, spec, dtype_bytes, draft, tp, acceptance, has_tier0)
+
+
+def promoted_tokens(free_bytes: int, per_token: int, block: int, host_tokens: int) -> int:
+    """Host tokens whose KV moves to the GPU once decoding starts: whole filled blocks (of
+    host_tokens) in `free_bytes`, the prefill scratch then unused."""
+    return min(free_bytes // per_token, host_tokens) // block * block
 
 
 def _staging_bytes(profile: MemoryProfile) -> int:
@@ -232,11 +243,12 @@ def step_costs(plan: "MemoryPlan", model: ModelConfig, spec: SpecParams, dtype_b
     """What one forward pass of each tier moves and computes on a GPU of this plan."""
     b = plan.breakdown
     per_token = kv_bytes_per_token_layer(model, dtype_bytes, tp) * model.num_layers
+    resident = plan.decode_resident_tokens or plan.resident_tokens
     heads = kv_heads_share(model, tp) * (model.num_heads // model.num_kv_heads)
     draft_params = weight_bytes(draft, 1) if draft is not None else 0
     return StepCosts(
-        num_layers=model.num_layers, weights_bytes=b["target_weights"], resident_kv_bytes=b["resident_kv"],
-        host_kv_bytes=(plan.context - plan.resident_tokens) * per_token,
+        num_layers=model.num_layers, weights_bytes=b["target_weights"], resident_kv_bytes=resident * per_token,
+        host_kv_bytes=(plan.context - resident) * per_token,
         retrieval_kv_bytes=(spec.budget + spec.gamma2 + 1) * per_token if spec.uses_sparse_cache else 0,
         draft_bytes=b["draft_weights"] + b["streaming_cache"], draft_layers=draft.num_layers if draft else 0,
         flops_per_token=2 * b["target_weights"] / dtype_bytes, draft_flops_per_token=2 * draft_params,

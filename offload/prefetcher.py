@@ -25,8 +25,17 @@ from triforce.pinned import HostKVStore
 
 @dataclass(frozen=True)
 class TransferPlan:
-    """blocks[layer]: the host block indices one pass reads in that layer, in reading order."""
+    """blocks[layer]: the host block indices one pass reads in that layer, in reading order.
+    filled: host tokens (from the store's first position) the pass may see; a block past it
+    is copied only up to it (None: whole blocks)."""
     blocks: tuple[tuple[int, ...], ...]
+    filled: int | None = None
+
+    def tokens(self, block: int, block_tokens: int) -> int:
+        """Tokens of `block` to copy."""
+        if self.filled is None:
+            return block_tokens
+        return max(0, min(block_tokens, self.filled - block * block_tokens))
 
     def order(self) -> list[tuple[int, int]]:
         return [(layer, block) for layer, blocks in enumerate(self.blocks) for block in blocks]
@@ -75,24 +84,28 @@ class Prefetcher:
     def staging_bytes(self) -> int:
         return sum(b.nbytes for b in self.staging_buf)
 
-    def _key(self, layer: int, block: int) -> tuple:
-        return layer, block, self._versions.get((layer, block), 0)
+    def _key(self, layer: int, block: int, tokens: int) -> tuple:
+        return layer, block, self._versions.get((layer, block), 0), tokens
 
     # ---- reads --------------------------------------------------------------------------
     def read(self, plan: TransferPlan, layer: int, again: bool = False) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield (block index, staging buffer [block_tokens, 2, B, Hkv, D]) for each block `plan`
         reads in `layer`. A buffer is valid until the next item is requested. again: the next
         read is this layer once more (so its first block is the one to fetch ahead)."""
+        bt = self.store.block_tokens
         for i, block in enumerate(plan.blocks[layer]):
+            tokens = plan.tokens(block, bt)
             if not self.overlap:
-                self._copy_in_order(layer, block)
+                self._copy_in_order(layer, block, tokens)
                 self.stats.misses += 1
                 yield block, self.staging_buf[0]
                 continue
             upcoming = plan.after(layer, i, again)
-            slot = self._held(layer, block)
+            if upcoming is not None:
+                upcoming = (*upcoming, plan.tokens(upcoming[1], bt))
+            slot = self._held(layer, block, tokens)
             if slot is None:
-                slot = self._issue(layer, block, avoid=self._held(*upcoming) if upcoming else None)
+                slot = self._issue(layer, block, tokens, avoid=self._held(*upcoming) if upcoming else None)
                 self.stats.misses += 1
             else:
                 self.stats.hits += 1
@@ -110,6 +123,9 @@ class Prefetcher:
         if first is None:
             return
         second = plan.after(first[0], 0)
+        bt = self.store.block_tokens
+        first = (*first, plan.tokens(first[1], bt))
+        second = (*second, plan.tokens(second[1], bt)) if second is not None else None
         slot = self._held(*first)
         if slot is None:
             slot = self._issue(*first, avoid=self._held(*second) if second is not None else None)
@@ -124,17 +140,17 @@ class Prefetcher:
         """The compute stream is done with `slot` once its queued reads have run."""
         self.streams.record(self._free[slot], self.streams.current())
 
-    def _held(self, layer: int, block: int) -> int | None:
-        key = self._key(layer, block)
+    def _held(self, layer: int, block: int, tokens: int) -> int | None:
+        key = self._key(layer, block, tokens)
         for slot, held in enumerate(self._holds):
             if held == key:
                 return slot
         return None
 
-    def _issue(self, layer: int, block: int, avoid: int | None) -> int:
-        """Copy a block into a buffer other than `avoid` on the copy stream."""
+    def _issue(self, layer: int, block: int, tokens: int, avoid: int | None) -> int:
+        """Copy the first `tokens` of a block into a buffer other than `avoid` on the copy stream."""
         slot = next(s for s in range(len(self.staging_buf)) if s != avoid)
-        source, target = self.store.block(layer, block), self.staging_buf[slot]
+        source, target = self.store.block(layer, block)[:tokens], self.staging_buf[slot][:tokens]
         self.streams.wait_event(self.copy_stream, self._free[slot])  # its last reader is done
         with self.streams.on(self.copy_stream):
             self.streams.copy(target, source)
@@ -142,14 +158,14 @@ class Prefetcher:
         self._account(slot, layer, block, source)
         return slot
 
-    def _copy_in_order(self, layer: int, block: int) -> None:
+    def _copy_in_order(self, layer: int, block: int, tokens: int) -> None:
         """The plain schedule: a copy on the compute stream, ordered with everything around it."""
-        source = self.store.block(layer, block)
-        self.staging_buf[0].copy_(source)
+        source = self.store.block(layer, block)[:tokens]
+        self.staging_buf[0][:tokens].copy_(source)
         self._account(0, layer, block, source)
 
     def _account(self, slot: int, layer: int, block: int, source: torch.Tensor) -> None:
-        self._holds[slot] = self._key(layer, block)
+        self._holds[slot] = self._key(layer, block, source.shape[0])
         self.stats.h2d_bytes += source.nbytes
         self.stats.blocks_copied += 1
 

@@ -60,8 +60,9 @@ def session(caches, cfg=CFG, passes=6):
     assert all(torch.equal(a, b) for a, b in zip(out_full, out_off))
 
 
-def offloaded(cfg=CFG, overlap=True, pin=True):
-    return OffloadedKVCache(cfg, 96, 8, 8, dtype=torch.float64, device="cpu", overlap=overlap, pin=pin)
+def offloaded(cfg=CFG, overlap=True, pin=True, decode_resident=0):
+    return OffloadedKVCache(cfg, 96, 8, 8, dtype=torch.float64, device="cpu", overlap=overlap, pin=pin,
+                            decode_resident_tokens=decode_resident)
 
 
 @pytest.mark.parametrize("cfg", [CFG, WINDOWED], ids=["full-attention", "sliding-window"])
@@ -71,6 +72,13 @@ def test_overlapped_schedule_is_ordered_and_equals_resident(checked, cfg):
     session(caches, cfg)
     stats = caches[1].prefetcher.stats
     assert stats.hits > 0 and checked.copies > 0 and checked.checked_accesses > checked.copies
+
+
+def test_blocks_moved_after_prefill_are_ordered(checked):
+    """The copies that move host blocks to the device after a prefill wait for its writes."""
+    caches = (ResidentKVCache(CFG, 96, dtype=torch.float64), offloaded(decode_resident=32))
+    session(caches)
+    assert caches[1].ext_tokens == 24
 
 
 def test_plain_schedule_equals_overlapped(checked):
@@ -84,12 +92,13 @@ def test_planted_bug_missing_ready_wait_is_caught(checked, monkeypatch):
 
 
 def test_planted_bug_missing_free_wait_is_caught(checked, monkeypatch):
-    def issue_without_free_wait(self, layer, block, avoid):
+    def issue_without_free_wait(self, layer, block, tokens, avoid):
         slot = next(s for s in range(len(self.staging_buf)) if s != avoid)
+        source = self.store.block(layer, block)[:tokens]
         with self.streams.on(self.copy_stream):
-            self.streams.copy(self.staging_buf[slot], self.store.block(layer, block))
+            self.streams.copy(self.staging_buf[slot][:tokens], source)
             self.streams.record(self._ready[slot], self.copy_stream)
-        self._account(slot, layer, block, self.store.block(layer, block))
+        self._account(slot, layer, block, source)
         return slot
 
     monkeypatch.setattr(Prefetcher, "_issue", issue_without_free_wait)

@@ -25,9 +25,9 @@ PROMPTS = [
 spec_for = tiny_spec  # the tiny models' speculation settings
 
 
-def offloaded(lm, max_len, overlap=True, resident=16, block=8):
+def offloaded(lm, max_len, overlap=True, resident=16, block=8, decode_resident=0):
     return OffloadedKVCache(lm.config, max_len, resident, block, dtype=lm.dtype, device=lm.device,
-                            overlap=overlap, pin=False)
+                            overlap=overlap, pin=False, decode_resident_tokens=decode_resident)
 
 
 def decode(lm, spec, ids, new_tokens, draft=None, kv_cache=None):
@@ -45,17 +45,19 @@ def models(request, tiny_model_dir):
     return target, draft
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "plain"])
-def test_every_method_offloaded_equals_resident(models, overlap):
+@pytest.mark.parametrize("overlap,decode_resident", [(True, 0), (False, 0), (True, 40)],
+                         ids=["overlapped", "plain", "blocks-moved-after-prefill"])
+def test_every_method_offloaded_equals_resident(models, overlap, decode_resident):
     target, draft_model = models
     for i, text in enumerate(PROMPTS):
         ids = target.tokenizer(text).input_ids
         for method in METHODS:
             draft = (draft_model if i % 2 else "lookup") if spec_for(method).uses_draft else None
             expected = decode(target, spec_for(method), ids, 30, draft)
-            cache = offloaded(target, len(ids) + 30, overlap)
+            cache = offloaded(target, len(ids) + 30, overlap, decode_resident=decode_resident)
             got = decode(target, spec_for(method), ids, 30, draft, kv_cache=cache)
             assert got.tokens == expected.tokens, (method, text)
+            assert cache.ext_tokens > 0 if decode_resident else cache.k_ext is None
             assert got.stats["mean_tokens_per_full_verify"] == expected.stats["mean_tokens_per_full_verify"]
             assert cache.prefetcher.stats.h2d_bytes > 0
 

@@ -33,10 +33,10 @@ def feed(caches, num_new, seed, chunks=None, prefill=False):
     return outs
 
 
-def pair(cfg=CFG, max_len=80, resident=16, block=8, overlap=True):
+def pair(cfg=CFG, max_len=80, resident=16, block=8, overlap=True, decode_resident=0):
     return (ResidentKVCache(cfg, max_len, dtype=torch.float64),
             OffloadedKVCache(cfg, max_len, resident, block, dtype=torch.float64, device="cpu", overlap=overlap,
-                             pin=False))
+                             pin=False, decode_resident_tokens=decode_resident))
 
 
 def assert_same(outs):
@@ -167,3 +167,44 @@ def test_top_k_selection_reads_the_offloaded_cache_like_the_resident_one():
         sparse.rebuild(cache, query)
         built.append(sparse)
     assert torch.equal(built[0].k_buf, built[1].k_buf) and torch.equal(built[0].v_buf, built[1].v_buf)
+
+
+@pytest.mark.parametrize("cfg", [CFG, WINDOWED], ids=["full-attention", "sliding-window"])
+def test_blocks_moved_after_prefill_attend_like_the_resident_cache(cfg):
+    """Residency after prefill: whole host blocks move to the device at the first short pass, up
+    to the room the plan gives (2 blocks here); a rollback below them forgets them and a later
+    prefill (a chat turn) frees them, and every output stays the resident cache's."""
+    full, off = pair(cfg, max_len=100, decode_resident=32)
+    assert_same(feed([full, off], 30, seed=0, prefill=True))
+    assert off.ext_tokens == 0                             # nothing moves during a prefill
+    moved = []
+    for seed in range(1, 6):
+        off.prepare_verify()
+        assert_same(feed([full, off], 5, seed=seed))
+        moved.append(off.ext_tokens)
+    assert moved == [8, 16, 16, 16, 16] and off.device_tokens == 32
+    full.rollback(20)
+    off.rollback(20)
+    assert off.ext_tokens == 0                             # block 16..24 will be rewritten
+    assert_same(feed([full, off], 12, seed=7))
+    assert off.ext_tokens == 0 and off.k_ext is not None  # promoted again at the next short pass only
+    assert_same(feed([full, off], 3, seed=8))
+    assert off.ext_tokens == 16
+    assert_same(feed([full, off], 20, seed=9, prefill=True))  # a chat turn: the copies give way
+    assert off.k_ext is None
+    assert_same(feed([full, off], 2, seed=10))
+    assert torch.equal(full.kv_range(0, off.length)[0], off.kv_range(0, off.length)[0])
+
+
+def test_moved_blocks_are_not_streamed_and_only_filled_tokens_are():
+    """A pass reads host blocks up to its first new token: with two blocks moved to the device
+    only the third streams, and of it only its 5 filled tokens."""
+    streamed = []
+    for decode_resident in (0, 32):
+        full, off = pair(max_len=100, decode_resident=decode_resident)
+        feed([full, off], 37, seed=0, prefill=True)        # host tokens 16..37: blocks of 8, 8 and 5
+        before = off.prefetcher.stats.h2d_bytes
+        assert_same(feed([full, off], 1, seed=1))
+        streamed.append(off.prefetcher.stats.h2d_bytes - before)
+    per_token = CFG.num_layers * off.store.block(0, 0)[0].nbytes
+    assert streamed == [21 * per_token, 5 * per_token]

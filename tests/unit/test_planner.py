@@ -258,3 +258,16 @@ def test_hybrid_verify_is_planned_from_the_profile_s_cpu_rates():
     cpu = with_rates(load_profile("cpu"), host_attention_gbps=40.0, host_attention_tflops=1.0)
     assert plan_memory(arch_config("smollm2-135m"), cpu.with_device_budget(200 << 20), 8192, spec,
                        dtype_bytes=2).hybrid is None
+
+
+def test_decoding_holds_whole_host_blocks_in_the_prefill_s_scratch():
+    """After prefill the scratch the layer-major prefill needed holds whole host blocks; the plan
+    prices decoding with them on the GPU. A short context keeps everything resident."""
+    p = plan("llama2-7b-128k", "rtx4090-24g")
+    per_token = kv_bytes_per_token_layer(arch_config("llama2-7b-128k"), 2) * 32
+    moved = p.decode_resident_tokens - p.resident_tokens
+    assert moved > 0 and moved % p.block_tokens == 0
+    assert moved * per_token <= p.breakdown["prefill_scratch"] < (moved + p.block_tokens) * per_token
+    assert p.step_costs.host_kv_bytes == (130048 - p.decode_resident_tokens) * per_token
+    short = plan("llama2-7b-128k", "h100-80g", context=4096)
+    assert not short.offloaded and short.decode_resident_tokens == 4096

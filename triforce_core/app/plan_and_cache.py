@@ -77,7 +77,8 @@ class RunPlan:
             return None
         from triforce.decoding.speculation_gate import PROBE_HOLD, SpeculationGate
 
-        prices = RoundPrices(self.plan.step_costs, hardware(self.profile, self.dtype_bytes), self.plan.resident_tokens)
+        prices = RoundPrices(self.plan.step_costs, hardware(self.profile, self.dtype_bytes),
+                             self.plan.decode_resident_tokens)
         return SpeculationGate(prices, self.speculate_from, ar_first=PROBE_HOLD if self.auto.probe else 0)
 
     def gamma2_controller(self, has_tier0: bool) -> Gamma2Controller | None:
@@ -124,5 +125,6 @@ def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool =
 
         cache = OffloadedKVCache(lm.config, max_len, plan.resident_tokens, plan.block_tokens, dtype=lm.dtype,
                                  device=lm.device, overlap=overlap, host_budget_bytes=plan.host_budget_bytes,
-                                 attn=lm.attn, hybrid=plan.hybrid if hybrid else None)
+                                 attn=lm.attn, hybrid=plan.hybrid if hybrid else None,
+                                 decode_resident_tokens=plan.decode_resident_tokens)
     return cache

@@ -174,6 +174,9 @@ def print_plan(result, name: str, dtype: str, method: str, chosen: dict) -> None
         print(f"KV: tokens 0..{result.resident_tokens} of every layer stay on the GPU, the other "
               f"{result.context - result.resident_tokens} stream from the host in blocks of "
               f"{result.block_tokens} tokens through two staging buffers")
+        if result.decode_resident_tokens > result.resident_tokens:
+            print(f"    once decoding starts, the prefill's scratch holds tokens up to {result.decode_resident_tokens} "
+                  f"on the GPU (whole host blocks, copied once)")
     else:
         print("KV: the whole cache stays on the device (nothing offloaded)")
     p = result.predictions

@@ -70,12 +70,12 @@ def _predictions(runtime, max_len: int, rows: int, budget: int, methods: list[st
 def _run(runtime, prompts, caches, prediction: BatchPrediction, new_tokens: int, max_len: int) -> dict:
     spec, fixed = spec_for(prediction, SpecParams(), frozenset())
     run = row_plan(runtime, max_len, len(prompts), spec, fixed)
-    lm, draft = row_models(runtime)
     engines = []
     for ids, cache in zip(prompts, caches):
-        engine = runtime.engine(max_len, run, lm=lm, draft=draft, graphs="off", kv_cache=cache)
+        models = row_models(runtime)
+        engine = runtime.engine(max_len, run, lm=models.lm, draft=models.draft, graphs="off", kv_cache=cache)
         engine.full.adopt(ids[:-1])
-        engines.append(engine)
+        engines.append((engine, models))
     outcome = generate_batch(runtime, prompts, [new_tokens] * len(prompts), SamplingParams(), frozenset(),
                              len(prompts), run, engines=engines)
     summary = batch_summary(outcome)

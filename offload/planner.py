@@ -14,27 +14,16 @@ from triforce.offload.cost_model import (Acceptance, Hardware, StepCosts, full_v
 from triforce.offload.errors import OffloadError
 from triforce.offload.fit_advice import check_tp, too_big_reason
 from triforce.offload.hybrid import HybridRates
+from triforce.offload.blocks import ALIGN_TOKENS, align_up, choose_block_tokens, promoted_tokens
 from triforce.offload.profiles import MemoryProfile, format_size
 from triforce.offload.shapes import activation_bytes_per_token, kv_bytes_per_token_layer, kv_heads_share, weight_bytes
 
-ALIGN_TOKENS = 256             # resident and block sizes are multiples of this (chunk sizes divide it)
 DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): big copies, small footprint
 MAX_SCORE_ELEMENTS = 1 << 22  # of a partial-attention tile (kernels/partial.py's, kept equal by a test: no torch here)
 PREFILL_CHUNKS = (1024, 512, 256, 128, 64)  # tokens per prefill forward, largest that fits
 # queries per attention call of a layer-major (offloaded) prefill: each call streams the layer's
 # host KV once, so a 32K prompt reads it 4 times per layer instead of 32 (at 1024-token chunks)
 PREFILL_GROUP = 8192
-
-
-def choose_block_tokens(per_token_layer: int, staging_bytes: int, host_tokens: int) -> int:
-    """Tokens per streamed block: about `staging_bytes` per block, a multiple of ALIGN_TOKENS,
-    no longer than needed for the host range."""
-    block = max(ALIGN_TOKENS, staging_bytes // per_token_layer // ALIGN_TOKENS * ALIGN_TOKENS)
-    return min(block, _align_up(max(host_tokens, 1)))
-
-
-def _align_up(n: int, to: int = ALIGN_TOKENS) -> int:
-    return -(-n // to) * to
 
 
 @dataclass(frozen=True)
@@ -166,7 +155,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
         """(chunk, query group) from the largest down: a smaller group streams the host KV more
         often but is tried before a smaller chunk, which slows every projection."""
         for chunk in PREFILL_CHUNKS:
-            group = min(_align_up(context, chunk), max(chunk, PREFILL_GROUP // chunk * chunk))
+            group = min(align_up(context, chunk), max(chunk, PREFILL_GROUP // chunk * chunk))
             while True:
                 yield chunk, group
                 if group == chunk:
@@ -198,7 +187,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
     # below the context: this branch offloads (a plan that keeps every token resident is the one above)
     resident_tokens = min(context - 1, room // (per_token + means_per_token)) // ALIGN_TOKENS * ALIGN_TOKENS
     host_tokens = context - resident_tokens
-    block = min(block, _align_up(host_tokens))  # no block longer than the host range needs
+    block = min(block, align_up(host_tokens))  # no block longer than the host range needs
     offload["staging_buffers"] = 2 * block * per_token_layer
     host_slots = -(-host_tokens // block) * block  # the host store holds whole blocks
     host = {"host_kv": host_slots * model.num_layers * 2 * model.num_kv_heads * model.head_dim * dtype_bytes,
@@ -225,12 +214,6 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
                                                                               per_token, block, host_tokens),
                       **common)
     return _with_predictions(plan, model, profile, spec, dtype_bytes, draft, tp, acceptance, has_tier0)
-
-
-def promoted_tokens(free_bytes: int, per_token: int, block: int, host_tokens: int) -> int:
-    """Host tokens whose KV moves to the GPU once decoding starts: whole filled blocks (of
-    host_tokens) in `free_bytes`, the prefill scratch then unused."""
-    return min(free_bytes // per_token, host_tokens) // block * block
 
 
 def _staging_bytes(profile: MemoryProfile) -> int:

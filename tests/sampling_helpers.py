@@ -104,24 +104,27 @@ def _batch_worker(job) -> list[dict]:
     target_dir, draft_dir, spec_kwargs, drafter, params, prompts, new_tokens, samples, seed, broken_level = job
     torch.set_num_threads(1)
     target = load_model(target_dir, dtype="float32", device="cpu")
-    rows_lm = dataclasses.replace(target, model=RowModel(target.model))
-    draft = drafter
-    if drafter == "model":
-        loaded = load_model(draft_dir, dtype="float32", device="cpu")
-        draft = dataclasses.replace(loaded, model=RowModel(loaded.model))
+    loaded = load_model(draft_dir, dtype="float32", device="cpu") if drafter == "model" else None
     longest = max(map(len, prompts)) + new_tokens + 2
-    engines = [BrokenEngine(rows_lm, SpecParams(**spec_kwargs), longest, draft, graphs="off", broken_level=broken_level)
-               for _ in prompts]
+    engines, models = [], []  # one engine per row, over RowModels of its own
+    for _ in prompts:
+        row_target = RowModel(target.model)
+        row_draft = RowModel(loaded.model) if loaded is not None else None
+        draft = dataclasses.replace(loaded, model=row_draft) if loaded is not None else drafter
+        engines.append(BrokenEngine(dataclasses.replace(target, model=row_target), SpecParams(**spec_kwargs), longest,
+                                    draft, graphs="off", broken_level=broken_level))
+        models.append([m for m in (row_target, row_draft) if m is not None])
     generators = [torch.Generator().manual_seed(seed * 100 + r) for r in range(len(prompts))]
     counts: list[dict] = [{} for _ in prompts]
 
-    def row(r: int) -> None:
-        for _ in range(samples):
-            engines[r].set_sequence(prompts[r])
-            tokens = tuple(engines[r].generate(new_tokens, params, generator=generators[r]).tokens)
-            counts[r][tokens] = counts[r].get(tokens, 0) + 1
+    def row(r: int, lane) -> None:
+        with lane.attach(*models[r]):
+            for _ in range(samples):
+                engines[r].set_sequence(prompts[r])
+                tokens = tuple(engines[r].generate(new_tokens, params, generator=generators[r]).tokens)
+                counts[r][tokens] = counts[r].get(tokens, 0) + 1
 
-    Lockstep(len(prompts)).run([lambda r=r: row(r) for r in range(len(prompts))])
+    Lockstep(len(prompts)).run([lambda lane, r=r: row(r, lane) for r in range(len(prompts))])
     return counts
 
 

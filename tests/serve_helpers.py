@@ -25,11 +25,12 @@ def wait_for(condition, what: str, deadline_s: float = DEADLINE_S):
 
 class LiveServer:
     def __init__(self, model: str, max_context: int = 2048, batch_size: int = 3, queue_size: int = 8,
-                 api_key: str | None = None, method: str = "auto", origins=()):
+                 api_key: str | None = None, method: str = "auto", origins=(), hosts=None,
+                 parse_special: bool = False):
         config = RunConfig(model=model, dtype="float32", device="cpu", max_context=max_context,
-                           spec=SpecParams(method=method))
+                           spec=SpecParams(method=method), parse_special_tokens=parse_special)
         self.api, _ = build_api(config, api_key=api_key, batch_size=batch_size, queue_size=queue_size, quiet=True,
-                                origins=origins)
+                                origins=origins, hosts=hosts)
         self.scheduler = self.api.scheduler
         self.background = BackgroundServer(self.api, start_s=DEADLINE_S)
         self.url = self.background.url

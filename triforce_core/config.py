@@ -210,3 +210,4 @@ class RunConfig:
     max_context: int | None = None  # tokens the context holds (None: the model's own)
     rope_scaling: str | None = None  # stretch the RoPE to max_context (yarn | linear | dynamic)
     threads: int | None = None       # CPU threads of the kernels (None: the cores available; see app.threads)
+    parse_special_tokens: bool = False  # read control tokens written inside chat messages (role injection)

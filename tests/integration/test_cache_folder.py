@@ -147,6 +147,30 @@ def test_a_full_disk_while_unpacking_is_one_error_line(cache, capsys, monkeypatc
     assert not list((cache / "gguf").glob(".partial-*")) and not (cache / "gguf" / GGUF_NAME).exists()
 
 
+def test_a_full_disk_while_converting_is_one_error_line(cache, capsys, monkeypatch):
+    """safetensors reports a full disk as SafetensorError, which is no OSError."""
+    import torch
+    from safetensors import SafetensorError
+
+    from triforce.model import gguf_convert
+
+    make_wheel(cache / "wheels")
+
+    def full(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                              'message: "No space left on device" })')
+
+    monkeypatch.setattr("safetensors.torch.save_file", full)
+    monkeypatch.setattr(gguf_convert, "_check_header", lambda path: 0)
+    monkeypatch.setattr(gguf_convert, "_convert_into",  # the real writer, after a (skipped) read
+                        lambda gguf_path, folder: gguf_convert.save_weights({"w": torch.ones(2)}, folder / "m"))
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi")
+    progress, error = err.strip().splitlines()  # "converting ...", then the error
+    assert code != 0 and progress.startswith("converting") and "Traceback" not in err
+    assert_one_line_error(code, error, "No space left on device", "free some space")
+    assert not list((cache / "converted").glob(".partial-*"))
+
+
 def copy_gguf(source, target, drop=(), arch=None):
     """`source` rewritten without the tensors in `drop` (and under another architecture name)."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter

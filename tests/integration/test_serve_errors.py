@@ -81,7 +81,8 @@ def test_a_wrong_or_missing_key_is_401_and_health_needs_none(server):
 
 def test_raw_http_errors_keep_the_shape(server):
     headers = {"Authorization": "Bearer sesame"}
-    bad_json = httpx.post(server.url + "/v1/chat/completions", content=b"{oops", headers=headers)
+    bad_json = httpx.post(server.url + "/v1/chat/completions", content=b"{oops",
+                          headers={**headers, "Content-Type": "application/json"})
     assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["error"]["message"]
     not_object = httpx.post(server.url + "/v1/chat/completions", json=[1, 2], headers=headers)
     assert not_object.status_code == 400 and "JSON object" in not_object.json()["error"]["message"]

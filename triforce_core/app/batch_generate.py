@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from triforce.app.inputs import is_utf8
 from triforce.app.plan_and_cache import RunPlan
@@ -114,45 +114,58 @@ class BatchOutcome:
     stats: dict = field(default_factory=dict)
 
 
-def row_models(runtime) -> tuple:
-    """(lm, draft) whose models a batch's engines call through triforce.decoding.lockstep."""
+class RowModels(NamedTuple):
+    """What one engine of a batch is built over: the target and draft whose models are RowModels
+    (triforce.decoding.lockstep), to attach to the lane of the row the engine serves."""
+    lm: object
+    draft: Draft
+
+    def models(self) -> tuple[RowModel, ...]:
+        return (self.lm.model,) + ((self.draft.model.model,) if self.draft.kind == "model" else ())
+
+
+def row_models(runtime) -> RowModels:
+    """Fresh RowModels around the runtime's models: one set per engine."""
     lm = replace(runtime.lm, model=RowModel(runtime.lm.model))
     draft = runtime.draft
     if draft.kind == "model":
         draft = Draft("model", replace(draft.model, model=RowModel(draft.model.model)))
-    return lm, draft
+    return RowModels(lm, draft)
 
 
 def generate_batch(runtime, prompts: list[list[int]], max_new: list[int], params, stop_ids: frozenset[int],
                    rows: int, run: RunPlan, on_row: Callable[[BatchRow], None] | None = None,
                    engines: list | None = None, on_prefill: Callable[[int], None] | None = None) -> BatchOutcome:
     """Decode every prompt (token ids) with at most `rows` at once; on_row(row) as each finishes,
-    on_prefill(n) as prompt tokens are prefilled. engines: one per prompt, built over row_models
-    (a benchmark hands over prefilled caches)."""
+    on_prefill(n) as prompt tokens are prefilled. engines: one (engine, RowModels it was built
+    over) per prompt (a benchmark hands over prefilled caches)."""
     max_len = max(len(ids) + max(n, 1) for ids, n in zip(prompts, max_new))
     if engines is None:
-        lm, draft = row_models(runtime)
         runtime.check_host_room(run, max_len, rows)
-        free = [runtime.engine(max_len, run, lm=lm, draft=draft, graphs="off") for _ in range(rows)]
+        free = []
+        for _ in range(rows):
+            models = row_models(runtime)
+            free.append((runtime.engine(max_len, run, lm=models.lm, draft=models.draft, graphs="off"), models))
     elif len(engines) != len(prompts):
         raise ValueError("one engine per prompt")
     lockstep = Lockstep(rows)
 
-    def task(index: int) -> BatchRow:
-        engine = free.pop() if engines is None else engines[index]
+    def task(index: int, lane) -> BatchRow:
+        engine, models = free.pop() if engines is None else engines[index]
         try:
-            started = time.perf_counter()
-            engine.set_sequence(prompts[index], on_prefill)
-            if index < rows:  # the first rows start decoding together, once all have prefilled
-                lockstep.barrier()
-            decode_started = time.perf_counter()
-            result = engine.generate(max_new[index], params, stop_ids)
-            finished = time.perf_counter()
+            with lane.attach(*models.models()):  # this engine's passes now wait for the batch's
+                started = time.perf_counter()
+                engine.set_sequence(prompts[index], on_prefill)
+                if index < rows:  # the first rows start decoding together, once all have prefilled
+                    lane.barrier()
+                decode_started = time.perf_counter()
+                result = engine.generate(max_new[index], params, stop_ids)
+                finished = time.perf_counter()
             row = BatchRow(index, len(prompts[index]), result, decode_started - started, finished - started,
                            decode_started, finished)
         finally:
             if engines is None:
-                free.append(engine)
+                free.append((engine, models))
         if result.stopped_by == "interrupt":
             lockstep.interrupt()
         if on_row is not None:
@@ -160,7 +173,7 @@ def generate_batch(runtime, prompts: list[list[int]], max_new: list[int], params
         return row
 
     started = time.perf_counter()
-    done = lockstep.run([lambda i=i: task(i) for i in range(len(prompts))])
+    done = lockstep.run([lambda lane, i=i: task(i, lane) for i in range(len(prompts))])
     elapsed = time.perf_counter() - started
     out = [row if row is not None else BatchRow(i, len(prompts[i]), None) for i, row in enumerate(done)]
     return BatchOutcome(out, elapsed, rows, lockstep.passes,

@@ -11,22 +11,27 @@ from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.decoding.statistics import GenerationResult
 from triforce.errors import UserError
-from triforce.model.chat_template import render_chat
+from triforce.model.chat_template import chat_ids, holds_control, text_pieces_ids
 from triforce.model.loading import LoadedModel
 
 PLAIN_TEMPLATE_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
-def render_messages(tokenizer, messages: list[dict], add_generation_prompt: bool, max_len: int) -> list[int]:
+def render_messages(tokenizer, messages: list[dict], add_generation_prompt: bool, max_len: int,
+                    parse_special: bool = False) -> list[int]:
     """A conversation's token ids: the model's chat template (as `generate --chat`), or for base
-    models a plain transcript. max_len: the context (bounds the rendered text)."""
+    models a plain transcript. max_len: the context (bounds the rendered text). Text inside a
+    message stays text unless parse_special (triforce.model.chat_template.chat_ids)."""
     if getattr(tokenizer, "chat_template", None):
-        text = render_chat(tokenizer, messages, add_generation_prompt, text_bound(max_len))
-    else:
-        text = "".join(f"{PLAIN_TEMPLATE_ROLES[m['role']]}: {m['content']}\n\n" for m in messages)
-        if add_generation_prompt:
-            text += "Assistant:"
-    return tokenizer(text, add_special_tokens=False).input_ids
+        return chat_ids(tokenizer, messages, add_generation_prompt, text_bound(max_len), parse_special)
+    pieces = []
+    for m in messages:
+        pieces += [(f"{PLAIN_TEMPLATE_ROLES[m['role']]}: ", True), (m["content"], False), ("\n\n", True)]
+    if add_generation_prompt:
+        pieces.append(("Assistant:", True))
+    if parse_special or not holds_control(tokenizer, messages):  # one string: the tokenizer's own boundaries
+        return tokenizer("".join(p for p, _ in pieces), add_special_tokens=False).input_ids
+    return text_pieces_ids(tokenizer, pieces)
 
 
 class Chat:

@@ -14,17 +14,16 @@ from triforce.config import RunConfig
 from triforce.errors import UserError
 
 
-def encode_prompt(lm, text: str, as_chat: bool, context: int) -> list[int]:
+def encode_prompt(lm, text: str, as_chat: bool, context: int, parse_special: bool = False) -> list[int]:
+    """With as_chat, the prompt is a user message: its text stays text unless parse_special."""
     tok = lm.tokenizer
     if as_chat:
         if not getattr(tok, "chat_template", None):
             raise UserError("--chat needs a model with a chat template")
-        from triforce.app.inputs import text_bound
-        from triforce.model.chat_template import render_chat
+        from triforce.model.chat_template import chat_ids
 
-        rendered = render_chat(tok, [{"role": "user", "content": text}], True, text_bound(context))
-        return tok(rendered, add_special_tokens=False).input_ids
-    return tok(text).input_ids  # exactly the tokenizer's default, special tokens included
+        return chat_ids(tok, [{"role": "user", "content": text}], True, text_bound(context), parse_special)
+    return tok(text).input_ids  # a raw prompt: exactly the tokenizer's default, special tokens included
 
 
 def ended_at_once(lm, result, as_chat: bool) -> bool:
@@ -66,7 +65,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     whose = "the model's" if r.config.max_context is None else "the"
     text = r.text if r.text is not None else read_text_file(
         r.prompt_file, "prompt file", text_bound(context), f"{whose} {context}-token context")
-    ids = encode_prompt(lm, text, r.as_chat, context)
+    ids = encode_prompt(lm, text, r.as_chat, context, r.config.parse_special_tokens)
     max_new_tokens = r.max_new_tokens
     if not ids:
         raise UserError("the prompt is empty after tokenisation")

@@ -23,7 +23,7 @@ def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_cha
     prompts = parse_prompt_lines(text, f"prompts file '{prompts_file}'")
     runtime = build_runtime(config)
     lm, context = runtime.lm, runtime.context
-    ids = [encode_prompt(lm, p, as_chat, context) for p in prompts]
+    ids = [encode_prompt(lm, p, as_chat, context, config.parse_special_tokens) for p in prompts]
     for number, row in enumerate(ids, 1):
         if not row:
             raise UserError(f"prompt {number} is empty after tokenisation")

@@ -28,6 +28,10 @@ from triforce.errors import UserError
 @device_option
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
+@click.option("--parse-special-tokens", is_flag=True,
+              help="Read control tokens written inside a chat message (e.g. <|im_end|>) as control tokens. "
+                   "By default a message's text is tokenized as text, so a user cannot forge the template's "
+                   "role markers.")
 @offload_options
 @click.option("--no-overlap", is_flag=True, help="Copy offloaded KV with the plain schedule (no prefetch).")
 @click.option("--no-hybrid", is_flag=True,
@@ -42,7 +46,7 @@ from triforce.errors import UserError
 def generate(model, prompt, prompt_file, prompts_file, batch_size, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
              rebuild_threshold, max_new_tokens, max_context, rope_scaling, temperature, top_p, top_k, seed, dtype,
              device, as_chat,
-             ignore_eos, profile, device_budget, no_overlap, no_hybrid, record_acceptance, tp, attn, no_graphs, count_syncs,
+             ignore_eos, parse_special_tokens, profile, device_budget, no_overlap, no_hybrid, record_acceptance, tp, attn, no_graphs, count_syncs,
              threads, as_json):
     """Generate a continuation of a prompt.
 
@@ -74,7 +78,7 @@ def generate(model, prompt, prompt_file, prompts_file, batch_size, method, draft
     config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
                        device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
                        overlap=not no_overlap, hybrid=not no_hybrid, count_syncs=count_syncs, max_context=max_context,
-                       rope_scaling=rope_scaling, threads=threads)
+                       rope_scaling=rope_scaling, threads=threads, parse_special_tokens=parse_special_tokens)
     if prompts_file is not None:
         from triforce.app.generate_prompts import run_generate_batch
         params = build_sampling(temperature, top_p, top_k, seed)

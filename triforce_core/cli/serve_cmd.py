@@ -1,6 +1,8 @@
 """`triforce serve`: an OpenAI-compatible server on the loopback (see triforce.server)."""
 from __future__ import annotations
 
+import sys
+
 import click
 
 from triforce.config import RunConfig
@@ -25,6 +27,9 @@ from triforce.server.assembly import DEFAULT_MAX_ROWS
 @click.option("--allow-origin", "origins", multiple=True,
               help="A web page origin (e.g. http://localhost:3000, or *) whose scripts may call the API "
                    "from a browser (CORS); repeatable. Default: none.")
+@click.option("--allow-host", "extra_hosts", multiple=True,
+              help="A Host name to answer besides localhost, 127.0.0.1 and ::1 when listening on a loopback "
+                   "address (a server bound there refuses other names: DNS rebinding); repeatable.")
 @click.option("--batch-size", type=INT, default=None,
               help=f"Requests decoded together, sharing each forward pass (default: as many as the memory "
                    f"plan fits, at most {DEFAULT_MAX_ROWS}).")
@@ -40,9 +45,13 @@ from triforce.server.assembly import DEFAULT_MAX_ROWS
               help="Tensor-parallel ranks: the verifier's heads and KV split over N GPUs (gloo processes on a "
                    "CPU); requests then decode one at a time.")
 @click.option("--quiet", is_flag=True, help="No line per request on stderr.")
-def serve(model, host, port, api_key, model_name, origins, batch_size, queue_size, method, draft, budget, chunk_size, gamma1,
+@click.option("--parse-special-tokens", is_flag=True,
+              help="Read control tokens written inside a chat message (e.g. <|im_end|>) as control tokens. "
+                   "By default a message's text is tokenized as text, so a user cannot forge the template's "
+                   "role markers.")
+def serve(model, host, port, api_key, model_name, origins, extra_hosts, batch_size, queue_size, method, draft, budget, chunk_size, gamma1,
           gamma2, rebuild_stride, rebuild_threshold, max_context, rope_scaling, dtype, device, profile,
-          device_budget, attn, no_graphs, threads, tp, quiet):
+          device_budget, attn, no_graphs, threads, tp, quiet, parse_special_tokens):
     """Serve the model over OpenAI's API: /v1/chat/completions, /v1/completions (streamed as
     server-sent events with "stream": true), /v1/models and /health.
 
@@ -66,17 +75,24 @@ def serve(model, host, port, api_key, model_name, origins, batch_size, queue_siz
     from triforce.server.assembly import ServeRequest, listen, run_server, serve_rank
 
     listener = listen(host, port)  # a port in use fails now, not after loading the model
+    from triforce.server.guard import allowed_hosts, network_warning
+
+    bound = listener.getsockname()[0]
+    hosts = allowed_hosts(bound, tuple(extra_hosts))
+    warning = network_warning(bound, api_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device,
                        profile=profile, device_budget=device_budget, attn=attn,
                        graphs="off" if no_graphs else "auto", max_context=max_context, rope_scaling=rope_scaling,
-                       threads=threads)
+                       threads=threads, parse_special_tokens=parse_special_tokens)
     if tp == 1:
-        run_server(config, listener, api_key, model_name, batch_size, queue_size, quiet, origins)
+        run_server(config, listener, api_key, model_name, batch_size, queue_size, quiet, origins, hosts=hosts)
         return
     from triforce.app.parallel import run_on_ranks
 
     host, port = listener.getsockname()[:2]  # rank 0 listens again on the port found free here
     listener.close()
-    request = ServeRequest(config, host, port, api_key, model_name, queue_size, quiet, tuple(origins))
+    request = ServeRequest(config, host, port, api_key, model_name, queue_size, quiet, tuple(origins), hosts)
     run_on_ranks(tp, serve_rank, request, model, device)

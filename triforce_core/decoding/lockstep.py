@@ -2,9 +2,12 @@
 sampler and speculation), and the forward passes the rows ask for at the same time run as one
 batched pass, so the weights are read once for the batch.
 
-Each row is a greenlet (a coroutine on this thread: no concurrency, so the order of everything
-is fixed). A row's engine calls its model through a `RowModel`, which hands the pass to the
-coordinator and waits; once every unfinished row waits, the coordinator runs the waiting passes
+Each row is a `Lane`: a greenlet (a coroutine on this thread: no concurrency, so the order of
+everything is fixed) that runs one task at a time, handed the lane. Every engine is built over
+`RowModel`s of its own; a task attaches its engine's to its lane (`with lane.attach(...)`), and
+from then on a model call in that engine is the row's suspension point: `RowModel.__call__` hands
+the pass to the coordinator (`lane.wait_for_pass`) and waits. Nothing else suspends a row but
+`lane.barrier()`. Once every unfinished row waits, the coordinator runs the waiting passes
 grouped by (model, logits wanted, and for long passes the number of tokens), each group as one
 forward over [rows, T] tokens through a `RowsView` that gives every row's slice of each layer to
 that row's own cache view, and resumes each row with its logits. Rows that accept different numbers of drafts, roll
@@ -13,8 +16,9 @@ different lengths (ragged lookup drafts, a draft step beside a verify) run toget
 long ones (prefill chunks) only with passes of their own length."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from greenlet import greenlet
@@ -45,32 +49,57 @@ class _Pass:
 
 
 class RowModel:
-    """Stands in for `model` inside one row's engine: a call becomes a request to the coordinator
-    (when the row runs under one) and returns the logits of that row alone. Anything else is the
-    model's."""
+    """Stands in for `model` inside one engine. Attached to a lane (`Lane.attach`), a call suspends
+    that row until the batch's pass has run and returns the row's logits; unattached, it calls the
+    model. One per engine (an engine serves one row at a time). Anything else is the model's."""
 
     def __init__(self, model):
         self._model = model
+        self.lane: Lane | None = None
 
     def __getattr__(self, name: str):
         return getattr(self._model, name)
 
     def __call__(self, tokens, positions, view, num_logits=None, **options):
-        current = greenlet.getcurrent()
-        if not isinstance(current, _Row):
+        if self.lane is None:
             return self._model(tokens, positions, view, num_logits=num_logits, **options)
-        return current.parent.switch(_Pass(self._model, tokens, positions, view, num_logits, options))
+        return self.lane.wait_for_pass(_Pass(self._model, tokens, positions, view, num_logits, options))
 
 
-_BARRIER = object()  # what a row hands the coordinator at Lockstep.barrier()
+_BARRIER = object()  # what a row hands the coordinator at Lane.barrier()
 
 
-class _Row(greenlet):
-    """A row's greenlet: its task and its index among the tasks."""
+class Lane(greenlet):
+    """One row of the batch: a greenlet running `task(lane)`, its index among the tasks."""
 
-    def __init__(self, index: int, task: Callable[[], Any]):
-        super().__init__(task)
+    def __init__(self, index: int, task: Callable[["Lane"], Any]):
+        super().__init__(lambda: task(self))
         self.index = index
+
+    def wait_for_pass(self, request: _Pass) -> torch.Tensor:
+        """The suspension point: hand the pass to the coordinator; resumed with this row's logits
+        once it has run (or with the error of that pass, raised here)."""
+        if greenlet.getcurrent() is not self:
+            raise RuntimeError("a RowModel attached to one row was called from another")
+        return self.parent.switch(request)
+
+    def barrier(self) -> None:
+        """Wait until every row running is at a barrier (or done), e.g. until all have prefilled,
+        so that none decodes beside another's prefill."""
+        self.parent.switch(_BARRIER)
+
+    @contextmanager
+    def attach(self, *models: RowModel) -> Iterator[None]:
+        """Route the models' calls through this row for the block's duration."""
+        for model in models:
+            if model.lane is not None:
+                raise RuntimeError("this engine's models already serve another row")
+            model.lane = self
+        try:
+            yield
+        finally:
+            for model in models:
+                model.lane = None
 
 
 class RowsView:
@@ -129,29 +158,23 @@ class Lockstep:
     def interrupt(self) -> None:
         self.interrupted = True
 
-    @staticmethod
-    def barrier() -> None:
-        """Called by a row: wait until every row running is at a barrier (or done), e.g. until
-        all have prefilled, so that none decodes beside another's prefill. Outside a row: nothing."""
-        current = greenlet.getcurrent()
-        if isinstance(current, _Row):
-            current.parent.switch(_BARRIER)
-
-    def run(self, tasks: list[Callable[[], Any]]) -> list[Any]:
+    def run(self, tasks: list[Callable[[Lane], Any]]) -> list[Any]:
+        """Each task is called with its lane."""
         results: list[Any] = [None] * len(tasks)
-        queue = [lambda i=i, task=task: results.__setitem__(i, task()) for i, task in enumerate(tasks)][::-1]
+        queue = [lambda lane, i=i, task=task: results.__setitem__(i, task(lane))
+                 for i, task in enumerate(tasks)][::-1]
         self.serve(lambda block: queue.pop() if queue else None)
         return results
 
-    def serve(self, take: Callable[[bool], Callable[[], Any] | None]) -> None:
-        """Run tasks as they come: `take(block)` gives the next task or None. While rows run it
+    def serve(self, take: Callable[[bool], Callable[[Lane], Any] | None]) -> None:
+        """Run tasks as they come: `take(block)` gives the next task (called with its lane) or None. While rows run it
         is asked with block False whenever a slot is free (None: nothing waiting now); with none
         running, with block True (None: no task will come, so return)."""
-        waiting: dict[int, tuple[_Row, _Pass]] = {}
-        live: list[_Row] = []
+        waiting: dict[int, tuple[Lane, _Pass]] = {}
+        live: list[Lane] = []
         started = 0
 
-        def resume(row: _Row, value=None, error: BaseException | None = None) -> None:
+        def resume(row: Lane, value=None, error: BaseException | None = None) -> None:
             try:
                 if error is not None:
                     out = row.throw(error)
@@ -177,7 +200,7 @@ class Lockstep:
                 task = take(block and not live)
                 if task is None:
                     return
-                row = _Row(started, task)
+                row = Lane(started, task)
                 started += 1
                 live.append(row)
                 resume(row)
@@ -216,7 +239,7 @@ class Lockstep:
         return outs, None
 
     @staticmethod
-    def _unwind(live: list[_Row]) -> None:
+    def _unwind(live: list[Lane]) -> None:
         """End the other rows (their engines' cleanup runs) after one failed."""
         for row in list(live):
             try:

@@ -5,6 +5,7 @@ it cannot reach Python objects (SecurityError), but it can still fail, loop for 
 time, or write gigabytes. Any of these is one error line here, never a traceback or a hang."""
 from __future__ import annotations
 
+import re
 import signal
 import threading
 from contextlib import contextmanager
@@ -57,3 +58,50 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool, ma
     if len(text) > max_chars:
         raise UserError(f"the chat template rendered {len(text):,} characters, far more than the context holds")
     return text
+
+
+# marks a message's place while the template renders: private-use characters no text carries
+_MARK = "\ue000{}\ue001"
+_MARKS = re.compile("\ue000(\\d+)\ue001")
+
+
+def control_texts(tokenizer) -> list[str]:
+    """The strings the tokenizer reads as control tokens (its added tokens: <|im_end|>, [INST], ...)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return [t.content for t in added.values() if t.content] or list(getattr(tokenizer, "all_special_tokens", []))
+
+
+def holds_control(tokenizer, messages: list[dict]) -> bool:
+    """Whether some message's text holds a control token's string."""
+    controls = control_texts(tokenizer)
+    return any(c in str(m.get("content", "")) for m in messages for c in controls)
+
+
+def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool, max_chars: int,
+             parse_special: bool = False) -> list[int]:
+    """A conversation's token ids through the model's chat template. Text inside a message is
+    tokenized as text: a user who writes "<|im_end|>" gets the characters, not the control token
+    (role injection). The template's own markers stay control tokens. parse_special: read control
+    tokens inside messages too (the old behaviour, for a user who means it)."""
+    text = render_chat(tokenizer, messages, add_generation_prompt, max_chars)
+    if parse_special or not holds_control(tokenizer, messages):
+        return tokenizer(text, add_special_tokens=False).input_ids  # nothing to keep apart
+    marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
+    template = _MARKS.split(render_chat(tokenizer, marked, add_generation_prompt, max_chars + 64 * len(messages)))
+    pieces = [(template[i], i % 2 == 0) if i % 2 == 0 else (messages[int(template[i])]["content"], False)
+              for i in range(len(template))]
+    if "".join(p for p, _ in pieces) != text or sorted(map(int, template[1::2])) != list(range(len(messages))):
+        raise UserError("a message holds a control token of the model (e.g. <|im_end|>) and its chat template "
+                        "rewrites message text, so it cannot be kept as text: remove it, or pass "
+                        "--parse-special-tokens to let messages hold control tokens")
+    return text_pieces_ids(tokenizer, pieces)
+
+
+def text_pieces_ids(tokenizer, pieces: list[tuple[str, bool]]) -> list[int]:
+    """Token ids of (text, is_template) pieces in order: template pieces may hold control tokens,
+    the others are read as plain text."""
+    ids: list[int] = []
+    for piece, is_template in pieces:
+        if piece:
+            ids += tokenizer(piece, add_special_tokens=False, split_special_tokens=not is_template).input_ids
+    return ids

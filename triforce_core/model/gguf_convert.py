@@ -6,7 +6,9 @@ architecture, room in the cache folder), and a conversion that would leave any t
 random initial value is refused, so nothing wrong is ever cached."""
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import shutil
 import sys
 import tempfile
@@ -59,7 +61,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
 
 def _convert_into(gguf_path: Path, folder: Path) -> None:
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where, name = str(gguf_path.parent), gguf_path.name
@@ -83,7 +84,19 @@ def _convert_into(gguf_path: Path, folder: Path) -> None:
     model.config.save_pretrained(folder)
     model.generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_weights(state, folder / "model.safetensors")
+
+
+def save_weights(state: dict, path: Path) -> None:
+    """safetensors' save_file, its errors as OSError: a full disk is SafetensorError there."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(state, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:
+        full = "No space left" in str(e)
+        raise OSError(errno.ENOSPC if full else errno.EIO, os.strerror(errno.ENOSPC) if full else str(e)) from None
 
 
 def _unreadable(gguf_path: Path, error: Exception) -> UserError:

@@ -22,19 +22,23 @@ from triforce.app.inputs import text_bound
 from triforce.app.textstream import TextStream
 from triforce.config import SamplingParams
 from triforce.errors import UserError
+from triforce.server.guard import HostGuard, read_json_body
 from triforce.server.protocol import ApiError, ChatRequest, CompletionRequest, parse
 from triforce.server.scheduler import Job, QueueFull, Scheduler
 from triforce.server.stop_text import StopText
 
-BODY_BYTES = 64 << 20  # a request body is read whole: refuse a larger one
 FINISH = {"eos": "stop", "length": "length", "context": "length"}
 
 
 class Api:
     def __init__(self, lm, scheduler: Scheduler, model_id: str, context: int, api_key: str | None = None,
-                 origins: tuple[str, ...] = ()):
-        """origins: web pages (scheme://host:port, or *) whose scripts may call the API (CORS)."""
+                 origins: tuple[str, ...] = (), parse_special: bool = False, hosts: frozenset[str] | None = None):
+        """origins: web pages (scheme://host:port, or *) whose scripts may call the API (CORS).
+        parse_special: read control tokens inside messages (default: their text is text).
+        hosts: the Host names answered (triforce.server.guard; None: any)."""
+        self.hosts = hosts
         self.lm, self.scheduler, self.model_id = lm, scheduler, model_id
+        self.parse_special = parse_special
         self.context, self.api_key, self.origins = context, api_key, tuple(origins)
         self.created = int(time.time())
         self.requests = 0
@@ -51,6 +55,9 @@ class Api:
                   Route("/v1/completions", self.completions, methods=["POST"])]
         handlers = {ApiError: _api_error, HTTPException: _http_error}
         middleware = []
+        if self.hosts is not None:
+            from starlette.middleware import Middleware
+            middleware.append(Middleware(HostGuard, hosts=self.hosts))
         if self.origins:
             from starlette.middleware import Middleware
             from starlette.middleware.cors import CORSMiddleware
@@ -74,10 +81,10 @@ class Api:
 
     async def chat(self, request: Request):
         self._check_key(request)
-        body = parse(ChatRequest, await _read_json(request))
+        body = parse(ChatRequest, await read_json_body(request))
         messages = [m.as_template_message() for m in body.messages]
         try:
-            ids = render_messages(self.lm.tokenizer, messages, True, self.context)
+            ids = render_messages(self.lm.tokenizer, messages, True, self.context, self.parse_special)
         except UserError as e:  # a template failure, or far more text than the context holds
             raise ApiError(400, str(e), "messages", code="context_length_exceeded"
                            if "context" in str(e) else None) from None
@@ -85,7 +92,7 @@ class Api:
 
     async def completions(self, request: Request):
         self._check_key(request)
-        body = parse(CompletionRequest, await _read_json(request))
+        body = parse(CompletionRequest, await read_json_body(request))
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             vocab = self.lm.config.vocab_size
@@ -257,20 +264,6 @@ def _event(obj: dict) -> str:
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def _read_json(request: Request):
-    size = 0
-    chunks = []
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > BODY_BYTES:
-            raise ApiError(413, f"the request body is larger than {BODY_BYTES >> 20} MiB")
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON ({e})") from None
 
 
 async def _api_error(request: Request, e: ApiError) -> JSONResponse:

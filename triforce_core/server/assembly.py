@@ -25,13 +25,14 @@ class ServeRequest:
     queue_size: int
     quiet: bool
     origins: tuple
+    hosts: frozenset | None = None
 
 
 def serve_rank(rank: int, world: int, r: ServeRequest) -> None:
     """Rank 0 serves (triforce.server.tp.lead_requests); the others follow its requests."""
     if rank == 0:
         run_server(r.config, listen(r.host, r.port), r.api_key, r.model_name, 1, r.queue_size, r.quiet,
-                   r.origins, rank, world)
+                   r.origins, rank, world, r.hosts)
         return
     from triforce.app.batch_generate import fit_batch
     from triforce.app.runtime import build_runtime
@@ -50,8 +51,9 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None, queue_size=16, quiet=False,
-              origins=(), rank: int = 0, world: int = 1):
-    """Load the model, size the batch and build the API: (Api, the lines to print at start)."""
+              origins=(), rank: int = 0, world: int = 1, hosts: frozenset | None = None):
+    """Load the model, size the batch and build the API: (Api, the lines to print at start).
+    hosts: the Host names answered (triforce.server.guard.allowed_hosts; None: any)."""
     from triforce.app.batch_generate import fit_batch
     from triforce.app.runtime import build_runtime
     from triforce.server.app import Api
@@ -69,14 +71,15 @@ def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None,
 
     lines.append(f"triforce serve: {model_id}, method {run.spec.method}, {rows} row(s) at once, "
                  f"{context}-token context, {threads_in_use()} CPU threads{parallel}")
-    return Api(runtime.lm, scheduler, model_id, context, api_key, origins), lines
+    return Api(runtime.lm, scheduler, model_id, context, api_key, origins,
+               parse_special=config.parse_special_tokens, hosts=hosts), lines
 
 
 def run_server(config: RunConfig, listener: socket.socket, api_key, model_name, batch_size, queue_size,
-               quiet: bool, origins=(), rank: int = 0, world: int = 1) -> None:
+               quiet: bool, origins=(), rank: int = 0, world: int = 1, hosts: frozenset | None = None) -> None:
     import uvicorn
 
-    api, lines = build_api(config, api_key, model_name, batch_size, queue_size, quiet, origins, rank, world)
+    api, lines = build_api(config, api_key, model_name, batch_size, queue_size, quiet, origins, rank, world, hosts)
     address, port = listener.getsockname()[:2]
     shown = f"[{address}]" if ":" in address else address
     lines[-1] += f"; listening on http://{shown}:{port}/v1 (Ctrl-C or SIGTERM to stop)"

@@ -9,11 +9,13 @@ only the rest. At most `width` rows run (the plan's batch size); later requests 
 of at most `queue_size`."""
 from __future__ import annotations
 
+
 import queue
 import sys
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -51,6 +53,7 @@ class Job:
 @dataclass(eq=False)
 class _Slot:
     engine: Any = None
+    models: Any = None  # the RowModels the engine was built over (triforce.app.batch_generate)
     job: Job | None = None
     used: int = 0  # when it last served a request (a counter): ties go to the least recently used
 
@@ -66,7 +69,6 @@ class Scheduler:
             raise ValueError("tensor-parallel serving decodes one request at a time")
         self.runtime, self.run, self.max_len = runtime, run, max_len
         self.width, self.queue_size, self.log = width, queue_size, log
-        self.row_lm, self.row_draft = row_models(runtime)
         self.stop_ids = runtime.lm.eos_ids
         self.slots: list[_Slot] = []
         self._incoming: queue.SimpleQueue = queue.SimpleQueue()
@@ -126,7 +128,7 @@ class Scheduler:
 
     def _take(self, block: bool):
         job = self.next_job(block)
-        return None if job is None else lambda: self.serve_request(job)
+        return None if job is None else lambda lane: self.serve_request(job, lane)
 
     def next_job(self, block: bool) -> Job | None:
         """The next request (None: none now; with block, none will come)."""
@@ -163,7 +165,8 @@ class Scheduler:
         if best is None or 2 * shared[id(best)] < len(best.engine.full.tokens):
             if len(self.slots) < self.width:
                 best = _Slot()
-                best.engine = self.build_engine(best.stop_requested)
+                best.models = row_models(self.runtime)
+                best.engine = self.build_engine(best.stop_requested, best.models)
                 self.slots.append(best)
                 shared[id(best)] = 0
             else:
@@ -172,17 +175,18 @@ class Scheduler:
         best.used = self._clock
         return best, shared[id(best)]
 
-    def build_engine(self, stop_requested: Callable[[], bool]):
-        """A row's engine. Under tensor parallelism every rank asks rank 0 whether to stop."""
+    def build_engine(self, stop_requested: Callable[[], bool], models):
+        """A row's engine over its own RowModels. Under tensor parallelism every rank asks rank 0
+        whether to stop."""
         if self.runtime.world > 1:
             local, engine = stop_requested, None
             stop_requested = lambda: bool(engine.hooks.agree([int(local())])[0])  # noqa: E731
-        engine = self.runtime.engine(self.max_len, self.run, lm=self.row_lm, draft=self.row_draft, graphs="off",
+        engine = self.runtime.engine(self.max_len, self.run, lm=models.lm, draft=models.draft, graphs="off",
                                      stop_requested=stop_requested)
         return engine
 
-    def serve_request(self, job: Job) -> None:
-        """One request, as a row of the batch."""
+    def serve_request(self, job: Job, lane=None) -> None:
+        """One request, as a row of the batch (lane: its row; None: decoded alone, under --tp)."""
         slot = None
         self.running += 1
         try:
@@ -200,16 +204,17 @@ class Scheduler:
                 if job.stop and self.runtime.world == 1:  # ranks stop together, between rounds
                     raise Cancelled
 
-            started = time.perf_counter()
-            engine.set_sequence(job.ids, progress)
-            prefilled = time.perf_counter()
-
             def on_token(token: int) -> None:
                 job.tokens += 1
                 job.emit(("token", token))
 
-            result = engine.generate(job.max_new, job.params, frozenset() if job.ignore_eos else self.stop_ids,
-                                     on_token)
+            # in a batch, this engine's passes wait for the batch's (lockstep.RowModel)
+            with lane.attach(*slot.models.models()) if lane is not None else nullcontext():
+                started = time.perf_counter()
+                engine.set_sequence(job.ids, progress)
+                prefilled = time.perf_counter()
+                result = engine.generate(job.max_new, job.params, frozenset() if job.ignore_eos else self.stop_ids,
+                                         on_token)
             job.emit(("done", result.stopped_by))
             self.recent.append((job.label, len(job.ids), reused, len(result.tokens), result.stopped_by))
             self._say(job, reused, prefilled - started, result)

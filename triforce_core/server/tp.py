@@ -31,7 +31,7 @@ def follow_requests(runtime, run, max_len: int) -> None:
     """A rank other than 0: build the same engine as rank 0's, then decode what it announces."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 decides when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    lm, draft = row_models(runtime)
+    lm, draft = row_models(runtime)  # never attached to a lane: one request at a time
     engine = None
     while (request := _announce(None)) is not None:
         ids, max_new, params, ignore_eos = request

@@ -29,6 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
 from triforce.kernels.cpu.bf16_bits import narrow
+from triforce.kernels.cpu.lanes import lane_tree
 from triforce.kernels.cpu.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
 
 PAIR_BLOCK = 64  # values per step of a dot (two accumulators x 32): widths must be a multiple
@@ -148,17 +149,6 @@ def sum16(typingctx, acc):
     if acc != f32x16:
         return None
     return types.float32(acc), lambda context, builder, signature, args: lane_tree(builder, args[0])
-
-
-def lane_tree(builder, v):
-    """The sum of v's 16 lanes: lane i with i + 8, then i + 4, i + 2, i + 1."""
-    n = 16
-    while n > 1:
-        half = n // 2
-        low = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half)))
-        high = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half, n)))
-        v, n = builder.fadd(builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high)), half
-    return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
 
 
 def splat(builder, value, vector_type):

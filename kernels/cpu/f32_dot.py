@@ -27,6 +27,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
+from triforce.kernels.cpu.lanes import lane_tree
 from triforce.kernels.cpu.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
 
 STEP = 16  # values per step of a dot (two accumulators x 8 lanes): widths must be a multiple
@@ -113,25 +114,14 @@ def fma_step(typingctx, acc, w, x, start):
     return f32x8(acc, w, x, start), codegen
 
 
-def lane_tree8(builder, v):
-    """The sum of v's 8 lanes: lane i with i + 4, then i + 2, then i + 1."""
-    n = 8
-    while n > 1:
-        half = n // 2
-        low = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half)))
-        high = ir.Constant(ir.VectorType(ir.IntType(32), half), list(range(half, n)))
-        v, n = builder.fadd(builder.shuffle_vector(v, v, low), builder.shuffle_vector(v, v, high)), half
-    return builder.extract_element(v, ir.Constant(ir.IntType(32), 0))
-
-
 @intrinsic
 def sum_lanes8(typingctx, a, b):
-    """The sum of the 16 lanes of a and b: a + b, then lane_tree8."""
+    """The sum of the 16 lanes of a and b: a + b, then lane_tree."""
     if a != f32x8 or b != f32x8:
         return None
 
     def codegen(context, builder, signature, args):
-        return lane_tree8(builder, builder.fadd(args[0], args[1]))
+        return lane_tree(builder, builder.fadd(args[0], args[1]))
 
     return types.float32(a, b), codegen
 
@@ -143,7 +133,7 @@ def _mask(lanes):
 @intrinsic
 def sum_lanes8x4(typingctx, a0, a1, b0, b1, c0, c1, d0, d1):
     """sum_lanes8 of (a0, a1), (b0, b1), (c0, c1) and (d0, d1), the four trees run side by side
-    in shuffled vectors: each lane pair added is the one lane_tree8 adds, so the bits are the
+    in shuffled vectors: each lane pair added is the one lane_tree adds, so the bits are the
     same as four sum_lanes8, in 7 additions and 8 shuffles where those take 16 and 24."""
     if any(arg != f32x8 for arg in (a0, a1, b0, b1, c0, c1, d0, d1)):
         return None

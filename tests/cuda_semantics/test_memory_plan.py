@@ -75,6 +75,11 @@ def test_planned_bytes_equal_allocated_bytes(tiny_model_dir, pinning):
     assert tier1.cache.k_buf.nbytes + tier1.cache.v_buf.nbytes == b["retrieval_cache"]
     assert tier0.cache.k_buf.nbytes + tier0.cache.v_buf.nbytes == b["streaming_cache"]
     assert cache.k_res.nbytes + cache.v_res.nbytes == b["resident_kv"]
+    # blocks moved to the device after prefill: the plan's count, within the prefill's scratch
+    per_token = 2 * lm.config.num_layers * lm.config.num_kv_heads * lm.config.head_dim * 4
+    assert cache.ext_capacity == plan.decode_resident_tokens - plan.resident_tokens
+    if cache.k_ext is not None:
+        assert cache.k_ext.nbytes + cache.v_ext.nbytes == cache.ext_capacity * per_token <= b["prefill_scratch"]
     assert cache.prefetcher.staging_bytes == b["staging_buffers"]
     means = sum(m.nbytes for m in cache._resident_means.values())
     assert means == b["chunk_means"]

@@ -12,7 +12,8 @@ import sys
 import time
 from dataclasses import replace
 
-from triforce.app.batch_generate import batch_summary, generate_batch, row_models, row_plan
+from triforce.app.batch_generate import generate_batch, row_models, row_plan
+from triforce.app.batch_tally import batch_summary
 from triforce.app.texts import natural_ids, natural_size
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.full_tier import FullTier

@@ -118,6 +118,10 @@ _OPTIONAL = {"name": str, "description": str, "reserved_bytes": "size", "pcie_d2
              "host_attention_tflops": float}
 
 
+# `profile tune` writes these first and last: a tuned file without its last line was cut short
+TUNED_HEADER = "# written by `triforce profile tune`\n"
+TUNED_FOOTER = "# end of the profile\n"
+
 _KIND_NAMES = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
 
 
@@ -140,7 +144,8 @@ def profile_from_dict(data: dict, source: str) -> MemoryProfile:
 
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
-        raise OffloadError(f"profile {source}: missing field '{missing[0]}'")
+        raise OffloadError(f"profile {source}: missing field{'s' if len(missing) > 1 else ''} "
+                           + ", ".join(f"'{k}'" for k in missing))
     values = {k: field(k, kind) for k, kind in {**_REQUIRED, **_OPTIONAL}.items() if k in data}
     known = set(_REQUIRED) | set(_OPTIONAL)
     extras = tuple(sorted((k, v) for k, v in data.items() if k not in known))
@@ -183,6 +188,11 @@ def load_profile(spec: str) -> MemoryProfile:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise OffloadError(f"profile {source} is not valid TOML: {e}") from None
+    if text.startswith(TUNED_HEADER) and not text.rstrip().endswith(TUNED_FOOTER.strip()):
+        absent = [k for k in (*_REQUIRED, *_OPTIONAL) if k not in data and k != "name"]
+        raise OffloadError(f"profile {source} is cut short (written by `triforce profile tune`, it lacks its last "
+                           f"line){'; fields absent: ' + ', '.join(absent) if absent else ''}: run "
+                           f"`triforce profile tune --out {source}` again")
     return profile_from_dict(data, source)
 
 

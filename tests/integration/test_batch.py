@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from triforce.app.batch_generate import fit_batch, generate_batch, parse_prompt_lines, row_plan
+from triforce.app.batch_generate import fit_batch, generate_batch, row_plan
+from triforce.app.prompts_file import parse_prompt_lines
 from triforce.app.runtime import build_runtime
 from triforce.config import RunConfig
 from triforce.config import SamplingParams, SpecParams

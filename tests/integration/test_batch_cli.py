@@ -101,3 +101,60 @@ def test_bench_batch_measures_and_predicts(capsys, tiny_model_dir, tmp_path):
     assert_one_line_error(code, err, "--batch-sizes must be comma-separated integers")
     code, _, err = run_cli(capsys, "bench", "batch", "--model", model, "--contexts", "600")
     assert_one_line_error(code, err, "exceed the model's 512-token context")
+
+
+def test_a_long_prompts_file_streams_in_bounded_memory(capsys, tiny_model_dir, tmp_path, monkeypatch):
+    """Issue 45: prompts are tokenized for decoding only as rows free up, each result prints as
+    soon as the ones before it have, and no finished result is held past its turn; the texts are
+    still in input order and --json still one object."""
+    import gc
+    import weakref
+
+    import triforce.app.generate as generate_module
+    from triforce.app import batch_generate, generate_prompts
+
+    model = str(tiny_model_dir("llama-gqa"))
+    count, rows = 40, 2
+    path = write_prompts(tmp_path, *[f"prompt number {i} says {'ab ' * (i % 5)}" for i in range(count)])
+    encoded, shown, held = [0], [], []
+    real_encode, real_show, real_add = generate_module.encode_prompt, generate_prompts._InOrder._show, \
+        generate_prompts._InOrder.add
+
+    def counting_encode(*args, **kw):
+        encoded[0] += 1
+        return real_encode(*args, **kw)
+
+    def recording_show(self, row, bar):
+        shown.append(encoded[0])  # prompts encoded so far when this result printed
+        real_show(self, row, bar)
+
+    refs = []
+
+    class TrackedRow(batch_generate.BatchRow):  # every result row, seen through weak references
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            refs.append(weakref.ref(self))
+
+    def recording_add(self, row, bar):
+        real_add(self, row, bar)
+        del row
+        gc.collect()
+        held.append(sum(r() is not None for r in refs))  # result rows still alive anywhere
+
+    monkeypatch.setattr(batch_generate, "BatchRow", TrackedRow)
+
+    monkeypatch.setattr(generate_module, "encode_prompt", counting_encode)
+    monkeypatch.setattr(generate_prompts._InOrder, "_show", recording_show)
+    monkeypatch.setattr(generate_prompts._InOrder, "add", recording_add)
+    code, out, _ = run_cli(capsys, "generate", "--model", model, "--prompts", path, "--max-new-tokens", "3",
+                           "--method", "ar", "--batch-size", str(rows))
+    assert code == 0
+    headers = [line.split()[2] for line in out.splitlines() if line.startswith("=== prompt")]
+    assert headers == [str(i) for i in range(1, count + 1)]
+    # the lengths pass encodes every prompt once; decoding then encodes each as its row starts
+    assert shown[0] <= count + rows + 1 and encoded[0] == 2 * count
+    assert len(refs) == count and max(held) <= 2 * rows  # the rows in flight, not every result so far
+    code, out, _ = run_cli(capsys, "generate", "--model", model, "--prompts", path, "--max-new-tokens", "3",
+                           "--method", "ar", "--batch-size", str(rows), "--json")
+    report = json.loads(out)
+    assert len(report["results"]) == count and report["batch"]["prompts"] == count

@@ -21,7 +21,7 @@ ALLOWED = {
     "triforce_core/cache": ("triforce.cache", "triforce.model", "triforce.config", "triforce.errors",
                             "triforce.cache_contract", "triforce.kernels", "triforce.offload", "triforce.pinned"),
     "triforce_core/decoding": ("triforce.decoding", "triforce.cache", "triforce.model", "triforce.config",
-                               "triforce.errors", "triforce.cache_contract", "triforce.kernels", "triforce.offload",
+                               "triforce.errors", "triforce.paths", "triforce.cache_contract", "triforce.kernels", "triforce.offload",
                                "triforce.pinned"),
 }
 

@@ -74,3 +74,28 @@ def test_device_budget_override_and_formatting():
     assert format_size(3 * 2**30) == "3.00 GiB" and format_size(512) == "512 B"
     with pytest.raises(OffloadError):
         MemoryProfile("x", "", 1, 10, 0, 10, 0.0, 1.0, 1.0, 1)
+
+
+def test_a_profile_missing_required_fields_names_them_all(tmp_path):
+    body = GOOD.replace('gpu_bytes = "8GiB"\n', "").replace("hbm_gbps = 400\n", "")
+    with pytest.raises(OffloadError, match="missing fields 'gpu_bytes', 'hbm_gbps'"):
+        load_profile(write(tmp_path, body))
+
+
+def test_a_write_cut_short_leaves_the_old_file(tmp_path, monkeypatch):
+    import os
+
+    from triforce.paths import write_atomically
+
+    target = tmp_path / "p.toml"
+    target.write_text("old")
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        write_atomically(target, "new " * 1000)
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["p.toml"]
+    monkeypatch.undo()
+    write_atomically(target, "new")
+    assert target.read_text() == "new"

@@ -7,42 +7,17 @@ every row shares; so B rows of that plan fit together. The default batch size is
 (up to the number of prompts) whose plan fits."""
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
-from triforce.app.inputs import is_utf8
+from triforce.app.batch_tally import BatchTally
 from triforce.app.plan_and_cache import RunPlan
 from triforce.config import AUTO
 from triforce.decoding.draft import Draft
 from triforce.decoding.lockstep import Lockstep, RowModel
 from triforce.decoding.statistics import GenerationResult
 from triforce.errors import UserError
-
-PROMPTS_FILE_BYTES = 256 << 20  # a prompts file is read whole: refuse a larger one unread
-
-
-def parse_prompt_lines(text: str, source: str) -> list[str]:
-    """JSON lines, one {"prompt": "..."} each (blank lines skipped) -> the prompts, in order."""
-    prompts = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{source} line {number} is not JSON ({e.msg})") from None
-        prompt = item.get("prompt") if isinstance(item, dict) else None
-        if not isinstance(prompt, str):
-            raise UserError(f'{source} line {number} has no "prompt" string (expected {{"prompt": "..."}})')
-        if not is_utf8(prompt):
-            raise UserError(f"{source} line {number}: the prompt is not valid Unicode text")
-        prompts.append(prompt)
-    if not prompts:
-        raise UserError(f"{source} holds no prompts")
-    return prompts
-
 
 def row_plan(runtime, max_len: int, rows: int, spec=None, fixed: frozenset | None = None) -> RunPlan:
     """The plan of one row when `rows` rows share the device: the weights once, the rest split.
@@ -106,12 +81,12 @@ class BatchRow:
 
 @dataclass
 class BatchOutcome:
-    rows: list[BatchRow]
+    rows: list[BatchRow]      # every prompt's row, in order (empty for a streamed run: see decode_stream)
     time_s: float
     batch_size: int
     passes: int
     rows_per_pass: float
-    stats: dict = field(default_factory=dict)
+    tally: BatchTally = field(default_factory=BatchTally)
 
 
 class RowModels(NamedTuple):
@@ -138,85 +113,75 @@ def generate_batch(runtime, prompts: list[list[int]], max_new: list[int], params
                    engines: list | None = None, on_prefill: Callable[[int], None] | None = None) -> BatchOutcome:
     """Decode every prompt (token ids) with at most `rows` at once; on_row(row) as each finishes,
     on_prefill(n) as prompt tokens are prefilled. engines: one (engine, RowModels it was built
-    over) per prompt (a benchmark hands over prefilled caches)."""
+    over) per prompt (a benchmark hands over prefilled caches). The outcome keeps every row."""
+    if engines is not None and len(engines) != len(prompts):
+        raise ValueError("one engine per prompt")
+    done: list[BatchRow | None] = [None] * len(prompts)
+
+    def finished(row: BatchRow) -> None:
+        done[row.index] = row
+        if on_row is not None:
+            on_row(row)
+
     max_len = max(len(ids) + max(n, 1) for ids, n in zip(prompts, max_new))
+    outcome = decode_stream(runtime, iter(zip(prompts, max_new)), params, stop_ids, rows, run, max_len, finished,
+                            engines, on_prefill)
+    outcome.rows = [row if row is not None else BatchRow(i, len(prompts[i]), None) for i, row in enumerate(done)]
+    for row in outcome.rows:
+        if row.result is None:  # never ran (an interrupt): counted as a prompt
+            outcome.tally.add(row)
+    return outcome
+
+
+def decode_stream(runtime, prompts: Iterator[tuple[list[int], int]], params, stop_ids: frozenset[int], rows: int,
+                  run: RunPlan, max_len: int, on_row: Callable[[BatchRow], None], engines: list | None = None,
+                  on_prefill: Callable[[int], None] | None = None) -> BatchOutcome:
+    """Decode (token ids, new tokens) pairs taken from `prompts` only as rows free up, at most
+    `rows` at once, each at most max_len tokens long; on_row(row) as each finishes (its index:
+    its place in `prompts`). Nothing is kept per prompt: the outcome's rows are empty and its
+    tally adds up the figures, so any number of prompts runs in the memory of `rows` rows."""
     if engines is None:
         runtime.check_host_room(run, max_len, rows)
         free = []
         for _ in range(rows):
             models = row_models(runtime)
             free.append((runtime.engine(max_len, run, lm=models.lm, draft=models.draft, graphs="off"), models))
-    elif len(engines) != len(prompts):
-        raise ValueError("one engine per prompt")
     lockstep = Lockstep(rows)
+    tally = BatchTally()
 
-    def task(index: int, lane) -> BatchRow:
+    def task(index: int, ids: list[int], new: int, lane) -> None:
         engine, models = free.pop() if engines is None else engines[index]
         try:
             with lane.attach(*models.models()):  # this engine's passes now wait for the batch's
                 started = time.perf_counter()
-                engine.set_sequence(prompts[index], on_prefill)
+                engine.set_sequence(ids, on_prefill)
                 if index < rows:  # the first rows start decoding together, once all have prefilled
                     lane.barrier()
                 decode_started = time.perf_counter()
-                result = engine.generate(max_new[index], params, stop_ids)
+                result = engine.generate(new, params, stop_ids)
                 finished = time.perf_counter()
-            row = BatchRow(index, len(prompts[index]), result, decode_started - started, finished - started,
+            row = BatchRow(index, len(ids), result, decode_started - started, finished - started,
                            decode_started, finished)
         finally:
             if engines is None:
                 free.append((engine, models))
         if result.stopped_by == "interrupt":
             lockstep.interrupt()
-        if on_row is not None:
-            on_row(row)
-        return row
+        tally.add(row)
+        on_row(row)
+
+    taken = 0
+
+    def take(block: bool):
+        nonlocal taken
+        item = next(prompts, None)
+        if item is None:
+            return None
+        index, taken = taken, taken + 1
+        return lambda lane: task(index, item[0], item[1], lane)
 
     started = time.perf_counter()
-    done = lockstep.run([lambda lane, i=i: task(i, lane) for i in range(len(prompts))])
+    lockstep.serve(take)
     elapsed = time.perf_counter() - started
-    out = [row if row is not None else BatchRow(i, len(prompts[i]), None) for i, row in enumerate(done)]
-    return BatchOutcome(out, elapsed, rows, lockstep.passes,
-                        lockstep.rows_per_pass / lockstep.passes if lockstep.passes else 0.0, _pooled(out))
-
-
-def _pooled(rows: list[BatchRow]) -> dict:
-    """The rows' speculation counts added up: acceptance per tier, tokens per full verify."""
-    proposed: dict[str, int] = {}
-    accepted: dict[str, int] = {}
-    verifies = emitted = 0
-    for row in rows:
-        if row.result is None:
-            continue
-        stats = row.result.stats
-        for name, n in stats.get("proposed", {}).items():
-            proposed[name] = proposed.get(name, 0) + n
-            accepted[name] = accepted.get(name, 0) + stats["accepted"][name]
-        if stats.get("full_verifies"):
-            verifies += stats["full_verifies"]
-            emitted += len(row.result.tokens)
-    return {"acceptance_rates": {k: round(accepted[k] / n, 4) for k, n in proposed.items() if n},
-            "mean_tokens_per_full_verify": round(emitted / verifies, 4) if verifies else None}
-
-
-def batch_summary(outcome: BatchOutcome) -> dict:
-    """Throughput: new tokens of all rows per second from the first row's first decoding step to
-    the last row's end (end_to_end: per second of the whole run, prefills included); per-token
-    latency: each row's decoding time over its tokens, averaged over the rows."""
-    ran = [r for r in outcome.rows if r.result is not None]
-    finished = [r for r in ran if r.result.tokens]
-    new_tokens = sum(len(r.result.tokens) for r in ran)
-    latency = [r.result.time_s / len(r.result.tokens) for r in finished]
-    decoding = max(r.finished for r in ran) - min(r.decode_started for r in ran) if ran else 0.0
-    return {
-        "prompts": len(outcome.rows),
-        "batch_size": outcome.batch_size,
-        "new_tokens": new_tokens,
-        "time_s": round(outcome.time_s, 4),
-        "throughput_tok_s": round(new_tokens / decoding, 3) if decoding > 0 else None,
-        "end_to_end_tok_s": round(new_tokens / outcome.time_s, 3) if outcome.time_s else None,
-        "latency_ms_per_token": round(1000 * sum(latency) / len(latency), 3) if latency else None,
-        "forward_passes": outcome.passes,
-        "rows_per_pass": round(outcome.rows_per_pass, 3),
-        **outcome.stats,
-    }
+    return BatchOutcome([], elapsed, rows, lockstep.passes,
+                        lockstep.rows_per_pass / lockstep.passes if lockstep.passes else 0.0, tally)

@@ -1,60 +1,77 @@
 """`triforce generate --prompts FILE`'s use case: many prompts decoded as one batch (the batching
-itself is triforce.app.batch_generate); texts in input order, or one JSON object."""
+itself is triforce.app.batch_generate); texts in input order, or one JSON object.
+
+Any number of prompts runs in bounded memory: the file is read a line at a time, once to check
+it, once (with the model's tokenizer, a progress bar shown) for the lengths the memory plan needs,
+and once more as rows free up, each prompt tokenized when its row starts. Each result is printed
+as soon as it and every one before it have finished (the --json object too is written result by
+result); only finished results waiting for an earlier one are held."""
 from __future__ import annotations
 
 import json
 import sys
+from array import array
 
 from tqdm import tqdm
 
-from triforce.app.batch_generate import (PROMPTS_FILE_BYTES, BatchRow, batch_summary, fit_batch, generate_batch,
-                                         parse_prompt_lines)
-from triforce.app.inputs import read_text_file
+from triforce.app.batch_generate import BatchRow, decode_stream, fit_batch
+from triforce.app.batch_tally import batch_summary
 from triforce.app.progress import prefill_bar
+from triforce.app.prompts_file import read_prompts
 from triforce.errors import UserError
 
 
 def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_chat: bool, params,
                        max_new_tokens: int, ignore_eos: bool, as_json: bool) -> None:
-    from triforce.app.runtime import build_runtime
     from triforce.app.generate import encode_prompt
+    from triforce.app.runtime import build_runtime
 
-    text = read_text_file(prompts_file, "prompts file", PROMPTS_FILE_BYTES, "a prompts file (256 MiB)")
-    prompts = parse_prompt_lines(text, f"prompts file '{prompts_file}'")
+    count = sum(1 for _ in read_prompts(prompts_file))  # every line checked before the model loads
+    if not count:
+        raise UserError(f"prompts file '{prompts_file}' holds no prompts")
     runtime = build_runtime(config)
     lm, context = runtime.lm, runtime.context
-    ids = [encode_prompt(lm, p, as_chat, context, config.parse_special_tokens) for p in prompts]
-    for number, row in enumerate(ids, 1):
-        if not row:
-            raise UserError(f"prompt {number} is empty after tokenisation")
-        if len(row) >= context:
-            raise UserError(f"prompt {number} has {len(row)} tokens but the context is {context} tokens")
-    max_new = [min(max_new_tokens, context - len(row)) for row in ids]
-    if min(max_new) < max_new_tokens:
-        clipped = sum(n < max_new_tokens for n in max_new)
+
+    def encoded():
+        for prompt in read_prompts(prompts_file):
+            yield encode_prompt(lm, prompt, as_chat, context, config.parse_special_tokens)
+
+    lengths = array("I")  # the prompts' token counts: 4 bytes a prompt, for the plan and the summary
+    with tqdm(total=count, desc="reading prompts", unit="prompt", file=sys.stderr, disable=None, leave=False) as bar:
+        for number, ids in enumerate(encoded(), 1):
+            if not ids:
+                raise UserError(f"prompt {number} is empty after tokenisation")
+            if len(ids) >= context:
+                raise UserError(f"prompt {number} has {len(ids)} tokens but the context is {context} tokens")
+            lengths.append(len(ids))
+            bar.update(1)
+    clipped = sum(n + max_new_tokens > context for n in lengths)
+    if clipped:
         print(f"note: {clipped} prompt(s) get fewer than {max_new_tokens} new tokens, to stay within the "
               f"{context}-token context", file=sys.stderr)
-    max_len = max(len(row) + max(n, 1) for row, n in zip(ids, max_new))
-    rows, run = fit_batch(runtime, max_len, len(ids), batch_size)
+    max_len = min(context, max(lengths) + max(max_new_tokens, 1))
+    rows, run = fit_batch(runtime, max_len, count, batch_size)
     if not as_json:
         runtime.say_attention()
         if run.batch is not None:
             print(run.batch.describe(), file=sys.stderr)
-        print(f"{len(ids)} prompts, {rows} at a time, method {run.spec.method}", file=sys.stderr)
-    printer = _InOrder(lm.tokenizer, len(ids), quiet=as_json)
+        print(f"{count} prompts, {rows} at a time, method {run.spec.method}", file=sys.stderr)
+    printer = _InOrder(lm.tokenizer, lengths, run.spec.method, as_json)
     stop_ids = frozenset() if ignore_eos else lm.eos_ids
-    prefill = prefill_bar(sum(len(row) - 1 for row in ids), desc="prefill (all prompts)")
-    with tqdm(total=len(ids), unit="prompt", file=sys.stderr, disable=None, leave=False) as bar:
+    prefill = prefill_bar(sum(lengths) - count, desc="prefill (all prompts)")
+    work = ((ids, min(max_new_tokens, context - len(ids))) for ids in encoded())
+    with tqdm(total=count, unit="prompt", file=sys.stderr, disable=None, leave=False) as bar:
         def finished(row: BatchRow) -> None:
             bar.update(1)
             printer.add(row, bar)
 
         try:
-            outcome = generate_batch(runtime, ids, max_new, params, stop_ids, rows, run, on_row=finished,
-                                     on_prefill=prefill.update)
+            outcome = decode_stream(runtime, work, params, stop_ids, rows, run, max_len, finished,
+                                    on_prefill=prefill.update)
         finally:
             prefill.close()
-        printer.finish(bar)
+        for never_ran in printer.finish(bar):  # prompts an interrupt kept from running
+            outcome.tally.add(never_ran)
     summary = batch_summary(outcome)
     from triforce.app.threads import threads_in_use
 
@@ -63,8 +80,7 @@ def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_cha
                    device=str(lm.device), attention=runtime.attn_name,
                    method_choice=run.batch.to_json() if run.batch is not None else None, plan=run.plan.to_json())
     if as_json:
-        results = [_row_json(lm.tokenizer, r, run.spec.method) for r in outcome.rows]
-        print(json.dumps({"results": results, "batch": summary}))
+        print(f'], "batch": {json.dumps(summary)}}}', flush=True)
         return
     acceptance = ""
     if summary["acceptance_rates"]:
@@ -90,31 +106,40 @@ def _row_json(tokenizer, row: BatchRow, method: str) -> dict:
 
 
 class _InOrder:
-    """Prints each prompt's text once it and every prompt before it have finished."""
+    """Prints each prompt's result once it and every prompt before it have finished: text with a
+    heading, or (as_json) one element of the "results" list of the JSON object, whose opening it
+    prints first. Holds only the finished rows still waiting for an earlier one."""
 
-    def __init__(self, tokenizer, total: int, quiet: bool):
-        self.tokenizer, self.quiet = tokenizer, quiet
-        self.rows: list[BatchRow | None] = [None] * total
+    def __init__(self, tokenizer, lengths, method: str, as_json: bool):
+        self.tokenizer, self.lengths, self.method, self.as_json = tokenizer, lengths, method, as_json
+        self.waiting: dict[int, BatchRow] = {}
         self.next = 0
+        if as_json:
+            print('{"results": [', end="", flush=True)
 
     def add(self, row: BatchRow, bar) -> None:
-        self.rows[row.index] = row
-        while self.next < len(self.rows) and self.rows[self.next] is not None:
-            self._show(bar)
+        self.waiting[row.index] = row
+        while self.next in self.waiting:
+            self._show(self.waiting.pop(self.next), bar)
 
-    def finish(self, bar) -> None:
-        """After an interrupt: the rest, those that never ran marked so."""
-        while self.next < len(self.rows):
-            self._show(bar)
+    def finish(self, bar):
+        """After an interrupt: the rest, those that never ran marked so (and yielded)."""
+        while self.next < len(self.lengths):
+            row = self.waiting.pop(self.next, None)
+            if row is None:
+                row = BatchRow(self.next, self.lengths[self.next], None)
+                yield row
+            self._show(row, bar)
 
-    def _show(self, bar) -> None:
-        done = self.rows[self.next]
+    def _show(self, row: BatchRow, bar) -> None:
         self.next += 1
-        if self.quiet:
+        if self.as_json:
+            sep = ", " if self.next > 1 else ""
+            print(sep + json.dumps(_row_json(self.tokenizer, row, self.method)), end="", flush=True)
             return
-        if done is None or done.result is None:
+        if row.result is None:
             bar.write(f"=== prompt {self.next} (not run: interrupted) ===", file=sys.stdout)
             return
-        text = self.tokenizer.decode(done.result.tokens, skip_special_tokens=True)
-        bar.write(f"=== prompt {self.next} ({done.prompt_tokens} tokens, stopped by "
-                  f"{done.result.stopped_by}) ===\n{text}", file=sys.stdout)
+        text = self.tokenizer.decode(row.result.tokens, skip_special_tokens=True)
+        bar.write(f"=== prompt {self.next} ({row.prompt_tokens} tokens, stopped by "
+                  f"{row.result.stopped_by}) ===\n{text}", file=sys.stdout)

@@ -70,12 +70,11 @@ def tune_cmd(out, name, acceptance_file, threads):
     rate of one-token forwards of a 135M-parameter decoder (random weights, built locally), the
     arithmetic rate of a verify pass's attention, and the CPU attention kernel's rate, all in the
     dtype `--dtype auto` picks here (bfloat16 on CUDA and on CPUs with native bfloat16). Without CUDA it measures the CPU and writes a usable CPU profile."""
-    from pathlib import Path
-
     from tqdm import tqdm
 
     from triforce.errors import UserError
-    from triforce.offload.profiles import load_profile, profile_to_toml
+    from triforce.offload.profiles import TUNED_FOOTER, TUNED_HEADER, load_profile, profile_to_toml
+    from triforce.paths import write_atomically
     from triforce.app.tuning import STEPS, tune
 
     rows = _acceptance_rows(acceptance_file) if acceptance_file else []
@@ -89,7 +88,7 @@ def tune_cmd(out, name, acceptance_file, threads):
 
         profile = tune(name, rows, progress)
     try:
-        Path(out).write_text("# written by `triforce profile tune`\n" + profile_to_toml(profile), encoding="utf-8")
+        write_atomically(out, TUNED_HEADER + profile_to_toml(profile) + TUNED_FOOTER)
     except OSError as e:
         raise UserError(f"cannot write {out}: {e.strerror}") from None
     load_profile(out)  # what was written reads back

@@ -13,6 +13,7 @@ import torch
 
 from triforce.decoding.verification import Verdict
 from triforce.errors import UserError
+from triforce.paths import write_atomically
 
 TRACE_FORMAT = "triforce-acceptance-trace/1"
 
@@ -24,7 +25,7 @@ def save_trace(path: str | Path, rounds: list[tuple[str, int, int]], meta: dict)
         levels.setdefault(name, []).append([proposed, accepted])
     data = {"format": TRACE_FORMAT, **meta, "levels": levels}
     try:
-        Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        write_atomically(path, json.dumps(data, indent=1) + "\n")
     except OSError as e:
         raise UserError(f"cannot write the acceptance trace {path}: {e.strerror}") from None
 

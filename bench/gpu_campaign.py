@@ -32,6 +32,8 @@ from pathlib import Path
 
 import click
 
+from triforce.paths import write_atomically
+
 REPO = Path.cwd()  # the checkout it is run from (tests/ and bench/traces/ are read from there)
 # acceptance traces replayed by random-weight architectures: recorded on natural text (what users
 # bring), and the best case, a needle in one repeated filler sentence that the model recites
@@ -221,7 +223,7 @@ def main(out_dir, cap_gb, budget_s, only, quick, dry_run, commit):
     probe = next((x["result"] for x in report["steps"] if x["name"] == "probe" and x.get("result")), None)
     report["device_name"] = (probe or {}).get("device_name")
     path = out / f"gpu-campaign-{date}.json"
-    path.write_text(json.dumps(report, indent=1))
+    write_atomically(path, json.dumps(report, indent=1))  # the campaign's one record: whole or not at all
     print(f"\nwrote {path}\n")
     print("\n".join(results_rows(report)))
 

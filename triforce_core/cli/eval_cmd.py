@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import click
 
@@ -163,11 +162,12 @@ def needle(model, context, out, depth, seed, haystack):
     the question. The key goes to stdout; feed the file to `triforce generate --prompt-file`."""
     from triforce.app.evaluation import needle_prompt
     from triforce.model.loading import load_tokenizer, resolve_model_dir
+    from triforce.paths import write_atomically
 
     tokenizer = load_tokenizer(resolve_model_dir(model))
     prompt = needle_prompt(tokenizer, context, depth, seed, haystack)
     try:
-        Path(out).write_text(prompt.text, encoding="utf-8")
+        write_atomically(out, prompt.text)
     except OSError as e:
         raise UserError(f"cannot write {out}: {e.strerror}") from None
     print(json.dumps({"out": out, "key": prompt.key, "tokens": prompt.tokens, "depth": depth, "haystack": haystack}))

@@ -95,7 +95,7 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
     out["tier1_floor_bytes"] = weight_bytes(target) + (retrieval.cache.end + spec.gamma1 + 1) * kv_per_token
     if draft is not None:
         tier0 = DraftModelTier(draft, target, spec.sink_tokens, spec.draft_window_tokens, spec.draft_slack, mode)
-        tier0.cover(seq[:context + 1])
+        tier0.start(seq[:context + 1])
         covered = tier0.cache.length
 
         def step0():

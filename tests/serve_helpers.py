@@ -4,6 +4,7 @@ only so that a broken server fails instead of hanging."""
 import re
 import subprocess
 import sys
+import threading
 import time
 
 from triforce.config import RunConfig
@@ -23,6 +24,23 @@ def wait_for(condition, what: str, deadline_s: float = DEADLINE_S):
     return value
 
 
+class _GatedQueue:
+    """The scheduler's request queue seen through a gate: while closed, the decoding thread waits
+    with the request it took, before counting it as started (so it still counts as queued)."""
+
+    def __init__(self, inner):
+        self.inner, self.open = inner, threading.Event()
+        self.open.set()
+
+    def get(self, block=True):
+        job = self.inner.get(block=block)
+        self.open.wait()
+        return job
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
 class LiveServer:
     def __init__(self, model: str, max_context: int = 2048, batch_size: int = 3, queue_size: int = 8,
                  api_key: str | None = None, method: str = "auto", origins=(), hosts=None,
@@ -32,6 +50,8 @@ class LiveServer:
         self.api, _ = build_api(config, api_key=api_key, batch_size=batch_size, queue_size=queue_size, quiet=True,
                                 origins=origins, hosts=hosts)
         self.scheduler = self.api.scheduler
+        self._gate = _GatedQueue(self.scheduler._incoming)  # held(): a request taken waits here
+        self.scheduler._incoming = self._gate
         self.background = BackgroundServer(self.api, start_s=DEADLINE_S)
         self.url = self.background.url
 
@@ -50,15 +70,15 @@ class LiveServer:
 
         class _Held:
             def __enter__(self):
-                server.scheduler.admit.clear()
+                server._gate.open.clear()
 
             def __exit__(self, *exc):
-                server.scheduler.admit.set()
+                server._gate.open.set()
 
         return _Held()
 
     def stop(self) -> None:
-        self.scheduler.admit.set()
+        self._gate.open.set()
         self.background.stop(DEADLINE_S)
 
 

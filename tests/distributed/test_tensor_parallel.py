@@ -66,9 +66,29 @@ def test_tp_triforce_greedy_equals_single_process_ar(default_model_dir):
     assert tp_out["tp"] == 2 and tp_out["tokens"] == ar_out["tokens"]
 
 
-def test_a_failing_rank_ends_the_others_with_a_clear_error():
+# imported at start-up by every process of a run (the CLI and each spawned rank) through PYTHONPATH:
+# rank 1 fails once it has joined the process group, as a rank that runs out of memory would
+FAILING_RANK = """
+import triforce.app.ranks as ranks
+
+real_join = ranks._join
+
+
+def join_then_fail(rank, world, port, backend):
+    real_join(rank, world, port, backend)
+    if rank == 1:
+        raise RuntimeError("rank 1 was told to fail (a test)")
+
+
+ranks._join = join_then_fail
+"""
+
+
+def test_a_failing_rank_ends_the_others_with_a_clear_error(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(FAILING_RANK)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
     started = time.monotonic()
-    run = cli("generate", "--model", "default", "--prompt", "hi", "--tp", "2", env={"TRIFORCE_TP_FAIL_RANK": "1"},
+    run = cli("generate", "--model", "default", "--prompt", "hi", "--tp", "2", env={"PYTHONPATH": path},
               timeout=120)
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()

@@ -11,8 +11,6 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-FAIL_RANK_ENV = "TRIFORCE_TP_FAIL_RANK"  # tests: make this rank fail after it starts
-
 
 def all_ranks_ok(ok: bool, device: torch.device | str = "cpu") -> bool:
     """True on every rank when `ok` is true on every rank (a no-op without a process group)."""
@@ -55,8 +53,6 @@ def _join(rank: int, world: int, port: int, backend: str) -> None:
     device_id = select_rank_device(rank, backend)
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
                             device_id=device_id)
-    if os.environ.get(FAIL_RANK_ENV) == str(rank):
-        raise RuntimeError(f"rank {rank} was told to fail ({FAIL_RANK_ENV})")
 
 
 def _die_with(parent: int) -> None:

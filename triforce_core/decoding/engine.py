@@ -87,8 +87,7 @@ class Engine:
         prefilled, queries = self.full.cover(ids[:-1], progress, record_queries=window)
         self.upkeep.start(queries)
         for tier in self.levels[:-1]:
-            if hasattr(tier, "cover"):  # a draft model's own streaming cache
-                tier.cover(self.seq)
+            tier.start(self.seq)  # a draft model covers it with its streaming cache
         return prefilled
 
     # ---- decoding ----------------------------------------------------------------------

@@ -169,6 +169,9 @@ class FullTier:
         """Let the cache fetch ahead what the coming full verify reads (offloaded caches)."""
         self.cache.prepare_verify()
 
+    def start(self, seq: list[int]) -> None:
+        pass  # the engine prefills it (cover) before the levels below take the sequence up
+
     def covered(self) -> int:
         return len(self.tokens)
 

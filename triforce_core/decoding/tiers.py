@@ -31,6 +31,9 @@ class Tier(Protocol):
     def truncate(self, length: int) -> None:
         """Forget everything from token `length` on."""
 
+    def start(self, seq: list[int]) -> None:
+        """Take up a new sequence once the full tier holds it (a drafting level below the full one)."""
+
 
 class ModelTier:
     """A model over some cache; `logits(seq)` feeds seq[cache.length:]. runner_mode: how its
@@ -46,6 +49,9 @@ class ModelTier:
 
     def covered(self) -> int:
         return self.cache.length
+
+    def start(self, seq: list[int]) -> None:
+        pass  # fed as it drafts; a sparse cache is selected by the engine's upkeep
 
     def logits(self, seq: list[int]) -> torch.Tensor:
         started = time.perf_counter()
@@ -119,7 +125,7 @@ class DraftModelTier(ModelTier):
         super().truncate(length)
         del self.tokens[length:]
 
-    def cover(self, seq: list[int]) -> None:
+    def start(self, seq: list[int]) -> None:
         """Cover seq[:-1]: roll back if the cache already stands for it (within the window),
         else prefill only the sink tokens and the most recent window."""
         cache = self.cache
@@ -181,6 +187,9 @@ class LookupDrafter:
 
     def truncate(self, length: int) -> None:
         pass
+
+    def start(self, seq: list[int]) -> None:
+        pass  # no cache: it reads the sequence itself
 
 
 def build_levels(lm: LoadedModel, spec: SpecParams, draft: Draft, full, runner_mode: str, agree_ok=None) -> list:

@@ -79,8 +79,6 @@ class Scheduler:
         self.failure: str | None = None  # the decoding thread died of this
         self._closing = False
         self._clock = 0
-        self.admit = threading.Event()  # cleared: the thread halts before its next request (tests line requests up)
-        self.admit.set()
         self.lockstep = Lockstep(width)
         self.recent: deque = deque(maxlen=64)  # (label, prompt tokens, reused, new tokens, stopped_by)
         self._thread = threading.Thread(target=self._loop, name="triforce-decode", daemon=True)
@@ -140,7 +138,6 @@ class Scheduler:
             return None
         if job is None:
             return None
-        self.admit.wait()
         with self._lock:
             self.queued -= 1
         return job

@@ -57,16 +57,15 @@ def predict(profile_name: str, budget_bytes: str | None, context: int, trace: di
 
     resident = plan.decode_resident_tokens  # the plan's costs already count the blocks moved after prefill
     before = costs_at(costs, plan.resident_tokens, context)  # as if nothing moved
-    roomier = costs
-    best_g2 = best_gammas(roomier, hybrid, acceptance, True, (spec.gamma1,), GAMMA2_RANGE)[1]
+    best_g2 = best_gammas(costs, hybrid, acceptance, True, (spec.gamma1,), GAMMA2_RANGE)[1]
     rows = {
         "ar-offload": full_verify_ms(before, streamed, 1),
         "ar-hybrid": full_verify_ms(before, hybrid, 1),
         "today": tri(before, streamed),
         "+ hybrid": tri(before, hybrid),
-        "+ residency": tri(roomier, hybrid),
-        "+ overlap": tri(roomier, hybrid, overlap=True),
-        "+ sized gamma2": tri(roomier, hybrid, g2=best_g2, overlap=True),
+        "+ residency": tri(costs, hybrid),
+        "+ overlap": tri(costs, hybrid, overlap=True),
+        "+ sized gamma2": tri(costs, hybrid, g2=best_g2, overlap=True),
     }
     return {"profile": profile.name, "context": context, "resident_tokens": plan.resident_tokens,
             "resident_after_prefill": resident, "gamma2_sized": best_g2,

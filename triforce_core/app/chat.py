@@ -11,7 +11,7 @@ from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.decoding.statistics import GenerationResult
 from triforce.errors import UserError
-from triforce.model.chat_template import chat_ids, holds_control, text_pieces_ids
+from triforce.model.chat_template import chat_ids, pieces_ids
 from triforce.model.loading import LoadedModel
 
 PLAIN_TEMPLATE_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
@@ -29,9 +29,7 @@ def render_messages(tokenizer, messages: list[dict], add_generation_prompt: bool
         pieces += [(f"{PLAIN_TEMPLATE_ROLES[m['role']]}: ", True), (m["content"], False), ("\n\n", True)]
     if add_generation_prompt:
         pieces.append(("Assistant:", True))
-    if parse_special or not holds_control(tokenizer, messages):  # one string: the tokenizer's own boundaries
-        return tokenizer("".join(p for p, _ in pieces), add_special_tokens=False).input_ids
-    return text_pieces_ids(tokenizer, pieces)
+    return pieces_ids(tokenizer, pieces, parse_special)
 
 
 class Chat:

@@ -94,6 +94,16 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool, max_c
         raise UserError("a message holds a control token of the model (e.g. <|im_end|>) and its chat template "
                         "rewrites message text, so it cannot be kept as text: remove it, or pass "
                         "--parse-special-tokens to let messages hold control tokens")
+    return pieces_ids(tokenizer, pieces)
+
+
+def pieces_ids(tokenizer, pieces: list[tuple[str, bool]], parse_special: bool = False) -> list[int]:
+    """Token ids of (text, is_template) pieces: the joined text at once (the tokenizer's own
+    boundaries) where no message piece holds a control token's string or parse_special says
+    to read them, else piece by piece (text_pieces_ids)."""
+    controls = control_texts(tokenizer)
+    if parse_special or not any(c in piece for piece, template in pieces if not template for c in controls):
+        return tokenizer("".join(p for p, _ in pieces), add_special_tokens=False).input_ids
     return text_pieces_ids(tokenizer, pieces)
 
 

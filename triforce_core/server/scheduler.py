@@ -9,7 +9,6 @@ only the rest. At most `width` rows run (the plan's batch size); later requests 
 of at most `queue_size`."""
 from __future__ import annotations
 
-
 import queue
 import sys
 import threading

@@ -1,8 +1,8 @@
 """What `generate --prompts` costs as the prompts file grows: peak resident memory of the run and
 the time to its first printed result, for files of N short prompts (lines of the shipped natural
-prose), one new token each.
+prose), --new-tokens each (default 1).
 
-    python -m triforce.bench.prompts_stream --counts 1000,4000 [--model default] [--json]
+    python -m triforce.bench.prompts_stream --counts 1000,4000 [--new-tokens 1] [--model default] [--json]
 
 Each run is a `triforce generate --prompts` process of its own, its resident memory sampled every
 50 ms. Memory that stays flat as N grows is the point: the file is read a line at a time and
@@ -33,11 +33,11 @@ def write_prompts(path: Path, count: int) -> None:
             f.write(json.dumps({"prompt": lines[i % len(lines)]}) + "\n")
 
 
-def run_once(model: str, count: int, folder: Path) -> dict:
+def run_once(model: str, count: int, folder: Path, new_tokens: int) -> dict:
     path = folder / f"prompts-{count}.jsonl"
     write_prompts(path, count)
     command = [sys.executable, "-m", "triforce.cli.main", "generate", "--model", model, "--prompts", str(path),
-               "--max-new-tokens", "1", "--method", "ar"]
+               "--max-new-tokens", str(new_tokens), "--method", "ar"]
     started = time.perf_counter()
     first = None
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -71,12 +71,13 @@ def run_once(model: str, count: int, folder: Path) -> dict:
 @click.option("--counts", default="1000,4000", show_default=True,
               help="Prompt counts, comma-separated.")
 @click.option("--model", default="default", show_default=True)
+@click.option("--new-tokens", type=int, default=1, show_default=True, help="--max-new-tokens of each run.")
 @click.option("--json", "as_json", is_flag=True)
-def main(counts: str, model: str, as_json: bool) -> None:
+def main(counts: str, model: str, new_tokens: int, as_json: bool) -> None:
     """Print peak memory and time to the first result of `generate --prompts` for each count."""
     sizes = sorted(int(c) for c in counts.split(","))
     with tempfile.TemporaryDirectory() as folder:
-        rows = [run_once(model, n, Path(folder)) for n in sizes]
+        rows = [run_once(model, n, Path(folder), new_tokens) for n in sizes]
     if as_json:
         print(json.dumps({"cpu": os.uname().machine, "rows": rows}))
         return

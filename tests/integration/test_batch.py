@@ -113,3 +113,18 @@ def test_prompt_lines_are_checked():
     assert json.loads('{"prompt": "\\ud800"}')  # a lone surrogate parses, but is not text:
     with pytest.raises(UserError, match="not valid Unicode"):
         parse_prompt_lines('{"prompt": "\\ud800"}', "f")
+
+
+def test_the_default_batch_size_is_bounded_however_many_prompts_come(tiny_model_dir, monkeypatch):
+    """3,000 short prompts once asked for 2,239 rows (40 GiB of host memory, refused after the
+    plan): the default stops at MAX_AUTO_ROWS, and below it at what the host has room for."""
+    from triforce.app import batch_generate
+    from triforce.model import host_memory
+
+    runtime = build_runtime(RunConfig(model=str(tiny_model_dir("llama-gqa")), spec=SpecParams(method="ar"),
+                                      dtype="float32"))
+    assert fit_batch(runtime, 64, 3000, None)[0] == batch_generate.MAX_AUTO_ROWS
+    plan = row_plan(runtime, 64, 5).plan  # a row's buffers on this CPU (its weights are shared)
+    per_row = plan.host_bytes_total + plan.gpu_bytes_total - plan.breakdown["target_weights"]
+    monkeypatch.setattr(host_memory, "available_bytes", lambda: 5 * per_row + per_row // 2)
+    assert fit_batch(runtime, 64, 3000, None)[0] == 5

@@ -42,19 +42,27 @@ def row_plan(runtime, max_len: int, rows: int, spec=None, fixed: frozenset | Non
     return replace(runtime.plan(max_len, spec=spec, fixed=fixed, profile=profile), batch=choice)
 
 
+# the default batch size stops here: past a few dozen rows a step's weights are already shared
+# and more rows only hold more memory (a 3,000-prompt file once asked for 2,239 rows, 40 GiB)
+MAX_AUTO_ROWS = 32
+
+
 def fit_batch(runtime, max_len: int, prompts: int, wanted: int | None) -> tuple[int, RunPlan]:
-    """The batch size (wanted, or the most rows up to `prompts` that fit) and one row's plan."""
+    """The batch size (wanted, or the most rows up to `prompts` and MAX_AUTO_ROWS whose plan fits
+    the device and whose buffers the host has room for) and one row's plan."""
     if wanted is not None:
         if wanted < 1:
             raise UserError(f"--batch-size must be >= 1, got {wanted}")
         rows = min(wanted, prompts)
         return rows, _feasible(runtime, max_len, rows)
     best = (1, row_plan(runtime, max_len, 1))  # the error of a single row, if even that cannot fit
-    low, high = 2, prompts  # a row's share only shrinks as rows are added: bisect for the most that fit
+    low, high = 2, min(prompts, MAX_AUTO_ROWS)  # a row's share only shrinks as rows are added: bisect
     while low <= high:
         rows = (low + high) // 2
         try:
-            best = (rows, row_plan(runtime, max_len, rows))
+            plan = row_plan(runtime, max_len, rows)
+            runtime.check_host_room(plan, max_len, rows)
+            best = (rows, plan)
             low = rows + 1
         except UserError:
             high = rows - 1

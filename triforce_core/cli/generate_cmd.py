@@ -19,7 +19,8 @@ from triforce.errors import UserError
 @click.option("--prompts", "prompts_file", default=None,
               help='Decode many prompts as one batch: a JSON-lines file, one {"prompt": "..."} per line.')
 @click.option("--batch-size", type=INT, default=None,
-              help="With --prompts: rows decoded at once (default: as many as the memory plan fits).")
+              help="With --prompts: rows decoded at once (default: as many as the memory plan and the host's free "
+                   "memory fit, at most 32).")
 @speculation_options(default_method="auto")
 @click.option("--max-new-tokens", type=INT, default=128, show_default=True, help="Tokens to generate at most.")
 @context_options

@@ -21,7 +21,8 @@ from triforce.offload.offloaded_cache import OffloadedKVCache
 
 # ar-offload: the paper's baseline (every host block over PCIe); ar-hybrid: the stronger one (the
 # CPU attends its share in place, offload.hybrid); triforce splits as the plan says
-METHODS = ("ar-offload", "ar-hybrid", "zero-inference", "triforce", "transformers-offloaded")
+METHODS = ("ar-offload", "ar-hybrid", "zero-inference", "triforce", "triforce-serial", "transformers-offloaded")
+SPECULATIVE = ("triforce", "triforce-serial")  # triforce-serial: drafting after each verify, not during it
 SPECULATIVE_TOKENS = 64  # speculative rows time at least this many: several full verifies and a rebuild
 ALL_GIVEN = frozenset({"budget", "chunk_size", "gamma1", "gamma2"})  # the bench's speculation is not re-chosen
 
@@ -119,8 +120,9 @@ def run_method(method: str, s: Setup) -> dict:
             return time_hf_offloaded(arch, s.context, s.new_tokens, s.lm.dtype, device)
         except (RuntimeError, ValueError, TypeError, AttributeError) as e:  # a peer's failure is a row, not the end
             return {"method": method, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-    spec = s.spec if method == "triforce" else SpecParams(method="ar")
-    new_tokens = max(s.new_tokens, SPECULATIVE_TOKENS) if method == "triforce" else s.new_tokens
+    speculative = method in SPECULATIVE
+    spec = s.spec if speculative else SpecParams(method="ar")
+    new_tokens = max(s.new_tokens, SPECULATIVE_TOKENS) if speculative else s.new_tokens
     max_len = s.context + 2 + new_tokens * s.repeats + 8
     try:
         run = s.runtime.plan(max_len, spec, ALL_GIVEN)
@@ -135,8 +137,9 @@ def run_method(method: str, s: Setup) -> dict:
                                      host_budget_bytes=s.profile.host_bytes)
     else:
         cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap, hybrid=method != "ar-offload" and s.hybrid)
-    replay = ReplayVerifier(s.trace) if method == "triforce" and s.trace is not None else None
-    engine = s.runtime.engine(max_len, run, kv_cache=cache, replay=replay)
+    replay = ReplayVerifier(s.trace) if speculative and s.trace is not None else None
+    engine = s.runtime.engine(max_len, run, kv_cache=cache, replay=replay,
+                              draft_ahead="off" if method == "triforce-serial" else None)
     if s.prompt_ids is not None:
         from triforce.app.progress import prefill_bar
 
@@ -178,13 +181,14 @@ def run_method(method: str, s: Setup) -> dict:
         "host_kv_bytes": plan.host_kv_bytes if method != "zero-inference" else cache.host_nbytes,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
     }
-    if method in ("triforce", "ar-hybrid"):
-        row["hybrid_cpu_share"] = round(cache.cpu_share(spec.gamma2 + 1 if method == "triforce" else 1), 3) \
+    if method in ("ar-hybrid", *SPECULATIVE):
+        row["hybrid_cpu_share"] = round(cache.cpu_share(spec.gamma2 + 1 if speculative else 1), 3) \
             if isinstance(cache, OffloadedKVCache) else 0.0
-    if method == "triforce":
+    if speculative:
         row.update(mean_tokens_per_full_verify=result.stats["mean_tokens_per_full_verify"],
                    acceptance_rates=result.stats["acceptance_rates"],
-                   replayed=s.trace is not None, tiers=engine.describe())
+                   replayed=s.trace is not None, tiers=engine.describe(),
+                   drafted_ahead=_ahead_share(windows) if engine.ahead is not None else None)
     del engine, cache
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -192,6 +196,13 @@ def run_method(method: str, s: Setup) -> dict:
         if empty_host is not None:
             empty_host()  # give pinned memory back before the next method allocates its own
     return row
+
+
+def _ahead_share(windows) -> dict:
+    """How many of the timed verifies were drafted ahead of, and how many of those drafts the next cycle kept."""
+    rounds = sum(r.stats["draft_ahead_rounds"] for r in windows)
+    kept = sum(r.stats["draft_ahead_kept"] for r in windows)
+    return {"verifies": rounds, "kept": kept}
 
 
 def _transfer_bytes(cache) -> tuple[int, int]:

@@ -9,7 +9,8 @@ on natural text (default: the 8K one; the 32K YaRN trace shows the 135M model re
   today            every host block over PCIe, drafting before the verify, budget and gammas of the trace
   + hybrid         the CPU attends its share of the host KV in place (offload.hybrid), the rest streams
   + residency      the prefill's scratch memory holds whole host blocks once decoding starts (built)
-  + overlap        the next cycle's drafting runs while the verify's copies stream
+  + overlap        the next cycle's drafting runs while the verify's copies stream, kept when the
+                   verify accepts it all and the bonus token is the guessed one (built: draft_ahead)
   + sized gamma2   gamma2 chosen by the cost model for the acceptance (up to 15)
 ar-offload (the paper's baseline) and ar-hybrid (the stronger one) beside them, both without
 the residency step. The profiles' CPU
@@ -23,8 +24,8 @@ import click
 from triforce.config import SpecParams
 from triforce.decoding.acceptance_trace import load_trace, trace_acceptance
 from triforce.model.architectures import arch_config
-from triforce.offload.cost_model import (GAMMA2_RANGE, best_gammas, costs_at, full_verify_ms,
-                                         triforce_ms_per_token)
+from triforce.offload.cost_model import (GAMMA2_RANGE, best_gammas, costs_at, drafted_ahead_ms_per_token,
+                                         full_verify_ms, triforce_ms_per_token)
 from triforce.offload.planner import hardware, plan_memory
 from triforce.offload.profiles import load_profile
 
@@ -52,8 +53,7 @@ def predict(profile_name: str, budget_bytes: str | None, context: int, trace: di
         part = triforce_ms_per_token(c, hw, acceptance, spec.gamma1, g2, has_tier0=True)
         if not overlap:
             return part["triforce_ms_per_token"]
-        cycle = max(part["full_verify_ms"], part["drafting_ms_per_verify"])
-        return cycle / part["expected_tokens_per_full_verify"]
+        return drafted_ahead_ms_per_token(part, acceptance.full, g2)["ms_per_token"]
 
     resident = plan.decode_resident_tokens  # the plan's costs already count the blocks moved after prefill
     before = costs_at(costs, plan.resident_tokens, context)  # as if nothing moved
@@ -69,6 +69,7 @@ def predict(profile_name: str, budget_bytes: str | None, context: int, trace: di
     }
     return {"profile": profile.name, "context": context, "resident_tokens": plan.resident_tokens,
             "resident_after_prefill": resident, "gamma2_sized": best_g2,
+            "drafted_ahead_kept_share": round(acceptance.full ** (spec.gamma2 + 1), 3),
             "acceptance": {"full": acceptance.full, "retrieval": acceptance.retrieval},
             "host_attention": [profile.host_attention_gbps, profile.host_attention_tflops],
             "pcie_gbps": profile.pcie_h2d_gbps, "ms_per_token": {k: round(v, 1) for k, v in rows.items()}}
@@ -100,7 +101,8 @@ def main(trace_path: str, as_json: bool) -> None:
     for r in results:
         if "error" not in r:
             print(f"- {r['profile']} {r['context']}: resident {r['resident_tokens']} -> {r['resident_after_prefill']} "
-                  f"tokens after prefill, gamma2 sized {r['gamma2_sized']}, CPU rates {r['host_attention']} "
+                  f"tokens after prefill, gamma2 sized {r['gamma2_sized']}, drafts kept from drafting ahead "
+                  f"{r['drafted_ahead_kept_share']:.0%}, CPU rates {r['host_attention']} "
                   f"(GB/s, TFLOP/s), PCIe {r['pcie_gbps']} GB/s")
 
 

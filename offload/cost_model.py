@@ -145,6 +145,17 @@ def triforce_ms_per_token(c: StepCosts, hw: Hardware, acceptance: Acceptance, ga
             "drafting_ms_per_verify": drafting, "expected_tokens_per_full_verify": per_verify}
 
 
+def drafted_ahead_ms_per_token(part: dict, full_rate: float, gamma2: int) -> dict:
+    """triforce_ms_per_token's `part` when the tier below drafts the next cycle during each verify
+    (triforce.decoding.draft_ahead): gamma2 + 1 tokens overlapped with the verify, kept when the
+    verify accepts all gamma2 drafts and its bonus token is the guessed one (probability
+    full_rate ** (gamma2 + 1) in the model's independent acceptance), else drafted again after it."""
+    drafting, verify = part["drafting_ms_per_verify"], part["full_verify_ms"]
+    kept = full_rate ** (gamma2 + 1)
+    cycle = max(verify, drafting * (gamma2 + 1) / gamma2) + (1 - kept) * drafting
+    return {"ms_per_token": cycle / part["expected_tokens_per_full_verify"], "kept_share": kept}
+
+
 def naive_ms_per_token(c: StepCosts, hw: Hardware, alpha: float, gamma: int) -> float:
     """Predicted ms/token of tier-0 drafts checked by the full cache directly (--method naive),
     each accepted with rate alpha."""

@@ -177,13 +177,15 @@ class SpecParams:
 
     @property
     def sparse_append_slots(self) -> int:
-        """Tokens a sparse cache may take after a selection before it must be rebuilt."""
-        return self.rebuild_stride + 2 * (self.gamma1 + self.gamma2_range[1]) + 4
+        """Tokens a sparse cache may take after a selection before it must be rebuilt: the
+        stride and two rounds of drafting ahead (triforce.decoding.draft_ahead) past it."""
+        return self.rebuild_stride + 4 * (self.gamma1 + self.gamma2_range[1] + 2)
 
     @property
     def draft_slack(self) -> int:
-        """The longest rollback of the draft model's streaming cache."""
-        return self.gamma1 + self.gamma2_range[1] + 2
+        """The longest rollback of the draft model's streaming cache: a cycle's drafts and
+        the next cycle's drafted ahead of their verify (triforce.decoding.draft_ahead)."""
+        return 2 * (self.gamma1 + self.gamma2_range[1] + 2)
 
     @property
     def draft_window_tokens(self) -> int:
@@ -206,6 +208,7 @@ class RunConfig:
     graphs: str = "auto"            # auto | off | static (see Engine)
     overlap: bool = True            # prefetch offloaded KV while drafting
     hybrid: bool = True             # the CPU attends a share of short passes' host KV in place (offload.hybrid)
+    draft_ahead: str = "auto"       # draft the next cycle during each full verify (decoding.draft_ahead): auto | on | off
     count_syncs: bool = False       # host synchronisations per decoding phase (CUDA)
     max_context: int | None = None  # tokens the context holds (None: the model's own)
     rope_scaling: str | None = None  # stretch the RoPE to max_context (yarn | linear | dynamic)

@@ -38,6 +38,10 @@ from triforce.errors import UserError
 @click.option("--no-hybrid", is_flag=True,
               help="Stream all offloaded KV over PCIe (by default, on a GPU whose profile measured the CPU's attention "
                    "rates, CPU threads attend a share of it in place during decoding and verify passes).")
+@click.option("--draft-ahead", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+              help="Draft the next cycle while the full tier verifies this one, kept only if the verify accepts "
+                   "every draft and its bonus token is the one guessed (auto: on a GPU whose verify streams "
+                   "offloaded KV, with a model drafting for the full tier; on: also elsewhere, in turn).")
 @click.option("--record-acceptance", default=None,
               help="Write each check's proposed/accepted counts to this JSON file (for `bench offload`).")
 @click.option("--tp", type=INT, default=1, show_default=True,
@@ -47,7 +51,7 @@ from triforce.errors import UserError
 def generate(model, prompt, prompt_file, prompts_file, batch_size, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
              rebuild_threshold, max_new_tokens, max_context, rope_scaling, temperature, top_p, top_k, seed, dtype,
              device, as_chat,
-             ignore_eos, parse_special_tokens, profile, device_budget, no_overlap, no_hybrid, record_acceptance, tp, attn, no_graphs, count_syncs,
+             ignore_eos, parse_special_tokens, profile, device_budget, no_overlap, no_hybrid, draft_ahead, record_acceptance, tp, attn, no_graphs, count_syncs,
              threads, as_json):
     """Generate a continuation of a prompt.
 
@@ -78,7 +82,7 @@ def generate(model, prompt, prompt_file, prompts_file, batch_size, method, draft
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
     config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
                        device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
-                       overlap=not no_overlap, hybrid=not no_hybrid, count_syncs=count_syncs, max_context=max_context,
+                       overlap=not no_overlap, hybrid=not no_hybrid, draft_ahead=draft_ahead, count_syncs=count_syncs, max_context=max_context,
                        rope_scaling=rope_scaling, threads=threads, parse_special_tokens=parse_special_tokens)
     if prompts_file is not None:
         from triforce.app.generate_prompts import run_generate_batch

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from functools import partial
 from typing import Callable
 
 import torch
 
 from triforce.config import AUTO, SamplingParams, SpecParams
 from triforce.decoding.draft import resolve_draft
+from triforce.decoding.draft_ahead import Ahead, AheadRunner, AheadTally, wanted
 from triforce.decoding.full_tier import PREFILL_CHUNK, PREFILL_GROUP, FullTier, Queries
 from triforce.decoding.graph_runner import runner_mode
 from triforce.decoding.hooks import EngineHooks
@@ -33,14 +35,16 @@ from triforce.model.loading import LoadedModel
 class Engine:
     def __init__(self, lm: LoadedModel, spec: SpecParams, max_len: int, draft=None, kv_cache=None,
                  prefill_chunk: int = PREFILL_CHUNK, graphs: str = "auto", hooks: EngineHooks = EngineHooks(),
-                 prefill_group: int = PREFILL_GROUP, speculate_from: int = 0):
+                 prefill_group: int = PREFILL_GROUP, speculate_from: int = 0, draft_ahead: str = "auto"):
         """draft: a Draft, a loaded model, 'lookup', 'none' or None (see decoding.draft).
         kv_cache: the full cache (see triforce.app.plan_and_cache); default resident.
         prefill_chunk, prefill_group: a memory plan's prefill sizes. graphs: how the drafting
         tiers run (auto: CUDA graphs on CUDA, eager elsewhere; off: eager; static: the graphs'
         fixed-shape path without capture, see triforce.decoding.graph_runner). speculate_from: below
         this sequence length the full tier checks no drafts, one token per pass as ar (--method
-        auto's switch-over, where speculation does not pay yet)."""
+        auto's switch-over, where speculation does not pay yet). draft_ahead: auto | on | off, whether
+        the tier below the full one drafts the next cycle while the full tier verifies (see
+        triforce.decoding.draft_ahead; auto: where the verify waits on copies)."""
         if spec.method == AUTO:
             raise ValueError("method auto is chosen when a run is planned (Runtime.plan); an engine needs the method")
         self.lm, self.spec, self.hooks = lm, spec, hooks
@@ -51,7 +55,10 @@ class Engine:
         draft = resolve_draft(draft, spec, refuse_unused=False)
         self.levels = build_levels(lm, spec, draft, self.full, self.runner_mode, hooks.agree_ok)
         self.sparse_tiers = [t for t in self.levels if t.kind == "sparse"]
-        self.policy = SpeculationPolicy(spec, hooks.gamma2_controller if len(self.levels) > 1 else None)
+        ahead = wanted(draft_ahead, self.levels, self.full.cache, hooks.agree is not None, hooks.sync_counter is not None)
+        self.ahead = AheadRunner(lm.device) if ahead else None
+        self.ahead_tally, self._carried = AheadTally(), None  # _carried: drafts made during the last verify
+        self.policy = SpeculationPolicy(spec, hooks.gamma2_controller if len(self.levels) > 1 else None, ahead)
         self.upkeep = SparseUpkeep(self.sparse_tiers, self.full, self.policy, spec.selection_window)
         # drafts each verifying level checks per round: the full tier gamma2, a middle one gamma1
         self.gammas = [0] + [spec.gamma1] * (len(self.levels) - 2) + [spec.gamma2]
@@ -83,6 +90,7 @@ class Engine:
         if len(ids) > self.max_len:
             raise UserError(f"input of {len(ids)} tokens does not fit the {self.max_len}-token context")
         self.seq = list(ids)
+        self._carried = None
         window = self.spec.selection_window if self.sparse_tiers else 0
         prefilled, queries = self.full.cover(ids[:-1], progress, record_queries=window)
         self.upkeep.start(queries)
@@ -100,6 +108,7 @@ class Engine:
         self.generator = generator or make_generator(params, self.lm.device)
         self.stats = [LevelStats() for _ in self.levels]
         self.rounds = []
+        self.ahead_tally, self._carried = AheadTally(), None
         prepare_graphs(self.levels, self.spec)
         before = {t.name: t.time_s for t in self.levels}, sum(t.rebuilds for t in self.sparse_tiers)
         started = time.perf_counter()
@@ -109,6 +118,8 @@ class Engine:
             stopped_by = self._generate_loop(out, max_new_tokens, stop_ids, on_token)
         stats = summarize(self, before)
         stats.update(self.gate_report())
+        if self.ahead is not None:
+            stats.update(self.ahead_tally.report())
         if counter is not None:
             stats["host_syncs"] = counter.report(len(out))
         return GenerationResult(out, stopped_by, time.perf_counter() - started, stats)
@@ -170,15 +181,21 @@ class Engine:
         tier = self.levels[level]
         base = len(self.seq)
         want = min(self.gammas[level], limit - 1)
-        draft_dists = self._propose(level - 1, want) if want > 0 else []
+        draft_dists = self._carried_drafts(want) if tier is self.full else []
+        if want > len(draft_dists):
+            draft_dists += self._propose(level - 1, want - len(draft_dists))
         drafts = self.seq[base:]
-        queries = None
+        queries, ahead = None, None
         self._passes.append((tier.kind, len(self.seq) - tier.covered()))
         with self._phase(f"{tier.name} forward"):
-            if tier is self.full:
-                logits, queries = tier.verify(self.seq, record_queries=bool(self.sparse_tiers))
-            else:
+            if tier is not self.full:
                 logits = tier.logits(self.seq)
+            elif self.ahead is not None and drafts and limit - len(drafts) > 2:
+                verify = partial(tier.verify, list(self.seq), bool(self.sparse_tiers))
+                (logits, queries), ahead = self.ahead.run(verify, partial(self._draft_ahead, level - 1,
+                                                                          limit - len(drafts) - 1))
+            else:
+                logits, queries = tier.verify(self.seq, record_queries=bool(self.sparse_tiers))
         rows = logits[-(len(drafts) + 1):]
         with self._phase(f"{tier.name} verify"):
             if self.hooks.replay is not None:
@@ -198,6 +215,10 @@ class Engine:
         self.stats[level].add(len(drafts), verdict.accepted)
         if tier is self.full:
             self.policy.full_verified(len(drafts), verdict.accepted)
+            if ahead is not None:
+                self._carried = ahead.follow_on(verdict.accepted == len(drafts), verdict.token)
+                self.ahead_tally.rounds += 1
+                self.ahead_tally.kept += self._carried is not None
         return [None if probs is None else probs[i] for i in range(verdict.accepted + 1)], queries
 
     def _propose(self, level: int, count: int) -> list[torch.Tensor | None]:
@@ -209,6 +230,31 @@ class Engine:
         while len(dists) < count:
             dists += self._round(level, count - len(dists))[0]
         return dists
+
+    def _carried_drafts(self, want: int) -> list[torch.Tensor | None]:
+        """Append up to `want` of the drafts made during the last verify; returns their
+        distributions. What is not taken now is dropped."""
+        carried, self._carried = self._carried, None
+        if carried is None or want <= 0:
+            return []
+        self.seq.extend(carried.tokens[:want])
+        self._passes += carried.passes  # the passes that made them count for the round that uses them
+        return list(carried.dists[:want])
+
+    def _draft_ahead(self, level: int, room: int) -> Ahead | None:
+        """Propose at `level` the full tier's bonus token and the next cycle's drafts, as if the verify
+        under way accepts every draft; seq is left as it was. room: tokens still wanted after it."""
+        count = min(self.policy.gamma2 + 1, room, self.max_len - len(self.seq))
+        if count < 2:
+            return None
+        start, passes = len(self.seq), self._passes
+        self._passes = []
+        try:
+            dists = self._propose(level, count)
+            return Ahead(self.seq[start:], dists, self._passes)
+        finally:
+            del self.seq[start:]
+            self._passes = passes
 
     def _propose_bottom(self, count: int) -> list[torch.Tensor | None]:
         tier = self.levels[0]
@@ -248,6 +294,7 @@ class Engine:
 
     # ---- cache upkeep ------------------------------------------------------------------
     def _truncate_all(self, length: int) -> None:
+        self._carried = None
         for tier in self.levels:
             tier.truncate(length)
 

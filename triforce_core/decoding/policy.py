@@ -19,8 +19,9 @@ class SpeculationPolicy:
     least two verifies' worth (struggling). gamma2 follows the controller (the cost model's
     choice at the rolling acceptance) when there is one, else stays where it started."""
 
-    def __init__(self, spec: SpecParams, gamma2_controller=None):
+    def __init__(self, spec: SpecParams, gamma2_controller=None, drafts_ahead: bool = False):
         self.spec = spec
+        self.drafts_ahead = drafts_ahead  # the tier below the full one drafts a second cycle during each verify
         self.controller = gamma2_controller
         self.gamma2 = spec.gamma2
         self._rolling: deque[tuple[int, int]] = deque(maxlen=ROLLING_ROUNDS)
@@ -51,8 +52,10 @@ class SpeculationPolicy:
         return self.gamma2
 
     def room_needed(self) -> int:
-        """Tokens a sparse cache must have room for before a round starts."""
-        return self.spec.gamma1 + self.spec.gamma2_range[1] + 2
+        """Tokens a sparse cache must have room for before a round starts (two cycles' when
+        drafting ahead: SpecParams.sparse_append_slots leaves room for them)."""
+        one_cycle = self.spec.gamma1 + self.spec.gamma2_range[1] + 2
+        return 2 * one_cycle if self.drafts_ahead else one_cycle
 
 
 class SparseUpkeep:

@@ -1,0 +1,100 @@
+"""Drafting the next cycle while the full tier verifies this one.
+
+On an offloaded cache the full verify waits on host KV streaming over PCIe while the GPU's cores
+idle. The tier below the full one uses that time: it goes on proposing past the drafts under
+verification, as if the verify accepted them all; the first token it proposes is its guess at the
+verify's bonus token. The tokens after the guess become the next cycle's drafts when the verify
+accepts every draft and its bonus token equals the guess, so they continue the sequence the
+next verify reads; otherwise they are dropped (they would continue a different one and be
+rejected). The guess is right about as often as the tier below agrees with the full one, which
+for the retrieval tier (the target itself over a selected cache) is most rounds.
+
+Why it stays exact: speculative sampling asks of a proposal only that it was drawn from the
+distribution the verify is given and independently of the verify's own draws. Each kept token
+carries the distribution it was drawn from, and whether it is kept depends on the guess and the
+bonus token, never on it; the next verify draws afresh.
+
+Two schedules run the same decisions: inline (the verify, then the drafting, in program order:
+a CPU, where nothing would run beside it, and tests) and threaded (CUDA: the verify on a worker
+thread on the default stream, the drafting on the calling thread on a stream of its own)."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, TypeVar
+
+import torch
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+MODES = ("auto", "on", "off")
+
+
+@dataclass
+class Ahead:
+    """Tokens the tier below the full one proposed past a verify's drafts, with the distribution
+    each was drawn from (None: greedy or deterministic) and the passes that made them."""
+    tokens: list[int]
+    dists: list
+    passes: list = field(default_factory=list)
+
+    def follow_on(self, accepted_all: bool, bonus: int) -> "Ahead | None":
+        """The next cycle's drafts: the tokens after the guess, if the verify accepted every draft
+        and its bonus token is the guess; else None."""
+        if not (accepted_all and self.tokens and self.tokens[0] == bonus):
+            return None
+        return Ahead(self.tokens[1:], self.dists[1:], self.passes)
+
+
+@dataclass
+class AheadTally:
+    rounds: int = 0  # verifies drafted ahead of
+    kept: int = 0    # ... whose drafts the next cycle took
+
+    def report(self) -> dict:
+        return {"draft_ahead_rounds": self.rounds, "draft_ahead_kept": self.kept}
+
+
+def wanted(mode: str, levels: list, full_cache, tensor_parallel: bool, counting_syncs: bool) -> bool:
+    """Whether an engine drafts ahead. auto: where the verify waits on copies (an offloaded cache
+    on a device with streams) and a model drafts for the full tier; not under tensor parallelism
+    (both threads would issue collectives) nor while host syncs are counted (one thread's)."""
+    if mode not in MODES:
+        raise ValueError(f"draft_ahead must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "off" or len(levels) < 2 or tensor_parallel or counting_syncs:
+        return False
+    return mode == "on" or (full_cache.copy_bound and levels[-2].kind != "lookup")
+
+
+class AheadRunner:
+    """Runs a verify and the drafting ahead of it: side by side on CUDA, one after the other elsewhere."""
+
+    def __init__(self, device: torch.device, threaded: bool | None = None):
+        """threaded: the verify on a worker thread (default: on CUDA; tests also run it so on a CPU)."""
+        self.device = torch.device(device)
+        self.threaded = self.device.type == "cuda" if threaded is None else threaded
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="full-verify") if self.threaded else None
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and self.threaded else None
+
+    def run(self, verify: Callable[[], T], draft: Callable[[], U]) -> tuple[T, U]:
+        if not self.threaded:
+            return verify(), draft()
+        cuda = self._stream is not None
+        main = torch.cuda.current_stream(self.device) if cuda else None
+        if cuda:
+            self._stream.wait_stream(main)  # before the verify's kernels queue up: the drafts read the last commit
+        future = self._pool.submit(self._on_device, verify)
+        try:
+            with torch.cuda.stream(self._stream) if cuda else nullcontext():
+                drafted = draft()
+            if cuda:
+                main.wait_stream(self._stream)  # the drafts' tensors are read on the default stream next
+        finally:
+            result = future.result()  # even when drafting failed: nothing may touch the cache mid-verify
+        return result, drafted
+
+    def _on_device(self, fn: Callable[[], T]) -> T:
+        with torch.cuda.device(self.device) if self._stream is not None else nullcontext():  # per thread
+            return fn()

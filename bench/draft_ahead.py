@@ -27,7 +27,7 @@ from triforce.decoding.engine import Engine
 from triforce.model.loading import load_model
 
 
-def decode(lm, spec: SpecParams, ids: list[int], new_tokens: int, params: SamplingParams, cache, ahead: str):
+def decode(lm, spec: SpecParams, ids: list[int], new_tokens: int, params: SamplingParams, cache, ahead: bool):
     engine = Engine(lm, spec, len(ids) + new_tokens + 1, "lookup", kv_cache=cache, draft_ahead=ahead)
     if cache is not None:
         engine.full.adopt(ids[:-1])
@@ -44,7 +44,7 @@ def measure(lm, ids: list[int], new_tokens: int, temperatures: list[float], roun
         runs: dict[str, list] = {"on": [], "off": []}
         for _ in range(rounds):
             for ahead in ("off", "on"):
-                engine, result = decode(lm, spec, ids, new_tokens, params, cache, ahead)
+                engine, result = decode(lm, spec, ids, new_tokens, params, cache, ahead == "on")
                 cache = engine.full.cache
                 runs[ahead].append(result)
                 print(f"T={temperature} draft ahead {ahead}: {len(result.tokens) / result.time_s:.2f} tok/s",

@@ -13,8 +13,8 @@ Steps (each in its own process, with GPU memory capped to `--cap-gb` so an H100 
   tier-steps    tier 0, tier 1 and full-verify step times against their bytes floor, graphs on/off,
                 SDPA and flash-attn (when installed), Llama2-7B-128K shapes, random weights
   offload-32k   bench offload, Llama2-7B-128K at 32K: ar-offload, zero-inference, triforce replaying
-                an acceptance trace recorded on natural text, and triforce-serial (no drafting during
-                the verify) beside it
+                an acceptance trace recorded on natural text, and triforce-ahead (the next cycle
+                drafted during each verify) beside it
   offload-127k  the same at 127K (130048 tokens: about 62 GiB of pinned host KV)
   offload-127k-best-case  triforce at 127K replaying the needle-in-repeated-filler trace (best case)
 
@@ -69,10 +69,10 @@ def steps(out_dir: Path, quick: bool) -> list[Step]:
                             "--attn", "sdpa,flash", "--repeats", "10", "--json"), 120,
              "tier step times against their bytes floor"),
         Step("offload-32k", (*offload(TRACE), "--context", "32768", "--plot", str(out_dir / "offload-32k.png"),
-                             "--methods", "ar-offload,ar-hybrid,zero-inference,triforce,triforce-serial,transformers-offloaded"), 170,
+                             "--methods", "ar-offload,ar-hybrid,zero-inference,triforce,triforce-ahead,transformers-offloaded"), 170,
              "bench offload at 32K on a 24 GB budget, natural-text trace, transformers' offloaded cache beside"),
         Step("offload-127k", (*offload(TRACE), "--context", "130048", "--plot", str(out_dir / "offload-127k.png"),
-                              "--methods", "ar-offload,ar-hybrid,triforce,triforce-serial"),
+                              "--methods", "ar-offload,ar-hybrid,triforce,triforce-ahead"),
              270, "bench offload at 127K on a 24 GB budget, natural-text trace (zero-inference: 32K only)"),
         Step("offload-127k-best-case", (*offload(BEST_CASE_TRACE), "--context", "130048", "--methods", "triforce"),
              120, "triforce at 127K replaying the repeated-filler needle trace (a best case)"),

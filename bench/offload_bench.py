@@ -21,8 +21,8 @@ from triforce.offload.offloaded_cache import OffloadedKVCache
 
 # ar-offload: the paper's baseline (every host block over PCIe); ar-hybrid: the stronger one (the
 # CPU attends its share in place, offload.hybrid); triforce splits as the plan says
-METHODS = ("ar-offload", "ar-hybrid", "zero-inference", "triforce", "triforce-serial", "transformers-offloaded")
-SPECULATIVE = ("triforce", "triforce-serial")  # triforce-serial: drafting after each verify, not during it
+METHODS = ("ar-offload", "ar-hybrid", "zero-inference", "triforce", "triforce-ahead", "transformers-offloaded")
+SPECULATIVE = ("triforce", "triforce-ahead")  # triforce-ahead: the next cycle drafted during each verify
 SPECULATIVE_TOKENS = 64  # speculative rows time at least this many: several full verifies and a rebuild
 ALL_GIVEN = frozenset({"budget", "chunk_size", "gamma1", "gamma2"})  # the bench's speculation is not re-chosen
 
@@ -139,7 +139,7 @@ def run_method(method: str, s: Setup) -> dict:
         cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap, hybrid=method != "ar-offload" and s.hybrid)
     replay = ReplayVerifier(s.trace) if speculative and s.trace is not None else None
     engine = s.runtime.engine(max_len, run, kv_cache=cache, replay=replay,
-                              draft_ahead="off" if method == "triforce-serial" else None)
+                              draft_ahead=method == "triforce-ahead")
     if s.prompt_ids is not None:
         from triforce.app.progress import prefill_bar
 

@@ -23,7 +23,6 @@ class HostAttentionKVCache:
     """The KV of every token in a host KV store (token-major blocks of BLOCK_TOKENS, from position 0)."""
 
     layer_major = False
-    copy_bound = False  # the host attends: nothing to draft beside
 
     def __init__(self, cfg, max_len: int, *, dtype: torch.dtype, device: torch.device | str, batch: int = 1,
                  host_budget_bytes: int | None = None):

@@ -69,7 +69,6 @@ class OffloadedKVCache(SparseReads):
                                  block_tokens, first_position=resident_tokens, dtype=dtype, batch=batch,
                                  pin=pin, budget_bytes=host_budget_bytes)
         self.prefetcher = Prefetcher(self.store, self.device, overlap=overlap, streams=streams)
-        self.copy_bound = self.prefetcher.streams.asynchronous  # a verify waits on copies beside its compute
         self.kernels = RetrievalKernels.for_device(self.device)
         # by chunk size: mean keys of resident chunks (device) and of host chunks (host, store positions)
         self._resident_means: dict[int, ChunkMeans] = {}

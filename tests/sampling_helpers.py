@@ -48,7 +48,7 @@ def _worker(job) -> dict:
     target = load_model(target_dir, dtype="float32", device="cpu")
     draft = load_model(draft_dir, dtype="float32", device="cpu") if drafter == "model" else drafter
     spec_kwargs = dict(spec_kwargs)
-    draft_ahead = spec_kwargs.pop("draft_ahead", "auto")  # an engine setting carried with the spec's
+    draft_ahead = spec_kwargs.pop("draft_ahead", False)  # an engine setting carried with the spec's
     engine = BrokenEngine(target, SpecParams(**spec_kwargs), len(prompt_ids) + new_tokens + 2, draft,
                           broken_level=broken_level, draft_ahead=draft_ahead)
     generator = torch.Generator().manual_seed(seed)

@@ -29,7 +29,6 @@ class FullCache(Protocol):
     length: int
     max_len: int
     layer_major: bool  # prefill as one pass, layer by layer (KV leaves the device per layer)
-    copy_bound: bool   # a verify waits on host-to-device copies, so drafting can run beside it
 
     @property
     def batch(self) -> int: ...

@@ -208,7 +208,7 @@ class RunConfig:
     graphs: str = "auto"            # auto | off | static (see Engine)
     overlap: bool = True            # prefetch offloaded KV while drafting
     hybrid: bool = True             # the CPU attends a share of short passes' host KV in place (offload.hybrid)
-    draft_ahead: str = "auto"       # draft the next cycle during each full verify (decoding.draft_ahead): auto | on | off
+    draft_ahead: bool = False       # draft the next cycle during each full verify (decoding.draft_ahead)
     count_syncs: bool = False       # host synchronisations per decoding phase (CUDA)
     max_context: int | None = None  # tokens the context holds (None: the model's own)
     rope_scaling: str | None = None  # stretch the RoPE to max_context (yarn | linear | dynamic)

@@ -20,21 +20,27 @@ def lm(tiny_model_dir):
                       device="cuda")
 
 
-def run(lm, method, cache=None, new_tokens=30):
+def run(lm, method, cache=None, new_tokens=30, draft_ahead=False):
     spec = SpecParams(method=method, gamma1=3, gamma2=5, budget=24, chunk_size=4, sink_tokens=4, rebuild_stride=8)
     ids = lm.tokenizer(PROMPT).input_ids
-    engine = Engine(lm, spec, len(ids) + new_tokens, "lookup" if spec.uses_draft else None, kv_cache=cache)
+    engine = Engine(lm, spec, len(ids) + new_tokens, "lookup" if spec.uses_draft else None, kv_cache=cache,
+                    draft_ahead=draft_ahead)
     engine.set_sequence(ids)
-    return engine.generate(new_tokens, SamplingParams()).tokens
+    return engine.generate(new_tokens, SamplingParams())
 
 
 @pytest.mark.parametrize("method", ["ar", "triforce", "retrieval"])
 @pytest.mark.parametrize("overlap", [True, False])
-def test_cuda_offloaded_equals_resident(lm, method, overlap):
+@pytest.mark.parametrize("draft_ahead", [False, True])
+def test_cuda_offloaded_equals_resident(lm, method, overlap, draft_ahead):
+    """With draft_ahead the speculative methods draft the next cycle during each verify (a worker
+    thread verifies while the drafting runs on a stream of its own)."""
     ids = lm.tokenizer(PROMPT).input_ids
     cache = OffloadedKVCache(lm.config, len(ids) + 30, 16, 8, dtype=lm.dtype, device=lm.device, overlap=overlap)
     assert cache.store.pinned
-    assert run(lm, method, cache) == run(lm, method)
+    offloaded = run(lm, method, cache, draft_ahead=draft_ahead)
+    assert offloaded.tokens == run(lm, method).tokens
+    assert (offloaded.stats.get("draft_ahead_rounds", 0) > 0) == (draft_ahead and method != "ar")
     stats = cache.prefetcher.stats
     assert stats.h2d_bytes > 0 and (stats.hits > 0) == overlap
 

@@ -1,7 +1,7 @@
 """Drafting the next cycle during the full verify (triforce.decoding.draft_ahead): every method's
 greedy tokens equal AR (float64) in program order and with the verify on a worker thread, over a
-resident and an offloaded cache; the drafts are kept in some rounds and dropped in others; auto
-turns it on only where a verify waits on copies. (Sampling: test_sampling_distribution.)"""
+resident and an offloaded cache; the drafts are kept in some rounds and dropped in others; it is
+off unless asked, and where it cannot run. (Sampling: test_sampling_distribution.)"""
 import threading
 
 import pytest
@@ -28,7 +28,7 @@ def models(tiny_model_dir):
     return target, draft
 
 
-def decode(lm, method, ids, draft=None, kv_cache=None, ahead="off", threaded=False):
+def decode(lm, method, ids, draft=None, kv_cache=None, ahead=False, threaded=False):
     engine = Engine(lm, tiny_spec(method), len(ids) + NEW_TOKENS, draft, kv_cache=kv_cache, draft_ahead=ahead)
     if threaded:
         engine.ahead = AheadRunner(lm.device, threaded=True)
@@ -58,7 +58,7 @@ def test_every_method_drafting_ahead_equals_ar(models, threaded):
             expected = decode(target, "ar", ids)[1].tokens
             for method in METHODS:
                 for draft in drafters(method, draft_model):
-                    engine, got = decode(target, method, ids, draft, ahead="on", threaded=threaded)
+                    engine, got = decode(target, method, ids, draft, ahead=True, threaded=threaded)
                     assert got.tokens == expected, (method, text, draft)
                     rounds += got.stats["draft_ahead_rounds"]
                     kept += got.stats["draft_ahead_kept"]
@@ -76,33 +76,37 @@ def test_offloaded_cache_drafting_ahead_equals_resident(models):
             for draft in drafters(method, draft_model):
                 expected = decode(target, method, ids, draft)[1]
                 cache = offloaded(target, len(ids) + NEW_TOKENS)
-                _, got = decode(target, method, ids, draft, kv_cache=cache, ahead="on")
+                _, got = decode(target, method, ids, draft, kv_cache=cache, ahead=True)
                 assert got.tokens == expected.tokens, (method, text)
                 assert got.stats["draft_ahead_rounds"] > 0 and cache.prefetcher.stats.h2d_bytes > 0
 
 
-def test_auto_drafts_ahead_only_where_a_verify_waits_on_copies(models):
-    target, draft_model = models
+def test_drafting_ahead_only_when_asked_and_possible(models):
+    target, _ = models
+    tri = Engine(target, tiny_spec("triforce"), 64, "lookup").levels
+    ar = Engine(target, tiny_spec("ar"), 64).levels
+    assert draft_ahead.wanted(True, tri, False, False)
+    assert not draft_ahead.wanted(False, tri, False, False)
+    assert not draft_ahead.wanted(True, ar, False, False)  # nothing drafts
+    assert not draft_ahead.wanted(True, tri, True, False)  # tensor parallel: collectives from two threads
+    assert not draft_ahead.wanted(True, tri, False, True)  # a host-sync count is one thread's
+    assert Engine(target, tiny_spec("triforce"), 64, "lookup").ahead is None
 
-    class Copying:
-        copy_bound = True
 
-    class Resident:
-        copy_bound = False
+def test_generate_draft_ahead_flag_reaches_the_engine(capsys, tiny_model_dir):
+    """Through the command users type: --draft-ahead gives the same tokens and reports its rounds."""
+    import json
 
-    def levels(method, draft):
-        engine = Engine(target, tiny_spec(method), 64, draft)
-        return engine.levels
+    from triforce.cli.main import main
 
-    tri, ar, lookup_only = levels("triforce", "lookup"), levels("ar", None), levels("naive", "lookup")
-    assert draft_ahead.wanted("auto", tri, Copying(), False, False)
-    assert not draft_ahead.wanted("auto", tri, Resident(), False, False)
-    assert not draft_ahead.wanted("auto", ar, Copying(), False, False)  # nothing drafts
-    assert not draft_ahead.wanted("auto", lookup_only, Copying(), False, False)  # a lookup costs nothing to redo
-    assert draft_ahead.wanted("on", lookup_only, Resident(), False, False)
-    assert not draft_ahead.wanted("on", tri, Copying(), True, False)  # tensor parallel: one thread's collectives
-    assert not draft_ahead.wanted("on", tri, Copying(), False, True)  # counting syncs
-    assert not draft_ahead.wanted("off", tri, Copying(), False, False)
-    with pytest.raises(ValueError, match="draft_ahead must be one of"):
-        draft_ahead.wanted("yes", tri, Copying(), False, False)
-    assert Engine(target, tiny_spec("triforce"), 64, "lookup").ahead is None  # resident on a CPU: auto is off
+    model = str(tiny_model_dir("llama-gqa", max_position_embeddings=512))
+    outputs = []
+    for extra in ([], ["--draft-ahead"]):
+        with pytest.raises(SystemExit) as done:
+            main(["generate", "--model", model, "--prompt", TINY_PROMPTS[0], "--method", "retrieval", "--budget", "24",
+                  "--chunk-size", "4", "--max-new-tokens", "20", "--temperature", "0", "--json", *extra])
+        out, err = capsys.readouterr()
+        assert done.value.code == 0, err
+        outputs.append(json.loads(out))
+    assert outputs[0]["tokens"] == outputs[1]["tokens"]
+    assert "draft_ahead_rounds" not in json.dumps(outputs[0]) and outputs[1]["draft_ahead_rounds"] > 0

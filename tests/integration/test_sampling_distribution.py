@@ -116,7 +116,7 @@ def test_top_k_and_top_p_are_applied_to_both_sides(pool, folders, target):
 # four tokens, the first verify drafts ahead and the second takes the kept draft (in about 15% of
 # the samples here, measured with the engine's draft_ahead_kept)
 AHEAD_TOKENS = 4
-AHEAD_SPEC = dict(SPEC, gamma2=1, draft_ahead="on")
+AHEAD_SPEC = dict(SPEC, gamma2=1, draft_ahead=True)
 
 
 @pytest.mark.parametrize("method,drafter", [("triforce", "model"), ("retrieval", None)])

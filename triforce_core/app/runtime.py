@@ -70,7 +70,7 @@ class Runtime:
 
     def engine(self, max_len: int, run: RunPlan | None = None, *, kv_cache=None, replay=None,
                stop_requested=None, lm=None, draft: Draft | None = None, graphs: str | None = None,
-               draft_ahead: str | None = None) -> Engine:
+               draft_ahead: bool | None = None) -> Engine:
         """The engine for max_len tokens under `run` (default: self.plan(max_len)), over the full
         cache the plan calls for (or kv_cache), with every hook this run has. lm, draft: stand-ins
         for the loaded ones (a batch's rows call the model through triforce.decoding.lockstep);
@@ -90,7 +90,7 @@ class Runtime:
                             **self._rank_agreement())
         draft = (draft or self.draft) if run.spec.uses_draft else None
         # a batch's rows wait for their passes in lanes (greenlets), which a verify thread cannot switch
-        draft_ahead = (draft_ahead or self.config.draft_ahead) if lm is self.lm else "off"
+        draft_ahead = (self.config.draft_ahead if draft_ahead is None else draft_ahead) and lm is self.lm
         return Engine(lm, run.spec, max_len, draft, kv_cache=kv_cache, prefill_chunk=run.plan.prefill_chunk,
                       prefill_group=run.plan.prefill_group, graphs=graphs or self.config.graphs, hooks=hooks,
                       speculate_from=run.speculate_from, draft_ahead=draft_ahead)

@@ -21,7 +21,6 @@ class ResidentKVCache:
     k_buf, v_buf: [num_layers, B, Hkv, max_len, D]. Entries [0, length) are valid."""
 
     layer_major = False  # prefill may run chunk by chunk through all layers
-    copy_bound = False
     host_nbytes = 0      # nothing lives in host memory
 
     def __init__(self, cfg: ModelConfig, max_len: int, *, batch: int = 1,

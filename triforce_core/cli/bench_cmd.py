@@ -24,8 +24,8 @@ def bench_group():
 @click.option("--methods", default="ar-offload,ar-hybrid,zero-inference,triforce", show_default=True,
               help="ar-offload: the paper's baseline (all host KV over PCIe each token); ar-hybrid: the CPU attends "
                    "its share in place (the stronger baseline); zero-inference: all attention on the CPU; triforce; "
-                   "triforce-serial: triforce drafting only after each verify, not during it (see generate "
-                   "--draft-ahead); transformers-offloaded: transformers' own offloaded cache (--arch only).")
+                   "triforce-ahead: triforce drafting the next cycle during each verify (generate --draft-ahead); "
+                   "transformers-offloaded: transformers' own offloaded cache (--arch only).")
 @click.option("--acceptance-trace", default=None,
               help="Accept/reject sequence to replay in the triforce row (from generate --record-acceptance); "
                    "required with --arch: random weights cannot accept drafts honestly.")
@@ -72,7 +72,7 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
         raise UserError("--context must be >= 2, --new-tokens, --repeats and --tp >= 1")
     check_output_path("--plot", plot_path)
     trace = load_trace(acceptance_trace) if acceptance_trace else None
-    if arch is not None and {"triforce", "triforce-serial"} & set(chosen) and trace is None:
+    if arch is not None and {"triforce", "triforce-ahead"} & set(chosen) and trace is None:
         raise UserError("random weights cannot accept drafts honestly: record a trace with "
                         "`triforce generate --method triforce ... --record-acceptance FILE` and pass "
                         "--acceptance-trace FILE")

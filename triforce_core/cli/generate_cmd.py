@@ -38,10 +38,10 @@ from triforce.errors import UserError
 @click.option("--no-hybrid", is_flag=True,
               help="Stream all offloaded KV over PCIe (by default, on a GPU whose profile measured the CPU's attention "
                    "rates, CPU threads attend a share of it in place during decoding and verify passes).")
-@click.option("--draft-ahead", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
-              help="Draft the next cycle while the full tier verifies this one, kept only if the verify accepts "
-                   "every draft and its bonus token is the one guessed (auto: on a GPU whose verify streams "
-                   "offloaded KV, with a model drafting for the full tier; on: also elsewhere, in turn).")
+@click.option("--draft-ahead", is_flag=True,
+              help="Draft the next cycle while the full tier verifies this one; the drafts are kept when the verify "
+                   "accepts every draft and its bonus token is the one guessed. Meant for a GPU whose verify "
+                   "streams offloaded KV (not yet measured on one); on a CPU it runs in turn and costs time.")
 @click.option("--record-acceptance", default=None,
               help="Write each check's proposed/accepted counts to this JSON file (for `bench offload`).")
 @click.option("--tp", type=INT, default=1, show_default=True,

@@ -29,9 +29,6 @@ import torch
 T = TypeVar("T")
 U = TypeVar("U")
 
-MODES = ("auto", "on", "off")
-
-
 @dataclass
 class Ahead:
     """Tokens the tier below the full one proposed past a verify's drafts, with the distribution
@@ -57,15 +54,12 @@ class AheadTally:
         return {"draft_ahead_rounds": self.rounds, "draft_ahead_kept": self.kept}
 
 
-def wanted(mode: str, levels: list, full_cache, tensor_parallel: bool, counting_syncs: bool) -> bool:
-    """Whether an engine drafts ahead. auto: where the verify waits on copies (an offloaded cache
-    on a device with streams) and a model drafts for the full tier; not under tensor parallelism
-    (both threads would issue collectives) nor while host syncs are counted (one thread's)."""
-    if mode not in MODES:
-        raise ValueError(f"draft_ahead must be one of {', '.join(MODES)}, not {mode!r}")
-    if mode == "off" or len(levels) < 2 or tensor_parallel or counting_syncs:
-        return False
-    return mode == "on" or (full_cache.copy_bound and levels[-2].kind != "lookup")
+def wanted(asked: bool, levels: list, tensor_parallel: bool, counting_syncs: bool) -> bool:
+    """Whether an engine asked to draft ahead can: something drafts for the full tier, and neither
+    tensor parallelism (both threads would issue collectives) nor a host-sync count (one thread's).
+    Off unless asked: on a CPU it costs every dropped cycle's drafting (bench/RESULTS.md), and on
+    a GPU no run has measured it yet (bench offload's triforce-ahead row will)."""
+    return asked and len(levels) >= 2 and not tensor_parallel and not counting_syncs
 
 
 class AheadRunner:

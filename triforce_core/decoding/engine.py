@@ -35,16 +35,15 @@ from triforce.model.loading import LoadedModel
 class Engine:
     def __init__(self, lm: LoadedModel, spec: SpecParams, max_len: int, draft=None, kv_cache=None,
                  prefill_chunk: int = PREFILL_CHUNK, graphs: str = "auto", hooks: EngineHooks = EngineHooks(),
-                 prefill_group: int = PREFILL_GROUP, speculate_from: int = 0, draft_ahead: str = "auto"):
+                 prefill_group: int = PREFILL_GROUP, speculate_from: int = 0, draft_ahead: bool = False):
         """draft: a Draft, a loaded model, 'lookup', 'none' or None (see decoding.draft).
         kv_cache: the full cache (see triforce.app.plan_and_cache); default resident.
         prefill_chunk, prefill_group: a memory plan's prefill sizes. graphs: how the drafting
         tiers run (auto: CUDA graphs on CUDA, eager elsewhere; off: eager; static: the graphs'
         fixed-shape path without capture, see triforce.decoding.graph_runner). speculate_from: below
         this sequence length the full tier checks no drafts, one token per pass as ar (--method
-        auto's switch-over, where speculation does not pay yet). draft_ahead: auto | on | off, whether
-        the tier below the full one drafts the next cycle while the full tier verifies (see
-        triforce.decoding.draft_ahead; auto: where the verify waits on copies)."""
+        auto's switch-over, where speculation does not pay yet). draft_ahead: the tier below the full
+        one drafts the next cycle while the full tier verifies (triforce.decoding.draft_ahead)."""
         if spec.method == AUTO:
             raise ValueError("method auto is chosen when a run is planned (Runtime.plan); an engine needs the method")
         self.lm, self.spec, self.hooks = lm, spec, hooks
@@ -55,7 +54,7 @@ class Engine:
         draft = resolve_draft(draft, spec, refuse_unused=False)
         self.levels = build_levels(lm, spec, draft, self.full, self.runner_mode, hooks.agree_ok)
         self.sparse_tiers = [t for t in self.levels if t.kind == "sparse"]
-        ahead = wanted(draft_ahead, self.levels, self.full.cache, hooks.agree is not None, hooks.sync_counter is not None)
+        ahead = wanted(draft_ahead, self.levels, hooks.agree is not None, hooks.sync_counter is not None)
         self.ahead = AheadRunner(lm.device) if ahead else None
         self.ahead_tally, self._carried = AheadTally(), None  # _carried: drafts made during the last verify
         self.policy = SpeculationPolicy(spec, hooks.gamma2_controller if len(self.levels) > 1 else None, ahead)

@@ -32,6 +32,8 @@ import torch
 
 from triforce.bench.ar_vs_transformers import time_transformers, time_triforce
 
+QUANTIZED = ("gguf", "q8_0", "q4_0", "q4_1")
+
 
 def memory_bandwidth() -> float:
     """Bytes/s of a 512 MB float32 sum over torch's threads (best of 5)."""
@@ -76,8 +78,9 @@ def reference_decode(lm, ids: list[int], new_tokens: int) -> float:
 
 
 def bytes_per_token(lm, depth: int) -> int:
-    """Weights (tied embeddings once) plus the KV of `depth` tokens in the model's dtype."""
+    """Weights (tied embeddings once; blocks as held) plus the KV of `depth` tokens in the model's dtype."""
     weights = sum(p.nbytes for p in {p.data_ptr(): p for p in lm.model.parameters()}.values())
+    weights += lm.quantized["bytes"] if lm.quantized else 0
     cfg = lm.config
     kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * depth * lm.dtype.itemsize
     return weights + kv
@@ -138,7 +141,9 @@ def long_row(model: str, dtype: str, binary: str, gguf: str, threads: int, depth
 @click.command()
 @click.option("--llama-bench", "binary", required=True, help="Path of a llama-bench binary.")
 @click.option("--gguf", "ggufs", multiple=True, required=True,
-              help="DTYPE=PATH: the GGUF of the default model in that dtype (float32, bfloat16).")
+              help="DTYPE=PATH: the GGUF of the default model in that dtype (float32, bfloat16), or WEIGHTS=PATH "
+                   "with WEIGHTS a --quantize choice: gguf (ours from the file's own blocks: give the same file), "
+                   "q8_0, q4_0, q4_1 (ours quantized at load; llama.cpp's from llama-quantize).")
 @click.option("--model", default="default", show_default=True, help="Our side: the same weights as the GGUFs.")
 @click.option("--depths", default="2048,6144", show_default=True, help="Context depths for decoding ('': none).")
 @click.option("--new-tokens", type=click.IntRange(2, 4096), default=64, show_default=True)
@@ -168,7 +173,8 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
     rows = []
     for item in ggufs:
         dtype, _, gguf = item.partition("=")
-        lm = load_model(model, dtype=dtype, device="cpu")
+        quantize = dtype if dtype in QUANTIZED else None  # blocks: activations and KV in float32
+        lm = load_model(model, dtype="float32" if quantize else dtype, device="cpu", quantize=quantize)
         hf = None
         if with_hf:
             from transformers import AutoModelForCausalLM
@@ -181,7 +187,8 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
                 if kind == "decode":
                     theirs = max(theirs, llama_bench(binary, gguf, threads, depth=n, gen=new_tokens))
                     ours = max(ours, time_triforce(lm, ids, new_tokens + 1)["decode_tokens_per_s"])
-                    reference = max(reference, reference_decode(lm, ids, new_tokens + 1))
+                    if quantize is None:  # the reference path de-quantizes every matrix per pass
+                        reference = max(reference, reference_decode(lm, ids, new_tokens + 1))
                     if hf is not None:
                         hf_rate = max(hf_rate, time_transformers(hf, ids, new_tokens)["decode_tokens_per_s"])
                 else:

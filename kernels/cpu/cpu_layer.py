@@ -22,7 +22,9 @@ import torch
 
 from triforce.kernels.cpu.bf16_bits import bits_of, narrow, to_float32
 from triforce.kernels.cpu.cpu_exp import exp_in_place
-from triforce.kernels.cpu.cpu_linear import SMALL_ROWS, FusedLinear, small_rows_linear
+from triforce.kernels.cpu.cpu_linear import SMALL_ROWS, FusedLinear
+from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
+from triforce.kernels.cpu.quant_linear import QuantLinear, project
 
 
 @numba.njit(cache=True)
@@ -69,8 +71,8 @@ def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
             xf[i, j] = to_float32(x[i, j])
     h = np.empty((rows, hidden), np.float32)
     _rms_norm(xf, norm, eps, h)
-    proj = np.empty((rows, w_qkv.shape[0]), np.float32)
-    small_rows_linear(h, w_qkv, proj)
+    proj = np.empty((rows, b_qkv.shape[0]), np.float32)  # the bias: one per output row, whatever the weight
+    project(h, w_qkv, proj)
     for i in range(rows):
         for j in range(proj.shape[1]):
             proj[i, j] = _round(proj[i, j] + b_qkv[j], x)
@@ -95,16 +97,16 @@ def _post(x, attn, w_o, b_o, norm, eps, w_gate_up, b_gate_up, w_down, b_down, ou
             for d in range(dim):
                 a[i, head * dim + d] = to_float32(attn[i // length, head, i % length, d])
     o = np.empty((rows, hidden), np.float32)
-    small_rows_linear(a, w_o, o)
+    project(a, w_o, o)
     x1 = np.empty((rows, hidden), np.float32)
     for i in range(rows):
         for j in range(hidden):
             x1[i, j] = _round(to_float32(x[i, j]) + _round(o[i, j] + b_o[j], x), x)
     h = np.empty((rows, hidden), np.float32)
     _rms_norm(x1, norm, eps, h)
-    inner = w_gate_up.shape[0] // 2
+    inner = b_gate_up.shape[0] // 2
     gu = np.empty((rows, 2 * inner), np.float32)
-    small_rows_linear(h, w_gate_up, gu)
+    project(h, w_gate_up, gu)
     m = np.empty((rows, inner), np.float32)
     e = np.empty(inner, np.float32)
     powers = np.empty(inner, np.int32)
@@ -117,7 +119,7 @@ def _post(x, attn, w_o, b_o, norm, eps, w_gate_up, b_gate_up, w_down, b_down, ou
             silu = _round(m[i, j] / (np.float32(1.0) + e[j]), x)
             m[i, j] = _round(silu * _round(gu[i, inner + j] + b_gate_up[inner + j], x), x)
     down = np.empty((rows, hidden), np.float32)
-    small_rows_linear(m, w_down, down)
+    project(m, w_down, down)
     for i in range(rows):
         for j in range(hidden):
             out[i, j] = narrow(x1[i, j] + _round(down[i, j] + b_down[j], x), x)
@@ -130,16 +132,22 @@ class CpuLayer:
     def __init__(self, in_norm: torch.Tensor, post_norm: torch.Tensor, eps: float, qkv: FusedLinear,
                  o: FusedLinear, gate_up: FusedLinear, down: FusedLinear, heads: int, kv_heads: int,
                  head_dim: int):
-        self.dtype = qkv.weight.dtype
+        """The projections are FusedLinear (weights in the norms' dtype) or QuantLinear (blocks)."""
+        self.dtype = in_norm.dtype
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self._norms = (bits_of(in_norm.detach()), bits_of(post_norm.detach()))
         self._eps = np.float32(eps)
-        self._linears = [(lin._w, _bias(lin)) for lin in (qkv, o, gate_up, down)]
+        self._linears = [(lin.kernel_args if isinstance(lin, QuantLinear) else lin._w, _bias(lin))
+                         for lin in (qkv, o, gate_up, down)]
 
     @staticmethod
     def fits(in_norm: torch.Tensor, post_norm: torch.Tensor, *linears) -> bool:
         """Whether the layer's parts allow it: every projection a FusedLinear with its kernel,
-        all in one dtype, the norm weights in it too (contiguous, on the CPU)."""
+        all in one dtype, the norm weights in it too (contiguous, on the CPU); or every one a
+        QuantLinear (block kernels, on CPUs with FMA) beside float32 or bfloat16 norms."""
+        if all(isinstance(lin, QuantLinear) for lin in linears):
+            return HAS_F32_FMA and all(n.dtype in (torch.float32, torch.bfloat16) and n.dtype == in_norm.dtype
+                                       and n.device.type == "cpu" and n.is_contiguous() for n in (in_norm, post_norm))
         if not all(isinstance(lin, FusedLinear) and lin._kernel is not None for lin in linears):
             return False
         dtype = linears[0].weight.dtype
@@ -189,10 +197,10 @@ def _angles(cos: torch.Tensor, sin: torch.Tensor) -> tuple:
     return last[2]
 
 
-def _bias(linear: FusedLinear) -> np.ndarray:
-    """The linear's float32 bias (FusedLinear keeps one), or zeros: adding them is exact."""
+def _bias(linear) -> np.ndarray:
+    """The linear's float32 bias (FusedLinear and QuantLinear keep one), or zeros: adding them is exact."""
     if linear._bias32 is None:
-        return np.zeros(linear.weight.shape[0], np.float32)
+        return np.zeros(linear.out_features if isinstance(linear, QuantLinear) else linear.weight.shape[0], np.float32)
     return linear._bias32.numpy()
 
 

@@ -124,6 +124,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
         "stopped_by": result.stopped_by,
         "model": str(lm.path),
         "dtype": str(lm.dtype).removeprefix("torch."),
+        "quantized": lm.quantized,
         "device": str(lm.device),
         "tp": world,
         "threads": threads_in_use(),

@@ -34,7 +34,8 @@ class Runtime:
         started = time.perf_counter()
         shard = (rank, world) if world > 1 else None
         stretch = stretch_request(config.max_context, config.rope_scaling)
-        self.lm = _load(config.arch, config.model, config.dtype, device, shard, stretch)
+        self.lm = _load(config.arch, config.model, config.dtype, device, shard, stretch,
+                        weights_as(config, device, world), required=config.quantize != "auto")
         self.context = run_context(self.lm.config.max_position_embeddings, config.max_context)
         self.draft: Draft = resolve_draft(config.draft, config.spec,
                                           load=lambda name: load_draft(name, config.dtype, device))
@@ -125,19 +126,38 @@ class Runtime:
             print(self.attn_line, file=sys.stderr)
 
 
+def weights_as(config: RunConfig, device: str, world: int) -> str | None:
+    """--quantize resolved: auto runs a .gguf model (the default one too) as its own blocks where
+    the block kernels serve (a CPU with FMA, one process) and --dtype was left to auto; None: floats."""
+    if config.quantize != "auto":
+        return None if config.quantize == "none" else config.quantize
+    from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
+    from triforce.model.loading import gguf_file, resolve_device
+
+    if config.arch is not None or config.dtype != "auto" or world > 1 or not HAS_F32_FMA:
+        return None
+    if resolve_device(device).type != "cpu" or config.model is None:
+        return None
+    return "gguf" if gguf_file(config.model) is not None else None
+
+
 def build_runtime(config: RunConfig, rank: int = 0, world: int = 1) -> Runtime:
     return Runtime(config, rank, world)
 
 
-def _load(arch: str | None, model: str | None, dtype: str, device: str, shard, rope_scaling=None):
+def _load(arch: str | None, model: str | None, dtype: str, device: str, shard, rope_scaling=None, quantize=None,
+          required: bool = True):
     from triforce.model.architectures import build_random_model
     from triforce.model.loading import load_model
 
     if (arch is None) == (model is None):
         raise UserError("give exactly one of a model and an architecture")
     if arch is not None:
+        if quantize is not None:
+            raise UserError("--quantize goes with --model (random-weight architectures are timed in --dtype)")
         return build_random_model(arch, dtype, device, shard=shard, rope_scaling=rope_scaling)
-    return load_model(model, dtype=dtype, device=device, shard=shard, rope_scaling=rope_scaling)
+    return load_model(model, dtype=dtype, device=device, shard=shard, rope_scaling=rope_scaling, quantize=quantize,
+                      quantize_required=required)
 
 
 def load_draft(name: str, dtype: str, device: str):

@@ -11,7 +11,7 @@ import click
 from triforce.app.inputs import is_utf8
 from triforce.config import RunConfig
 from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, context_options,
-                                  device_option, dtype_option,
+                                  device_option, dtype_option, quantize_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
 from triforce.errors import UserError
@@ -89,13 +89,14 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 @speculation_options(default_method="auto")
 @sampling_options(default_temperature=CHAT_TEMPERATURE, default_top_p=CHAT_TOP_P)
 @dtype_option
+@quantize_option
 @device_option
 @offload_options
 @click.option("--tp", type=INT, default=1, show_default=True,
               help="Tensor-parallel ranks (GPUs; gloo processes on a CPU). Rank 0 talks to the terminal.")
 @runtime_options(count_syncs=False)
 def chat(model, system, max_new_tokens, max_context, rope_scaling, method, draft, budget, chunk_size, gamma1, gamma2,
-         rebuild_stride, rebuild_threshold, temperature, top_p, top_k, seed, dtype, device, profile, device_budget,
+         rebuild_stride, rebuild_threshold, temperature, top_p, top_k, seed, dtype, quantize, device, profile, device_budget,
          tp, attn, no_graphs, threads):
     """Chat with a model in the terminal.
 
@@ -106,7 +107,7 @@ def chat(model, system, max_new_tokens, max_context, rope_scaling, method, draft
     if tp < 1:
         raise UserError(f"--tp must be >= 1, got {tp}")
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
+    config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, quantize=quantize, device=device, profile=profile,
                        device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
                        max_context=max_context, rope_scaling=rope_scaling, threads=threads)
     request = ChatRequest(config=config, system=system, max_new_tokens=max_new_tokens,
@@ -200,7 +201,8 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
-    console.say(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}), "
+    weights = f", weights as {lm.quantized['weights']} blocks" if lm.quantized else ""
+    console.say(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}{weights}), "
                 f"{session.full.max_len}-token context, {session.engine.describe()}, attention {runtime.attn_name}"
                 f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}"
                 f"{', tensor-parallel over %d ranks' % world if world > 1 else ''}; "

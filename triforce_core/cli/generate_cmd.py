@@ -6,7 +6,7 @@ import click
 from triforce.app.inputs import check_text_file, read_prompt
 from triforce.config import RunConfig
 from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, check_output_path,
-                                  context_options, device_option, dtype_option,
+                                  context_options, device_option, dtype_option, quantize_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
 from triforce.errors import UserError
@@ -26,6 +26,7 @@ from triforce.errors import UserError
 @context_options
 @sampling_options(default_temperature=0.0)
 @dtype_option
+@quantize_option
 @device_option
 @click.option("--chat", "as_chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-sequence tokens.")
@@ -50,7 +51,7 @@ from triforce.errors import UserError
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streamed text.")
 def generate(model, prompt, prompt_file, prompts_file, batch_size, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
              rebuild_threshold, max_new_tokens, max_context, rope_scaling, temperature, top_p, top_k, seed, dtype,
-             device, as_chat,
+             quantize, device, as_chat,
              ignore_eos, parse_special_tokens, profile, device_budget, no_overlap, no_hybrid, draft_ahead, record_acceptance, tp, attn, no_graphs, count_syncs,
              threads, as_json):
     """Generate a continuation of a prompt.
@@ -80,7 +81,7 @@ def generate(model, prompt, prompt_file, prompts_file, batch_size, method, draft
                 raise UserError(f"{flag} is for a single prompt, not with --prompts")
         check_text_file(prompts_file, "prompts file")
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device, profile=profile,
+    config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, quantize=quantize, device=device, profile=profile,
                        device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
                        overlap=not no_overlap, hybrid=not no_hybrid, draft_ahead=draft_ahead, count_syncs=count_syncs, max_context=max_context,
                        rope_scaling=rope_scaling, threads=threads, parse_special_tokens=parse_special_tokens)

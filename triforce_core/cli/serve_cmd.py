@@ -6,7 +6,7 @@ import sys
 import click
 
 from triforce.config import RunConfig
-from triforce.cli.options import (INT, build_spec, context_options, device_option, dtype_option, model_option,
+from triforce.cli.options import (INT, build_spec, context_options, device_option, dtype_option, quantize_option, model_option,
                                   offload_options, runtime_options, speculation_options)
 from triforce.errors import UserError
 from triforce.server.assembly import DEFAULT_MAX_ROWS
@@ -38,6 +38,7 @@ from triforce.server.assembly import DEFAULT_MAX_ROWS
 @speculation_options(default_method="auto")
 @context_options
 @dtype_option
+@quantize_option
 @device_option
 @offload_options
 @runtime_options(count_syncs=False)
@@ -50,7 +51,7 @@ from triforce.server.assembly import DEFAULT_MAX_ROWS
                    "By default a message's text is tokenized as text, so a user cannot forge the template's "
                    "role markers.")
 def serve(model, host, port, api_key, model_name, origins, extra_hosts, batch_size, queue_size, method, draft, budget, chunk_size, gamma1,
-          gamma2, rebuild_stride, rebuild_threshold, max_context, rope_scaling, dtype, device, profile,
+          gamma2, rebuild_stride, rebuild_threshold, max_context, rope_scaling, dtype, quantize, device, profile,
           device_budget, attn, no_graphs, threads, tp, quiet, parse_special_tokens):
     """Serve the model over OpenAI's API: /v1/chat/completions, /v1/completions (streamed as
     server-sent events with "stream": true), /v1/models and /health.
@@ -83,7 +84,7 @@ def serve(model, host, port, api_key, model_name, origins, extra_hosts, batch_si
     if warning:
         print(warning, file=sys.stderr, flush=True)
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, device=device,
+    config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, quantize=quantize, device=device,
                        profile=profile, device_budget=device_budget, attn=attn,
                        graphs="off" if no_graphs else "auto", max_context=max_context, rope_scaling=rope_scaling,
                        threads=threads, parse_special_tokens=parse_special_tokens)

@@ -34,6 +34,8 @@ from triforce.cache_contract import CacheView
 from triforce.config import ModelConfig
 from triforce.kernels.cpu.cpu_layer import CpuLayer
 from triforce.kernels.cpu.cpu_linear import FusedLinear
+from triforce.kernels.cpu.quant_linear import QuantLinear
+from triforce.model.quantized_layers import QuantizedLinear, stacked_blocks
 from triforce.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -103,15 +105,19 @@ class MLP(nn.Module):
 
 
 def _single(module: nn.Module):
-    """A plain nn.Linear through the kernels; any other module (a tensor-parallel one that sums
-    across ranks) stays as it is."""
+    """A plain nn.Linear (or a block-quantized one) through the kernels; any other module (a
+    tensor-parallel one that sums across ranks) stays as it is."""
+    if isinstance(module, QuantizedLinear):
+        return QuantLinear(module.block, module.bias)
     return FusedLinear(module.weight, module.bias) if type(module) is nn.Linear else module
 
 
-def _concat_rows(*linears: nn.Linear) -> FusedLinear:
+def _concat_rows(*linears: nn.Linear):
     """One matrix holding the linears' weights one above the other; each linear's weight (and
     bias) becomes a view of its rows, so the checkpoint matrices are not kept twice. Made anew on
     each call (a model cut for tensor parallelism fuses its own share)."""
+    if isinstance(linears[0], QuantizedLinear):
+        return stacked_blocks(linears)
     fused_w = torch.cat([m.weight.detach() for m in linears])
     biases = [m.bias for m in linears]
     fused_b = None if biases[0] is None else torch.cat([b.detach() for b in biases])
@@ -192,7 +198,7 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    _head: FusedLinear | None = None  # the fused lm_head, present exactly while fused
+    _head: FusedLinear | QuantLinear | None = None  # the fused lm_head, present exactly while fused
 
     @property
     def kernels(self) -> str:
@@ -205,7 +211,12 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             layer.fuse(kind == "fused")
         # logits stay float32 (in a bfloat16 model too): rounding them makes ties of near-ties
-        self._head = FusedLinear(self.lm_head.weight, keep_float32=True) if kind == "fused" else None
+        if kind != "fused":
+            self._head = None
+        elif isinstance(self.lm_head, QuantizedLinear):
+            self._head = QuantLinear(self.lm_head.block, keep_float32=True)
+        else:
+            self._head = FusedLinear(self.lm_head.weight, keep_float32=True)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache_view: CacheView,

@@ -29,6 +29,7 @@ class LoadedModel:
     device: torch.device
     eos_ids: frozenset[int]  # generation stops at any of these
     attn: SdpaAttention = SDPA  # attention backend every cache of this model uses (--attn)
+    quantized: dict | None = None  # what --quantize made of the weights (triforce.model.quantized)
 
     @property
     def config(self) -> ModelConfig:
@@ -118,10 +119,16 @@ def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.
 
 
 def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
-               shard: tuple[int, int] | None = None, rope_scaling: tuple[int, str] | None = None) -> LoadedModel:
-    """rope_scaling (context, kind): stretch the model's RoPE to that context (--rope-scaling)."""
+               shard: tuple[int, int] | None = None, rope_scaling: tuple[int, str] | None = None,
+               quantize: str | None = None, quantize_required: bool = True) -> LoadedModel:
+    """rope_scaling (context, kind): stretch the model's RoPE to that context (--rope-scaling).
+    quantize: run the projections as GGUF blocks (triforce.model.quantized; CPU only so far);
+    quantize_required False: floats where the file's blocks are in formats not run as blocks."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    if quantize is not None and (torch_device.type != "cpu" or shard is not None):
+        raise UserError("--quantize runs on the CPU, on one process, so far (no CUDA kernels or tensor "
+                        "parallelism for block weights yet)")
     folder = resolve_model_dir(spec)
     try:
         hf_config, context = read_hf_config(folder), None
@@ -134,7 +141,22 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
             raise DamagedFileError(f"{e} -- a damaged cache entry: delete {folder} and it is rebuilt") from None
         raise
     eos_ids = _eos_ids(generation_eos(folder, hf_config), tokenizer.eos_token_id)
-    return LoadedModel(model, tokenizer, folder, torch_dtype, torch_device, eos_ids)
+    quantized = None
+    if quantize is not None:
+        from triforce.model.quantized import quantize_model
+        quantized = quantize_model(model, quantize, gguf_file(spec) if quantize == "gguf" else None,
+                                   required=quantize_required)
+    return LoadedModel(model, tokenizer, folder, torch_dtype, torch_device, eos_ids, quantized=quantized)
+
+
+def gguf_file(spec: str) -> Path | None:
+    """The .gguf file `--model spec` was converted from (None for a Hugging Face folder)."""
+    if spec == "default":
+        from triforce.model.default_model import ensure_gguf
+        return ensure_gguf()
+    path = Path(spec).expanduser()
+    ggufs = [path] if path.is_file() and path.suffix == ".gguf" else sorted(path.glob("*.gguf")) if path.is_dir() else []
+    return ggufs[0] if len(ggufs) == 1 and not (path.is_dir() and (path / "config.json").exists()) else None
 
 
 def _eos_ids(*sources) -> frozenset[int]:

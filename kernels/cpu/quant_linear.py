@@ -1,0 +1,236 @@
+"""Linear layers over block-quantized weights (triforce.kernels.cpu.quant_blocks) on the CPU.
+
+Why: a decoding step reads every weight once, so on a CPU its time is the weight stream; a 4-bit
+block is 0.625 bytes a weight against float32's 4. Up to SMALL_ROWS input rows (decoding, verify
+passes) a numba kernel reads each weight row's blocks for every input row, split over the cores:
+per block it sums q x over the block's 32 inputs and scales once (d (q . x) + m sum(x)); float32
+inputs on CPUs with FMA take explicit vectors (triforce.kernels.cpu.quant_dot), others (float64,
+in tests) plain loops. A row's result does not depend on how many rows the pass has, so every
+method's passes see the same numbers. Longer passes (prefill) de-quantize
+WIDEN_BYTES of weight rows at a time into a float GEMM."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+import torch.nn.functional as F
+from numba import prange, types
+from numba.extending import overload
+
+from triforce.kernels.cpu.cpu_linear import SMALL_ROWS, WIDEN_BYTES, small_rows_linear
+from triforce.kernels.cpu.f32_dot import HAS_F32_FMA, sum_lanes8, zeros8
+from triforce.kernels.cpu.quant_blocks import BLOCK, BlockWeight
+from triforce.kernels.cpu.quant_dot import q4_block, q4_block4, q8_block
+
+_ROW_BLOCK = 16  # weight rows per parallel job
+_Q4_BIAS = {"q4_0": 8.0, "q4_1": 0.0}  # 4-bit weights are d (q - bias) + m
+
+
+@numba.njit(cache=True)
+def block_sums(x):
+    """[rows, blocks]: each block's sum of inputs, in order (a 4-bit bias or offset multiplies it)."""
+    rows, width = x.shape
+    sums = np.empty((rows, width // BLOCK), x.dtype)
+    for i in range(rows):
+        for b in range(width // BLOCK):
+            s = x[i, 0] * 0
+            for j in range(b * BLOCK, (b + 1) * BLOCK):
+                s += x[i, j]
+            sums[i, b] = s
+    return sums
+
+
+@numba.njit(parallel=True, cache=True)
+def linear_q4_fma(x, quants, scales, offsets, bias, out):
+    """linear_q4 for float32 x on explicit vectors (triforce.kernels.cpu.quant_dot); HAS_F32_FMA only."""
+    rows = x.shape[0]
+    n, blocks = scales.shape
+    sums = block_sums(x)
+    has_offsets = offsets.shape[1] > 0
+    for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
+        for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
+            qr = quants[r]
+            i = 0
+            while i + 4 <= rows:  # four rows share each block's unpacking; each sums as alone
+                a0, a1, a2, a3 = zeros8(), zeros8(), zeros8(), zeros8()
+                for b in range(blocks):
+                    a0, a1, a2, a3 = q4_block4(a0, a1, a2, a3, qr, b * (BLOCK // 2), x[i], x[i + 1], x[i + 2],
+                                               x[i + 3], b * BLOCK, scales[r, b])
+                out[i, r] = sum_lanes8(a0, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i], has_offsets)
+                out[i + 1, r] = sum_lanes8(a1, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i + 1], has_offsets)
+                out[i + 2, r] = sum_lanes8(a2, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i + 2], has_offsets)
+                out[i + 3, r] = sum_lanes8(a3, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i + 3], has_offsets)
+                i += 4
+            while i < rows:
+                acc = zeros8()
+                for b in range(blocks):
+                    acc = q4_block(acc, qr, b * (BLOCK // 2), x[i], b * BLOCK, scales[r, b])
+                out[i, r] = sum_lanes8(acc, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i], has_offsets)
+                i += 1
+
+
+@numba.njit(inline="always")
+def _rest(scales_r, offsets, r, bias, sums_i, has_offsets):
+    """The blocks' offset and bias terms of one row: sum over b of (m_b - d_b bias) sum(x_b)."""
+    rest = np.float32(0.0)
+    for b in range(scales_r.shape[0]):
+        m = offsets[r, b] if has_offsets else np.float32(0.0)
+        rest += (m - scales_r[b] * bias) * sums_i[b]
+    return rest
+
+
+@numba.njit(parallel=True, cache=True)
+def linear_q8_fma(x, quants, scales, out):
+    """linear_q8 for float32 x on explicit vectors; HAS_F32_FMA only."""
+    rows = x.shape[0]
+    n, blocks = scales.shape
+    for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
+        for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
+            qr = quants[r]
+            for i in range(rows):
+                xi = x[i]
+                acc = zeros8()
+                for b in range(blocks):
+                    acc = q8_block(acc, qr, b * BLOCK, xi, b * BLOCK, scales[r, b])
+                out[i, r] = sum_lanes8(acc, zeros8())
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def linear_q8(x, quants, scales, out):
+    """out[i, r] = sum over blocks b of scales[r, b] (quants[r, b] . x[i, b]); x float32 or float64."""
+    rows = x.shape[0]
+    n, blocks = scales.shape
+    for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
+        for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
+            for i in range(rows):
+                acc = x[i, 0] * 0
+                for b in range(blocks):
+                    dot = x[i, 0] * 0
+                    for j in range(b * BLOCK, (b + 1) * BLOCK):
+                        dot += np.float32(quants[r, j]) * x[i, j]
+                    acc += scales[r, b] * dot
+                out[i, r] = acc
+
+
+@numba.njit(parallel=True, fastmath=True, cache=True)
+def linear_q4(x, quants, scales, offsets, bias, out):
+    """4-bit blocks: byte j of a block holds weight j (low nibble) and j + 16 (high); a weight is
+    scales (q - bias) + offsets (offsets [n, 0]: none)."""
+    rows = x.shape[0]
+    n, blocks = scales.shape
+    sums = block_sums(x)
+    has_offsets = offsets.shape[1] > 0
+    half = BLOCK // 2
+    for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
+        for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
+            for i in range(rows):
+                acc = x[i, 0] * 0
+                for b in range(blocks):
+                    dot = x[i, 0] * 0
+                    base = b * BLOCK
+                    for j in range(half):
+                        byte = quants[r, b * half + j]
+                        dot += np.float32(byte & 15) * x[i, base + j] + np.float32(byte >> 4) * x[i, base + half + j]
+                    acc += scales[r, b] * (dot - bias * sums[i, b])
+                    if has_offsets:
+                        acc += offsets[r, b] * sums[i, b]
+                out[i, r] = acc
+
+
+@numba.njit(parallel=True, cache=True)
+def dequantize_rows(quants, scales, offsets, kind4, bias, first, out):
+    """out [m, cols] float32 = weight rows first .. first + m; kind4: 4-bit blocks (else q8_0)."""
+    m, cols = out.shape
+    blocks = cols // BLOCK
+    half = BLOCK // 2
+    has_offsets = offsets.shape[1] > 0
+    for k in prange(m):
+        r = first + k
+        for b in range(blocks):
+            d = scales[r, b]
+            base = b * BLOCK
+            if kind4:
+                m_b = offsets[r, b] if has_offsets else np.float32(0.0)
+                for j in range(half):
+                    byte = quants[r, b * half + j]
+                    out[k, base + j] = d * (np.float32(byte & 15) - bias) + m_b
+                    out[k, base + half + j] = d * (np.float32(byte >> 4) - bias) + m_b
+            else:
+                for j in range(base, base + BLOCK):
+                    out[k, j] = d * np.float32(quants[r, j])
+
+
+def project(x, w, out):
+    raise NotImplementedError("numba only: see the overload")
+
+
+@overload(project)
+def _project_for(x, w, out):
+    """out = x . w.T for the fused layer (triforce.kernels.cpu.cpu_layer), chosen when numba
+    compiles: a float32 or bfloat16 weight array takes small_rows_linear, a QuantLinear's
+    kernel_args tuple its block kernel (4-bit: quants, scales, offsets, bias; Q8_0: quants, scales)."""
+    if isinstance(w, types.Array):
+        return lambda x, w, out: small_rows_linear(x, w, out)
+    if isinstance(w, types.BaseTuple) and len(w) == 4:
+        return lambda x, w, out: linear_q4_fma(x, w[0], w[1], w[2], w[3], out)
+    if isinstance(w, types.BaseTuple) and len(w) == 2:
+        return lambda x, w, out: linear_q8_fma(x, w[0], w[1], out)
+    return None
+
+
+class QuantLinear:
+    """A linear layer over a BlockWeight (and a float bias), called per pass like FusedLinear.
+    keep_float32: results stay float32 whatever the activations' dtype (a model's logits)."""
+
+    def __init__(self, block: BlockWeight, bias: torch.Tensor | None = None, keep_float32: bool = False):
+        self.block, self.bias = block, None if bias is None else bias.detach()
+        self.keep_float32 = keep_float32
+        self.out_features, self.in_features = block.rows, block.cols
+        self._bias = np.float32(_Q4_BIAS.get(block.kind, 0.0))
+        self._bias32 = None if bias is None else self.bias.to(torch.float32)
+
+    @property
+    def kernel_args(self) -> tuple:
+        """What `project` takes for this weight inside a numba function."""
+        b = self.block
+        return (b.quants, b.scales) if b.kind == "q8_0" else (b.quants, b.scales, b.offsets, self._bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        work = torch.float64 if x.dtype == torch.float64 else torch.float32
+        rows = rows.to(work).contiguous()
+        if rows.shape[0] <= SMALL_ROWS:
+            out = self._small(rows)
+        else:
+            out = self._widened(rows)
+        if self.bias is not None:
+            out += self.bias.to(work)
+        out = out.view(*x.shape[:-1], self.out_features)
+        return out if self.keep_float32 and work == torch.float32 else out.to(x.dtype)
+
+    def _small(self, rows: torch.Tensor) -> torch.Tensor:
+        b = self.block
+        out = torch.empty(rows.shape[0], b.rows, dtype=rows.dtype)
+        x, o = rows.numpy(), out.numpy()
+        vectors = HAS_F32_FMA and rows.dtype == torch.float32  # float64 (tests) takes the plain loops
+        if b.kind == "q8_0":
+            (linear_q8_fma if vectors else linear_q8)(x, b.quants, b.scales, o)
+        else:
+            (linear_q4_fma if vectors else linear_q4)(x, b.quants, b.scales, b.offsets, self._bias, o)
+        return out
+
+    def _widened(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows @ W.T in GEMMs over WIDEN_BYTES of de-quantized weight rows at a time."""
+        b = self.block
+        out = torch.empty(rows.shape[0], b.rows, dtype=rows.dtype)
+        step = max(1, WIDEN_BYTES // (4 * b.cols))
+        tile = torch.empty(min(step, b.rows), b.cols, dtype=torch.float32)
+        for first in range(0, b.rows, step):
+            count = min(step, b.rows - first)
+            part = tile[:count]
+            dequantize_rows(b.quants, b.scales, b.offsets, b.kind != "q8_0", self._bias, first, part.numpy())
+            out[:, first:first + count] = F.linear(rows, part.to(rows.dtype))
+        return out
+
+    def dequantized(self) -> torch.Tensor:
+        return self.block.dequantized()

@@ -1,0 +1,159 @@
+"""Weights as GGUF blocks (Q8_0, Q4_0, Q4_1): the blocks de-quantize as the gguf package does;
+the kernels equal de-quantize-then-matmul and give a row the same result in any pass; every
+method's greedy tokens equal ar's over the same quantized model (float64 activations); the
+default model's own Q4_1 file runs as shipped through `generate --quantize gguf`, and a file whose
+blocks do not match its conversion is refused."""
+import json
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize, quantize
+
+from triforce.cli.main import main
+from triforce.config import SamplingParams
+from triforce.decoding.engine import Engine
+from triforce.kernels.cpu.quant_blocks import FORMATS, BlockWeight
+from triforce.kernels.cpu.quant_linear import QuantLinear
+from triforce.model import quantized
+from triforce.model.loading import load_model
+from test_greedy_equivalence import TINY_PROMPTS, tiny_spec
+
+KINDS = tuple(FORMATS)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_blocks_dequantize_as_the_gguf_package(kind):
+    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(0))
+    raw = quantize(w.numpy(), FORMATS[kind])
+    block = BlockWeight.from_raw(kind, raw, 48, 96)
+    expected = torch.from_numpy(dequantize(raw, FORMATS[kind]).reshape(48, 96))
+    assert np.array_equal(block.raw(), raw)  # the split arrays hold every bit of the file's blocks
+    assert torch.equal(block.dequantized(), expected)
+    assert torch.equal(block.take_rows(torch.tensor([5, 0, 5])), expected[[5, 0, 5]])
+    order = np.arange(48)[::-1].copy()
+    assert torch.equal(block.permute_rows(order).dequantized(), expected[order])
+    stacked = BlockWeight.stack([block, block.permute_rows(order)])
+    assert torch.equal(stacked.dequantized(), torch.cat([expected, expected[order]]))
+    assert block.nbytes <= 1.2 * block.file_nbytes
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernels_equal_dequantize_then_matmul(kind, dtype):
+    g = torch.Generator().manual_seed(1)
+    block = BlockWeight.quantize(kind, torch.randn(80, 160, generator=g) * 0.1)
+    bias = torch.randn(80, generator=g)
+    linear = QuantLinear(block, bias)
+    reference = block.dequantized().to(dtype)
+    x = torch.randn(40, 160, generator=g, dtype=dtype)
+    for rows in (1, 5, 16, 40):  # 40: past SMALL_ROWS, de-quantized tiles into a GEMM
+        got = linear(x[:rows])
+        expected = x[:rows] @ reference.T + bias.to(dtype)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-5)
+    nine = linear(x[:9])
+    for i in range(9):  # a token's numbers do not depend on the rest of its pass
+        assert torch.equal(linear(x[i:i + 1])[0], nine[i])
+
+
+@pytest.fixture(scope="module", params=["q4_1", "q8_0"])
+def quantized_pair(request, tiny_model_dir):
+    target = load_model(str(tiny_model_dir("llama-gqa")), dtype="float64", device="cpu", quantize=request.param)
+    draft = load_model(str(tiny_model_dir("llama-gqa", seed=7, num_layers=1, hidden_size=32)), dtype="float64",
+                       device="cpu", quantize=request.param)
+    return target, draft
+
+
+def test_every_method_over_quantized_weights_equals_ar(quantized_pair):
+    target, draft_model = quantized_pair
+    assert target.quantized["weights"] in KINDS
+    for text in TINY_PROMPTS[:6]:
+        ids = target.tokenizer(text).input_ids
+        expected = _decode(target, "ar", ids)
+        for method in ("triforce", "retrieval", "streaming", "snapkv", "naive"):
+            for draft in ([draft_model, "lookup"] if tiny_spec(method).uses_draft else [None]):
+                assert _decode(target, method, ids, draft) == expected, (method, text)
+
+
+def _decode(lm, method, ids, draft=None, new_tokens=20):
+    engine = Engine(lm, tiny_spec(method), len(ids) + new_tokens, draft)
+    engine.set_sequence(ids)
+    return engine.generate(new_tokens, SamplingParams()).tokens
+
+
+def test_fused_kernels_equal_the_reference_modules(quantized_pair):
+    target, _ = quantized_pair
+    ids = torch.tensor([target.tokenizer(TINY_PROMPTS[0]).input_ids])
+    from triforce.cache.resident import ResidentKVCache
+
+    def logits():
+        cache = ResidentKVCache(target.config, 64, dtype=target.dtype)
+        return target.model(ids, torch.arange(ids.shape[1])[None], cache.step(ids.shape[1]))
+
+    fused = logits()
+    target.model.use_kernels("reference")
+    try:
+        torch.testing.assert_close(logits(), fused, rtol=1e-10, atol=1e-10)
+    finally:
+        target.model.use_kernels("fused")
+
+
+def test_the_default_models_own_blocks_run_through_generate(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "--prompt", "The capital of France is", "--quantize", "gguf", "--dtype", "float32",
+              "--method", "ar", "--max-new-tokens", "6", "--json"])
+    out, err = capsys.readouterr()
+    assert done.value.code == 0, err
+    report = json.loads(out)
+    assert report["quantized"]["weights"] == "q4_1/q8_0"  # projections Q4_1, tied embeddings Q8_0
+    assert report["quantized"]["bytes"] <= 1.2 * report["quantized"]["file_bytes"]
+    assert len(report["tokens"]) == 6
+
+
+def _generate_json(capsys, *extra):
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "--prompt", "The capital of France is", "--method", "ar", "--max-new-tokens", "2",
+              "--json", *extra])
+    out, err = capsys.readouterr()
+    assert done.value.code == 0, err
+    return json.loads(out)
+
+
+def test_the_default_model_runs_as_shipped_unless_told_otherwise(capsys):
+    """--quantize auto: the file's blocks where the block kernels serve (a CPU with FMA) and
+    --dtype is left to auto; --dtype or --quantize none give de-quantized floats."""
+    from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
+
+    shipped = _generate_json(capsys)["quantized"]
+    assert (shipped or {}).get("weights") == ("q4_1/q8_0" if HAS_F32_FMA else None)
+    assert _generate_json(capsys, "--dtype", "float32")["quantized"] is None
+    assert _generate_json(capsys, "--quantize", "none")["quantized"] is None
+
+
+def test_a_file_with_other_block_formats_falls_back_to_floats_under_auto(monkeypatch):
+    monkeypatch.setattr(quantized, "format_of", lambda kind: None)  # as if every tensor were Q4_K
+    lm = load_model("default", dtype="float32", device="cpu", quantize="gguf", quantize_required=False)
+    assert lm.quantized is None
+    from triforce.errors import UserError
+    with pytest.raises(UserError, match="does not run as blocks yet"):
+        load_model("default", dtype="float32", device="cpu", quantize="gguf")
+
+
+def test_blocks_that_do_not_match_the_conversion_are_refused(monkeypatch):
+    """Planted: the Llama row permutation of q and k is not undone."""
+    monkeypatch.setattr(quantized, "_row_orders", lambda rows, heads: iter([None]))
+    from triforce.errors import UserError
+    with pytest.raises(UserError, match="does not de-quantize to the converted model's weight"):
+        load_model("default", dtype="float32", device="cpu", quantize="gguf")
+
+
+def test_quantize_is_refused_where_it_cannot_run(tiny_model_dir):
+    from triforce.errors import UserError
+    with pytest.raises(UserError, match="--quantize gguf needs a model loaded from a .gguf file"):
+        load_model(str(tiny_model_dir("llama-gqa")), dtype="float32", device="cpu", quantize="gguf")
+    from triforce.app.runtime import _load
+    with pytest.raises(UserError, match="--quantize goes with --model"):
+        _load("llama-68m", None, "float32", "cpu", None, None, "q8_0")
+    assert gguf.GGMLQuantizationType.Q4_1 == FORMATS["q4_1"]

@@ -1,0 +1,111 @@
+"""A loaded model's projections (and tied embeddings) as block-quantized weights: the GGUF file's
+own blocks (`--quantize gguf`), or the float weights quantized at load time (`--quantize q8_0 |
+q4_0 | q4_1`, llama.cpp's reference quantizers through the gguf package).
+
+Each nn.Linear of the decoder becomes a QuantizedLinear holding a BlockWeight; its forward is the
+reference (de-quantize, then F.linear), and `use_kernels("fused")` builds the block kernels
+(triforce.kernels.cpu.quant_linear) over q/k/v and gate/up stacked, as for float weights. Norms
+stay float. A GGUF's blocks are matched to the converted model's float weights (which transformers
+de-quantized from them) by exact equality after de-quantizing, so a row order that differs (Llama
+files store q and k rows permuted for their RoPE layout) is found and undone, and anything that
+does not match is refused rather than run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from triforce.errors import UserError
+from triforce.kernels.cpu.quant_blocks import FORMATS, BlockWeight, format_of
+from triforce.model.quantized_layers import QuantizedEmbedding, QuantizedLinear
+
+CHOICES = (*FORMATS, "gguf")
+_PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+
+
+def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bool = True) -> dict | None:
+    """Replace `model`'s projections (and its tied or untied embeddings and head) by block
+    weights of format `kind`, or with kind 'gguf' by the file's own blocks. Returns what was
+    done: {"weights": format per tensor kind, "bytes": block bytes, "file_bytes": their GGUF size}.
+    required False: a file with tensors in other formats leaves the model as it is (None)."""
+    if kind not in CHOICES:
+        raise UserError(f"unknown --quantize '{kind}' (choose from {', '.join(CHOICES)})")
+    if kind == "gguf" and gguf_path is None:
+        raise UserError("--quantize gguf needs a model loaded from a .gguf file (the default model is one)")
+    source = _GgufBlocks(gguf_path) if kind == "gguf" else None
+    if source is not None and not required and not source.all_blocks(len(model.model.layers)):
+        return None
+    dtype = model.lm_head.weight.dtype if isinstance(model.lm_head, nn.Linear) else torch.float32
+    made: list[BlockWeight] = []
+
+    def blocks_for(gguf_name: str, weight: torch.Tensor, heads: int | None = None) -> BlockWeight:
+        block = source.block(gguf_name, weight, heads) if source else BlockWeight.quantize(kind, weight)
+        made.append(block)
+        return block
+
+    cfg = model.config
+    for i, layer in enumerate(model.model.layers):
+        for short, path in _PROJECTIONS.items():
+            owner_name, _, attr = path.rpartition(".")
+            owner = layer.get_submodule(owner_name)
+            linear = getattr(owner, attr)
+            heads = cfg.num_heads if short == "attn_q" else cfg.num_kv_heads if short == "attn_k" else None
+            setattr(owner, attr, QuantizedLinear(blocks_for(f"blk.{i}.{short}.weight", linear.weight, heads),
+                                                 linear.bias))
+        layer.fuse(False)
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    embed = blocks_for("token_embd.weight", model.model.embed_tokens.weight)
+    head = embed if tied else blocks_for("output.weight", model.lm_head.weight)
+    model.model.embed_tokens = QuantizedEmbedding(embed, dtype)
+    model.lm_head = QuantizedLinear(head, None)
+    model.use_kernels("fused")
+    kinds = sorted({b.kind for b in made})
+    return {"weights": "/".join(kinds), "bytes": sum(b.nbytes for b in made),
+            "file_bytes": sum(b.file_nbytes for b in made)}
+
+
+class _GgufBlocks:
+    """The block tensors of a GGUF file, each checked against the float weight it should be."""
+
+    def __init__(self, path: Path):
+        from gguf import GGUFReader
+
+        self.path = path
+        self.tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+
+    def all_blocks(self, layers: int) -> bool:
+        """Whether every tensor a model of `layers` layers takes from the file is in FORMATS."""
+        names = ["token_embd.weight"] + [f"blk.{i}.{short}.weight" for i in range(layers) for short in _PROJECTIONS]
+        names += ["output.weight"] if "output.weight" in self.tensors else []
+        return all(n in self.tensors and format_of(self.tensors[n].tensor_type) for n in names)
+
+    def block(self, name: str, weight: torch.Tensor, heads: int | None) -> BlockWeight:
+        tensor = self.tensors.get(name)
+        if tensor is None:
+            raise UserError(f"{self.path.name} has no tensor '{name}' for --quantize gguf")
+        kind = format_of(tensor.tensor_type)
+        if kind is None:
+            raise UserError(f"{self.path.name}: tensor '{name}' is {tensor.tensor_type.name}, which --quantize gguf "
+                            f"does not run as blocks yet ({', '.join(FORMATS)}); use --quantize q8_0 or q4_0")
+        rows, cols = weight.shape
+        block = BlockWeight.from_raw(kind, np.asarray(tensor.data), rows, cols)
+        expected = weight.detach().to(torch.float32)
+        for order in _row_orders(rows, heads):
+            candidate = block if order is None else block.permute_rows(order)
+            if torch.equal(candidate.dequantized(), expected):
+                return candidate
+        raise UserError(f"{self.path.name}: tensor '{name}' does not de-quantize to the converted model's weight; "
+                        "the file and its cached conversion disagree")
+
+
+def _row_orders(rows: int, heads: int | None):
+    """The file's row order as it is, then (q and k of Llama files) with each head's two RoPE
+    halves interleaved back, as transformers' GGUF loader reverses llama.cpp's permutation."""
+    yield None
+    if heads:
+        dim = rows // heads // 2
+        yield np.arange(rows).reshape(heads, dim, 2).swapaxes(1, 2).reshape(-1)

@@ -1,0 +1,51 @@
+"""The modules a block-quantized model is made of (triforce.model.quantized makes them): a linear
+layer and an embedding over a BlockWeight, and the stacking of projections for the fused kernels."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from triforce.kernels.cpu.quant_blocks import BlockWeight
+from triforce.kernels.cpu.quant_linear import QuantLinear
+
+
+class QuantizedLinear(nn.Module):
+    """forward is the reference path: the whole weight de-quantized, then F.linear."""
+
+    def __init__(self, block: BlockWeight, bias: torch.Tensor | None):
+        super().__init__()
+        self.block = block
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.in_features, self.out_features = block.cols, block.rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.block.dequantized().to(x.dtype), bias)
+
+
+class QuantizedEmbedding(nn.Module):
+    """Looked-up rows de-quantized (a tied model shares its blocks with the head)."""
+
+    def __init__(self, block: BlockWeight, dtype: torch.dtype):
+        super().__init__()
+        self.block, self.dtype = block, dtype
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.block.take_rows(tokens.reshape(-1)).to(self.dtype).view(*tokens.shape, self.block.cols)
+
+
+def stacked_blocks(linears) -> QuantLinear:
+    """One block matrix holding the linears' blocks one above the other, each linear's block
+    re-pointed at its rows of it (views), so the blocks are not kept twice."""
+    stacked = BlockWeight.stack([m.block for m in linears])
+    biases = [m.bias for m in linears]
+    row = 0
+    for m in linears:
+        rows = m.block.rows
+        part = slice(row, row + rows)
+        m.block = BlockWeight(stacked.kind, rows, stacked.cols, stacked.quants[part], stacked.scales[part],
+                              stacked.offsets[part])
+        row += rows
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    return QuantLinear(stacked, bias)

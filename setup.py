@@ -48,7 +48,7 @@ setup(
         "torch>=2.5",
         "transformers>=4.56",
         "safetensors",
-        "gguf>=0.10",
+        "gguf>=0.17",  # quants.quantize and dequantize of Q4_0, Q4_1, Q8_0 (the block formats run as such)
         "accelerate",
         "numba",
         "psutil",

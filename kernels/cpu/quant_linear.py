@@ -42,7 +42,7 @@ def block_sums(x):
 
 @numba.njit(parallel=True, cache=True)
 def linear_q4_fma(x, quants, scales, offsets, bias, out):
-    """linear_q4 for float32 x on explicit vectors (triforce.kernels.cpu.quant_dot); HAS_F32_FMA only."""
+    """linear_blocks of 4-bit blocks for float32 x on explicit vectors (triforce.kernels.cpu.quant_dot); HAS_F32_FMA only."""
     rows = x.shape[0]
     n, blocks = scales.shape
     sums = block_sums(x)
@@ -81,7 +81,7 @@ def _rest(scales_r, offsets, r, bias, sums_i, has_offsets):
 
 @numba.njit(parallel=True, cache=True)
 def linear_q8_fma(x, quants, scales, out):
-    """linear_q8 for float32 x on explicit vectors; HAS_F32_FMA only."""
+    """linear_blocks of Q8_0 blocks for float32 x on explicit vectors; HAS_F32_FMA only."""
     rows = x.shape[0]
     n, blocks = scales.shape
     for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
@@ -96,26 +96,11 @@ def linear_q8_fma(x, quants, scales, out):
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
-def linear_q8(x, quants, scales, out):
-    """out[i, r] = sum over blocks b of scales[r, b] (quants[r, b] . x[i, b]); x float32 or float64."""
-    rows = x.shape[0]
-    n, blocks = scales.shape
-    for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
-            for i in range(rows):
-                acc = x[i, 0] * 0
-                for b in range(blocks):
-                    dot = x[i, 0] * 0
-                    for j in range(b * BLOCK, (b + 1) * BLOCK):
-                        dot += np.float32(quants[r, j]) * x[i, j]
-                    acc += scales[r, b] * dot
-                out[i, r] = acc
-
-
-@numba.njit(parallel=True, fastmath=True, cache=True)
-def linear_q4(x, quants, scales, offsets, bias, out):
-    """4-bit blocks: byte j of a block holds weight j (low nibble) and j + 16 (high); a weight is
-    scales (q - bias) + offsets (offsets [n, 0]: none)."""
+def linear_blocks(x, quants, scales, offsets, bias, kind4, out):
+    """The plain loops (float64 inputs in tests, CPUs without FMA): out[i, r] = sum over blocks b
+    of scales[r, b] (q . x[i, b] - bias sum(x[i, b])) + offsets[r, b] sum(x[i, b]). kind4: 4-bit
+    blocks (byte j holds weight j in its low nibble, j + 16 in its high one; offsets [n, 0]: none),
+    else Q8_0's signed bytes."""
     rows = x.shape[0]
     n, blocks = scales.shape
     sums = block_sums(x)
@@ -128,9 +113,13 @@ def linear_q4(x, quants, scales, offsets, bias, out):
                 for b in range(blocks):
                     dot = x[i, 0] * 0
                     base = b * BLOCK
-                    for j in range(half):
-                        byte = quants[r, b * half + j]
-                        dot += np.float32(byte & 15) * x[i, base + j] + np.float32(byte >> 4) * x[i, base + half + j]
+                    if kind4:
+                        for j in range(half):
+                            byte = quants[r, b * half + j]
+                            dot += np.float32(byte & 15) * x[i, base + j] + np.float32(byte >> 4) * x[i, base + half + j]
+                    else:
+                        for j in range(base, base + BLOCK):
+                            dot += np.float32(quants[r, j]) * x[i, j]
                     acc += scales[r, b] * (dot - bias * sums[i, b])
                     if has_offsets:
                         acc += offsets[r, b] * sums[i, b]
@@ -213,10 +202,12 @@ class QuantLinear:
         out = torch.empty(rows.shape[0], b.rows, dtype=rows.dtype)
         x, o = rows.numpy(), out.numpy()
         vectors = HAS_F32_FMA and rows.dtype == torch.float32  # float64 (tests) takes the plain loops
-        if b.kind == "q8_0":
-            (linear_q8_fma if vectors else linear_q8)(x, b.quants, b.scales, o)
+        if not vectors:
+            linear_blocks(x, b.quants, b.scales, b.offsets, self._bias, b.kind != "q8_0", o)
+        elif b.kind == "q8_0":
+            linear_q8_fma(x, b.quants, b.scales, o)
         else:
-            (linear_q4_fma if vectors else linear_q4)(x, b.quants, b.scales, b.offsets, self._bias, o)
+            linear_q4_fma(x, b.quants, b.scales, b.offsets, self._bias, o)
         return out
 
     def _widened(self, rows: torch.Tensor) -> torch.Tensor:

@@ -51,6 +51,9 @@ class Runtime:
             from triforce.kernels.cpu import warm
             models = [self.lm] + ([self.draft.model] if self.draft.model is not None else [])
             warm.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models])
+            if self.lm.quantized is not None:
+                from triforce.model.quantized import warm_up_blocks
+                warm_up_blocks(self.lm)
         self.load_s = time.perf_counter() - started
         # once: an automatic profile reads the device, and counts what is loaded the same either way
         self.profile = resolve_profile(config.profile, self.lm.device, config.device_budget)

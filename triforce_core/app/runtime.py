@@ -7,6 +7,8 @@ import sys
 import time
 from functools import partial
 
+import torch
+
 from triforce.app.plan_and_cache import RunPlan, build_kv_cache, resolve_profile, plan_run
 from triforce.config import RunConfig, SpecParams
 from triforce.decoding.draft import Draft, resolve_draft
@@ -52,7 +54,6 @@ class Runtime:
             models = [self.lm] + ([self.draft.model] if self.draft.model is not None else [])
             warm.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models])
             if self.lm.quantized is not None:
-                from triforce.model.quantized import warm_up_blocks
                 warm_up_blocks(self.lm)
         self.load_s = time.perf_counter() - started
         # once: an automatic profile reads the device, and counts what is loaded the same either way
@@ -127,6 +128,20 @@ class Runtime:
     def say_attention(self) -> None:
         if self.rank == 0:
             print(self.attn_line, file=sys.stderr)
+
+
+def warm_up_blocks(lm) -> None:
+    """Compile (or load from numba's cache) the block kernels a quantized model's passes take
+    (a prefill past SMALL_ROWS, a decoding step) on a throwaway cache, before the first token:
+    the first answer of a fresh install waited for them."""
+    from triforce.cache.resident import ResidentKVCache
+    from triforce.kernels.cpu.cpu_linear import SMALL_ROWS
+
+    cache = ResidentKVCache(lm.config, SMALL_ROWS + 2, dtype=lm.dtype, device=lm.device, attn=lm.attn)
+    for start, count in ((0, SMALL_ROWS + 1), (SMALL_ROWS + 1, 1)):
+        tokens = torch.zeros(1, count, dtype=torch.int64)
+        positions = torch.arange(start, start + count)[None]
+        lm.model(tokens, positions, cache.step(count))
 
 
 def weights_as(config: RunConfig, device: str, world: int) -> str | None:

@@ -68,20 +68,6 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
             "file_bytes": sum(b.file_nbytes for b in made)}
 
 
-def warm_up_blocks(lm) -> None:
-    """Compile (or load from numba's cache) the block kernels a quantized model's passes take
-    (a prefill past SMALL_ROWS, a decoding step) on a throwaway cache, before the first token:
-    the first answer of a fresh install waited for them."""
-    from triforce.cache.resident import ResidentKVCache
-    from triforce.kernels.cpu.cpu_linear import SMALL_ROWS
-
-    cache = ResidentKVCache(lm.config, SMALL_ROWS + 2, dtype=lm.dtype, device=lm.device, attn=lm.attn)
-    for start, count in ((0, SMALL_ROWS + 1), (SMALL_ROWS + 1, 1)):
-        tokens = torch.zeros(1, count, dtype=torch.int64)
-        positions = torch.arange(start, start + count)[None]
-        lm.model(tokens, positions, cache.step(count))
-
-
 class _GgufBlocks:
     """The block tensors of a GGUF file, each checked against the float weight it should be."""
 

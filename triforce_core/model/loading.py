@@ -83,7 +83,7 @@ def resolve_model_dir(spec: str) -> Path:
                         "a .gguf file, or 'default'; triforce never downloads from a hub)")
     if path.is_dir() and (path / "config.json").exists():
         return path
-    ggufs = [path] if path.is_file() and path.suffix == ".gguf" else sorted(path.glob("*.gguf")) if path.is_dir() else []
+    ggufs = _ggufs_at(path)
     if len(ggufs) == 1:
         return convert_gguf(ggufs[0], converted_dir_for(ggufs[0]))
     if len(ggufs) > 1:
@@ -155,8 +155,13 @@ def gguf_file(spec: str) -> Path | None:
         from triforce.model.default_model import ensure_gguf
         return ensure_gguf()
     path = Path(spec).expanduser()
-    ggufs = [path] if path.is_file() and path.suffix == ".gguf" else sorted(path.glob("*.gguf")) if path.is_dir() else []
+    ggufs = _ggufs_at(path)
     return ggufs[0] if len(ggufs) == 1 and not (path.is_dir() and (path / "config.json").exists()) else None
+
+
+def _ggufs_at(path: Path) -> list[Path]:
+    """The .gguf file `path` is, or those in the folder it is."""
+    return [path] if path.is_file() and path.suffix == ".gguf" else sorted(path.glob("*.gguf")) if path.is_dir() else []
 
 
 def _eos_ids(*sources) -> frozenset[int]:

@@ -17,7 +17,8 @@ class SyncStreams:
 
     asynchronous = False
 
-    def stream(self):
+    def stream(self, purpose: str = "copy"):
+        """A new stream (purpose names it where a checker reports)."""
         return None
 
     def current(self):
@@ -38,6 +39,11 @@ class SyncStreams:
     def on(self, stream):
         return contextlib.nullcontext()
 
+    def worker(self):
+        """A context, made on the calling thread, that a worker thread enters to issue work to
+        this device as the caller would."""
+        return contextlib.nullcontext()
+
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
@@ -56,7 +62,7 @@ class CudaStreams(SyncStreams):
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
 
-    def stream(self):
+    def stream(self, purpose: str = "copy"):
         return torch.cuda.Stream(self.device)
 
     def current(self):
@@ -76,6 +82,9 @@ class CudaStreams(SyncStreams):
 
     def on(self, stream):
         return torch.cuda.stream(stream)
+
+    def worker(self):
+        return torch.cuda.device(self.device)  # CUDA's current device is per thread
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src, non_blocking=True)

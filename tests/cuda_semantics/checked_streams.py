@@ -14,12 +14,21 @@ It runs the prefetcher's CUDA schedule on CPU tensors and enforces what CUDA wou
 - Copy discipline. Every copy's host side must be pinned (registered by allocate_host) and
   contiguous, else CopyDisciplineError.
 
-Compute reads are seen through a TorchFunctionMode active inside `watching()`."""
+Compute reads are seen through a TorchFunctionMode active inside `watching()`. With follow_all, every
+tensor a torch call makes or writes in place is followed too (not only what crossed a copy), so
+work handed between streams (drafting ahead of a verify) is checked as copies are. A fresh
+allocation starts with no history: CUDA's caching allocator hands a block back only to the stream
+it was allocated on (record_stream hazards are not modelled).
+
+As on CUDA, the current stream is per thread (a new thread starts on the compute stream, the
+default one), and work a thread issues through `worker()` is watched as the caller's is."""
 from __future__ import annotations
 
 import contextlib
+import linecache
 import os
-import traceback
+import sys
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -79,10 +88,14 @@ def _merge(into: dict, other: dict) -> None:
 
 def _where() -> str:
     """The innermost line of triforce (or a test) that led here, outside this file and torch."""
-    for frame in reversed(traceback.extract_stack()[:-1]):
-        name = os.path.abspath(frame.filename)
-        if name != HERE and f"{os.sep}torch{os.sep}" not in name and "contextlib" not in name:
-            return f"{frame.filename}:{frame.lineno} ({frame.line})"
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if name != HERE and f"{os.sep}torch{os.sep}" not in name and "contextlib" not in name \
+                and "threading" not in name and "concurrent" not in name:
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+            return f"{frame.f_code.co_filename}:{frame.f_lineno} ({line})"
+        frame = frame.f_back
     return "?"
 
 
@@ -98,20 +111,41 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 class CheckedStreams:
     asynchronous = True
 
-    def __init__(self):
+    def __init__(self, follow_all: bool = False):
         self._streams: list[FakeStream] = []
-        self.compute = self.stream("compute stream")
-        self.host = self.stream("host thread")
-        self._current = self.compute
-        self._regions: dict[int, Region] = {}   # storage data_ptr -> what crossed a copy
+        self.compute = self._new("compute stream")
+        self.host = self._new("host thread")
+        self._thread = threading.local()         # .current stream, .internal (the fake's own calls)
+        self._lock = threading.RLock()           # threads share the clocks and the regions
+        self.follow_all = follow_all
+        self._regions: dict[int, Region] = {}   # storage data_ptr -> what crossed a copy (or any, follow_all)
         self._pending: list[tuple] = []          # (owner, stamp, dst, value): copies not yet visible
-        self._internal = False
         self.copies = 0
         self.checked_accesses = 0
+        self.accesses_by: dict[str, int] = {}    # stream name -> accesses checked on it
+
+    @property
+    def _current(self) -> FakeStream:
+        return getattr(self._thread, "current", self.compute)
+
+    @_current.setter
+    def _current(self, stream: FakeStream) -> None:
+        self._thread.current = stream
+
+    @property
+    def _internal(self) -> bool:
+        return getattr(self._thread, "internal", False)
+
+    @_internal.setter
+    def _internal(self, value: bool) -> None:
+        self._thread.internal = value
 
     # ---- the interface ------------------------------------------------------------------
-    def stream(self, name: str | None = None) -> FakeStream:
-        s = FakeStream(name or f"copy stream {len(self._streams) - 1}", len(self._streams))
+    def stream(self, purpose: str = "copy") -> FakeStream:
+        return self._new(f"{purpose} stream {len(self._streams) - 1}")
+
+    def _new(self, name: str) -> FakeStream:
+        s = FakeStream(name, len(self._streams))
         self._streams.append(s)
         return s
 
@@ -122,15 +156,18 @@ class CheckedStreams:
         return FakeEvent()
 
     def record(self, event: FakeEvent, stream: FakeStream) -> None:
-        self._issue(stream)
-        event.clock = dict(stream.clock)
+        with self._lock:
+            self._issue(stream)
+            event.clock = dict(stream.clock)
 
     def wait_event(self, stream: FakeStream, event: FakeEvent) -> None:
-        if event.clock is not None:
-            _merge(stream.clock, event.clock)
+        with self._lock:
+            if event.clock is not None:
+                _merge(stream.clock, event.clock)
 
     def wait_stream(self, stream: FakeStream, other: FakeStream) -> None:
-        _merge(stream.clock, other.clock)
+        with self._lock:
+            _merge(stream.clock, other.clock)
 
     @contextlib.contextmanager
     def on(self, stream: FakeStream):
@@ -141,7 +178,25 @@ class CheckedStreams:
             self._current = previous
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        where = _where()
+        with self._lock:
+            self._copy(dst, src, _where())
+
+    def worker(self):
+        """What a worker thread enters: the caller's torch function modes (this fake's watch, a
+        fake card's placement), and the compute stream current, as a new CUDA thread has."""
+        modes = torch.overrides._get_current_function_mode_stack()
+        fake = self
+
+        @contextlib.contextmanager
+        def entered():
+            fake._current = fake.compute
+            with contextlib.ExitStack() as stack:
+                for mode in modes:
+                    stack.enter_context(mode)
+                yield
+        return entered()
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor, where: str) -> None:
         host = [t for t in (dst, src) if is_registered(t)]
         if not host:
             raise CopyDisciplineError(f"asynchronous copy with no pinned host side at {where}")
@@ -175,8 +230,9 @@ class CheckedStreams:
         pass
 
     def synchronize(self, stream: FakeStream) -> None:
-        if stream is not None:
-            _merge(self.host.clock, stream.clock)
+        with self._lock:
+            if stream is not None:
+                _merge(self.host.clock, stream.clock)
 
     # ---- checking -----------------------------------------------------------------------
     def _region(self, t: torch.Tensor, kind: str) -> Region:
@@ -224,29 +280,56 @@ class CheckedStreams:
                            if any(s.clock.get(a.owner.index, 0) < a.stamp[a.owner.index] for s in self._streams)]
         region.accesses.append(Access(lo, hi, write, owner, stamp, where))
         self.checked_accesses += 1
+        self.accesses_by[owner.name] = self.accesses_by.get(owner.name, 0) + 1
         return stamp
 
     def _on_torch_call(self, func, args, kwargs) -> None:
-        if self._internal or getattr(func, "__name__", "") in NO_DATA:
-            return
-        tensors, writes = [], set()
-        name = getattr(func, "__name__", "")
-        for i, a in enumerate(list(args) + list(kwargs.values())):
-            for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in self._regions:
-                    tensors.append(t)
-                    if i == 0 and (name.endswith("_") or name == "__setitem__"):
-                        writes.add(id(t))
-        if isinstance(kwargs.get("out"), torch.Tensor):
-            writes.add(id(kwargs["out"]))
-        if not tensors:
-            return
-        kinds = {self._regions[t.untyped_storage().data_ptr()].kind for t in tensors}
-        # the CPU touching only pinned memory, outside any stream, is the host thread itself
-        owner = self.host if kinds == {"host"} and self._current is self.compute else self._current
-        where = _where()
-        for t in tensors:
-            self._access(owner, t, id(t) in writes, where)
+        with self._lock:
+            if self._internal or getattr(func, "__name__", "") in NO_DATA:
+                return
+            tensors, writes = [], set()
+            name = getattr(func, "__name__", "")
+            for i, a in enumerate(list(args) + list(kwargs.values())):
+                for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                    if not isinstance(t, torch.Tensor):
+                        continue
+                    written = i == 0 and (name.endswith("_") or name == "__setitem__")
+                    if written and self.follow_all:
+                        self._region(t, "device")
+                    if t.untyped_storage().data_ptr() in self._regions:
+                        tensors.append(t)
+                        if written:
+                            writes.add(id(t))
+            if isinstance(kwargs.get("out"), torch.Tensor):
+                if self.follow_all:
+                    self._region(kwargs["out"], "device")
+                    tensors.append(kwargs["out"])
+                writes.add(id(kwargs["out"]))
+            if not tensors:
+                return
+            kinds = {self._regions[t.untyped_storage().data_ptr()].kind for t in tensors}
+            # the CPU touching only pinned memory, outside any stream, is the host thread itself
+            owner = self.host if kinds == {"host"} and self._current is self.compute else self._current
+            where = _where()
+            for t in tensors:
+                self._access(owner, t, id(t) in writes, where)
+
+    def _on_torch_result(self, func, args, kwargs, result) -> None:
+        """follow_all: a tensor the call allocated is written by the current stream."""
+        outputs = result if isinstance(result, (list, tuple)) else (result,)
+        with self._lock:
+            if self._internal or getattr(func, "__name__", "") in NO_DATA:
+                return
+            inputs = {t.untyped_storage().data_ptr() for a in list(args) + list(kwargs.values())
+                      for t in (a if isinstance(a, (list, tuple)) else (a,)) if isinstance(t, torch.Tensor)}
+            for t in outputs:
+                if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                    continue
+                key = t.untyped_storage().data_ptr()
+                if key in inputs or key in self._regions and self._regions[key].kind == "host":
+                    continue  # a view or the input itself; pinned memory is tracked by copies
+                self._regions[key] = Region("device")  # fresh memory: no history
+                self._access(self._current, t, True, _where())
 
     @contextlib.contextmanager
     def watching(self):
@@ -257,7 +340,10 @@ class CheckedStreams:
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 fake._on_torch_call(func, args, kwargs)
-                return func(*args, **kwargs)
+                result = func(*args, **kwargs)
+                if fake.follow_all:
+                    fake._on_torch_result(func, args, kwargs, result)
+                return result
 
         with Mode():
             yield self

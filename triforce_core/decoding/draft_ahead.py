@@ -20,11 +20,12 @@ thread on the default stream, the drafting on the calling thread on a stream of 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 import torch
+
+from triforce.offload.streams import SyncStreams, streams_for
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -63,32 +64,36 @@ def wanted(asked: bool, levels: list, tensor_parallel: bool, counting_syncs: boo
 
 
 class AheadRunner:
-    """Runs a verify and the drafting ahead of it: side by side on CUDA, one after the other elsewhere."""
+    """Runs a verify and the drafting ahead of it: side by side on a device with streams, one after
+    the other elsewhere. It speaks triforce.offload.streams' interface, as the prefetcher does, so
+    tests run the CUDA schedule under the checked fake (tests/cuda_semantics)."""
 
-    def __init__(self, device: torch.device, threaded: bool | None = None):
-        """threaded: the verify on a worker thread (default: on CUDA; tests also run it so on a CPU)."""
-        self.device = torch.device(device)
-        self.threaded = self.device.type == "cuda" if threaded is None else threaded
+    def __init__(self, device: torch.device, threaded: bool | None = None, streams: SyncStreams | None = None):
+        """threaded: the verify on a worker thread (default: where the device has streams; tests also
+        run it so on a CPU)."""
+        self.streams = streams if streams is not None else streams_for(device)
+        self.threaded = self.streams.asynchronous if threaded is None else threaded
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="full-verify") if self.threaded else None
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" and self.threaded else None
+        self._stream = self.streams.stream("drafting") if self.threaded and self.streams.asynchronous else None
 
     def run(self, verify: Callable[[], T], draft: Callable[[], U]) -> tuple[T, U]:
         if not self.threaded:
             return verify(), draft()
-        cuda = self._stream is not None
-        main = torch.cuda.current_stream(self.device) if cuda else None
-        if cuda:
-            self._stream.wait_stream(main)  # before the verify's kernels queue up: the drafts read the last commit
-        future = self._pool.submit(self._on_device, verify)
+        streams, mine = self.streams, self._stream
+        main = streams.current()
+        if mine is not None:
+            streams.wait_stream(mine, main)  # before the verify's kernels queue up: the drafts read the last commit
+        future = self._pool.submit(self._in_worker, streams.worker(), verify)
         try:
-            with torch.cuda.stream(self._stream) if cuda else nullcontext():
+            with streams.on(mine):
                 drafted = draft()
-            if cuda:
-                main.wait_stream(self._stream)  # the drafts' tensors are read on the default stream next
+            if mine is not None:
+                streams.wait_stream(main, mine)  # the drafts' tensors are read on the default stream next
         finally:
             result = future.result()  # even when drafting failed: nothing may touch the cache mid-verify
         return result, drafted
 
-    def _on_device(self, fn: Callable[[], T]) -> T:
-        with torch.cuda.device(self.device) if self._stream is not None else nullcontext():  # per thread
+    @staticmethod
+    def _in_worker(context, fn: Callable[[], T]) -> T:
+        with context:  # the worker's device (CUDA's current device is per thread)
             return fn()

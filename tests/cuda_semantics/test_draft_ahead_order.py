@@ -1,0 +1,96 @@
+"""`generate --draft-ahead --device cuda` on a simulated card under the checked streams fake,
+following every tensor: the verify runs on a worker thread on the compute stream while the tier
+below drafts on a stream of its own, and every hand-over between the two is ordered. Greedy tokens
+equal the run without drafting ahead; planted bugs (either stream wait removed) fail."""
+import json
+import threading
+
+import pytest
+
+from checked_streams import CheckedStreams, StreamOrderError
+from triforce.cli.main import main
+from triforce.decoding import draft_ahead
+from triforce.decoding.full_tier import FullTier
+from triforce.offload import prefetcher
+
+PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat and the dog sat on the log. the cat sat on"
+WAIT_BEFORE = "            streams.wait_stream(mine, main)"
+WAIT_AFTER = "                streams.wait_stream(main, mine)"
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_model_dir):
+    return str(tiny_model_dir("llama-gqa", max_position_embeddings=512))
+
+
+@pytest.fixture
+def followed(card, pinning, monkeypatch):
+    """One CheckedStreams following every tensor, for the prefetcher and the drafting ahead."""
+    fake = CheckedStreams(follow_all=True)
+    monkeypatch.setattr(prefetcher, "streams_for", lambda device: fake)
+    monkeypatch.setattr(draft_ahead, "streams_for", lambda device: fake)
+    return fake
+
+
+def generate(capsys, card, fake, folder, *flags, prompt=PROMPT):
+    with card.placement(), fake.watching():  # --no-graphs: a simulated card captures no CUDA graphs
+        with pytest.raises(SystemExit) as exit_info:
+            main(["generate", "--model", folder, "--prompt", prompt, "--device", "cuda", "--method", "triforce",
+                  "--max-new-tokens", "16", "--budget", "48", "--chunk-size", "4", "--no-graphs", "--json", *flags])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 0, err
+    return json.loads(out)
+
+
+def verify_threads(monkeypatch) -> set:
+    names: set = set()
+    real = FullTier.verify
+
+    def verify(self, *args, **kwargs):
+        names.add(threading.current_thread().name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(FullTier, "verify", verify)
+    return names
+
+
+@pytest.mark.parametrize("offload", [[], ["--dtype", "float32", "--device-budget", "1.9MB"]], ids=["resident", "offloaded"])
+def test_drafting_ahead_on_a_card_is_ordered_and_lossless(capsys, card, followed, folder, monkeypatch, offload):
+    prompt = PROMPT * 4 if offload else PROMPT  # 392 tokens: at 1.9MB in float32, 256 stay resident and the rest go to the host
+    plain = generate(capsys, card, CheckedStreams(follow_all=True), folder, "--temperature", "0", *offload,
+                     prompt=prompt)
+    threads = verify_threads(monkeypatch)
+    ahead = generate(capsys, card, followed, folder, "--temperature", "0", "--draft-ahead", *offload, prompt=prompt)
+    assert ahead["device"] == "cuda:0" and ahead["tokens"] == plain["tokens"]
+    assert ahead["draft_ahead_rounds"] > 0 and any(t.startswith("full-verify") for t in threads)
+    drafted = sum(n for name, n in followed.accesses_by.items() if name.startswith("drafting stream"))
+    assert drafted > 100, followed.accesses_by
+    if offload:
+        assert ahead["plan"]["offloaded"] and followed.copies > 0, json.dumps(ahead["plan"])
+
+
+def test_sampled_drafting_ahead_on_a_card_is_ordered(capsys, card, followed, folder):
+    result = generate(capsys, card, followed, folder, "--temperature", "0.7", "--seed", "3", "--draft-ahead")
+    assert result["draft_ahead_rounds"] > 0 and len(result["tokens"]) == 16
+
+
+def planted(monkeypatch, line: str) -> None:
+    """AheadRunner.run with one line removed."""
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(draft_ahead.AheadRunner.run))
+    assert textwrap.dedent(line).strip() in source
+    source = source.replace(textwrap.dedent(line).strip(), "pass  # planted: wait removed")
+    namespace: dict = {}
+    exec(compile(source, draft_ahead.__file__, "exec"), vars(draft_ahead), namespace)
+    monkeypatch.setattr(draft_ahead.AheadRunner, "run", namespace["run"])
+
+
+@pytest.mark.parametrize("line,temperature", [(WAIT_BEFORE, "0"), (WAIT_AFTER, "0.7")],
+                         ids=["drafting-before-the-commit-lands", "verify-reads-drafts-unwaited"])
+def test_planted_bug_a_missing_stream_wait_is_caught(capsys, card, followed, folder, monkeypatch, line, temperature):
+    planted(monkeypatch, line)
+    with pytest.raises(StreamOrderError) as caught:
+        generate(capsys, card, followed, folder, "--temperature", temperature, "--seed", "3", "--draft-ahead")
+    assert "drafting stream" in str(caught.value)

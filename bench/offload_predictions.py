@@ -12,6 +12,9 @@ on natural text (default: the 8K one; the 32K YaRN trace shows the 135M model re
   + overlap        the next cycle's drafting runs while the verify's copies stream, kept when the
                    verify accepts it all and the bonus token is the guessed one (built: draft_ahead)
   + sized gamma2   gamma2 chosen by the cost model for the acceptance (up to 15)
+  + static tree    (with --tree-hit, not built: item 6) one alternative beside each draft, verified
+                   in the same pass; --tree-hit is how often it is taken where the chain breaks
+                   (python -m triforce.bench.static_tree measures it)
 ar-offload (the paper's baseline) and ar-hybrid (the stronger one) beside them, both without
 the residency step. The profiles' CPU
 rates are nominal estimates until `triforce profile tune` measures them on the machine."""
@@ -25,7 +28,7 @@ from triforce.config import SpecParams
 from triforce.decoding.acceptance_trace import load_trace, trace_acceptance
 from triforce.model.architectures import arch_config
 from triforce.offload.cost_model import (GAMMA2_RANGE, best_gammas, costs_at, drafted_ahead_ms_per_token,
-                                         full_verify_ms, triforce_ms_per_token)
+                                         full_verify_ms, static_tree_part, triforce_ms_per_token)
 from triforce.offload.planner import hardware, plan_memory
 from triforce.offload.profiles import load_profile
 
@@ -33,7 +36,8 @@ CONTEXTS = (32768, 130048)
 PROFILES = (("rtx4090-24g", None), ("h100-80g", "24GB"))
 
 
-def predict(profile_name: str, budget_bytes: str | None, context: int, trace: dict) -> dict:
+def predict(profile_name: str, budget_bytes: str | None, context: int, trace: dict,
+            tree_hit: float | None = None) -> dict:
     from triforce.offload.profiles import parse_size
 
     profile = load_profile(profile_name)
@@ -49,8 +53,10 @@ def predict(profile_name: str, budget_bytes: str | None, context: int, trace: di
     costs = plan.step_costs
     streamed, hybrid = hardware(profile, 2, hybrid=False), hardware(profile, 2)
 
-    def tri(c, hw, g2=spec.gamma2, overlap=False) -> float:
+    def tri(c, hw, g2=spec.gamma2, overlap=False, hit=None) -> float:
         part = triforce_ms_per_token(c, hw, acceptance, spec.gamma1, g2, has_tier0=True)
+        if hit is not None:
+            part = static_tree_part(c, hw, part, acceptance.full, g2, hit)
         if not overlap:
             return part["triforce_ms_per_token"]
         return drafted_ahead_ms_per_token(part, acceptance.full, g2)["ms_per_token"]
@@ -67,6 +73,8 @@ def predict(profile_name: str, budget_bytes: str | None, context: int, trace: di
         "+ overlap": tri(costs, hybrid, overlap=True),
         "+ sized gamma2": tri(costs, hybrid, g2=best_g2, overlap=True),
     }
+    if tree_hit is not None:
+        rows["+ static tree"] = tri(costs, hybrid, g2=best_g2, overlap=True, hit=tree_hit)
     return {"profile": profile.name, "context": context, "resident_tokens": plan.resident_tokens,
             "resident_after_prefill": resident, "gamma2_sized": best_g2,
             "drafted_ahead_kept_share": round(acceptance.full ** (spec.gamma2 + 1), 3),
@@ -78,11 +86,13 @@ def predict(profile_name: str, budget_bytes: str | None, context: int, trace: di
 @click.command()
 @click.option("--trace", "trace_path", default="bench/traces/smollm2-natural8k-triforce-lookup.json",
               show_default=True, help="Acceptance trace the predictions take their acceptance from.")
+@click.option("--tree-hit", type=click.FloatRange(0, 1), default=None,
+              help="Add the static-tree row: how often the alternative is taken where the chain breaks.")
 @click.option("--json", "as_json", is_flag=True)
-def main(trace_path: str, as_json: bool) -> None:
+def main(trace_path: str, tree_hit: float | None, as_json: bool) -> None:
     """Print the predicted ms/token of each step (see the module docstring)."""
     trace = load_trace(trace_path)
-    results = [predict(name, budget, context, trace) for name, budget in PROFILES for context in CONTEXTS]
+    results = [predict(name, budget, context, trace, tree_hit) for name, budget in PROFILES for context in CONTEXTS]
     if as_json:
         print(json.dumps({"trace": trace_path, "results": results}))
         return

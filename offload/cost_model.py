@@ -156,6 +156,19 @@ def drafted_ahead_ms_per_token(part: dict, full_rate: float, gamma2: int) -> dic
     return {"ms_per_token": cycle / part["expected_tokens_per_full_verify"], "kept_share": kept}
 
 
+def static_tree_part(c: StepCosts, hw: Hardware, part: dict, full_rate: float, gamma2: int, hit: float,
+                     rows: int = 1) -> dict:
+    """triforce_ms_per_token's `part` with a static tree for the full verify, not built (issue 41
+    item 6): beside each of the gamma2 drafts one alternative token (the tier below's runner-up, or
+    a second draw from its distribution) is verified in the same pass, 2 * gamma2 + 1 queries. Where
+    the chain breaks (probability 1 - full_rate ** gamma2) the alternative is taken with probability
+    `hit` and its own row gives one more token. bench/static_tree.py measures `hit`."""
+    verify = full_verify_ms(c, hw, 2 * gamma2 + 1, rows)
+    tokens = part["expected_tokens_per_full_verify"] + (1 - full_rate ** gamma2) * hit
+    return {"triforce_ms_per_token": (verify + part["drafting_ms_per_verify"]) / tokens, "full_verify_ms": verify,
+            "drafting_ms_per_verify": part["drafting_ms_per_verify"], "expected_tokens_per_full_verify": tokens}
+
+
 def naive_ms_per_token(c: StepCosts, hw: Hardware, alpha: float, gamma: int) -> float:
     """Predicted ms/token of tier-0 drafts checked by the full cache directly (--method naive),
     each accepted with rate alpha."""

@@ -5,7 +5,7 @@ from triforce.config import SpecParams
 from triforce.model.architectures import arch_config
 from triforce.offload.cost_model import (GAMMA2_RANGE, TIE_FRACTION, Acceptance, Gamma2Controller, Hardware, StepCosts, best_gammas,
                                          expected_tokens, full_verify_ms, gamma2_bounds, tier0_ms, tier1_ms,
-                                         rate_from_fraction, triforce_ms_per_token)
+                                         rate_from_fraction, static_tree_part, triforce_ms_per_token)
 from triforce.offload.errors import OffloadError
 from triforce.offload.planner import plan_memory
 from triforce.offload.profiles import load_profile
@@ -140,6 +140,21 @@ def test_cost_model_by_hand():
     three = triforce_ms_per_token(c, memory_only, Acceptance(full=0.5, retrieval=0.5), gamma1=2, gamma2=2,
                                   has_tier0=True)
     assert three["triforce_ms_per_token"] == pytest.approx((103 + 2 / 1.75 * (3 + 2 * 0.1)) / 1.75)
+
+
+def test_static_tree_by_hand():
+    """One alternative per draft: 2 * gamma2 + 1 queries; where the chain breaks (1 - 0.5 ** 2 =
+    0.75) the alternative is taken half the time: 1.75 + 0.375 tokens per verify."""
+    memory_only = Hardware(hbm_gbps=1000, h2d_gbps=10)
+    c = costs()
+    chain = triforce_ms_per_token(c, memory_only, Acceptance(full=0.5), gamma1=2, gamma2=2, has_tier0=False)
+    tree = static_tree_part(c, memory_only, chain, 0.5, 2, hit=0.5)
+    assert tree["expected_tokens_per_full_verify"] == pytest.approx(1.75 + 0.375)
+    assert tree["triforce_ms_per_token"] == pytest.approx((103 + 2 * 3) / 2.125)  # 5 queries cost no more bytes
+    compute = Hardware(hbm_gbps=1000, h2d_gbps=10, compute_tflops=0.01)
+    bound = triforce_ms_per_token(c, compute, Acceptance(full=0.5), gamma1=2, gamma2=2, has_tier0=False)
+    never = static_tree_part(c, compute, bound, 0.5, 2, hit=0.0)
+    assert never["triforce_ms_per_token"] > bound["triforce_ms_per_token"]  # compute-bound: the extra queries cost
 
 
 def test_compute_and_per_layer_overhead_by_hand():

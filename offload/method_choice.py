@@ -81,14 +81,14 @@ def lengths(context: int) -> list[int]:
 
 def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec, fixed: frozenset[str], *,
                   dtype_bytes: int, draft: ModelConfig | None = None, draft_dtype_bytes: int | None = None,
-                  tp: int = 1, has_tier0: bool = True, assumed: Acceptance | None = None):
+                  tp: int = 1, has_tier0: bool = True, assumed: Acceptance | None = None, weights: str | None = None):
     """(MethodChoice, the spec to run: the chosen method with its budget and gammas). assumed:
     the acceptance to predict with (default: what the profile measured with lookup drafts, else
     AUTO_ASSUMED)."""
     assumed = assumed or default_acceptance(profile)
     hw = hardware(profile, dtype_bytes)
     ar_spec = replace(spec, method="ar")
-    ar_plan = plan_memory(model, profile, context, ar_spec, dtype_bytes=dtype_bytes, tp=tp)
+    ar_plan = plan_memory(model, profile, context, ar_spec, dtype_bytes=dtype_bytes, tp=tp, weights=weights)
     ar_costs = ar_plan.step_costs
 
     def ar_ms(length: int) -> float:
@@ -103,7 +103,7 @@ def choose_method(model: ModelConfig, profile: MemoryProfile, context: int, spec
         plan, candidate, choice = plan_with_choice(
             model, profile, context, candidate, fixed, dtype_bytes=dtype_bytes, draft=draft if drafts else None,
             draft_dtype_bytes=draft_dtype_bytes if drafts else None, tp=tp, assumed=assumed,
-            has_tier0=drafts)
+            has_tier0=drafts, weights=weights)
         if not plan.feasible or plan.step_costs is None or ar_costs is None:
             continue
         acceptance = choice.acceptance if choice is not None else assumed

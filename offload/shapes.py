@@ -4,6 +4,7 @@ under tensor parallelism). The planner takes the core's own configuration types:
 from __future__ import annotations
 
 from triforce.config import ModelConfig
+from triforce.offload.errors import OffloadError
 
 
 def largest_share(n: int, tp: int) -> int:
@@ -20,22 +21,36 @@ def activation_bytes_per_token(m: ModelConfig, dtype_bytes: int, tp: int = 1) ->
     return (6 * m.hidden_size + 2 * heads * m.head_dim + 3 * largest_share(m.intermediate_size, tp)) * dtype_bytes
 
 
-def weight_bytes(m: ModelConfig, dtype_bytes: int, tp: int = 1) -> int:
+def weight_bytes(m: ModelConfig, dtype_bytes: int, tp: int = 1, matrix_bytes: float | None = None) -> int:
     """Parameter bytes on the rank with the largest share: attention split by whole KV heads
     (query heads follow their KV head), MLP by intermediate rows; embeddings, LM head and norms
-    replicated."""
+    replicated. matrix_bytes: bytes per weight of the matrices (projections, embeddings, head)
+    when they are block-quantized; norms and biases stay in dtype_bytes."""
     kvh = kv_heads_share(m, tp)
     qh = kvh * (m.num_heads // m.num_kv_heads)
     inter = largest_share(m.intermediate_size, tp)
     h, d = m.hidden_size, m.head_dim
-    attn = h * qh * d + 2 * h * kvh * d + qh * d * h
-    attn += (qh * d + 2 * kvh * d) * m.qkv_bias + h * m.o_bias
-    mlp = 3 * h * inter + (2 * inter + h) * m.mlp_bias
-    per_layer = attn + mlp + 2 * h
-    replicated = m.vocab_size * h * (1 if m.tie_word_embeddings else 2) + h
-    return (m.num_layers * per_layer + replicated) * dtype_bytes
+    matrices = m.num_layers * (h * qh * d + 2 * h * kvh * d + qh * d * h + 3 * h * inter)
+    matrices += m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
+    small = m.num_layers * ((qh * d + 2 * kvh * d) * m.qkv_bias + h * m.o_bias + (2 * inter + h) * m.mlp_bias + 2 * h)
+    small += h
+    if matrix_bytes is None:
+        return (matrices + small) * dtype_bytes
+    return int(round(matrices * matrix_bytes)) + small * dtype_bytes
 
 
 def kv_bytes_per_token_layer(m: ModelConfig, dtype_bytes: int, tp: int = 1) -> int:
     """K and V of one token in one layer, on the rank with the most KV heads."""
     return 2 * kv_heads_share(m, tp) * m.head_dim * dtype_bytes
+
+
+def block_bytes_per_weight(weights: str | None, on_gpu: bool) -> float | None:
+    """Bytes per weight of block format `weights` (None: floats): on the CPU as its kernels hold
+    the blocks (triforce.kernels.cpu.quant_blocks); on a GPU as the GGUF file lays them out, which
+    is what a CUDA kernel reads (none is built yet: such a plan is a forecast)."""
+    if weights is None:
+        return None
+    from triforce.kernels.cpu.quant_blocks import BLOCK, FILE_BYTES, HELD_BYTES
+    if weights not in FILE_BYTES:
+        raise OffloadError(f"unknown weight format '{weights}' (one of {', '.join(FILE_BYTES)})")
+    return (FILE_BYTES if on_gpu else HELD_BYTES)[weights] / BLOCK

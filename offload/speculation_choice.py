@@ -59,7 +59,7 @@ def measured_tier_acceptance(rows: list[dict], draft: str = "lookup") -> Accepta
 def choose_speculation(model: ModelConfig, profile: MemoryProfile, context: int, spec, *, dtype_bytes: int,
                        fixed: frozenset[str] = frozenset(), draft: ModelConfig | None = None, tp: int = 1,
                        rows: list[dict] = (), assumed: Acceptance = Acceptance(),
-                       has_tier0: bool | None = None) -> Choice | None:
+                       has_tier0: bool | None = None, weights: str | None = None) -> Choice | None:
     """The lowest predicted ms/token over measured (budget, chunk) pairs and the gamma grid,
     keeping the `fixed` fields as given. None when no candidate fits the profile."""
     policy = spec.sparse_policy
@@ -77,7 +77,7 @@ def choose_speculation(model: ModelConfig, profile: MemoryProfile, context: int,
         widest = replace(spec, budget=budget, chunk_size=chunk, gamma1=max(g1_range), gamma2=max(g2_range),
                          gamma2_min=None, gamma2_max=None)
         plan = plan_memory(model, profile, context, widest, dtype_bytes=dtype_bytes, draft=draft, tp=tp,
-                           has_tier0=has_tier0)
+                           has_tier0=has_tier0, weights=weights)
         if not plan.feasible:
             continue
         g1, g2, ms = best_gammas(plan.step_costs, hw, acceptance, has_tier0, g1_range, g2_range)
@@ -104,7 +104,8 @@ def within_context(spec, fixed: frozenset[str], model: ModelConfig, context: int
 
 def plan_with_choice(model: ModelConfig, profile: MemoryProfile, context: int, spec, fixed: frozenset[str], *,
                      dtype_bytes: int, draft: ModelConfig | None = None, draft_dtype_bytes: int | None = None,
-                     tp: int = 1, assumed: Acceptance = Acceptance(), has_tier0: bool | None = None):
+                     tp: int = 1, assumed: Acceptance = Acceptance(), has_tier0: bool | None = None,
+                     weights: str | None = None):
     """Choose what the user left open (budget, chunk size, gammas) by the cost model, with the
     acceptance measured for the profile where there is some, then plan memory for it.
     Returns (MemoryPlan, spec with the choices, Choice or None)."""
@@ -117,10 +118,10 @@ def plan_with_choice(model: ModelConfig, profile: MemoryProfile, context: int, s
     if spec.uses_sparse_cache and measured and not set(TUNABLE) <= fixed:
         choice = choose_speculation(model, profile, context, spec, dtype_bytes=dtype_bytes, fixed=fixed,
                                     draft=draft if spec.method == "triforce" else None, tp=tp,
-                                    rows=rows, assumed=assumed, has_tier0=has_tier0)
+                                    rows=rows, assumed=assumed, has_tier0=has_tier0, weights=weights)
         if choice is not None:
             spec = replace(spec, **choice.spec_changes())
     plan = plan_memory(model, profile, context, spec, dtype_bytes=dtype_bytes, draft=draft,
-                       draft_dtype_bytes=draft_dtype_bytes, tp=tp, has_tier0=has_tier0,
+                       draft_dtype_bytes=draft_dtype_bytes, tp=tp, has_tier0=has_tier0, weights=weights,
                        acceptance=choice.acceptance if choice is not None else assumed)
     return plan, spec, choice

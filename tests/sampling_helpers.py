@@ -45,10 +45,11 @@ class BrokenEngine(Engine):
 def _worker(job) -> dict:
     target_dir, draft_dir, spec_kwargs, drafter, params, prompt_ids, new_tokens, samples, seed, broken_level = job
     torch.set_num_threads(1)
-    target = load_model(target_dir, dtype="float32", device="cpu")
-    draft = load_model(draft_dir, dtype="float32", device="cpu") if drafter == "model" else drafter
     spec_kwargs = dict(spec_kwargs)
     draft_ahead = spec_kwargs.pop("draft_ahead", False)  # an engine setting carried with the spec's
+    quantize = spec_kwargs.pop("quantize", None)  # a load setting (block-quantized weights), likewise
+    target = load_model(target_dir, dtype="float32", device="cpu", quantize=quantize)
+    draft = load_model(draft_dir, dtype="float32", device="cpu", quantize=quantize) if drafter == "model" else drafter
     engine = BrokenEngine(target, SpecParams(**spec_kwargs), len(prompt_ids) + new_tokens + 2, draft,
                           broken_level=broken_level, draft_ahead=draft_ahead)
     generator = torch.Generator().manual_seed(seed)

@@ -201,7 +201,7 @@ class RunConfig:
     spec: SpecParams = field(default_factory=SpecParams)
     fixed: frozenset = frozenset()  # speculation flags the user gave (the cost model fills the rest)
     dtype: str = "auto"
-    quantize: str = "auto"          # projections as GGUF blocks (triforce.model.quantized): auto | gguf | q8_0 | q4_0 | q4_1 | none
+    quantize: str = "auto"          # projections as GGUF blocks (triforce.model.quantized): auto | gguf | q8_0 | q4_0 | q4_1 | q4_k | none
     device: str = "auto"
     profile: str | None = None
     device_budget: str | None = None

@@ -1,13 +1,15 @@
-"""GGUF's block formats Q8_0, Q4_0 and Q4_1, kept as blocks: what a weight matrix holds in memory
-when it is not de-quantized.
+"""GGUF's block formats Q8_0, Q4_0, Q4_1 and Q4_K, kept as blocks: what a weight matrix holds in
+memory when it is not de-quantized.
 
 Every format stores 32 consecutive weights of a row in one block with a float16 scale d (Q4_1 also
 a float16 offset m): Q8_0 32 int8 values w = d q; Q4_0 16 bytes of nibbles w = d (q - 8); Q4_1 16
 bytes of nibbles w = d q + m (byte j holds weight j in its low nibble and weight j + 16 in its
-high one). The kernels (triforce.kernels.cpu.quant_linear) read them as arrays of their own:
-quants [n, blocks * 32] int8 or [n, blocks * 16] uint8, scales and offsets [n, blocks] float32
-(Q4_1's m; Q4_0 and Q8_0 have none: [n, 0]). Quantizing a float
-matrix and de-quantizing (the reference in tests) are the gguf package's own."""
+high one). Q4_K's super-blocks of 256 become eight Q4_1 blocks with float32 scales and offsets
+(triforce.kernels.cpu.quant_k). The kernels (triforce.kernels.cpu.quant_linear) read them as
+arrays of their own: quants [n, blocks * 32] int8 or [n, blocks * 16] uint8, scales and offsets
+[n, blocks] float32 (Q4_1's and Q4_K's offsets; Q4_0 and Q8_0 have none: [n, 0]). Quantizing a
+float matrix is the gguf package's own (Q4_K's is quant_k's), and its de-quantizers are the
+reference the tests hold these blocks to."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,11 +17,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
+from gguf.quants import quantize
+
+from triforce.kernels.cpu.quant_k import SUPER, q4_k_blocks, quantize_q4_k
 
 BLOCK = 32
-FORMATS = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1}
-_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}  # per block of 32 weights, as in a GGUF file
+FORMATS = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1,
+           "q4_k": GGMLQuantizationType.Q4_K}
+FILE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 18}  # per 32 weights in a GGUF file (Q4_K: 144 per 256)
+HELD_BYTES = {"q8_0": 36, "q4_0": 20, "q4_1": 24, "q4_k": 24}  # per 32 weights as the kernels read them
+_ROW_MULTIPLE = {"q4_k": SUPER}
+Q4_BIAS = {"q4_0": 8.0}  # 4-bit weights are d (q - bias) + m
 
 
 def format_of(kind: GGMLQuantizationType) -> str | None:
@@ -44,16 +52,15 @@ class BlockWeight:
     @property
     def file_nbytes(self) -> int:
         """Bytes the same blocks take in a GGUF file."""
-        return self.rows * self.cols // BLOCK * _BYTES[self.kind]
+        return self.rows * self.cols // BLOCK * FILE_BYTES[self.kind]
 
     @classmethod
     def from_raw(cls, kind: str, raw: np.ndarray, rows: int, cols: int) -> "BlockWeight":
         """raw: the GGUF tensor's bytes, uint8 [rows, cols // 32 * bytes per block]."""
-        if kind not in FORMATS:
-            raise ValueError(f"unknown block format '{kind}' (one of {', '.join(FORMATS)})")
-        if cols % BLOCK:
-            raise ValueError(f"a {kind} row holds whole blocks of {BLOCK} weights, not {cols}")
-        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // BLOCK, _BYTES[kind])
+        _check(kind, cols)
+        if kind == "q4_k":
+            return cls(kind, rows, cols, *q4_k_blocks(raw, rows, cols))
+        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // BLOCK, FILE_BYTES[kind])
         scales = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
         if kind == "q8_0":
             quants = blocks[:, :, 2:].copy().view(np.int8).reshape(rows, cols)
@@ -68,19 +75,21 @@ class BlockWeight:
 
     @classmethod
     def quantize(cls, kind: str, weight: torch.Tensor) -> "BlockWeight":
-        """A float matrix [rows, cols] quantized as llama.cpp's reference quantizer does."""
-        if kind not in FORMATS:
-            raise ValueError(f"unknown block format '{kind}' (one of {', '.join(FORMATS)})")
+        """A float matrix [rows, cols] quantized as llama.cpp's reference quantizer does (Q4_K:
+        a plainer one, triforce.kernels.cpu.quant_k)."""
         rows, cols = weight.shape
-        if cols % BLOCK:
-            raise ValueError(f"{kind} needs rows of whole {BLOCK}-weight blocks; this matrix has {cols} columns")
-        raw = quantize(weight.detach().to(torch.float32).numpy(), FORMATS[kind])
+        _check(kind, cols)
+        w = weight.detach().to(torch.float32).numpy()
+        raw = quantize_q4_k(w) if kind == "q4_k" else quantize(w, FORMATS[kind])
         return cls.from_raw(kind, raw, rows, cols)
 
     def raw(self) -> np.ndarray:
-        """The GGUF bytes of these blocks (uint8 [rows, blocks * bytes per block])."""
+        """The GGUF bytes of these blocks (uint8 [rows, blocks * bytes per block]); Q4_K's are not
+        kept (its blocks are held as Q4_1's)."""
+        if self.kind == "q4_k":
+            raise ValueError("q4_k blocks are held in Q4_1's layout; their file bytes are not kept")
         nb = self.cols // BLOCK
-        out = np.empty((self.rows, nb, _BYTES[self.kind]), np.uint8)
+        out = np.empty((self.rows, nb, FILE_BYTES[self.kind]), np.uint8)
         out[:, :, 0:2] = self.scales.astype(np.float16)[:, :, None].view(np.uint8)
         if self.kind == "q8_0":
             out[:, :, 2:] = self.quants.reshape(self.rows, nb, BLOCK).view(np.uint8)
@@ -92,8 +101,19 @@ class BlockWeight:
         return out.reshape(self.rows, -1)
 
     def dequantized(self) -> torch.Tensor:
-        """float32 [rows, cols] by the gguf package's de-quantizer (the reference)."""
-        return torch.from_numpy(dequantize(self.raw(), FORMATS[self.kind]).reshape(self.rows, self.cols).copy())
+        """float32 [rows, cols]: d (q - bias) + m per weight, in the gguf package's float32
+        arithmetic (the tests hold it to the package's de-quantizers bit for bit)."""
+        nb = self.cols // BLOCK
+        if self.kind == "q8_0":
+            q = self.quants.reshape(self.rows, nb, BLOCK).astype(np.float32)
+        else:
+            packed = self.quants.reshape(self.rows, nb, 1, BLOCK // 2)
+            nibbles = (packed >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+            q = nibbles.reshape(self.rows, nb, BLOCK).astype(np.float32) - np.float32(Q4_BIAS.get(self.kind, 0.0))
+        w = self.scales[:, :, None] * q
+        if self.offsets.shape[1]:
+            w = w + self.offsets[:, :, None]
+        return torch.from_numpy(np.ascontiguousarray(w.reshape(self.rows, self.cols)))
 
     def take_rows(self, index: torch.Tensor) -> torch.Tensor:
         """float32 [len(index), cols]: those rows de-quantized (an embedding lookup)."""
@@ -115,3 +135,16 @@ class BlockWeight:
     def permute_rows(self, order: np.ndarray) -> "BlockWeight":
         return BlockWeight(self.kind, self.rows, self.cols, self.quants[order].copy(), self.scales[order].copy(),
                            self.offsets[order].copy())
+
+
+def whole_blocks(kind: str, cols: int) -> bool:
+    """Whether rows of `cols` weights hold whole blocks of format `kind`."""
+    return cols % _ROW_MULTIPLE.get(kind, BLOCK) == 0
+
+
+def _check(kind: str, cols: int) -> None:
+    if kind not in FORMATS:
+        raise ValueError(f"unknown block format '{kind}' (one of {', '.join(FORMATS)})")
+    if not whole_blocks(kind, cols):
+        raise ValueError(f"{kind} needs rows of whole {_ROW_MULTIPLE.get(kind, BLOCK)}-weight blocks; "
+                         f"this matrix has {cols} columns")

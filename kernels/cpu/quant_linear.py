@@ -19,11 +19,10 @@ from numba.extending import overload
 
 from triforce.kernels.cpu.cpu_linear import SMALL_ROWS, WIDEN_BYTES, small_rows_linear
 from triforce.kernels.cpu.f32_dot import HAS_F32_FMA, sum_lanes8, zeros8
-from triforce.kernels.cpu.quant_blocks import BLOCK, BlockWeight
+from triforce.kernels.cpu.quant_blocks import BLOCK, Q4_BIAS, BlockWeight
 from triforce.kernels.cpu.quant_dot import q4_block, q4_block4, q8_block
 
 _ROW_BLOCK = 16  # weight rows per parallel job
-_Q4_BIAS = {"q4_0": 8.0, "q4_1": 0.0}  # 4-bit weights are d (q - bias) + m
 
 
 @numba.njit(cache=True)
@@ -175,7 +174,7 @@ class QuantLinear:
         self.block, self.bias = block, None if bias is None else bias.detach()
         self.keep_float32 = keep_float32
         self.out_features, self.in_features = block.rows, block.cols
-        self._bias = np.float32(_Q4_BIAS.get(block.kind, 0.0))
+        self._bias = np.float32(Q4_BIAS.get(block.kind, 0.0))
         self._bias32 = None if bias is None else self.bias.to(torch.float32)
 
     @property

@@ -1,4 +1,4 @@
-"""Weights as GGUF blocks (Q8_0, Q4_0, Q4_1): the blocks de-quantize as the gguf package does;
+"""Weights as GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K): the blocks de-quantize as the gguf package does;
 the kernels equal de-quantize-then-matmul and give a row the same result in any pass; every
 method's greedy tokens equal ar's over the same quantized model (float64 activations); the
 default model's own Q4_1 file runs as shipped through `generate --quantize gguf`, and a file whose
@@ -14,40 +14,48 @@ from gguf.quants import dequantize, quantize
 from triforce.cli.main import main
 from triforce.config import SamplingParams
 from triforce.decoding.engine import Engine
-from triforce.kernels.cpu.quant_blocks import FORMATS, BlockWeight
+from triforce.kernels.cpu.quant_blocks import FORMATS, HELD_BYTES, BlockWeight
+from triforce.kernels.cpu.quant_k import quantize_q4_k
 from triforce.kernels.cpu.quant_linear import QuantLinear
 from triforce.model import quantized
 from triforce.model.loading import load_model
 from test_greedy_equivalence import TINY_PROMPTS, tiny_spec
 
 KINDS = tuple(FORMATS)
+WIDTH = {"q4_k": 512}  # Q4_K rows hold whole super-blocks of 256
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_blocks_dequantize_as_the_gguf_package(kind):
-    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(0))
-    raw = quantize(w.numpy(), FORMATS[kind])
-    block = BlockWeight.from_raw(kind, raw, 48, 96)
-    expected = torch.from_numpy(dequantize(raw, FORMATS[kind]).reshape(48, 96))
-    assert np.array_equal(block.raw(), raw)  # the split arrays hold every bit of the file's blocks
+    cols = WIDTH.get(kind, 96)
+    w = torch.randn(48, cols, generator=torch.Generator().manual_seed(0))
+    raw = quantize_q4_k(w.numpy()) if kind == "q4_k" else quantize(w.numpy(), FORMATS[kind])
+    block = BlockWeight.from_raw(kind, raw, 48, cols)
+    expected = torch.from_numpy(dequantize(raw, FORMATS[kind]).reshape(48, cols))
+    if kind == "q4_k":  # held as Q4_1 blocks, exact: the package's own numbers from them
+        assert torch.sqrt(torch.mean((expected - w) ** 2)) < 0.1 * w.std()
+    else:
+        assert np.array_equal(block.raw(), raw)  # the split arrays hold every bit of the file's blocks
     assert torch.equal(block.dequantized(), expected)
     assert torch.equal(block.take_rows(torch.tensor([5, 0, 5])), expected[[5, 0, 5]])
     order = np.arange(48)[::-1].copy()
     assert torch.equal(block.permute_rows(order).dequantized(), expected[order])
     stacked = BlockWeight.stack([block, block.permute_rows(order)])
     assert torch.equal(stacked.dequantized(), torch.cat([expected, expected[order]]))
-    assert block.nbytes <= 1.2 * block.file_nbytes
+    assert block.nbytes == 48 * cols // 32 * HELD_BYTES[kind]  # what the planner counts
+    assert block.nbytes <= (1.2 if kind != "q4_k" else 4 / 3) * block.file_nbytes  # Q4_K: float32 sub-block scales
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_kernels_equal_dequantize_then_matmul(kind, dtype):
     g = torch.Generator().manual_seed(1)
-    block = BlockWeight.quantize(kind, torch.randn(80, 160, generator=g) * 0.1)
+    cols = WIDTH.get(kind, 160)
+    block = BlockWeight.quantize(kind, torch.randn(80, cols, generator=g) * 0.1)
     bias = torch.randn(80, generator=g)
     linear = QuantLinear(block, bias)
     reference = block.dequantized().to(dtype)
-    x = torch.randn(40, 160, generator=g, dtype=dtype)
+    x = torch.randn(40, cols, generator=g, dtype=dtype)
     for rows in (1, 5, 16, 40):  # 40: past SMALL_ROWS, de-quantized tiles into a GEMM
         got = linear(x[:rows])
         expected = x[:rows] @ reference.T + bias.to(dtype)
@@ -58,9 +66,11 @@ def test_kernels_equal_dequantize_then_matmul(kind, dtype):
         assert torch.equal(linear(x[i:i + 1])[0], nine[i])
 
 
-@pytest.fixture(scope="module", params=["q4_1", "q8_0"])
+@pytest.fixture(scope="module", params=["q4_1", "q8_0", "q4_k"])
 def quantized_pair(request, tiny_model_dir):
-    target = load_model(str(tiny_model_dir("llama-gqa")), dtype="float64", device="cpu", quantize=request.param)
+    wide = {"hidden_size": 256} if request.param == "q4_k" else {}  # whole Q4_K super-blocks
+    target = load_model(str(tiny_model_dir("llama-gqa", **wide)), dtype="float64", device="cpu",
+                        quantize=request.param)
     draft = load_model(str(tiny_model_dir("llama-gqa", seed=7, num_layers=1, hidden_size=32)), dtype="float64",
                        device="cpu", quantize=request.param)
     return target, draft
@@ -69,6 +79,7 @@ def quantized_pair(request, tiny_model_dir):
 def test_every_method_over_quantized_weights_equals_ar(quantized_pair):
     target, draft_model = quantized_pair
     assert target.quantized["weights"] in KINDS
+    assert draft_model.quantized["weights"] in ("q4_1", "q8_0")  # 32-wide rows: q4_k falls back to q4_1
     for text in TINY_PROMPTS[:6]:
         ids = target.tokenizer(text).input_ids
         expected = _decode(target, "ar", ids)
@@ -133,12 +144,39 @@ def test_the_default_model_runs_as_shipped_unless_told_otherwise(capsys):
 
 
 def test_a_file_with_other_block_formats_falls_back_to_floats_under_auto(monkeypatch):
-    monkeypatch.setattr(quantized, "format_of", lambda kind: None)  # as if every tensor were Q4_K
+    monkeypatch.setattr(quantized, "format_of", lambda kind: None)  # as if every tensor were Q6_K
     lm = load_model("default", dtype="float32", device="cpu", quantize="gguf", quantize_required=False)
     assert lm.quantized is None
     from triforce.errors import UserError
-    with pytest.raises(UserError, match="does not run as blocks yet"):
+    with pytest.raises(UserError, match="holds no tensor in a block format"):
         load_model("default", dtype="float32", device="cpu", quantize="gguf")
+
+
+def test_a_file_mixing_formats_runs_its_blocks_and_keeps_the_rest_float(monkeypatch):
+    """As a Q4_K_M file mixes Q4_K with Q6_K: here the embeddings (Q8_0) and every attn_v and
+    ffn_down are taken as formats without kernels, so they stay float beside the blocks, and a
+    layer's q/k/v run apart and are joined. Logits equal the float model's up to float order."""
+    from triforce.model.quantized_layers import JoinedOutputs
+
+    real_format, real_block = quantized.format_of, quantized._GgufBlocks.block
+    monkeypatch.setattr(quantized, "format_of", lambda kind: None if kind == gguf.GGMLQuantizationType.Q8_0
+                        else real_format(kind))
+    monkeypatch.setattr(quantized._GgufBlocks, "block", lambda self, name, weight, heads: None
+                        if "attn_v" in name or "ffn_down" in name else real_block(self, name, weight, heads))
+    mixed = load_model("default", dtype="float32", device="cpu", quantize="gguf")
+    floats = load_model("default", dtype="float32", device="cpu")
+    assert mixed.quantized["weights"] == "q4_1"
+    layer = mixed.model.model.layers[0]
+    assert isinstance(layer.self_attn.fused[0], JoinedOutputs) and isinstance(mixed.model.model.embed_tokens,
+                                                                             torch.nn.Embedding)
+    ids = torch.tensor([mixed.tokenizer("The capital of France is Paris, and the capital of Italy").input_ids])
+    from triforce.cache.resident import ResidentKVCache
+
+    def logits(lm):
+        cache = ResidentKVCache(lm.config, 64, dtype=lm.dtype)
+        return lm.model(ids, torch.arange(ids.shape[1])[None], cache.step(ids.shape[1]))
+
+    torch.testing.assert_close(logits(mixed), logits(floats), rtol=1e-4, atol=1e-4)
 
 
 def test_blocks_that_do_not_match_the_conversion_are_refused(monkeypatch):

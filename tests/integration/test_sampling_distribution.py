@@ -127,6 +127,21 @@ def test_drafting_ahead_follows_the_target_distribution(pool, folders, target, m
     assert chi_square_p(counts, exact_distribution(target, prompt, PARAMS, AHEAD_TOKENS)) > 0.001
 
 
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_block_quantized_weights_follow_their_own_distribution(pool, folders, kind):
+    """Target and draft as GGUF blocks (triforce.model.quantized): triforce samples the quantized
+    target's distribution, and the samples tell it from the float one's."""
+    quantized = load_model(folders[0], dtype="float32", device="cpu", quantize=kind)
+    prompt = quantized.tokenizer(PROMPT).input_ids
+    exact = exact_distribution(quantized, prompt, PARAMS)
+    floats = exact_distribution(load_model(folders[0], dtype="float32", device="cpu"), prompt, PARAMS)
+    assert sum(abs(p - floats.get(cell, 0.0)) for cell, p in exact.items()) > 0.01  # another distribution
+    counts = sample_counts(folders[0], folders[1], dict(method="triforce", quantize=kind, **SPEC), "model", PARAMS,
+                           prompt, NEW_TOKENS, 10_000, pool=pool)
+    assert chi_square_p(counts, exact) > 0.001
+    assert chi_square_p(counts, floats) < 0.001  # fixed seeds: 0.0 (q4_1) and 3e-5 (q8_0) when written
+
+
 BATCH_PROMPTS = (PROMPT, "eeddcbaab", "cab")
 
 

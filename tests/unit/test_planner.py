@@ -93,6 +93,20 @@ def test_weight_bytes_by_hand():
     assert weight_bytes(cfg, 2, tp=2) == 2 * (32 * half + 2 * 32000 * 4096 + 4096)
 
 
+def test_block_quantized_weight_bytes_by_hand():
+    """Matrices at the format's bytes per weight (q4_k: 144 per 256 in a file, 24 per 32 as the CPU
+    kernels hold it); the norms stay in the dtype."""
+    from triforce.offload.shapes import block_bytes_per_weight
+    cfg = arch_config("llama2-7b-128k")
+    matrices = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 2 * 32000 * 4096
+    norms = 32 * 2 * 4096 + 4096
+    assert block_bytes_per_weight("q4_k", on_gpu=True) == 144 / 256
+    assert block_bytes_per_weight("q4_k", on_gpu=False) == 24 / 32 and block_bytes_per_weight(None, True) is None
+    assert weight_bytes(cfg, 2, matrix_bytes=144 / 256) == matrices * 144 // 256 + 2 * norms
+    with pytest.raises(OffloadError, match="unknown weight format"):
+        block_bytes_per_weight("q3_k", on_gpu=True)
+
+
 def test_uneven_kv_head_split_plans_for_the_larger_share():
     cfg = arch_config("smollm2-135m")  # 3 KV heads: 2 + 1 over two ranks
     assert kv_bytes_per_token_layer(cfg, 4, tp=2) == 2 * 2 * 64 * 4

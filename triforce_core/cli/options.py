@@ -55,10 +55,13 @@ dtype_option = click.option("--dtype", type=click.Choice(["auto", "float32", "fl
                             help="Weights and KV precision; auto = bfloat16 on CUDA and on CPUs with native bfloat16 "
                                  "(AVX512_BF16, AMX, Arm BF16), float32 elsewhere. Greedy tokens equal plain "
                                  "decoding exactly in float32/float64.")
-quantize_option = click.option("--quantize", type=click.Choice(["auto", "gguf", "q8_0", "q4_0", "q4_1", "none"]),
+quantize_option = click.option("--quantize", type=click.Choice(["auto", "gguf", "q8_0", "q4_0", "q4_1", "q4_k",
+                                                                "none"]),
                                default="auto", show_default=True,
                                help="Run the projections as GGUF blocks on the CPU: gguf = the .gguf file's own "
-                                    "(the default model's Q4_1, embeddings Q8_0), q8_0/q4_0/q4_1 = quantized at load, "
+                                    "(the default model's Q4_1, embeddings Q8_0; Q8_0/Q4_0/Q4_1/Q4_K tensors run "
+                                    "as blocks, others such as Q6_K stay float), q8_0/q4_0/q4_1/q4_k = quantized "
+                                    "at load (q4_k rows not a multiple of 256 as q4_1), "
                                     "none = de-quantized floats. auto = gguf for a .gguf model (the default one too) "
                                     "on a CPU with FMA when --dtype is auto, else none. Greedy tokens of every method "
                                     "equal ar's over the same blocks; --dtype sets the activations and KV.")

@@ -59,6 +59,11 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 @click.option("--tp", type=INT, default=1, show_default=True, help="Tensor-parallel GPUs (the KV splits by heads).")
 @click.option("--dtype", type=click.Choice(["auto", *_DTYPE_BYTES]), default="auto", show_default=True,
               help="auto = bfloat16 for GPU profiles and on CPUs with native bfloat16, else float32.")
+@click.option("--quantize", type=click.Choice(["none", "q8_0", "q4_0", "q4_1", "q4_k"]), default="none",
+              show_default=True,
+              help="Count the target's matrices as GGUF blocks of this format (norms stay in --dtype, the draft "
+                   "model float): as the CPU kernels hold them on a CPU profile; on a GPU profile as the GGUF file "
+                   "lays them out, a forecast (no CUDA block kernels yet: a GPU run de-quantizes).")
 @click.option("--acceptance", default=None,
               help="FULL[,RETRIEVAL] acceptance rates for the prediction (default: the profile's measured ones, "
                    "else what natural text gave the default model with prompt lookup: 0.90 per token at the full "
@@ -68,7 +73,7 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
                    "each method's latency and throughput for the batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 def plan(model, arch, context, profile, device_budget, method, draft, budget, chunk_size, gamma1, gamma2,
-         rebuild_stride, rebuild_threshold, tp, dtype, acceptance, batch_size, as_json):
+         rebuild_stride, rebuild_threshold, tp, dtype, quantize, acceptance, batch_size, as_json):
     """Plan memory: weights, caches, staging buffers and how much KV stays on each GPU.
 
     Pure arithmetic (no GPU needed). Exits non-zero, saying what to change, when the request
@@ -92,6 +97,9 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
         from triforce.model.cpu_features import native_bf16
         dtype = "bfloat16" if prof.num_gpus > 0 or native_bf16() else "float32"
     auto = batch = None
+    weights = None if quantize == "none" else quantize
+    if batch_size is not None and weights is not None:
+        raise UserError("--quantize is planned for one sequence so far; leave out --batch-size or --quantize")
     if batch_size is not None:
         batch, prof, spec, fixed = _batch(shape, prof, context, batch_size, spec, fixed, dtype, tp, draft)
         method = spec.method
@@ -99,12 +107,12 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
         from triforce.offload.method_choice import choose_method
         auto, spec = choose_method(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
                                    draft=_draft_shape(draft), tp=tp, has_tier0=draft != "none",
-                                   assumed=_acceptance(acceptance, prof))
+                                   assumed=_acceptance(acceptance, prof), weights=weights)
         method = spec.method
     result, spec, choice = plan_with_choice(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
                                             draft=_draft_shape(draft) if spec.uses_draft else None, tp=tp,
                                             assumed=_acceptance(acceptance, prof),
-                                            has_tier0=spec.uses_draft and draft != "none")
+                                            has_tier0=spec.uses_draft and draft != "none", weights=weights)
     chosen = {"budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
               "gamma2_range": list(spec.gamma2_range),
               "chosen_by_cost_model": sorted({"budget", "chunk_size", "gamma1", "gamma2"} - fixed) if choice else []}
@@ -117,7 +125,7 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
             print(auto.describe())
         if batch is not None:
             print_batch(batch, context)
-        print_plan(result, name, dtype, method, chosen)
+        print_plan(result, name, dtype, method, chosen, on_gpu=prof.num_gpus > 0)
     if not result.feasible:
         raise UserError(f"does not fit: {result.reason}")
 
@@ -155,11 +163,14 @@ def print_batch(choice, context: int) -> None:
     print(choice.describe())
 
 
-def print_plan(result, name: str, dtype: str, method: str, chosen: dict) -> None:
+def print_plan(result, name: str, dtype: str, method: str, chosen: dict, on_gpu: bool = False) -> None:
     from triforce.offload.profiles import format_size as fmt
 
-    print(f"plan: {name}, {dtype}, context {result.context} tokens, method {method}, tp {result.tp}, "
+    weights = "" if result.weight_format is None else f" (weights as {result.weight_format} blocks)"
+    print(f"plan: {name}, {dtype}{weights}, context {result.context} tokens, method {method}, tp {result.tp}, "
           f"profile {result.profile}")
+    if result.weight_format is not None and on_gpu:
+        print("  a forecast: no CUDA kernels run blocks yet (on a GPU --quantize is refused today)")
     print(f"GPU memory per device (budget {fmt(result.gpu_budget_bytes)}):")
     for key, value in result.breakdown.items():
         print(f"  {key:18s} {fmt(value):>12s}")

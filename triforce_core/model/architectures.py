@@ -10,7 +10,7 @@ from triforce.errors import UserError
 _LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=32, rms_norm_eps=1e-5)
 
-# transformers config fields of each architecture (Llama family)
+# transformers config fields of each architecture (Llama family; model_type names another)
 ARCHITECTURES = {
     "llama2-7b-128k": dict(_LLAMA2_7B, max_position_embeddings=131072,  # Yarn-Llama-2-7b-128k
                            rope_parameters={"rope_type": "yarn", "factor": 32.0, "rope_theta": 10000.0,
@@ -28,6 +28,12 @@ ARCHITECTURES = {
                         rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                          "original_max_position_embeddings": 8192}),
+    # the north star of block-quantized weights (q4_k): a 32B-class GQA model at 128K on one 24 GB card
+    "qwen2.5-32b-128k": dict(model_type="qwen2", vocab_size=152064, hidden_size=5120, intermediate_size=27648,
+                             num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8, rms_norm_eps=1e-6,
+                             max_position_embeddings=131072,
+                             rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000000.0,
+                                              "original_max_position_embeddings": 32768}),
     "llama-68m": dict(vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
                       num_attention_heads=12, num_key_value_heads=12, rms_norm_eps=1e-6,
                       max_position_embeddings=2048),  # the paper's tier-0 draft
@@ -44,8 +50,9 @@ ARCHITECTURES = {
 def arch_hf_config(name: str):
     if name not in ARCHITECTURES:
         raise UserError(f"unknown architecture '{name}' (known: {', '.join(ARCHITECTURES)})")
-    from transformers import LlamaConfig
-    return LlamaConfig(**ARCHITECTURES[name])
+    from transformers import LlamaConfig, Qwen2Config
+    fields = dict(ARCHITECTURES[name])
+    return (Qwen2Config if fields.pop("model_type", "llama") == "qwen2" else LlamaConfig)(**fields)
 
 
 def arch_config(name: str) -> ModelConfig:

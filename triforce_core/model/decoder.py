@@ -35,7 +35,7 @@ from triforce.config import ModelConfig
 from triforce.kernels.cpu.cpu_layer import CpuLayer
 from triforce.kernels.cpu.cpu_linear import FusedLinear
 from triforce.kernels.cpu.quant_linear import QuantLinear
-from triforce.model.quantized_layers import QuantizedLinear, stacked_blocks
+from triforce.model.quantized_layers import JoinedOutputs, QuantizedLinear, one_block_format, stacked_blocks
 from triforce.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -116,8 +116,8 @@ def _concat_rows(*linears: nn.Linear):
     """One matrix holding the linears' weights one above the other; each linear's weight (and
     bias) becomes a view of its rows, so the checkpoint matrices are not kept twice. Made anew on
     each call (a model cut for tensor parallelism fuses its own share)."""
-    if isinstance(linears[0], QuantizedLinear):
-        return stacked_blocks(linears)
+    if any(isinstance(m, QuantizedLinear) for m in linears):
+        return stacked_blocks(linears) if one_block_format(linears) else JoinedOutputs([_single(m) for m in linears])
     fused_w = torch.cat([m.weight.detach() for m in linears])
     biases = [m.bias for m in linears]
     fused_b = None if biases[0] is None else torch.cat([b.detach() for b in biases])

@@ -1,6 +1,9 @@
 """A loaded model's projections (and tied embeddings) as block-quantized weights: the GGUF file's
 own blocks (`--quantize gguf`), or the float weights quantized at load time (`--quantize q8_0 |
-q4_0 | q4_1`, llama.cpp's reference quantizers through the gguf package).
+q4_0 | q4_1 | q4_k`, llama.cpp's reference quantizers through the gguf package; Q4_K's is
+triforce.kernels.cpu.quant_k's). A matrix whose rows are not whole Q4_K super-blocks (256
+weights) is quantized as q4_1 instead, as llama.cpp falls back for such rows; a file's tensors in
+formats without block kernels (Q6_K, Q5_K, F16, ...) stay as the conversion de-quantized them.
 
 Each nn.Linear of the decoder becomes a QuantizedLinear holding a BlockWeight; its forward is the
 reference (de-quantize, then F.linear), and `use_kernels("fused")` builds the block kernels
@@ -18,7 +21,7 @@ import torch
 from torch import nn
 
 from triforce.errors import UserError
-from triforce.kernels.cpu.quant_blocks import FORMATS, BlockWeight, format_of
+from triforce.kernels.cpu.quant_blocks import FORMATS, BlockWeight, format_of, whole_blocks
 from triforce.model.quantized_layers import QuantizedEmbedding, QuantizedLinear
 
 CHOICES = (*FORMATS, "gguf")
@@ -31,20 +34,29 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
     """Replace `model`'s projections (and its tied or untied embeddings and head) by block
     weights of format `kind`, or with kind 'gguf' by the file's own blocks. Returns what was
     done: {"weights": format per tensor kind, "bytes": block bytes, "file_bytes": their GGUF size}.
-    required False: a file with tensors in other formats leaves the model as it is (None)."""
+    required False: a file with no tensor in a block format leaves the model as it is (None)."""
     if kind not in CHOICES:
         raise UserError(f"unknown --quantize '{kind}' (choose from {', '.join(CHOICES)})")
     if kind == "gguf" and gguf_path is None:
         raise UserError("--quantize gguf needs a model loaded from a .gguf file (the default model is one)")
     source = _GgufBlocks(gguf_path) if kind == "gguf" else None
-    if source is not None and not required and not source.all_blocks(len(model.model.layers)):
-        return None
+    if source is not None and not source.any_blocks(len(model.model.layers)):
+        if not required:
+            return None
+        raise UserError(f"{gguf_path.name} holds no tensor in a block format that runs as blocks "
+                        f"({', '.join(FORMATS)}); use --quantize q8_0 or q4_k")
     dtype = model.lm_head.weight.dtype if isinstance(model.lm_head, nn.Linear) else torch.float32
     made: list[BlockWeight] = []
 
-    def blocks_for(gguf_name: str, weight: torch.Tensor, heads: int | None = None) -> BlockWeight:
-        block = source.block(gguf_name, weight, heads) if source else BlockWeight.quantize(kind, weight)
-        made.append(block)
+    def blocks_for(gguf_name: str, weight: torch.Tensor, heads: int | None = None) -> BlockWeight | None:
+        """The blocks of one matrix; None: it stays float (a file's tensor in another format)."""
+        if source is not None:
+            block = source.block(gguf_name, weight, heads)
+        else:
+            fits = whole_blocks(kind, weight.shape[1])
+            block = BlockWeight.quantize(kind if fits else "q4_1", weight)
+        if block is not None:
+            made.append(block)
         return block
 
     cfg = model.config
@@ -54,14 +66,17 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
             owner = layer.get_submodule(owner_name)
             linear = getattr(owner, attr)
             heads = cfg.num_heads if short == "attn_q" else cfg.num_kv_heads if short == "attn_k" else None
-            setattr(owner, attr, QuantizedLinear(blocks_for(f"blk.{i}.{short}.weight", linear.weight, heads),
-                                                 linear.bias))
+            block = blocks_for(f"blk.{i}.{short}.weight", linear.weight, heads)
+            if block is not None:
+                setattr(owner, attr, QuantizedLinear(block, linear.bias))
         layer.fuse(False)
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     embed = blocks_for("token_embd.weight", model.model.embed_tokens.weight)
     head = embed if tied else blocks_for("output.weight", model.lm_head.weight)
-    model.model.embed_tokens = QuantizedEmbedding(embed, dtype)
-    model.lm_head = QuantizedLinear(head, None)
+    if embed is not None:
+        model.model.embed_tokens = QuantizedEmbedding(embed, dtype)
+    if head is not None:
+        model.lm_head = QuantizedLinear(head, None)
     model.use_kernels("fused")
     kinds = sorted({b.kind for b in made})
     return {"weights": "/".join(kinds), "bytes": sum(b.nbytes for b in made),
@@ -77,20 +92,20 @@ class _GgufBlocks:
         self.path = path
         self.tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
 
-    def all_blocks(self, layers: int) -> bool:
-        """Whether every tensor a model of `layers` layers takes from the file is in FORMATS."""
-        names = ["token_embd.weight"] + [f"blk.{i}.{short}.weight" for i in range(layers) for short in _PROJECTIONS]
-        names += ["output.weight"] if "output.weight" in self.tensors else []
-        return all(n in self.tensors and format_of(self.tensors[n].tensor_type) for n in names)
+    def any_blocks(self, layers: int) -> bool:
+        """Whether a tensor a model of `layers` layers takes from the file is in FORMATS."""
+        names = ["token_embd.weight", "output.weight"]
+        names += [f"blk.{i}.{short}.weight" for i in range(layers) for short in _PROJECTIONS]
+        return any(n in self.tensors and format_of(self.tensors[n].tensor_type) for n in names)
 
-    def block(self, name: str, weight: torch.Tensor, heads: int | None) -> BlockWeight:
+    def block(self, name: str, weight: torch.Tensor, heads: int | None) -> BlockWeight | None:
+        """None where the file's tensor is in another format (it stays as the conversion made it)."""
         tensor = self.tensors.get(name)
         if tensor is None:
             raise UserError(f"{self.path.name} has no tensor '{name}' for --quantize gguf")
         kind = format_of(tensor.tensor_type)
         if kind is None:
-            raise UserError(f"{self.path.name}: tensor '{name}' is {tensor.tensor_type.name}, which --quantize gguf "
-                            f"does not run as blocks yet ({', '.join(FORMATS)}); use --quantize q8_0 or q4_0")
+            return None
         rows, cols = weight.shape
         block = BlockWeight.from_raw(kind, np.asarray(tensor.data), rows, cols)
         expected = weight.detach().to(torch.float32)

@@ -35,6 +35,23 @@ class QuantizedEmbedding(nn.Module):
         return self.block.take_rows(tokens.reshape(-1)).to(self.dtype).view(*tokens.shape, self.block.cols)
 
 
+class JoinedOutputs(nn.Module):
+    """Projections of one input whose weights cannot share one matrix (blocks of different formats,
+    or blocks beside floats, as a GGUF file may mix them): each runs alone, their outputs joined."""
+
+    def __init__(self, parts: list):
+        super().__init__()
+        self.parts = parts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
+def one_block_format(linears) -> bool:
+    """Whether the linears are all block-quantized in one format (stacked_blocks takes them)."""
+    return all(isinstance(m, QuantizedLinear) for m in linears) and len({m.block.kind for m in linears}) == 1
+
+
 def stacked_blocks(linears) -> QuantLinear:
     """One block matrix holding the linears' blocks one above the other, each linear's block
     re-pointed at its rows of it (views), so the blocks are not kept twice."""

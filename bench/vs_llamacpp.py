@@ -32,7 +32,7 @@ import torch
 
 from triforce.bench.ar_vs_transformers import time_transformers, time_triforce
 
-QUANTIZED = ("gguf", "q8_0", "q4_0", "q4_1")
+QUANTIZED = ("gguf", "q8_0", "q4_0", "q4_1", "q4_k")
 
 
 def memory_bandwidth() -> float:
@@ -143,7 +143,7 @@ def long_row(model: str, dtype: str, binary: str, gguf: str, threads: int, depth
 @click.option("--gguf", "ggufs", multiple=True, required=True,
               help="DTYPE=PATH: the GGUF of the default model in that dtype (float32, bfloat16), or WEIGHTS=PATH "
                    "with WEIGHTS a --quantize choice: gguf (ours from the file's own blocks: give the same file), "
-                   "q8_0, q4_0, q4_1 (ours quantized at load; llama.cpp's from llama-quantize).")
+                   "q8_0, q4_0, q4_1, q4_k (ours quantized at load; llama.cpp's from llama-quantize).")
 @click.option("--model", default="default", show_default=True, help="Our side: the same weights as the GGUFs.")
 @click.option("--depths", default="2048,6144", show_default=True, help="Context depths for decoding ('': none).")
 @click.option("--new-tokens", type=click.IntRange(2, 4096), default=64, show_default=True)

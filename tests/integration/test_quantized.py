@@ -195,3 +195,30 @@ def test_quantize_is_refused_where_it_cannot_run(tiny_model_dir):
     with pytest.raises(UserError, match="--quantize goes with --model"):
         _load("llama-68m", None, "float32", "cpu", None, None, "q8_0")
     assert gguf.GGMLQuantizationType.Q4_1 == FORMATS["q4_1"]
+
+
+def test_tensor_positions_are_read_once_and_kept(monkeypatch, tmp_path):
+    """The gguf package parses the file's metadata once; later loads map the tensors from the
+    cached index (a torn index is read again), with the same bytes as the package's reader."""
+    from triforce.model import gguf_index
+    from triforce.model.loading import gguf_file
+
+    path = gguf_file("default")
+    monkeypatch.setenv("TRIFORCE_CACHE", str(tmp_path))  # the index goes here
+    first = gguf_index.gguf_tensors(path)
+    reader = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    assert first.keys() == reader.keys()
+    for name in ("token_embd.weight", "blk.3.attn_q.weight", "blk.0.ffn_norm.weight"):
+        assert first[name].tensor_type == reader[name].tensor_type
+        assert np.array_equal(first[name].data, np.asarray(reader[name].data).view(np.uint8).reshape(-1))
+    (index,) = (tmp_path / "gguf-index").iterdir()
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("the file's metadata was parsed again")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_parse)
+    again = gguf_index.gguf_tensors(path)
+    assert {n: (t.offset, t.n_bytes) for n, t in again.items()} == {n: (t.offset, t.n_bytes) for n, t in first.items()}
+    index.write_text('{"version": 1, "tens')  # torn
+    with pytest.raises(AssertionError, match="parsed again"):
+        gguf_index.gguf_tensors(path)

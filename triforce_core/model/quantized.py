@@ -22,6 +22,7 @@ from torch import nn
 
 from triforce.errors import UserError
 from triforce.kernels.cpu.quant_blocks import FORMATS, BlockWeight, format_of, whole_blocks
+from triforce.model.gguf_index import gguf_tensors
 from triforce.model.quantized_layers import QuantizedEmbedding, QuantizedLinear
 
 CHOICES = (*FORMATS, "gguf")
@@ -87,10 +88,8 @@ class _GgufBlocks:
     """The block tensors of a GGUF file, each checked against the float weight it should be."""
 
     def __init__(self, path: Path):
-        from gguf import GGUFReader
-
         self.path = path
-        self.tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+        self.tensors = gguf_tensors(path)
 
     def any_blocks(self, layers: int) -> bool:
         """Whether a tensor a model of `layers` layers takes from the file is in FORMATS."""

@@ -1,0 +1,64 @@
+"""Where each tensor of a GGUF file lies, read once by the gguf package and kept in the cache.
+
+The package's GGUFReader parses every metadata field as numpy views, the tokenizer's ~49K strings
+one by one: 3-7 s of each start of the default model with its blocks, for tensor positions that
+never change. The first read writes them (name, type, shape, byte offset and size) to a small JSON
+file keyed by the file's name, size and modification time; later starts map the tensors' bytes
+straight from the file."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from triforce.paths import cache_root
+
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    name: str
+    tensor_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # as the file lists it (innermost first)
+    offset: int             # bytes from the file's start
+    n_bytes: int
+    path: Path
+
+    @property
+    def data(self) -> np.ndarray:
+        """The tensor's bytes, mapped from the file (uint8)."""
+        return np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.offset, shape=(self.n_bytes,))
+
+
+def gguf_tensors(path: Path) -> dict[str, GgufTensor]:
+    """The file's tensors by name (from the cached index when the file is unchanged)."""
+    path = Path(path).resolve()
+    stat = path.stat()
+    index = cache_root() / "gguf-index" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}.json"
+    try:
+        saved = json.loads(index.read_text())
+        if saved.get("version") == VERSION:
+            return {t["name"]: _tensor(t, path) for t in saved["tensors"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no index yet, or a torn one: read the file again
+    from gguf import GGUFReader
+
+    rows = [{"name": t.name, "type": int(t.tensor_type), "shape": [int(n) for n in t.shape],
+             "offset": int(t.data_offset), "n_bytes": int(t.n_bytes)} for t in GGUFReader(str(path)).tensors]
+    try:
+        index.parent.mkdir(parents=True, exist_ok=True)
+        partial = index.with_suffix(".partial")
+        partial.write_text(json.dumps({"version": VERSION, "tensors": rows}))
+        partial.replace(index)  # whole or absent, for a concurrent start
+    except OSError:
+        pass  # a read-only cache only costs the next start the parse
+    return {t["name"]: _tensor(t, path) for t in rows}
+
+
+def _tensor(row: dict, path: Path) -> GgufTensor:
+    return GgufTensor(row["name"], GGMLQuantizationType(row["type"]), tuple(row["shape"]), row["offset"],
+                      row["n_bytes"], path)

@@ -16,8 +16,8 @@ from triforce.offload.fit_advice import check_tp, too_big_reason
 from triforce.offload.hybrid import HybridRates
 from triforce.offload.blocks import ALIGN_TOKENS, align_up, choose_block_tokens, promoted_tokens
 from triforce.offload.profiles import MemoryProfile, format_size
-from triforce.offload.shapes import (activation_bytes_per_token, block_bytes_per_weight, kv_bytes_per_token_layer,
-                                     kv_heads_share, weight_bytes)
+from triforce.offload.shapes import (LoadedBlocks, activation_bytes_per_token, block_bytes_per_weight,
+                                     kv_bytes_per_token_layer, kv_heads_share, weight_bytes)
 
 DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): big copies, small footprint
 MAX_SCORE_ELEMENTS = 1 << 22  # of a partial-attention tile (kernels/partial.py's, kept equal by a test: no torch here)
@@ -81,12 +81,12 @@ class MemoryPlan:
 def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: SpecParams, *,
                 dtype_bytes: int, draft: ModelConfig | None = None, draft_dtype_bytes: int | None = None,
                 tp: int = 1, graphs: bool | None = None, acceptance: Acceptance = Acceptance(),
-                has_tier0: bool | None = None, weights: str | None = None) -> MemoryPlan:
+                has_tier0: bool | None = None, weights: "str | LoadedBlocks | None" = None) -> MemoryPlan:
     """Place weights, caches and as much KV as fits on each GPU; the rest of the KV on the host.
     has_tier0: whether a tier-0 drafter (a draft model, or prompt lookup at no cost) feeds the
     retrieval tier; default: whether a draft model is given. weights: the target's matrices as
     GGUF blocks of that format (`--quantize`; the draft stays float), counted as the profile's
-    device holds them (block_bytes_per_weight)."""
+    device holds them (block_bytes_per_weight), or a loaded model's blocks as measured."""
     has_tier0 = draft is not None if has_tier0 is None else has_tier0
     if context < 1:
         raise OffloadError("the context must be at least one token")
@@ -95,6 +95,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
     check_tp(tp, model, profile)
     graphs = profile.num_gpus > 0 if graphs is None else graphs
     budget = profile.device_budget_bytes
+    weight_format = getattr(weights, "name", weights)
     per_token_layer = kv_bytes_per_token_layer(model, dtype_bytes, tp)
     per_token = per_token_layer * model.num_layers
     heads = kv_heads_share(model, tp) * (model.num_heads // model.num_kv_heads)
@@ -145,7 +146,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
     common = dict(profile=profile.name, context=context, tp=tp, gpu_budget_bytes=budget,
                   host_budget_bytes=profile.host_bytes)
     if sum(resident_all.values()) <= budget:
-        plan = MemoryPlan(True, "", weight_format=weights, breakdown=resident_all, resident_tokens=context,
+        plan = MemoryPlan(True, "", weight_format=weight_format, breakdown=resident_all, resident_tokens=context,
                           host_breakdown={"host_kv": 0}, block_tokens=0, prefill_chunk=PREFILL_CHUNKS[0],
                           decode_resident_tokens=context, **common)
         return _with_predictions(plan, model, profile, spec, dtype_bytes, draft, tp, acceptance, has_tier0)
@@ -185,7 +186,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
     if room < 0:
         scratch_per_token = prefill_scratch / context
         reason = too_big_reason(offload, budget, profile, model, tp, scratch_per_token, gamma_bytes)
-        return MemoryPlan(False, reason, weight_format=weights, breakdown={**offload, "resident_kv": 0, "chunk_means": 0},
+        return MemoryPlan(False, reason, weight_format=weight_format, breakdown={**offload, "resident_kv": 0, "chunk_means": 0},
                           resident_tokens=0, host_breakdown={"host_kv": 0}, block_tokens=block,
                           prefill_chunk=chunk, prefill_group=group, **common)
     # below the context: this branch offloads (a plan that keeps every token resident is the one above)
@@ -212,7 +213,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
     if spec.method == "snapkv" and not reason:
         reason = ("snapkv selects by scoring every key of a layer on the device, which an offloaded "
                   "cache does not hold: use a context that fits the device, or --method streaming or retrieval")
-    plan = MemoryPlan(not reason, reason, weight_format=weights, breakdown=breakdown, resident_tokens=resident_tokens,
+    plan = MemoryPlan(not reason, reason, weight_format=weight_format, breakdown=breakdown, resident_tokens=resident_tokens,
                       host_breakdown=host, block_tokens=block, prefill_chunk=chunk, prefill_group=group,
                       decode_resident_tokens=resident_tokens + promoted_tokens(offload["prefill_scratch"],
                                                                               per_token, block, host_tokens),

@@ -3,6 +3,8 @@ under tensor parallelism). The planner takes the core's own configuration types:
 (loaded, or a named architecture's shapes) and SpecParams."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from triforce.config import ModelConfig
 from triforce.offload.errors import OffloadError
 
@@ -30,8 +32,7 @@ def weight_bytes(m: ModelConfig, dtype_bytes: int, tp: int = 1, matrix_bytes: fl
     qh = kvh * (m.num_heads // m.num_kv_heads)
     inter = largest_share(m.intermediate_size, tp)
     h, d = m.hidden_size, m.head_dim
-    matrices = m.num_layers * (h * qh * d + 2 * h * kvh * d + qh * d * h + 3 * h * inter)
-    matrices += m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
+    matrices = matrix_weights(m, tp)
     small = m.num_layers * ((qh * d + 2 * kvh * d) * m.qkv_bias + h * m.o_bias + (2 * inter + h) * m.mlp_bias + 2 * h)
     small += h
     if matrix_bytes is None:
@@ -39,17 +40,34 @@ def weight_bytes(m: ModelConfig, dtype_bytes: int, tp: int = 1, matrix_bytes: fl
     return int(round(matrices * matrix_bytes)) + small * dtype_bytes
 
 
+def matrix_weights(m: ModelConfig, tp: int = 1) -> int:
+    """Weights of the matrices (projections, embeddings, head) on the rank with the largest share."""
+    kvh = kv_heads_share(m, tp)
+    qh = kvh * (m.num_heads // m.num_kv_heads)
+    h, d = m.hidden_size, m.head_dim
+    per_layer = h * qh * d + 2 * h * kvh * d + qh * d * h + 3 * h * largest_share(m.intermediate_size, tp)
+    return m.num_layers * per_layer + m.vocab_size * h * (1 if m.tie_word_embeddings else 2)
+
+
+@dataclass(frozen=True)
+class LoadedBlocks:
+    """A loaded model's matrices as they are (triforce.model.quantized's report): some formats, maybe
+    floats beside them, at a measured mean of bytes per weight."""
+    name: str                 # e.g. "q4_1/q8_0"
+    bytes_per_weight: float
+
+
 def kv_bytes_per_token_layer(m: ModelConfig, dtype_bytes: int, tp: int = 1) -> int:
     """K and V of one token in one layer, on the rank with the most KV heads."""
     return 2 * kv_heads_share(m, tp) * m.head_dim * dtype_bytes
 
 
-def block_bytes_per_weight(weights: str | None, on_gpu: bool) -> float | None:
+def block_bytes_per_weight(weights: "str | LoadedBlocks | None", on_gpu: bool) -> float | None:
     """Bytes per weight of block format `weights` (None: floats): on the CPU as its kernels hold
     the blocks (triforce.kernels.cpu.quant_blocks); on a GPU as the GGUF file lays them out, which
     is what a CUDA kernel reads (none is built yet: such a plan is a forecast)."""
-    if weights is None:
-        return None
+    if weights is None or isinstance(weights, LoadedBlocks):
+        return None if weights is None else weights.bytes_per_weight
     from triforce.kernels.cpu.quant_blocks import BLOCK, FILE_BYTES, HELD_BYTES
     if weights not in FILE_BYTES:
         raise OffloadError(f"unknown weight format '{weights}' (one of {', '.join(FILE_BYTES)})")

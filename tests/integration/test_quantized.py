@@ -121,6 +121,12 @@ def test_the_default_models_own_blocks_run_through_generate(capsys):
     assert report["quantized"]["weights"] == "q4_1/q8_0"  # projections Q4_1, tied embeddings Q8_0
     assert report["quantized"]["bytes"] <= 1.2 * report["quantized"]["file_bytes"]
     assert len(report["tokens"]) == 6
+    from triforce.model.architectures import arch_config
+    from triforce.offload.shapes import matrix_weights, weight_bytes
+    shape = arch_config("smollm2-135m")  # the plan counts the blocks as loaded, the norms in float32
+    norms = weight_bytes(shape, 4) - 4 * matrix_weights(shape)
+    assert report["plan"]["weight_format"] == "q4_1/q8_0"
+    assert report["plan"]["breakdown"]["target_weights"] == report["quantized"]["bytes"] + norms
 
 
 def _generate_json(capsys, *extra):

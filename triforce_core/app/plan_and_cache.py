@@ -92,20 +92,21 @@ class RunPlan:
 
 def plan_run(cfg: ModelConfig, profile: MemoryProfile, context: int, spec: SpecParams, fixed: frozenset[str],
              dtype: torch.dtype, draft_cfg: ModelConfig | None = None, draft_dtype: torch.dtype | None = None,
-             tp: int = 1, assumed: Acceptance | None = None, has_tier0: bool | None = None) -> RunPlan:
+             tp: int = 1, assumed: Acceptance | None = None, has_tier0: bool | None = None,
+             weights=None) -> RunPlan:
     """The cost model's choices for the flags left open (the method too, for auto), and the
     memory plan for them."""
     auto = None
     if spec.method == AUTO:
         auto, spec = choose_method(cfg, profile, context, spec, fixed, dtype_bytes=_size(dtype), draft=draft_cfg,
                                    draft_dtype_bytes=_size(draft_dtype) if draft_dtype else None, tp=tp,
-                                   has_tier0=bool(has_tier0) if has_tier0 is not None else True)
+                                   has_tier0=bool(has_tier0) if has_tier0 is not None else True, weights=weights)
         if not spec.uses_draft:
             draft_cfg, draft_dtype, has_tier0 = None, None, False
     assumed = assumed or default_acceptance(profile)
     plan, spec, choice = plan_with_choice(cfg, profile, context, spec, fixed, dtype_bytes=_size(dtype),
                                           draft=draft_cfg, draft_dtype_bytes=_size(draft_dtype) if draft_dtype else None,
-                                          tp=tp, assumed=assumed, has_tier0=has_tier0)
+                                          tp=tp, assumed=assumed, has_tier0=has_tier0, weights=weights)
     return RunPlan(plan, spec, choice, profile, auto, dtype_bytes=_size(dtype))
 
 

@@ -59,6 +59,16 @@ class Runtime:
         # once: an automatic profile reads the device, and counts what is loaded the same either way
         self.profile = resolve_profile(config.profile, self.lm.device, config.device_budget)
 
+    def _blocks(self):
+        """A block-quantized model's matrices as the planner counts them (None: floats in --dtype)."""
+        q = self.lm.quantized
+        if q is None:
+            return None
+        from triforce.offload.shapes import LoadedBlocks, matrix_weights
+        everything = matrix_weights(self.lm.config)
+        floats = (everything - q["block_weights"]) * self.lm.dtype.itemsize  # a file's other formats
+        return LoadedBlocks(q["weights"], (q["bytes"] + floats) / everything)
+
     def plan(self, max_len: int, spec: SpecParams | None = None, fixed: frozenset | None = None,
              profile=None) -> RunPlan:
         """The memory plan and the cost model's speculation choices for a context of max_len
@@ -68,7 +78,7 @@ class Runtime:
         draft = self.draft.model if spec.uses_draft else None
         run = plan_run(self.lm.config, profile, max_len, spec, c.fixed if fixed is None else fixed, self.lm.dtype,
                        draft.config if draft else None, draft.dtype if draft else None,
-                       has_tier0=self.draft.has_tier0 and spec.uses_draft)
+                       has_tier0=self.draft.has_tier0 and spec.uses_draft, weights=self._blocks())
         if not run.plan.feasible:
             raise UserError(f"the model does not fit profile {profile.name}: {run.plan.reason}")
         return run

@@ -34,7 +34,8 @@ _PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
 def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bool = True) -> dict | None:
     """Replace `model`'s projections (and its tied or untied embeddings and head) by block
     weights of format `kind`, or with kind 'gguf' by the file's own blocks. Returns what was
-    done: {"weights": format per tensor kind, "bytes": block bytes, "file_bytes": their GGUF size}.
+    done: {"weights": format per tensor kind, "bytes": block bytes, "file_bytes": their GGUF size,
+    "block_weights": how many weights they hold}.
     required False: a file with no tensor in a block format leaves the model as it is (None)."""
     if kind not in CHOICES:
         raise UserError(f"unknown --quantize '{kind}' (choose from {', '.join(CHOICES)})")
@@ -81,7 +82,7 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
     model.use_kernels("fused")
     kinds = sorted({b.kind for b in made})
     return {"weights": "/".join(kinds), "bytes": sum(b.nbytes for b in made),
-            "file_bytes": sum(b.file_nbytes for b in made)}
+            "file_bytes": sum(b.file_nbytes for b in made), "block_weights": sum(b.rows * b.cols for b in made)}
 
 
 class _GgufBlocks:

@@ -200,7 +200,7 @@ def _angles(cos: torch.Tensor, sin: torch.Tensor) -> tuple:
 def _bias(linear) -> np.ndarray:
     """The linear's float32 bias (FusedLinear and QuantLinear keep one), or zeros: adding them is exact."""
     if linear._bias32 is None:
-        return np.zeros(linear.out_features if isinstance(linear, QuantLinear) else linear.weight.shape[0], np.float32)
+        return np.zeros(linear.out_features, np.float32)
     return linear._bias32.numpy()
 
 

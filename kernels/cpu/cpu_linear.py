@@ -105,6 +105,7 @@ class FusedLinear:
         """keep_float32: 16-bit weights give float32 results, the kernels' sums unrounded (a
         model's logits: bfloat16's spacing of 0.125 at logit 16 would make exact ties of near ones)."""
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
+        self.out_features, self.in_features = self.weight.shape
         half = self.weight.dtype in (torch.bfloat16, torch.float16)
         self.out_dtype = torch.float32 if keep_float32 and half else self.weight.dtype
         self._kernel = None

@@ -221,6 +221,3 @@ class QuantLinear:
             dequantize_rows(b.quants, b.scales, b.offsets, b.kind != "q8_0", self._bias, first, part.numpy())
             out[:, first:first + count] = F.linear(rows, part.to(rows.dtype))
         return out
-
-    def dequantized(self) -> torch.Tensor:
-        return self.block.dequantized()

@@ -123,7 +123,7 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
                quantize: str | None = None, quantize_required: bool = True) -> LoadedModel:
     """rope_scaling (context, kind): stretch the model's RoPE to that context (--rope-scaling).
     quantize: run the projections as GGUF blocks (triforce.model.quantized; CPU only so far);
-    quantize_required False: floats where the file's blocks are in formats not run as blocks."""
+    quantize_required False: floats where the file holds no tensor in a format run as blocks."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     if quantize is not None and (torch_device.type != "cpu" or shard is not None):

@@ -17,6 +17,12 @@ Steps (each in its own process, with GPU memory capped to `--cap-gb` so an H100 
                 drafted during each verify) beside it
   offload-127k  the same at 127K (130048 tokens: about 62 GiB of pinned host KV)
   offload-127k-best-case  triforce at 127K replaying the needle-in-repeated-filler trace (best case)
+  quant-kernels the Triton block kernels (q4_k, q8_0) against bf16 F.linear and the bytes floor, at
+                Llama2-7B's projection shapes, 1 and 16 rows
+  tier-steps-q4k  tier steps with the target's projections as q4_k blocks (random)
+  offload-127k-q4k  bench offload at 127K with q4_k blocks: more of the KV resident
+The last three follow the float campaign and may not fit its budget: a second call runs them
+(`--only quant-kernels,tier-steps-q4k,offload-127k-q4k`).
 
 Writes gpu-campaign-DATE.json (the commit, torch, driver and device; every step's command, exit
 code, seconds, parsed JSON and output tail) and prints the rows for bench/RESULTS.md."""
@@ -62,8 +68,9 @@ def steps(out_dir: Path, quick: bool) -> list[Step]:
              "a new user's commands with default flags on a random model made here"),
         Step("probe", ("-m", "triforce.bench.gpu_probe"), 60,
              "device, versions, exact pinning, copy bandwidths"),
-        Step("gpu-tests", ("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"), 150,
-             "GPU tests: graphs == eager, Triton retrieval, sync counts, offload, sampling, SDPA kernels"),
+        Step("gpu-tests", ("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu", "tests/unit/test_quant_triton.py"),
+             150, "GPU tests: graphs == eager, Triton retrieval and block kernels, sync counts, offload, sampling, "
+                  "SDPA kernels, quantized decoding"),
         Step("tier-steps", ("-m", "triforce.bench.tier_steps", "--arch", ARCH, "--draft", "llama-68m",
                             "--contexts", "4096" if quick else "4096,8192", "--dtype", "bfloat16",
                             "--attn", "sdpa,flash", "--repeats", "10", "--json"), 120,
@@ -76,6 +83,16 @@ def steps(out_dir: Path, quick: bool) -> list[Step]:
              270, "bench offload at 127K on a 24 GB budget, natural-text trace (zero-inference: 32K only)"),
         Step("offload-127k-best-case", (*offload(BEST_CASE_TRACE), "--context", "130048", "--methods", "triforce"),
              120, "triforce at 127K replaying the repeated-filler needle trace (a best case)"),
+        Step("quant-kernels", ("-m", "triforce.bench.quant_kernels", "--arch", ARCH, "--rows", "1,16",
+                               "--formats", "q4_k,q8_0", "--dtype", "bfloat16", "--json"), 90,
+             "Triton block kernels against bf16 F.linear and the bytes floor, Llama2-7B projection shapes"),
+        Step("tier-steps-q4k", ("-m", "triforce.bench.tier_steps", "--arch", ARCH, "--draft", "llama-68m",
+                                "--contexts", "4096", "--dtype", "bfloat16", "--attn", "sdpa", "--quantize", "q4_k",
+                                "--repeats", "10", "--json"), 120,
+             "tier step times with q4_k projections against their bytes floor"),
+        Step("offload-127k-q4k", (*offload(TRACE), "--context", "130048", "--quantize", "q4_k",
+                                  "--methods", "ar-offload,ar-hybrid,triforce"),
+             270, "bench offload at 127K with q4_k projections on a 24 GB budget, natural-text trace"),
     ]
 
 
@@ -165,8 +182,15 @@ def results_rows(report: dict) -> list[str]:
                 plan = f"{row['plan_gpu_bytes'] / 2**30:.2f}" if "plan_gpu_bytes" in row else ""
                 lines.append(f"| {row['method']} | {row['ms_per_token']} ({windows}) | {pcie} | "
                              f"{row.get('achieved_h2d_gbps', '')} | {peak:.2f} | {plan} |")
-        if s["name"] == "tier-steps" and r.get("rows"):
-            lines += ["", f"tier steps: {r['arch']} + {r['draft']}, device copy {r['memory_gbps_measured']} GB/s",
+        if s["name"] == "quant-kernels" and r.get("rows"):
+            lines += ["", f"block kernels: {r['arch']} projections, {r['dtype']} activations, device copy "
+                          f"{r['memory_gbps_measured']} GB/s", "",
+                      "| matrix | weights | rows | ms | MB read | GB/s | x floor |", "|---|---|---:|---:|---:|---:|---:|"]
+            lines += [f"| {q['matrix']} | {q['weights']} | {q['rows']} | {q['ms']} | {q['weight_bytes'] / 1e6:.1f} | "
+                      f"{q['gbps']} | {q['x_floor']} |" for q in r["rows"]]
+        if s["name"].startswith("tier-steps") and r.get("rows"):
+            lines += ["", f"tier steps: {r['arch']} + {r['draft']}, weights {r.get('quantize', 'none')}, "
+                          f"device copy {r['memory_gbps_measured']} GB/s",
                       "", "| attn | context | runner | tier0 ms (x floor) | tier1 ms (x floor) | full ms (x floor) |",
                       "|---|---:|---|---:|---:|---:|"]
             for row in r["rows"]:

@@ -48,7 +48,9 @@ def time_ms(fn, device, repeats: int) -> float:
 
 
 def weight_bytes(lm) -> int:
-    return sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    """Float parameters plus the block bytes of a quantized model's projections."""
+    floats = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    return floats + (lm.quantized["bytes"] if lm.quantized else 0)
 
 
 def fill_random_kv(cache: ResidentKVCache, length: int) -> None:
@@ -62,7 +64,7 @@ def fill_random_kv(cache: ResidentKVCache, length: int) -> None:
 def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats: int) -> dict:
     device = target.device
     kv_per_token = 2 * target.config.num_layers * target.config.num_kv_heads * target.config.head_dim \
-        * target.model.lm_head.weight.element_size()
+        * target.dtype.itemsize
     full = ResidentKVCache(target.config, context + spec.gamma2 + 8, dtype=target.dtype, device=device, attn=target.attn)
     fill_random_kv(full, context)
     query = [torch.randn(1, target.config.num_heads, target.config.head_dim, dtype=target.dtype, device=device)
@@ -104,7 +106,7 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
 
         out["tier0_ms"] = time_ms(step0, device, repeats)
         d_kv = 2 * draft.config.num_layers * draft.config.num_kv_heads * draft.config.head_dim \
-            * draft.model.lm_head.weight.element_size()
+            * draft.dtype.itemsize
         out["tier0_floor_bytes"] = weight_bytes(draft) + tier0.cache.end * d_kv
     if graphs == "off":  # the full verify never runs under graphs
         tokens = torch.tensor([seq[context:context + spec.gamma2 + 1]], device=device)
@@ -140,10 +142,12 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
 @click.option("--gamma2", type=int, default=6, show_default=True)
 @click.option("--repeats", type=int, default=20, show_default=True)
 @click.option("--attn", "attns", default="sdpa,flash", show_default=True, help="Backends to compare (flash when it imports).")
+@click.option("--quantize", type=click.Choice(["none", "q8_0", "q4_0", "q4_1", "q4_k"]), default="none",
+              show_default=True, help="The target's projections as random blocks (the draft stays float).")
 @click.option("--json", "as_json", is_flag=True)
-def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, attns, as_json):
+def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, attns, quantize, as_json):
     device = resolve_device(device)
-    target = build_random_model(arch, dtype, str(device))
+    target = build_random_model(arch, dtype, str(device), quantize=None if quantize == "none" else quantize)
     drafter = build_random_model(draft, dtype, str(device), seed=1) if draft else None
     spec = SpecParams(method="triforce", budget=budget, gamma1=gamma1, gamma2=gamma2)
     gbps = memory_gbps(device)
@@ -175,13 +179,13 @@ def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, 
                 rows.append(row)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    out = {"arch": arch, "draft": draft, "device": str(device), "dtype": dtype,
+    out = {"arch": arch, "draft": draft, "device": str(device), "dtype": dtype, "quantize": quantize,
            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "memory_gbps_measured": round(gbps, 1), "budget": budget, "gamma1": gamma1, "gamma2": gamma2, "rows": rows}
     if as_json:
         print(json.dumps(out))
         return
-    print(f"{arch} + {draft}, {dtype} on {out['device_name']}; device memory bandwidth measured now: {gbps:.1f} GB/s")
+    print(f"{arch} + {draft}, {dtype} (weights {quantize}) on {out['device_name']}; device memory bandwidth measured now: {gbps:.1f} GB/s")
     print(f"{'attn':6s} {'context':>8s} {'runner':>6s} {'tier0 ms':>9s} {'x floor':>8s} {'tier1 ms':>9s} "
           f"{'x floor':>8s} {'full ms':>9s} {'x floor':>8s} {'ar ms':>9s} {'x floor':>8s}")
     for r in rows:

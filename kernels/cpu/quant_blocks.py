@@ -132,6 +132,11 @@ class BlockWeight:
                            np.concatenate([p.quants for p in parts]), np.concatenate([p.scales for p in parts]),
                            np.concatenate([p.offsets for p in parts]))
 
+    def part(self, rows: slice) -> "BlockWeight":
+        """Rows `rows` of this matrix (views)."""
+        first, stop, _ = rows.indices(self.rows)
+        return BlockWeight(self.kind, stop - first, self.cols, self.quants[rows], self.scales[rows], self.offsets[rows])
+
     def permute_rows(self, order: np.ndarray) -> "BlockWeight":
         return BlockWeight(self.kind, self.rows, self.cols, self.quants[order].copy(), self.scales[order].copy(),
                            self.offsets[order].copy())

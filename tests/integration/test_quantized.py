@@ -198,8 +198,8 @@ def test_quantize_is_refused_where_it_cannot_run(tiny_model_dir):
     with pytest.raises(UserError, match="--quantize gguf needs a model loaded from a .gguf file"):
         load_model(str(tiny_model_dir("llama-gqa")), dtype="float32", device="cpu", quantize="gguf")
     from triforce.app.runtime import _load
-    with pytest.raises(UserError, match="--quantize goes with --model"):
-        _load("llama-68m", None, "float32", "cpu", None, None, "q8_0")
+    with pytest.raises(UserError, match="--quantize gguf goes with --model"):
+        _load("llama-68m", None, "float32", "cpu", None, None, "gguf")
     assert gguf.GGMLQuantizationType.Q4_1 == FORMATS["q4_1"]
 
 
@@ -228,3 +228,26 @@ def test_tensor_positions_are_read_once_and_kept(monkeypatch, tmp_path):
     index.write_text('{"version": 1, "tens')  # torn
     with pytest.raises(AssertionError, match="parsed again"):
         gguf_index.gguf_tensors(path)
+
+
+def test_a_random_weight_architecture_takes_random_blocks():
+    """--arch with --quantize (bench offload, tier_steps): projections and head as random blocks,
+    the embedding float; the block kernels equal the reference modules over them."""
+    from triforce.app.runtime import _load
+    from triforce.cache.resident import ResidentKVCache
+    from triforce.model.quantized_layers import QuantizedLinear
+
+    lm = _load("llama-68m", None, "float32", "cpu", None, None, "q4_k")
+    assert lm.quantized["weights"] == "q4_k" and isinstance(lm.model.lm_head, QuantizedLinear)
+    assert all(isinstance(layer.mlp.down_proj, QuantizedLinear) for layer in lm.model.model.layers)
+    assert lm.quantized["bytes"] == lm.quantized["block_weights"] * 24 // 32
+    tokens = torch.tensor([[5, 99, 1234, 7, 31999]])
+
+    def logits():
+        cache = ResidentKVCache(lm.config, 8, dtype=lm.dtype)
+        return lm.model(tokens, torch.arange(5)[None], cache.step(5))
+
+    fused = logits()
+    lm.model.use_kernels("reference")
+    torch.testing.assert_close(logits(), fused, rtol=1e-4, atol=1e-4)
+    assert fused.isfinite().all() and 0.1 < fused.std() < 10

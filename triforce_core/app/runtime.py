@@ -181,9 +181,10 @@ def _load(arch: str | None, model: str | None, dtype: str, device: str, shard, r
     if (arch is None) == (model is None):
         raise UserError("give exactly one of a model and an architecture")
     if arch is not None:
-        if quantize is not None:
-            raise UserError("--quantize goes with --model (random-weight architectures are timed in --dtype)")
-        return build_random_model(arch, dtype, device, shard=shard, rope_scaling=rope_scaling)
+        if quantize == "gguf":
+            raise UserError("--quantize gguf goes with --model (a .gguf file); random-weight architectures "
+                            "take --quantize q8_0/q4_0/q4_1/q4_k")
+        return build_random_model(arch, dtype, device, shard=shard, rope_scaling=rope_scaling, quantize=quantize)
     return load_model(model, dtype=dtype, device=device, shard=shard, rope_scaling=rope_scaling, quantize=quantize,
                       quantize_required=required)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from triforce.config import RunConfig
-from triforce.cli.options import INT, check_output_path, device_option, dtype_option, offload_options, runtime_options
+from triforce.cli.options import (INT, check_output_path, device_option, dtype_option, offload_options, quantize_option,
+                                  runtime_options)
 from triforce.errors import UserError
 from triforce.model.context_stretch import KINDS
 
@@ -44,6 +45,7 @@ def bench_group():
 @click.option("--no-overlap", is_flag=True, help="Use the plain (non-overlapped) copy schedule.")
 @click.option("--plot", "plot_path", default="offload-bench.png", show_default=True, help="PNG to write.")
 @dtype_option
+@quantize_option
 @device_option
 @click.option("--rope-scaling", type=click.Choice(KINDS), default=None,
               help="Stretch the model's RoPE past its trained context to hold --context plus --new-tokens.")
@@ -52,7 +54,7 @@ def bench_group():
 @runtime_options(count_syncs=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def offload(arch, model, context, profile, device_budget, methods, acceptance_trace, draft, new_tokens, repeats, budget,
-            gamma1, gamma2, no_overlap, plot_path, dtype, device, rope_scaling, tp, attn, no_graphs, threads, as_json):
+            gamma1, gamma2, no_overlap, plot_path, dtype, quantize, device, rope_scaling, tp, attn, no_graphs, threads, as_json):
     """Time ms/token of offloaded decoding methods at a context length, on a budget.
 
     On CUDA the card is emulated with set_per_process_memory_fraction (the profile's gpu_bytes);
@@ -70,6 +72,8 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
         raise UserError("give exactly one of --arch and --model")
     if context < 2 or new_tokens < 1 or tp < 1 or repeats < 1:
         raise UserError("--context must be >= 2, --new-tokens, --repeats and --tp >= 1")
+    if quantize not in ("auto", "none") and "transformers-offloaded" in chosen:
+        raise UserError("transformers-offloaded runs transformers' own float model: leave it out with --quantize")
     check_output_path("--plot", plot_path)
     trace = load_trace(acceptance_trace) if acceptance_trace else None
     if arch is not None and {"triforce", "triforce-ahead"} & set(chosen) and trace is None:
@@ -81,7 +85,7 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
                       gamma1=gamma1 or meta.get("gamma1", 2), gamma2=gamma2 or meta.get("gamma2", 6),
                       chunk_size=meta.get("chunk_size", 8))
     config = RunConfig(model=model, arch=arch, draft=draft or ("llama-68m" if arch is not None else "lookup"),
-                       spec=spec, dtype=dtype, device=device, profile=profile, device_budget=device_budget, attn=attn,
+                       spec=spec, dtype=dtype, quantize=quantize, device=device, profile=profile, device_budget=device_budget, attn=attn,
                        graphs="off" if no_graphs else "auto", overlap=not no_overlap,
                        max_context=context + 2 + max(new_tokens, 64) * repeats + 9 if rope_scaling else None,
                        rope_scaling=rope_scaling, threads=threads)

@@ -58,13 +58,14 @@ dtype_option = click.option("--dtype", type=click.Choice(["auto", "float32", "fl
 quantize_option = click.option("--quantize", type=click.Choice(["auto", "gguf", "q8_0", "q4_0", "q4_1", "q4_k",
                                                                 "none"]),
                                default="auto", show_default=True,
-                               help="Run the projections as GGUF blocks on the CPU: gguf = the .gguf file's own "
+                               help="Run the projections as GGUF blocks (numba kernels on a CPU, Triton on a "
+                                    "GPU): gguf = the .gguf file's own "
                                     "(the default model's Q4_1, embeddings Q8_0; Q8_0/Q4_0/Q4_1/Q4_K tensors run "
                                     "as blocks, others such as Q6_K stay float), q8_0/q4_0/q4_1/q4_k = quantized "
-                                    "at load (q4_k rows not a multiple of 256 as q4_1), "
-                                    "none = de-quantized floats. auto = gguf for a .gguf model (the default one too) "
-                                    "on a CPU with FMA when --dtype is auto, else none. Greedy tokens of every method "
-                                    "equal ar's over the same blocks; --dtype sets the activations and KV.")
+                                    "at load (q4_k rows not a multiple of 256 as q4_1; an --arch gets random "
+                                    "blocks), none = de-quantized floats. auto = gguf for a .gguf model (the default "
+                                    "one too) on a CPU with FMA when --dtype is auto, else none. Greedy tokens of "
+                                    "every method equal ar's over the same blocks; --dtype sets the activations and KV.")
 device_option = click.option("--device", default="auto", show_default=True,
                              help="cpu, cuda or cuda:N; auto picks CUDA when present. auto and cuda mean the "
                                   "current card (cuda:0 unless CUDA_VISIBLE_DEVICES or torch says otherwise).")

@@ -64,9 +64,11 @@ def arch_config(name: str) -> ModelConfig:
 
 
 def build_random_model(name: str, dtype: str = "auto", device: str = "auto", seed: int = 0,
-                       shard: tuple[int, int] | None = None, rope_scaling: tuple[int, str] | None = None):
+                       shard: tuple[int, int] | None = None, rope_scaling: tuple[int, str] | None = None,
+                       quantize: str | None = None):
     """A LoadedModel of architecture `name` with random weights (std 0.02), made on `device`
-    directly. It has no tokenizer; its `path` says it is random. rope_scaling: see load_model."""
+    directly. It has no tokenizer; its `path` says it is random. rope_scaling: see load_model.
+    quantize: projections and head as random blocks of that format (triforce.model.quantized)."""
     from pathlib import Path
 
     import torch
@@ -91,6 +93,13 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
     if shard is not None:  # a rank's tensor-parallel share only: the whole model may not fit one card
         from triforce.model.tensor_parallel import shard_meta_model
         shard_meta_model(model, *shard)
+    quantized = None
+    if quantize is not None:
+        if shard is not None:
+            raise UserError("--quantize runs on one process so far (no tensor parallelism for block weights yet)")
+        from triforce.model.quantized import random_blocks_into
+        quantized = random_blocks_into(model, quantize, torch_device,
+                                       torch.Generator(device=torch_device).manual_seed(seed + 1))
     # cast on the meta device, then allocate: building in float32 first would need twice the
     # memory of bf16 weights on the device (a 7B model would not fit a 24 GB card)
     if torch_device.type == "cpu":
@@ -107,6 +116,8 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
                 p.normal_(0, 0.02, generator=generator)
             else:
                 p.zero_()
-    model.tie_weights()
+    if quantized is None:  # random blocks give the head its own weights
+        model.tie_weights()
     model.use_kernels("fused")
-    return LoadedModel(model.eval(), None, Path(f"random:{name}"), torch_dtype, torch_device, frozenset())
+    return LoadedModel(model.eval(), None, Path(f"random:{name}"), torch_dtype, torch_device, frozenset(),
+                       quantized=quantized)

@@ -35,7 +35,8 @@ from triforce.config import ModelConfig
 from triforce.kernels.cpu.cpu_layer import CpuLayer
 from triforce.kernels.cpu.cpu_linear import FusedLinear
 from triforce.kernels.cpu.quant_linear import QuantLinear
-from triforce.model.quantized_layers import JoinedOutputs, QuantizedLinear, one_block_format, stacked_blocks
+from triforce.model.quantized_layers import (JoinedOutputs, QuantizedLinear, block_linear, one_block_format,
+                                             stacked_blocks)
 from triforce.model.rope import RotaryEmbedding, apply_rope
 
 
@@ -108,7 +109,7 @@ def _single(module: nn.Module):
     """A plain nn.Linear (or a block-quantized one) through the kernels; any other module (a
     tensor-parallel one that sums across ranks) stays as it is."""
     if isinstance(module, QuantizedLinear):
-        return QuantLinear(module.block, module.bias)
+        return block_linear(module.block, module.bias)
     return FusedLinear(module.weight, module.bias) if type(module) is nn.Linear else module
 
 
@@ -214,7 +215,7 @@ class CausalLM(nn.Module):
         if kind != "fused":
             self._head = None
         elif isinstance(self.lm_head, QuantizedLinear):
-            self._head = QuantLinear(self.lm_head.block, keep_float32=True)
+            self._head = block_linear(self.lm_head.block, keep_float32=True)
         else:
             self._head = FusedLinear(self.lm_head.weight, keep_float32=True)
 

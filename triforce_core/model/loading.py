@@ -122,19 +122,20 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
                shard: tuple[int, int] | None = None, rope_scaling: tuple[int, str] | None = None,
                quantize: str | None = None, quantize_required: bool = True) -> LoadedModel:
     """rope_scaling (context, kind): stretch the model's RoPE to that context (--rope-scaling).
-    quantize: run the projections as GGUF blocks (triforce.model.quantized; CPU only so far);
+    quantize: run the projections as GGUF blocks (triforce.model.quantized; on a GPU the model is
+    loaded and quantized on the CPU, then moved; one process only so far);
     quantize_required False: floats where the file holds no tensor in a format run as blocks."""
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    if quantize is not None and (torch_device.type != "cpu" or shard is not None):
-        raise UserError("--quantize runs on the CPU, on one process, so far (no CUDA kernels or tensor "
-                        "parallelism for block weights yet)")
+    if quantize is not None and shard is not None:
+        raise UserError("--quantize runs on one process so far (no tensor parallelism for block weights yet)")
+    build_on = torch.device("cpu") if quantize is not None else torch_device  # blocks are made on the CPU
     folder = resolve_model_dir(spec)
     try:
         hf_config, context = read_hf_config(folder), None
         if rope_scaling is not None:
             hf_config, context = stretch(hf_config, *rope_scaling)
-        model = build_model(hf_config, weight_files(folder), torch_dtype, torch_device, shard, context)
+        model = build_model(hf_config, weight_files(folder), torch_dtype, build_on, shard, context)
         tokenizer = load_tokenizer(folder)
     except DamagedFileError as e:
         if cache_root().resolve() in folder.resolve().parents:  # damage the size check cannot see
@@ -145,7 +146,10 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
     if quantize is not None:
         from triforce.model.quantized import quantize_model
         quantized = quantize_model(model, quantize, gguf_file(spec) if quantize == "gguf" else None,
-                                   required=quantize_required)
+                                   required=quantize_required, device=torch_device)
+        if quantized is None and build_on != torch_device:  # a file without blocks stays float: move it
+            model.to(torch_device)
+            model.use_kernels("fused")
     return LoadedModel(model, tokenizer, folder, torch_dtype, torch_device, eos_ids, quantized=quantized)
 
 

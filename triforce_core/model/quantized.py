@@ -5,15 +5,17 @@ triforce.kernels.cpu.quant_k's). A matrix whose rows are not whole Q4_K super-bl
 weights) is quantized as q4_1 instead, as llama.cpp falls back for such rows; a file's tensors in
 formats without block kernels (Q6_K, Q5_K, F16, ...) stay as the conversion de-quantized them.
 
-Each nn.Linear of the decoder becomes a QuantizedLinear holding a BlockWeight; its forward is the
-reference (de-quantize, then F.linear), and `use_kernels("fused")` builds the block kernels
-(triforce.kernels.cpu.quant_linear) over q/k/v and gate/up stacked, as for float weights. Norms
+Each nn.Linear of the decoder becomes a QuantizedLinear holding a BlockWeight (on a GPU: its
+DeviceBlocks copy); its forward is the reference (de-quantize, then F.linear), and
+`use_kernels("fused")` builds the block kernels (triforce.kernels.cpu.quant_linear; on a GPU
+triforce.kernels.cuda.quant_triton) over q/k/v and gate/up stacked, as for float weights. Norms
 stay float. A GGUF's blocks are matched to the converted model's float weights (which transformers
 de-quantized from them) by exact equality after de-quantizing, so a row order that differs (Llama
 files store q and k rows permuted for their RoPE layout) is found and undone, and anything that
 does not match is refused rather than run."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -31,14 +33,20 @@ _PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
                 "ffn_down": "mlp.down_proj"}
 
 
-def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bool = True) -> dict | None:
+def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bool = True,
+                   device: torch.device | None = None) -> dict | None:
     """Replace `model`'s projections (and its tied or untied embeddings and head) by block
     weights of format `kind`, or with kind 'gguf' by the file's own blocks. Returns what was
     done: {"weights": format per tensor kind, "bytes": block bytes, "file_bytes": their GGUF size,
     "block_weights": how many weights they hold}.
-    required False: a file with no tensor in a block format leaves the model as it is (None)."""
+    required False: a file with no tensor in a block format leaves the model as it is (None).
+    device: where the model runs; a GPU gets the blocks as DeviceBlocks for the Triton kernels
+    (the model is quantized on the CPU, then moved)."""
     if kind not in CHOICES:
         raise UserError(f"unknown --quantize '{kind}' (choose from {', '.join(CHOICES)})")
+    on_gpu = device is not None and device.type != "cpu"
+    if on_gpu and importlib.util.find_spec("triton") is None:
+        raise UserError("--quantize on a GPU runs Triton kernels: install triton (pip install triton)")
     if kind == "gguf" and gguf_path is None:
         raise UserError("--quantize gguf needs a model loaded from a .gguf file (the default model is one)")
     source = _GgufBlocks(gguf_path) if kind == "gguf" else None
@@ -79,10 +87,69 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
         model.model.embed_tokens = QuantizedEmbedding(embed, dtype)
     if head is not None:
         model.lm_head = QuantizedLinear(head, None)
+    if on_gpu:
+        _blocks_to(model, device)
     model.use_kernels("fused")
     kinds = sorted({b.kind for b in made})
     return {"weights": "/".join(kinds), "bytes": sum(b.nbytes for b in made),
             "file_bytes": sum(b.file_nbytes for b in made), "block_weights": sum(b.rows * b.cols for b in made)}
+
+
+def random_blocks_into(model, kind: str, device: torch.device, generator: torch.Generator) -> dict:
+    """Replace the projections and head of a random-weight model (still on the meta device) by
+    random blocks of format `kind` made on `device` (DeviceBlocks on a GPU): timing a big
+    architecture in blocks without making (or quantizing) its float weights. Quants uniform,
+    scales so the weights spread about as std 0.02. The embedding stays float (a lookup)."""
+    if kind not in FORMATS:
+        raise UserError(f"random-weight architectures take --quantize {' / '.join(FORMATS)}, not '{kind}'")
+    made = []
+
+    def replace(linear: nn.Linear) -> QuantizedLinear:
+        rows, cols = linear.weight.shape
+        if not whole_blocks("q4_1", cols):
+            raise UserError(f"--quantize {kind}: rows of {cols} weights are not whole 32-weight blocks")
+        block = random_block(kind if whole_blocks(kind, cols) else "q4_1", rows, cols, device, generator)
+        made.append(block)
+        return QuantizedLinear(block, linear.bias)
+
+    for layer in model.model.layers:
+        for path in _PROJECTIONS.values():
+            owner_name, _, attr = path.rpartition(".")
+            owner = layer.get_submodule(owner_name)
+            setattr(owner, attr, replace(getattr(owner, attr)))
+    model.lm_head = replace(model.lm_head)
+    return {"weights": "/".join(sorted({b.kind for b in made})), "bytes": sum(b.nbytes for b in made),
+            "file_bytes": sum(b.file_nbytes for b in made), "block_weights": sum(b.rows * b.cols for b in made)}
+
+
+def random_block(kind: str, rows: int, cols: int, device: torch.device, generator: torch.Generator):
+    blocks = cols // 32
+    unit = torch.empty(rows, blocks, device=device).uniform_(0.5, 1.5, generator=generator)
+    if kind == "q8_0":
+        quants = torch.randint(-127, 128, (rows, cols), device=device, dtype=torch.int8, generator=generator)
+        scales, offsets = unit * (0.02 / 73), torch.empty(rows, 0, device=device)  # uniform int8: std ~73
+    else:
+        quants = torch.randint(0, 256, (rows, cols // 2), device=device, dtype=torch.uint8, generator=generator)
+        scales = unit * (0.02 / 4.6)  # uniform nibbles: std ~4.6
+        offsets = torch.empty(rows, 0, device=device) if kind == "q4_0" else -7.5 * scales
+    if device.type != "cpu":
+        from triforce.kernels.cuda.device_blocks import DeviceBlocks
+        return DeviceBlocks(kind, rows, cols, quants, scales, offsets)
+    return BlockWeight(kind, rows, cols, quants.numpy(), scales.numpy(), offsets.numpy())
+
+
+def _blocks_to(model, device: torch.device) -> None:
+    """The blocks copied to `device` as DeviceBlocks (a tied model's embedding and head keep
+    sharing theirs), then the float rest of the model (norms, biases, a file's float tensors)."""
+    from triforce.kernels.cuda.device_blocks import DeviceBlocks
+
+    moved: dict[int, DeviceBlocks] = {}
+    for module in model.modules():
+        if isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
+            if id(module.block) not in moved:
+                moved[id(module.block)] = DeviceBlocks.of(module.block, device)
+            module.block = moved[id(module.block)]
+    model.to(device)
 
 
 class _GgufBlocks:

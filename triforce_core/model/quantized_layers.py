@@ -1,5 +1,7 @@
 """The modules a block-quantized model is made of (triforce.model.quantized makes them): a linear
-layer and an embedding over a BlockWeight, and the stacking of projections for the fused kernels."""
+layer and an embedding over a BlockWeight (numpy arrays, for the CPU's numba kernels) or a
+DeviceBlocks (torch tensors on a GPU, for the Triton kernels), and the stacking of projections for
+the fused kernels."""
 from __future__ import annotations
 
 import torch
@@ -52,17 +54,24 @@ def one_block_format(linears) -> bool:
     return all(isinstance(m, QuantizedLinear) for m in linears) and len({m.block.kind for m in linears}) == 1
 
 
-def stacked_blocks(linears) -> QuantLinear:
+def block_linear(block, bias: torch.Tensor | None = None, keep_float32: bool = False):
+    """The kernels' linear layer over `block`: QuantLinear (numba) for a BlockWeight,
+    TritonQuantLinear for DeviceBlocks."""
+    if isinstance(block, BlockWeight):
+        return QuantLinear(block, bias, keep_float32)
+    from triforce.kernels.cuda.quant_triton import TritonQuantLinear  # needs triton: only for a GPU's blocks
+    return TritonQuantLinear(block, bias, keep_float32)
+
+
+def stacked_blocks(linears):
     """One block matrix holding the linears' blocks one above the other, each linear's block
     re-pointed at its rows of it (views), so the blocks are not kept twice."""
-    stacked = BlockWeight.stack([m.block for m in linears])
+    stacked = type(linears[0].block).stack([m.block for m in linears])
     biases = [m.bias for m in linears]
     row = 0
     for m in linears:
         rows = m.block.rows
-        part = slice(row, row + rows)
-        m.block = BlockWeight(stacked.kind, rows, stacked.cols, stacked.quants[part], stacked.scales[part],
-                              stacked.offsets[part])
+        m.block = stacked.part(slice(row, row + rows))
         row += rows
     bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-    return QuantLinear(stacked, bias)
+    return block_linear(stacked, bias)

@@ -1,0 +1,117 @@
+"""Block kernels against the float matmul and the bytes floor, at a model's projection shapes.
+
+For each projection of one decoder layer of `--arch` (q/k/v stacked, o, gate/up stacked, down)
+and each pass size in `--rows` (1: a decoding step; 16: a verify pass), times
+  float:  the projection in --dtype (F.linear on a GPU; the small-rows kernel on a CPU),
+  BLOCKS: each format in --formats (the Triton kernels on a GPU, the numba kernels on a CPU),
+and reports ms, the weight bytes each reads, the GB/s that makes and the ratio to the floor
+(weight bytes over the device memory bandwidth measured in the same run by a large copy).
+Weights are random (blocks: random quants and scales); COPIES of each matrix are cycled so a
+repeat does not find the previous one in the cache.
+
+    python -m triforce.bench.quant_kernels --arch llama2-7b-128k --rows 1,16 --json
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import click
+import torch
+import torch.nn.functional as F
+
+from triforce.model.architectures import arch_hf_config
+from triforce.config import ModelConfig
+from triforce.model.loading import resolve_device, resolve_dtype
+from triforce.offload.measure import memory_gbps
+
+COPIES = 3
+
+
+def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """[out, in] of one layer's fused projections."""
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    return {"qkv": (q + 2 * kv, cfg.hidden_size), "o": (cfg.hidden_size, q),
+            "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size), "down": (cfg.hidden_size, cfg.intermediate_size)}
+
+
+def median_ms(fn, device: torch.device, repeats: int) -> float:
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        started = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device, seed: int):
+    """COPIES linears of one shape: callables x -> x W^T, and the bytes one reads."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    if kind == "float":
+        from triforce.kernels.cpu.cpu_linear import FusedLinear
+        weights = [torch.empty(rows, cols, dtype=dtype, device=device).normal_(0, 0.02, generator=g)
+                   for _ in range(COPIES)]
+        if device.type == "cuda":
+            return [lambda x, w=w: F.linear(x, w) for w in weights], weights[0].numel() * weights[0].element_size()
+        return [FusedLinear(w) for w in weights], weights[0].numel() * weights[0].element_size()
+    from triforce.model.quantized import random_block
+    from triforce.model.quantized_layers import block_linear
+    blocks = [random_block(kind, rows, cols, device, g) for _ in range(COPIES)]
+    return [block_linear(b) for b in blocks], blocks[0].nbytes
+
+
+@click.command()
+@click.option("--arch", default="llama2-7b-128k", show_default=True)
+@click.option("--rows", "row_counts", default="1,16", show_default=True, help="Input rows per pass.")
+@click.option("--formats", default="q4_k,q8_0", show_default=True)
+@click.option("--dtype", default="auto", show_default=True, help="Activations (and the float weights).")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--repeats", type=int, default=30, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def main(arch, row_counts, formats, dtype, device, repeats, as_json):
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    cfg = ModelConfig.from_hf(arch_hf_config(arch))
+    gbps = memory_gbps(device)
+    kinds = ["float", *(f.strip() for f in formats.split(",") if f.strip())]
+    rows_out = []
+    for name, (n, k) in shapes(cfg).items():
+        for kind in kinds:
+            print(f"{name} [{n} x {k}] {kind} ...", file=sys.stderr)
+            linears, nbytes = layers_for(kind, n, k, torch_dtype, device, seed=len(rows_out))
+            for m in (int(r) for r in row_counts.split(",")):
+                xs = [torch.randn(m, k, dtype=torch_dtype, device=device) for _ in range(COPIES)]
+                turn = iter(range(1 << 30))
+
+                def call():
+                    i = next(turn) % COPIES
+                    return linears[i](xs[i])
+
+                ms = median_ms(call, device, repeats)
+                floor_ms = nbytes / (gbps * 1e9) * 1e3
+                rows_out.append({"matrix": name, "shape": [n, k], "weights": kind, "rows": m, "ms": round(ms, 4),
+                                 "weight_bytes": nbytes, "gbps": round(nbytes / ms / 1e6, 1),
+                                 "x_floor": round(ms / floor_ms, 2)})
+    out = {"arch": arch, "device": str(device), "dtype": str(torch_dtype).removeprefix("torch."),
+           "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "memory_gbps_measured": round(gbps, 1), "repeats": repeats, "rows": rows_out}
+    if as_json:
+        print(json.dumps(out))
+        return
+    print(f"{arch} projections, activations {out['dtype']} on {out['device_name']}; "
+          f"device memory bandwidth measured now: {gbps:.1f} GB/s")
+    print(f"{'matrix':8s} {'weights':8s} {'rows':>4s} {'ms':>9s} {'MB read':>8s} {'GB/s':>7s} {'x floor':>8s}")
+    for r in rows_out:
+        print(f"{r['matrix']:8s} {r['weights']:8s} {r['rows']:4d} {r['ms']:9.4f} {r['weight_bytes'] / 1e6:8.1f} "
+              f"{r['gbps']:7.1f} {r['x_floor']:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

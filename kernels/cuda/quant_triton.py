@@ -1,0 +1,128 @@
+"""Linear layers over block-quantized weights (triforce.kernels.cuda.device_blocks) on a GPU, in
+Triton: out = x W^T (+ bias) with W read as its blocks, never de-quantized into memory.
+
+Why: a decoding step reads every weight once, so its time is the weight stream; a 4-bit block
+is 0.625 bytes a weight against bfloat16's 2. Each program takes BLOCK_M input rows and BLOCK_N
+weight rows and walks the columns BLOCKS_PER_STEP blocks at a time: it loads the packed bytes,
+the blocks' scales (and offsets), unpacks the nibbles in registers (byte j of a block holds
+weight j in its low nibble and weight j + 16 in its high one, so the two halves meet the inputs
+at columns j and j + 16), scales them in float32 as BlockWeight.dequantized does, rounds them
+to the activations' dtype (as the reference F.linear over the de-quantized weight does) and
+accumulates tl.dot products in float32. float32 activations take IEEE products (no TF32).
+
+The tile shapes do not depend on the number of rows, so a row's result is the same in a
+decoding step and in a verify pass (up to 64 rows; longer passes, prefill, take taller tiles).
+On CPU tensors the tests run the same kernel through Triton's interpreter (TRITON_INTERPRET=1).
+float64 activations (exactness tests) take the reference path: de-quantize, then F.linear.
+Importing this module needs `triton`."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from triforce.kernels.cuda.device_blocks import BLOCK, DeviceBlocks
+
+BLOCK_N = 32            # weight rows per program: a 4096-row matrix spreads over 128 programs
+INTERPRETED_BLOCK_N = 256  # CPU tensors (Triton's interpreter, in tests): each program costs ~20 ms there
+BLOCKS_PER_STEP = 8     # 256 columns a step: 128 contiguous bytes of each 4-bit row
+SHORT_M, TALL_M = 16, 64
+SHORT_PASS = 64         # up to this many rows the short tiles serve (decoding, verify passes)
+
+
+@triton.jit
+def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, sx, so,
+                          Q4: tl.constexpr, SHIFT: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, STEP: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    blocks = K // 32
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if Q4:
+        j = tl.arange(0, STEP * 16)                  # the step's bytes of a row
+        for first in range(0, blocks, STEP):
+            blk = first + j // 16
+            k_ok = blk < blocks
+            w_ok = n_ok[:, None] & k_ok[None, :]
+            byte = tl.load(q_ptr + offs_n[:, None] * (K // 2) + (first * 16 + j)[None, :], mask=w_ok, other=0)
+            d = tl.load(s_ptr + offs_n[:, None] * blocks + blk[None, :], mask=w_ok, other=0.0)
+            lo = d * ((byte & 15).to(tl.float32) - SHIFT)
+            hi = d * ((byte >> 4).to(tl.float32) - SHIFT)
+            if HAS_OFFSETS:
+                m = tl.load(o_ptr + offs_n[:, None] * blocks + blk[None, :], mask=w_ok, other=0.0)
+                lo += m
+                hi += m
+            col = blk * 32 + j % 16
+            x_ok = m_ok[:, None] & k_ok[None, :]
+            x_lo = tl.load(x_ptr + offs_m[:, None] * sx + col[None, :], mask=x_ok, other=0.0)
+            x_hi = tl.load(x_ptr + offs_m[:, None] * sx + (col + 16)[None, :], mask=x_ok, other=0.0)
+            if IEEE:
+                acc += tl.dot(x_lo, tl.trans(lo), input_precision="ieee")
+                acc += tl.dot(x_hi, tl.trans(hi), input_precision="ieee")
+            else:
+                acc += tl.dot(x_lo, tl.trans(lo.to(x_lo.dtype)))
+                acc += tl.dot(x_hi, tl.trans(hi.to(x_hi.dtype)))
+    else:
+        c = tl.arange(0, STEP * 32)                   # the step's columns
+        for first in range(0, blocks, STEP):
+            col = first * 32 + c
+            k_ok = col < K
+            w_ok = n_ok[:, None] & k_ok[None, :]
+            q = tl.load(q_ptr + offs_n[:, None] * K + col[None, :], mask=w_ok, other=0)
+            d = tl.load(s_ptr + offs_n[:, None] * blocks + (col // 32)[None, :], mask=w_ok, other=0.0)
+            w = d * q.to(tl.float32)
+            xs = tl.load(x_ptr + offs_m[:, None] * sx + col[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if IEEE:
+                acc += tl.dot(xs, tl.trans(w), input_precision="ieee")
+            else:
+                acc += tl.dot(xs, tl.trans(w.to(xs.dtype)))
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    tl.store(out_ptr + offs_m[:, None] * so + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def blocks_linear(x: torch.Tensor, w: DeviceBlocks, bias: torch.Tensor | None = None,
+                  out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., cols] (float32, bfloat16 or float16) -> [..., rows] in out_dtype (x's by default);
+    bias float32 [rows] or None; out: a contiguous [x's rows, rows] buffer to write (else new)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    m = rows.shape[0]
+    if out is None:
+        out = torch.empty(m, w.rows, dtype=out_dtype or x.dtype, device=x.device)
+    if m:
+        block_m = SHORT_M if m <= SHORT_PASS else TALL_M
+        block_n = BLOCK_N if x.device.type == "cuda" else INTERPRETED_BLOCK_N
+        grid = (triton.cdiv(m, block_m), triton.cdiv(w.rows, block_n))
+        _blocks_linear_kernel[grid](rows, w.quants, w.scales, w.offsets, bias if bias is not None else w.scales,
+                                    out, m, w.rows, w.cols, rows.stride(0), out.stride(0),
+                                    Q4=w.q4, SHIFT=w.bias, HAS_OFFSETS=w.offsets.shape[1] > 0,
+                                    HAS_BIAS=bias is not None, IEEE=rows.dtype == torch.float32,
+                                    BLOCK_M=block_m, BLOCK_N=block_n, STEP=BLOCKS_PER_STEP)
+    return out.view(*x.shape[:-1], w.rows)
+
+
+class TritonQuantLinear:
+    """A linear layer over DeviceBlocks (and a bias), called per pass as QuantLinear is on the CPU.
+    keep_float32: results stay float32 whatever the activations' dtype (a model's logits)."""
+
+    def __init__(self, block: DeviceBlocks, bias: torch.Tensor | None = None, keep_float32: bool = False):
+        if block.cols % BLOCK:
+            raise ValueError(f"block weights need whole {BLOCK}-weight blocks per row")
+        self.block, self.bias = block, None if bias is None else bias.detach()
+        self.keep_float32 = keep_float32
+        self.out_features, self.in_features = block.rows, block.cols
+        self._bias32 = None if bias is None else self.bias.to(torch.float32)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float64:  # exactness tests: the reference arithmetic
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return F.linear(x, self.block.dequantized().to(x.dtype), bias)
+        out_dtype = torch.float32 if self.keep_float32 else x.dtype
+        return blocks_linear(x, self.block, self._bias32, out_dtype)

@@ -1,0 +1,59 @@
+"""`generate --device cuda --quantize ...` on a simulated card: the model is quantized on the CPU,
+its blocks moved to the card as DeviceBlocks and its projections run by the Triton block kernels
+(here through Triton's interpreter, on the host tensors the card stands for). Greedy tokens of
+every method equal ar on the card, and equal the CPU's numba kernels over the same blocks."""
+import json
+
+import pytest
+
+from triforce.cli.main import main
+
+pytest.importorskip("triton")
+PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat and the dog sat on the log. the cat sat on"
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_model_dir):
+    return str(tiny_model_dir("llama-gqa", max_position_embeddings=512))
+
+
+def generate(capsys, folder, *flags):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--model", folder, "--prompt", PROMPT, "--max-new-tokens", "12", "--budget", "48",
+              "--chunk-size", "4", "--dtype", "float32", "--temperature", "0", "--json", *flags])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 0, err
+    return json.loads(out)
+
+
+def on_card(capsys, card, folder, *flags):
+    from triforce.kernels.cuda import quant_triton
+    calls = []
+    real = quant_triton.blocks_linear
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[:-1].numel())
+        return real(*args, **kwargs)
+
+    quant_triton.blocks_linear = counted
+    try:
+        with card.placement():
+            result = generate(capsys, folder, "--device", "cuda", "--no-graphs", *flags)
+    finally:
+        quant_triton.blocks_linear = real
+    assert result["device"] == "cuda:0"
+    return result, calls
+
+
+# q4_0 and q4_k take q4_1's path through the kernel (tests/unit/test_quant_triton.py checks each);
+# the interpreter runs a program in ~20 ms, so the speculative run is q4_1's only
+@pytest.mark.parametrize("kind,methods", [("q4_1", ["triforce"]), ("q8_0", [])])
+def test_block_kernels_on_a_card_decode_as_on_the_cpu(capsys, card, folder, kind, methods):
+    cpu = generate(capsys, folder, "--device", "cpu", "--quantize", kind, "--method", "ar")
+    ar, calls = on_card(capsys, card, folder, "--quantize", kind, "--method", "ar")
+    assert ar["quantized"]["weights"] == kind and ar["tokens"] == cpu["tokens"]
+    assert 1 in calls and max(calls) > 1  # decoding steps and the prefill both ran the Triton kernels
+    for method in methods:  # triforce: lookup -> retrieval tier -> full tier, every tier on the kernels
+        spec, _ = on_card(capsys, card, folder, "--quantize", kind, "--method", method, "--draft", "lookup")
+        assert spec["tokens"] == ar["tokens"], method
+        assert spec["method"] == method

@@ -1,0 +1,89 @@
+"""The Triton block kernels (triforce.kernels.cuda.quant_triton) against de-quantize-then-matmul:
+on CUDA for real, on CPU tensors through Triton's interpreter (skipped without triton). Every
+format, decoding and verify-sized passes and a prefill-sized one, with a bias, strided inputs,
+every output element written; the device copy de-quantizes to the CPU blocks' bits."""
+import pytest
+import torch
+
+from triforce.kernels.cpu.quant_blocks import FORMATS, BlockWeight
+from triforce.kernels.cuda.device_blocks import DeviceBlocks
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# 16-bit activations: bfloat16 on a GPU; the interpreter computes bfloat16 wrongly (numpy has
+# none), so on a CPU float16 stands for it (the same path through the kernel: rounded weights).
+HALF = torch.bfloat16 if DEVICE.type == "cuda" else torch.float16
+
+
+@pytest.fixture(scope="module")
+def qt():
+    pytest.importorskip("triton")
+    from triforce.kernels.cuda import quant_triton
+    return quant_triton
+
+
+def blocks(kind: str, rows: int, cols: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    cpu = BlockWeight.quantize(kind, torch.randn(rows, cols, generator=g))
+    return cpu, DeviceBlocks.of(cpu, DEVICE), g
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_device_blocks_dequantize_to_the_cpu_blocks_bits(kind):
+    cpu, dev, _ = blocks(kind, 40, 512, 1)
+    assert torch.equal(dev.dequantized().cpu(), cpu.dequantized())
+    index = torch.tensor([39, 0, 7, 7])
+    assert torch.equal(dev.take_rows(index).cpu(), cpu.take_rows(index))
+    stacked = DeviceBlocks.stack([dev, dev.part(slice(8, 24))])
+    assert stacked.rows == 56 and torch.equal(stacked.dequantized().cpu()[40:], cpu.dequantized()[8:24])
+    assert dev.nbytes == cpu.nbytes and dev.file_nbytes == cpu.file_nbytes
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+@pytest.mark.parametrize("rows", [1, 5, 17, 70])
+def test_kernel_equals_dequantize_then_matmul_in_float32(qt, kind, rows):
+    cpu, dev, g = blocks(kind, 80, 768, rows)  # 80 weight rows: a partial last tile; 768: a partial last step
+    wide = torch.randn(rows, 800, generator=g)
+    x = wide[:, 16:784].to(DEVICE)             # strided rows, as a split of a fused projection passes them
+    bias = torch.randn(80, generator=g).to(DEVICE)
+    got = qt.blocks_linear(x, dev, bias)
+    expected = x.double().cpu() @ cpu.dequantized().double().T + bias.double().cpu()
+    assert got.dtype == torch.float32 and got.shape == (rows, 80)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+def test_a_rows_result_does_not_depend_on_its_pass(qt, kind):
+    _, dev, g = blocks(kind, 64, 512, 3)
+    x = torch.randn(17, 512, generator=g).to(DEVICE)
+    pass_of_17 = qt.blocks_linear(x, dev)
+    for i in (0, 5, 16):
+        assert torch.equal(qt.blocks_linear(x[i:i + 1], dev)[0], pass_of_17[i])
+
+
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_16_bit_activations_round_the_weights_as_the_reference_does(qt, kind):
+    cpu, dev, g = blocks(kind, 64, 512, 4)
+    x = torch.randn(3, 512, generator=g).to(DEVICE, HALF)
+    got = qt.TritonQuantLinear(dev)(x)
+    logits = qt.TritonQuantLinear(dev, keep_float32=True)(x)
+    expected = x.double().cpu() @ cpu.dequantized().to(HALF).double().T
+    assert got.dtype == HALF and logits.dtype == torch.float32
+    torch.testing.assert_close(logits.double().cpu(), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-2, atol=1e-2)
+
+
+def test_every_output_element_is_written(qt):
+    _, dev, g = blocks("q4_0", 70, 256, 5)
+    x = torch.randn(3, 256, generator=g).to(DEVICE)
+    first = qt.blocks_linear(x, dev)
+    poisoned = torch.full_like(first, float("nan"))
+    qt.blocks_linear(x, dev, out=poisoned)
+    assert torch.equal(poisoned, first)
+
+
+def test_float64_activations_take_the_reference_arithmetic(qt):
+    cpu, dev, g = blocks("q4_k", 16, 256, 6)
+    x = torch.randn(2, 256, generator=g, dtype=torch.float64).to(DEVICE)
+    torch.testing.assert_close(qt.TritonQuantLinear(dev)(x).cpu(), x.cpu() @ cpu.dequantized().double().T,
+                               rtol=1e-12, atol=1e-12)

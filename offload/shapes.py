@@ -63,12 +63,11 @@ def kv_bytes_per_token_layer(m: ModelConfig, dtype_bytes: int, tp: int = 1) -> i
 
 
 def block_bytes_per_weight(weights: "str | LoadedBlocks | None", on_gpu: bool) -> float | None:
-    """Bytes per weight of block format `weights` (None: floats): on the CPU as its kernels hold
-    the blocks (triforce.kernels.cpu.quant_blocks); on a GPU as the GGUF file lays them out, which
-    is what a CUDA kernel reads (none is built yet: such a plan is a forecast)."""
+    """Bytes per weight of block format `weights` (None: floats), as the kernels hold the blocks:
+    the CPU's (quant_blocks.HELD_BYTES) or the GPU's Triton kernels' (DEVICE_BYTES)."""
     if weights is None or isinstance(weights, LoadedBlocks):
         return None if weights is None else weights.bytes_per_weight
-    from triforce.kernels.cpu.quant_blocks import BLOCK, FILE_BYTES, HELD_BYTES
-    if weights not in FILE_BYTES:
-        raise OffloadError(f"unknown weight format '{weights}' (one of {', '.join(FILE_BYTES)})")
-    return (FILE_BYTES if on_gpu else HELD_BYTES)[weights] / BLOCK
+    from triforce.kernels.cpu.quant_blocks import BLOCK, DEVICE_BYTES, HELD_BYTES
+    if weights not in HELD_BYTES:
+        raise OffloadError(f"unknown weight format '{weights}' (one of {', '.join(HELD_BYTES)})")
+    return (DEVICE_BYTES if on_gpu else HELD_BYTES)[weights] / BLOCK

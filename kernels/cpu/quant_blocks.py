@@ -19,13 +19,16 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from triforce.kernels.cpu.quant_k import SUPER, q4_k_blocks, quantize_q4_k
+from triforce.kernels.cpu.quant_k import SUPER, q4_k_blocks, q4_k_factors, quantize_q4_k
 
 BLOCK = 32
 FORMATS = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1,
            "q4_k": GGMLQuantizationType.Q4_K}
 FILE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 18}  # per 32 weights in a GGUF file (Q4_K: 144 per 256)
-HELD_BYTES = {"q8_0": 36, "q4_0": 20, "q4_1": 24, "q4_k": 24}  # per 32 weights as the kernels read them
+HELD_BYTES = {"q8_0": 36, "q4_0": 20, "q4_1": 24, "q4_k": 24}  # per 32 weights as the CPU kernels read them
+# per 32 weights as the GPU kernels read them (triforce.kernels.cuda.device_blocks): the file's
+# float16 scales; Q4_K's 6-bit sc and m a byte each and float32 d and dmin per 256
+DEVICE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 19}
 _ROW_MULTIPLE = {"q4_k": SUPER}
 Q4_BIAS = {"q4_0": 8.0}  # 4-bit weights are d (q - bias) + m
 
@@ -44,6 +47,9 @@ class BlockWeight:
     quants: np.ndarray   # int8 [rows, cols] (q8_0) or uint8 [rows, cols // 2] (4-bit)
     scales: np.ndarray   # float32 [rows, cols // 32]
     offsets: np.ndarray  # float32 [rows, cols // 32] (q4_1); [rows, 0] for q8_0 and q4_0
+    # q4_k for a GPU: its own factors (quant_k.q4_k_factors: sc_m uint8 [rows, cols // 32, 2],
+    # d_dmin float32 [rows, cols // 256, 2]), which DeviceBlocks holds instead of scales and offsets
+    k_factors: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -55,11 +61,13 @@ class BlockWeight:
         return self.rows * self.cols // BLOCK * FILE_BYTES[self.kind]
 
     @classmethod
-    def from_raw(cls, kind: str, raw: np.ndarray, rows: int, cols: int) -> "BlockWeight":
-        """raw: the GGUF tensor's bytes, uint8 [rows, cols // 32 * bytes per block]."""
+    def from_raw(cls, kind: str, raw: np.ndarray, rows: int, cols: int, k_factors: bool = False) -> "BlockWeight":
+        """raw: the GGUF tensor's bytes, uint8 [rows, cols // 32 * bytes per block]. k_factors:
+        keep Q4_K's own factors too (a GPU holds those)."""
         _check(kind, cols)
         if kind == "q4_k":
-            return cls(kind, rows, cols, *q4_k_blocks(raw, rows, cols))
+            return cls(kind, rows, cols, *q4_k_blocks(raw, rows, cols),
+                       k_factors=q4_k_factors(raw, rows, cols) if k_factors else None)
         blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // BLOCK, FILE_BYTES[kind])
         scales = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
         if kind == "q8_0":
@@ -74,14 +82,14 @@ class BlockWeight:
         return cls(kind, rows, cols, quants, np.ascontiguousarray(scales), np.ascontiguousarray(offsets))
 
     @classmethod
-    def quantize(cls, kind: str, weight: torch.Tensor) -> "BlockWeight":
+    def quantize(cls, kind: str, weight: torch.Tensor, k_factors: bool = False) -> "BlockWeight":
         """A float matrix [rows, cols] quantized as llama.cpp's reference quantizer does (Q4_K:
-        a plainer one, triforce.kernels.cpu.quant_k)."""
+        a plainer one, triforce.kernels.cpu.quant_k). k_factors: see from_raw."""
         rows, cols = weight.shape
         _check(kind, cols)
         w = weight.detach().to(torch.float32).numpy()
         raw = quantize_q4_k(w) if kind == "q4_k" else quantize(w, FORMATS[kind])
-        return cls.from_raw(kind, raw, rows, cols)
+        return cls.from_raw(kind, raw, rows, cols, k_factors)
 
     def raw(self) -> np.ndarray:
         """The GGUF bytes of these blocks (uint8 [rows, blocks * bytes per block]); Q4_K's are not
@@ -135,11 +143,13 @@ class BlockWeight:
     def part(self, rows: slice) -> "BlockWeight":
         """Rows `rows` of this matrix (views)."""
         first, stop, _ = rows.indices(self.rows)
-        return BlockWeight(self.kind, stop - first, self.cols, self.quants[rows], self.scales[rows], self.offsets[rows])
+        return BlockWeight(self.kind, stop - first, self.cols, self.quants[rows], self.scales[rows], self.offsets[rows],
+                           None if self.k_factors is None else tuple(f[rows] for f in self.k_factors))
 
     def permute_rows(self, order: np.ndarray) -> "BlockWeight":
         return BlockWeight(self.kind, self.rows, self.cols, self.quants[order].copy(), self.scales[order].copy(),
-                           self.offsets[order].copy())
+                           self.offsets[order].copy(),
+                           None if self.k_factors is None else tuple(f[order].copy() for f in self.k_factors))
 
 
 def whole_blocks(kind: str, cols: int) -> bool:

@@ -20,6 +20,18 @@ SUPER = 256
 SUPER_BYTES = 144
 
 
+def q4_k_factors(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """The super-blocks' own scale factors, as a GPU holds them (4.75 bits a weight with the
+    nibbles): sc and m uint8 [rows, cols // 32, 2], d and dmin float32 [rows, cols // 256, 2]."""
+    n = rows * (cols // SUPER)
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, SUPER_BYTES)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16].copy())
+    sc_m = np.stack([sc.reshape(n, 8), m.reshape(n, 8)], -1).astype(np.uint8).reshape(rows, cols // 32, 2)
+    return sc_m, np.concatenate([d, dmin], -1).reshape(rows, cols // SUPER, 2)
+
+
 def q4_k_blocks(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """raw uint8 [rows, cols // 256 * 144] -> (quants uint8 [rows, cols // 2] in Q4_1's nibble
     order, scales and offsets float32 [rows, cols // 32])."""

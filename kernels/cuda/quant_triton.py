@@ -4,9 +4,10 @@ Triton: out = x W^T (+ bias) with W read as its blocks, never de-quantized into 
 Why: a decoding step reads every weight once, so its time is the weight stream; a 4-bit block
 is 0.625 bytes a weight against bfloat16's 2. Each program takes BLOCK_M input rows and BLOCK_N
 weight rows and walks the columns BLOCKS_PER_STEP blocks at a time: it loads the packed bytes,
-the blocks' scales (and offsets), unpacks the nibbles in registers (byte j of a block holds
-weight j in its low nibble and weight j + 16 in its high one, so the two halves meet the inputs
-at columns j and j + 16), scales them in float32 as BlockWeight.dequantized does, rounds them
+the blocks' scales (and offsets; Q4_K's sc and m times its super-block's d and dmin), unpacks
+the nibbles in registers (byte j of a block holds weight j in its low nibble and weight j + 16
+in its high one, so the two halves meet the inputs at columns j and j + 16), scales them in
+float32 as BlockWeight.dequantized does, rounds them
 to the activations' dtype (as the reference F.linear over the de-quantized weight does) and
 accumulates tl.dot products in float32. float32 activations take IEEE products (no TF32).
 
@@ -32,8 +33,8 @@ SHORT_PASS = 64         # up to this many rows the short tiles serve (decoding, 
 
 
 @triton.jit
-def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, sx, so,
-                          Q4: tl.constexpr, SHIFT: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, N, K, sx, so,
+                          Q4: tl.constexpr, SHIFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, KQUANT: tl.constexpr,
                           HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, STEP: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -49,11 +50,16 @@ def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, s
             k_ok = blk < blocks
             w_ok = n_ok[:, None] & k_ok[None, :]
             byte = tl.load(q_ptr + offs_n[:, None] * (K // 2) + (first * 16 + j)[None, :], mask=w_ok, other=0)
-            d = tl.load(s_ptr + offs_n[:, None] * blocks + blk[None, :], mask=w_ok, other=0.0)
+            d = tl.load(s_ptr + offs_n[:, None] * blocks + blk[None, :], mask=w_ok, other=0).to(tl.float32)
+            if KQUANT:  # Q4_K: d256 sc and -(dmin256 m), the products BlockWeight holds
+                sup = k_ptr + offs_n[:, None] * (blocks // 8 * 2) + (blk // 8 * 2)[None, :]
+                d = tl.load(sup, mask=w_ok, other=0.0) * d
             lo = d * ((byte & 15).to(tl.float32) - SHIFT)
             hi = d * ((byte >> 4).to(tl.float32) - SHIFT)
             if HAS_OFFSETS:
-                m = tl.load(o_ptr + offs_n[:, None] * blocks + blk[None, :], mask=w_ok, other=0.0)
+                m = tl.load(o_ptr + offs_n[:, None] * blocks + blk[None, :], mask=w_ok, other=0).to(tl.float32)
+                if KQUANT:
+                    m = -(tl.load(sup + 1, mask=w_ok, other=0.0) * m)
                 lo += m
                 hi += m
             col = blk * 32 + j % 16
@@ -73,7 +79,7 @@ def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, b_ptr, out_ptr, M, N, K, s
             k_ok = col < K
             w_ok = n_ok[:, None] & k_ok[None, :]
             q = tl.load(q_ptr + offs_n[:, None] * K + col[None, :], mask=w_ok, other=0)
-            d = tl.load(s_ptr + offs_n[:, None] * blocks + (col // 32)[None, :], mask=w_ok, other=0.0)
+            d = tl.load(s_ptr + offs_n[:, None] * blocks + (col // 32)[None, :], mask=w_ok, other=0).to(tl.float32)
             w = d * q.to(tl.float32)
             xs = tl.load(x_ptr + offs_m[:, None] * sx + col[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if IEEE:
@@ -100,9 +106,13 @@ def blocks_linear(x: torch.Tensor, w: DeviceBlocks, bias: torch.Tensor | None = 
         block_m = SHORT_M if m <= SHORT_PASS else TALL_M
         block_n = BLOCK_N if x.device.type == "cuda" else INTERPRETED_BLOCK_N
         grid = (triton.cdiv(m, block_m), triton.cdiv(w.rows, block_n))
-        _blocks_linear_kernel[grid](rows, w.quants, w.scales, w.offsets, bias if bias is not None else w.scales,
-                                    out, m, w.rows, w.cols, rows.stride(0), out.stride(0),
-                                    Q4=w.q4, SHIFT=w.bias, HAS_OFFSETS=w.offsets.shape[1] > 0,
+        unused = w.scales  # a real buffer behind pointers the kernel does not read (empty ones may be null)
+        offsets = w.offsets if w.offsets.shape[1] else unused
+        supers = w.supers if w.kind == "q4_k" else unused
+        _blocks_linear_kernel[grid](rows, w.quants, w.scales, offsets, supers,
+                                    bias if bias is not None else unused, out, m, w.rows, w.cols,
+                                    rows.stride(0), out.stride(0), Q4=w.q4, SHIFT=w.bias,
+                                    HAS_OFFSETS=w.offsets.shape[1] > 0, KQUANT=w.kind == "q4_k",
                                     HAS_BIAS=bias is not None, IEEE=rows.dtype == torch.float32,
                                     BLOCK_M=block_m, BLOCK_N=block_n, STEP=BLOCKS_PER_STEP)
     return out.view(*x.shape[:-1], w.rows)

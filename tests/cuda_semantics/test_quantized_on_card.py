@@ -17,8 +17,13 @@ def folder(tiny_model_dir):
     return str(tiny_model_dir("llama-gqa", max_position_embeddings=512))
 
 
+@pytest.fixture(scope="module")
+def wide_folder(tiny_model_dir):
+    return str(tiny_model_dir("llama-gqa", hidden_size=256, max_position_embeddings=512))  # whole Q4_K super-blocks
+
+
 def generate(capsys, folder, *flags):
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(SystemExit) as exit_info:  # a later --max-new-tokens wins
         main(["generate", "--model", folder, "--prompt", PROMPT, "--max-new-tokens", "12", "--budget", "48",
               "--chunk-size", "4", "--dtype", "float32", "--temperature", "0", "--json", *flags])
     out, err = capsys.readouterr()
@@ -45,7 +50,7 @@ def on_card(capsys, card, folder, *flags):
     return result, calls
 
 
-# q4_0 and q4_k take q4_1's path through the kernel (tests/unit/test_quant_triton.py checks each);
+# q4_0 takes q4_1's path through the kernel (tests/unit/test_quant_triton.py checks each format);
 # the interpreter runs a program in ~20 ms, so the speculative run is q4_1's only
 @pytest.mark.parametrize("kind,methods", [("q4_1", ["triforce"]), ("q8_0", [])])
 def test_block_kernels_on_a_card_decode_as_on_the_cpu(capsys, card, folder, kind, methods):
@@ -57,3 +62,13 @@ def test_block_kernels_on_a_card_decode_as_on_the_cpu(capsys, card, folder, kind
         spec, _ = on_card(capsys, card, folder, "--quantize", kind, "--method", method, "--draft", "lookup")
         assert spec["tokens"] == ar["tokens"], method
         assert spec["method"] == method
+
+
+def test_q4_k_on_a_card_holds_its_own_factors_and_decodes_as_on_the_cpu(capsys, card, wide_folder):
+    """Q4_K on a GPU keeps sc, m and the super-blocks' d, dmin (19 bytes per 32 weights against the
+    CPU's 24) and reads them in the kernel: the same tokens as the CPU's expanded scales."""
+    cpu = generate(capsys, wide_folder, "--device", "cpu", "--quantize", "q4_k", "--method", "ar",
+                   "--max-new-tokens", "6")
+    card_run, calls = on_card(capsys, card, wide_folder, "--quantize", "q4_k", "--method", "ar", "--max-new-tokens", "6")
+    assert card_run["tokens"] == cpu["tokens"] and calls
+    assert card_run["quantized"]["bytes"] * 24 == cpu["quantized"]["bytes"] * 19

@@ -35,8 +35,8 @@ def test_plan_table_and_an_infeasible_request(capsys):
 
 def test_plan_counts_block_quantized_weights(capsys):
     """Llama-3.1-8B at 128K on a 24 GB card: in bfloat16 its 15 GiB of weights push most of the KV
-    to the host; as q4_k blocks (4.5 bits a weight, as the file lays them out) the whole KV stays on
-    the card. The 32B-class north star fits with its KV offloaded."""
+    to the host; as q4_k blocks (4.75 bits a weight, as the Triton kernels hold them) the whole KV
+    stays on the card. The 32B-class north star fits with its KV offloaded."""
     base = ["plan", "--arch", "llama3.1-8b", "--profile", "rtx4090-24g", "--context", "131072", "--json"]
     plain = json.loads(run_cli(capsys, *base)[1])
     code, out, _ = run_cli(capsys, *base, "--quantize", "q4_k")
@@ -45,7 +45,7 @@ def test_plan_counts_block_quantized_weights(capsys):
     assert q4k["breakdown"]["target_weights"] < 0.3 * plain["breakdown"]["target_weights"]
     code, out, _ = run_cli(capsys, "plan", "--arch", "qwen2.5-32b-128k", "--profile", "rtx4090-24g", "--context",
                            "131072", "--quantize", "q4_k")
-    assert code == 0 and "weights as q4_k blocks" in out and "a forecast" in out and "stream from the host" in out
+    assert code == 0 and "weights as q4_k blocks" in out and "stream from the host" in out
     code, _, err = run_cli(capsys, *base, "--quantize", "q4_k", "--batch-size", "2")
     assert_one_line_error(code, err, "--quantize is planned for one sequence")
 

@@ -167,8 +167,8 @@ def test_a_file_mixing_formats_runs_its_blocks_and_keeps_the_rest_float(monkeypa
     real_format, real_block = quantized.format_of, quantized._GgufBlocks.block
     monkeypatch.setattr(quantized, "format_of", lambda kind: None if kind == gguf.GGMLQuantizationType.Q8_0
                         else real_format(kind))
-    monkeypatch.setattr(quantized._GgufBlocks, "block", lambda self, name, weight, heads: None
-                        if "attn_v" in name or "ffn_down" in name else real_block(self, name, weight, heads))
+    monkeypatch.setattr(quantized._GgufBlocks, "block", lambda self, name, weight, heads, k_factors=False: None
+                        if "attn_v" in name or "ffn_down" in name else real_block(self, name, weight, heads, k_factors))
     mixed = load_model("default", dtype="float32", device="cpu", quantize="gguf")
     floats = load_model("default", dtype="float32", device="cpu")
     assert mixed.quantized["weights"] == "q4_1"

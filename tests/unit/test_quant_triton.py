@@ -5,7 +5,7 @@ every output element written; the device copy de-quantizes to the CPU blocks' bi
 import pytest
 import torch
 
-from triforce.kernels.cpu.quant_blocks import FORMATS, BlockWeight
+from triforce.kernels.cpu.quant_blocks import DEVICE_BYTES, FORMATS, BlockWeight
 from triforce.kernels.cuda.device_blocks import DeviceBlocks
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -23,7 +23,7 @@ def qt():
 
 def blocks(kind: str, rows: int, cols: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    cpu = BlockWeight.quantize(kind, torch.randn(rows, cols, generator=g))
+    cpu = BlockWeight.quantize(kind, torch.randn(rows, cols, generator=g), k_factors=True)
     return cpu, DeviceBlocks.of(cpu, DEVICE), g
 
 
@@ -35,7 +35,7 @@ def test_device_blocks_dequantize_to_the_cpu_blocks_bits(kind):
     assert torch.equal(dev.take_rows(index).cpu(), cpu.take_rows(index))
     stacked = DeviceBlocks.stack([dev, dev.part(slice(8, 24))])
     assert stacked.rows == 56 and torch.equal(stacked.dequantized().cpu()[40:], cpu.dequantized()[8:24])
-    assert dev.nbytes == cpu.nbytes and dev.file_nbytes == cpu.file_nbytes
+    assert dev.nbytes == 40 * 512 // 32 * DEVICE_BYTES[kind] and dev.file_nbytes == cpu.file_nbytes
 
 
 @pytest.mark.parametrize("kind", FORMATS)

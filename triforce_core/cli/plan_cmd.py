@@ -62,8 +62,8 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 @click.option("--quantize", type=click.Choice(["none", "q8_0", "q4_0", "q4_1", "q4_k"]), default="none",
               show_default=True,
               help="Count the target's matrices as GGUF blocks of this format (norms stay in --dtype, the draft "
-                   "model float): as the CPU kernels hold them on a CPU profile; on a GPU profile as the GGUF file "
-                   "lays them out, a forecast (no CUDA block kernels yet: a GPU run de-quantizes).")
+                   "model float), as the kernels hold them: the CPU's numba kernels on a CPU profile, the Triton "
+                   "kernels on a GPU profile (q4_k: 4.75 bits a weight there, 6 on a CPU).")
 @click.option("--acceptance", default=None,
               help="FULL[,RETRIEVAL] acceptance rates for the prediction (default: the profile's measured ones, "
                    "else what natural text gave the default model with prompt lookup: 0.90 per token at the full "
@@ -125,7 +125,7 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
             print(auto.describe())
         if batch is not None:
             print_batch(batch, context)
-        print_plan(result, name, dtype, method, chosen, on_gpu=prof.num_gpus > 0)
+        print_plan(result, name, dtype, method, chosen)
     if not result.feasible:
         raise UserError(f"does not fit: {result.reason}")
 
@@ -163,14 +163,12 @@ def print_batch(choice, context: int) -> None:
     print(choice.describe())
 
 
-def print_plan(result, name: str, dtype: str, method: str, chosen: dict, on_gpu: bool = False) -> None:
+def print_plan(result, name: str, dtype: str, method: str, chosen: dict) -> None:
     from triforce.offload.profiles import format_size as fmt
 
     weights = "" if result.weight_format is None else f" (weights as {result.weight_format} blocks)"
     print(f"plan: {name}, {dtype}{weights}, context {result.context} tokens, method {method}, tp {result.tp}, "
           f"profile {result.profile}")
-    if result.weight_format is not None and on_gpu:
-        print("  a forecast: no CUDA kernels run blocks yet (on a GPU --quantize is refused today)")
     print(f"GPU memory per device (budget {fmt(result.gpu_budget_bytes)}):")
     for key, value in result.breakdown.items():
         print(f"  {key:18s} {fmt(value):>12s}")

@@ -61,10 +61,10 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
     def blocks_for(gguf_name: str, weight: torch.Tensor, heads: int | None = None) -> BlockWeight | None:
         """The blocks of one matrix; None: it stays float (a file's tensor in another format)."""
         if source is not None:
-            block = source.block(gguf_name, weight, heads)
+            block = source.block(gguf_name, weight, heads, k_factors=on_gpu)
         else:
             fits = whole_blocks(kind, weight.shape[1])
-            block = BlockWeight.quantize(kind if fits else "q4_1", weight)
+            block = BlockWeight.quantize(kind if fits else "q4_1", weight, k_factors=on_gpu)
         if block is not None:
             made.append(block)
         return block
@@ -88,7 +88,7 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
     if head is not None:
         model.lm_head = QuantizedLinear(head, None)
     if on_gpu:
-        _blocks_to(model, device)
+        made = _blocks_to(model, device)
     model.use_kernels("fused")
     kinds = sorted({b.kind for b in made})
     return {"weights": "/".join(kinds), "bytes": sum(b.nbytes for b in made),
@@ -123,7 +123,10 @@ def random_blocks_into(model, kind: str, device: torch.device, generator: torch.
 
 
 def random_block(kind: str, rows: int, cols: int, device: torch.device, generator: torch.Generator):
+    """Random blocks made on `device` (DeviceBlocks on a GPU, a BlockWeight on the CPU)."""
     blocks = cols // 32
+    if device.type != "cpu":
+        return _random_device_block(kind, rows, cols, device, generator)
     unit = torch.empty(rows, blocks, device=device).uniform_(0.5, 1.5, generator=generator)
     if kind == "q8_0":
         quants = torch.randint(-127, 128, (rows, cols), device=device, dtype=torch.int8, generator=generator)
@@ -132,13 +135,33 @@ def random_block(kind: str, rows: int, cols: int, device: torch.device, generato
         quants = torch.randint(0, 256, (rows, cols // 2), device=device, dtype=torch.uint8, generator=generator)
         scales = unit * (0.02 / 4.6)  # uniform nibbles: std ~4.6
         offsets = torch.empty(rows, 0, device=device) if kind == "q4_0" else -7.5 * scales
-    if device.type != "cpu":
-        from triforce.kernels.cuda.device_blocks import DeviceBlocks
-        return DeviceBlocks(kind, rows, cols, quants, scales, offsets)
     return BlockWeight(kind, rows, cols, quants.numpy(), scales.numpy(), offsets.numpy())
 
 
-def _blocks_to(model, device: torch.device) -> None:
+def _random_device_block(kind: str, rows: int, cols: int, device: torch.device, generator: torch.Generator):
+    """DeviceBlocks' own layout (float16 scales; Q4_K's sc, m and per-256 d, dmin), std ~0.02."""
+    from triforce.kernels.cuda.device_blocks import DeviceBlocks
+
+    blocks = cols // 32
+    no_supers = torch.zeros(rows, 0, 2, device=device)
+    if kind == "q8_0":
+        quants = torch.randint(-127, 128, (rows, cols), device=device, dtype=torch.int8, generator=generator)
+        scales = torch.empty(rows, blocks, device=device).uniform_(0.5, 1.5, generator=generator) * (0.02 / 73)
+        return DeviceBlocks(kind, rows, cols, quants, scales.half(), torch.empty(rows, 0, device=device).half(),
+                            no_supers)
+    quants = torch.randint(0, 256, (rows, cols // 2), device=device, dtype=torch.uint8, generator=generator)
+    if kind == "q4_k":  # sc ~ 40, q ~ 7.5 +- 4.6, m ~ 31.5: d = 0.02 / (40 * 4.6), dmin centres the weights
+        sc = torch.randint(16, 64, (rows, blocks), device=device, dtype=torch.uint8, generator=generator)
+        m = torch.randint(0, 64, (rows, blocks), device=device, dtype=torch.uint8, generator=generator)
+        d = 0.02 / (40 * 4.6)
+        supers = torch.tensor([d, d * 40 * 7.5 / 31.5], device=device).expand(rows, blocks // 8, 2).contiguous()
+        return DeviceBlocks(kind, rows, cols, quants, sc, m, supers)
+    scales = torch.empty(rows, blocks, device=device).uniform_(0.5, 1.5, generator=generator) * (0.02 / 4.6)
+    offsets = torch.empty(rows, 0, device=device) if kind == "q4_0" else -7.5 * scales
+    return DeviceBlocks(kind, rows, cols, quants, scales.half(), offsets.half(), no_supers)
+
+
+def _blocks_to(model, device: torch.device) -> list:
     """The blocks copied to `device` as DeviceBlocks (a tied model's embedding and head keep
     sharing theirs), then the float rest of the model (norms, biases, a file's float tensors)."""
     from triforce.kernels.cuda.device_blocks import DeviceBlocks
@@ -150,6 +173,7 @@ def _blocks_to(model, device: torch.device) -> None:
                 moved[id(module.block)] = DeviceBlocks.of(module.block, device)
             module.block = moved[id(module.block)]
     model.to(device)
+    return list(moved.values())
 
 
 class _GgufBlocks:
@@ -165,8 +189,9 @@ class _GgufBlocks:
         names += [f"blk.{i}.{short}.weight" for i in range(layers) for short in _PROJECTIONS]
         return any(n in self.tensors and format_of(self.tensors[n].tensor_type) for n in names)
 
-    def block(self, name: str, weight: torch.Tensor, heads: int | None) -> BlockWeight | None:
-        """None where the file's tensor is in another format (it stays as the conversion made it)."""
+    def block(self, name: str, weight: torch.Tensor, heads: int | None, k_factors: bool = False) -> BlockWeight | None:
+        """None where the file's tensor is in another format (it stays as the conversion made it).
+        k_factors: keep a Q4_K tensor's own factors (BlockWeight.from_raw)."""
         tensor = self.tensors.get(name)
         if tensor is None:
             raise UserError(f"{self.path.name} has no tensor '{name}' for --quantize gguf")
@@ -174,7 +199,7 @@ class _GgufBlocks:
         if kind is None:
             return None
         rows, cols = weight.shape
-        block = BlockWeight.from_raw(kind, np.asarray(tensor.data), rows, cols)
+        block = BlockWeight.from_raw(kind, np.asarray(tensor.data), rows, cols, k_factors)
         expected = weight.detach().to(torch.float32)
         for order in _row_orders(rows, heads):
             candidate = block if order is None else block.permute_rows(order)

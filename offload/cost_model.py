@@ -71,6 +71,19 @@ class Hardware:
     attention_tflops: float | None = None  # attention's arithmetic (a verify pass); None: compute_tflops
     cpu_attention_gbps: float | None = None   # host KV attended in place by the CPU (hybrid); None: streamed only
     cpu_attention_tflops: float | None = None
+    # the block kernels' rates per weight format, ((format, rate), ...): block bytes/s with one row,
+    # arithmetic with a verify pass's rows; a format absent: the float rates above
+    block_gbps: tuple = ()
+    block_tflops: tuple = ()
+
+    def weight_rates(self, weights: str | None) -> tuple[float, float | None]:
+        """(GB/s, TFLOP/s) of the target's projections in `weights` ("q4_1/q8_0" for a mix: the
+        slower of each; None: floats)."""
+        gbps, tflops = dict(self.block_gbps), dict(self.block_tflops)
+        formats = weights.split("/") if weights else []
+        if not formats or not all(f in gbps and f in tflops for f in formats):
+            return self.hbm_gbps, self.compute_tflops
+        return min(gbps[f] for f in formats), min(tflops[f] for f in formats)
 
 
 @dataclass(frozen=True)
@@ -90,13 +103,16 @@ class StepCosts:
     budget: int
     kv_group: int = 1               # query heads per KV head
     element_bytes: int = 2          # of the KV
+    weights_format: str | None = None  # the target's matrices as blocks (Hardware.weight_rates); None: floats
 
 
 def _forward_ms(hw: Hardware, weight_bytes: float, weight_flops: float, kv_bytes: float, attention_flops: float,
-                layers: int) -> float:
+                layers: int, weights: str | None = None) -> float:
     rate = hw.compute_tflops * 1e9 if hw.compute_tflops else float("inf")  # FLOPs per ms
     attention_rate = hw.attention_tflops * 1e9 if hw.attention_tflops else rate
-    projections = max(weight_bytes / (hw.hbm_gbps * 1e6), weight_flops / rate)
+    weights_gbps, weights_tflops = hw.weight_rates(weights)
+    weights_rate = weights_tflops * 1e9 if weights_tflops else float("inf")
+    projections = max(weight_bytes / (weights_gbps * 1e6), weight_flops / weights_rate)
     attention = max(kv_bytes / ((hw.attention_gbps or hw.hbm_gbps) * 1e6), attention_flops / attention_rate)
     return projections + attention + layers * hw.layer_overhead_us / 1000
 
@@ -115,12 +131,12 @@ def host_kv_ms(c: StepCosts, hw: Hardware, tokens: int, rows: int = 1) -> float:
 def full_verify_ms(c: StepCosts, hw: Hardware, tokens: int, rows: int = 1) -> float:
     return host_kv_ms(c, hw, tokens, rows) + _forward_ms(
         hw, c.weights_bytes, rows * tokens * c.flops_per_token, rows * c.resident_kv_bytes,
-        rows * tokens * c.attention_flops_per_key * c.context, c.num_layers)
+        rows * tokens * c.attention_flops_per_key * c.context, c.num_layers, c.weights_format)
 
 
 def tier1_ms(c: StepCosts, hw: Hardware, tokens: int, rows: int = 1) -> float:
     return _forward_ms(hw, c.weights_bytes, rows * tokens * c.flops_per_token, rows * c.retrieval_kv_bytes,
-                       rows * tokens * c.attention_flops_per_key * c.budget, c.num_layers)
+                       rows * tokens * c.attention_flops_per_key * c.budget, c.num_layers, c.weights_format)
 
 
 def tier0_ms(c: StepCosts, hw: Hardware, rows: int = 1) -> float:

@@ -15,7 +15,7 @@ import torch
 REPEATS = 3
 
 
-def _best_seconds(fn: Callable[[], None], sync: Callable[[], None], repeats: int = REPEATS) -> float:
+def best_seconds(fn: Callable[[], None], sync: Callable[[], None], repeats: int = REPEATS) -> float:
     fn()  # warm-up
     sync()
     best = float("inf")
@@ -27,7 +27,7 @@ def _best_seconds(fn: Callable[[], None], sync: Callable[[], None], repeats: int
     return best
 
 
-def _syncer(device: torch.device) -> Callable[[], None]:
+def syncer(device: torch.device) -> Callable[[], None]:
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
@@ -38,7 +38,7 @@ def copy_gbps(device: torch.device, direction: str, num_bytes: int = 256 << 20) 
     host = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=pin)
     dev = torch.empty(num_bytes, dtype=torch.uint8, device=device)
     src, dst = (host, dev) if direction == "h2d" else (dev, host)
-    seconds = _best_seconds(lambda: dst.copy_(src, non_blocking=pin), _syncer(device))
+    seconds = best_seconds(lambda: dst.copy_(src, non_blocking=pin), syncer(device))
     return num_bytes / seconds / 1e9
 
 
@@ -46,7 +46,7 @@ def memory_gbps(device: torch.device, num_bytes: int = 512 << 20) -> float:
     """Device memory bandwidth from a device-to-device copy, counting the bytes read and written."""
     src = torch.empty(num_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    seconds = _best_seconds(lambda: dst.copy_(src), _syncer(device))
+    seconds = best_seconds(lambda: dst.copy_(src), syncer(device))
     return 2 * num_bytes / seconds / 1e9
 
 
@@ -65,7 +65,7 @@ def gemv_gbps(device: torch.device, dtype: torch.dtype) -> float:
     weight = torch.randn(rows, 4096, device=device, dtype=dtype)
     x = torch.randn(1, 4096, device=device, dtype=dtype)
     linear = _decode_linear(device)
-    seconds = _best_seconds(lambda: linear(x, weight), _syncer(device))
+    seconds = best_seconds(lambda: linear(x, weight), syncer(device))
     return weight.nbytes / seconds / 1e9
 
 
@@ -74,7 +74,7 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, rows: int = 16) -> f
     weight = torch.randn(16384, 4096, device=device, dtype=dtype)
     x = torch.randn(rows, 4096, device=device, dtype=dtype)
     linear = _decode_linear(device)
-    seconds = _best_seconds(lambda: linear(x, weight), _syncer(device))
+    seconds = best_seconds(lambda: linear(x, weight), syncer(device))
     return 2 * rows * weight.numel() / seconds / 1e12
 
 
@@ -100,7 +100,7 @@ def attention_tflops(device: torch.device, dtype: torch.dtype, queries: int = 9,
         def run():
             for k, v in kv:
                 torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    seconds = _best_seconds(run, _syncer(device))
+    seconds = best_seconds(run, syncer(device))
     return 4 * heads * queries * num_keys * dim * layers / seconds / 1e12
 
 
@@ -118,7 +118,7 @@ def host_attention_rates(dtype: torch.dtype = torch.bfloat16, num_keys: int = 16
 
     def seconds(tokens: int) -> float:
         q = torch.randn(1, kv_heads, tokens, dim, dtype=dtype)
-        return _best_seconds(lambda: host_partial(q, data, index, counts, scale=dim ** -0.5), lambda: None)
+        return best_seconds(lambda: host_partial(q, data, index, counts, scale=dim ** -0.5), lambda: None)
 
     gbps = data.nbytes / seconds(1) / 1e9
     tflops = 4 * kv_heads * verify_tokens * num_keys * dim / seconds(verify_tokens) / 1e12

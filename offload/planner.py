@@ -242,7 +242,7 @@ def step_costs(plan: "MemoryPlan", model: ModelConfig, spec: SpecParams, dtype_b
         flops_per_token=2 * weight_bytes(model, 1, tp), draft_flops_per_token=2 * draft_params,
         attention_flops_per_key=4 * model.num_layers * heads * model.head_dim,
         context=plan.context, budget=spec.budget, kv_group=model.num_heads // model.num_kv_heads,
-        element_bytes=dtype_bytes)
+        element_bytes=dtype_bytes, weights_format=plan.weight_format)
 
 
 _ELEMENT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}
@@ -262,7 +262,8 @@ def hardware(profile: MemoryProfile, dtype_bytes: int | None = None, hybrid: boo
     return Hardware(profile.hbm_gbps, profile.pcie_h2d_gbps, rate(profile.compute_tflops), profile.layer_overhead_us,
                     profile.attention_gbps, rate(profile.attention_tflops),
                     cpu_attention_gbps=profile.host_attention_gbps if cpu else None,
-                    cpu_attention_tflops=rate(profile.host_attention_tflops) if cpu else None)
+                    cpu_attention_tflops=rate(profile.host_attention_tflops) if cpu else None,
+                    block_gbps=profile.block_gbps, block_tflops=profile.block_tflops)
 
 
 def _with_predictions(plan: MemoryPlan, model: ModelConfig, profile: MemoryProfile, spec: SpecParams,

@@ -70,6 +70,10 @@ class MemoryProfile:
     # row per KV head, and the arithmetic rate with many; None: no hybrid split (all streamed)
     host_attention_gbps: float | None = None
     host_attention_tflops: float | None = None
+    # the block kernels' rates per weight format ((format, rate), ...; a TOML table): block bytes/s
+    # with one input row, and TFLOP/s with 16 (a verify pass); () where not measured
+    block_gbps: tuple = ()
+    block_tflops: tuple = ()
     source: str = ""          # the file it came from
     extras: tuple = ()        # (key, value) pairs a newer tool wrote; kept, not interpreted
 
@@ -115,7 +119,7 @@ _REQUIRED = {"num_gpus": int, "gpu_bytes": "size", "host_bytes": "size", "pcie_h
 _OPTIONAL = {"name": str, "description": str, "reserved_bytes": "size", "pcie_d2h_gbps": float,
              "cpu_threads": int, "measured": bool, "compute_tflops": float, "layer_overhead_us": float,
              "attention_gbps": float, "attention_tflops": float, "host_attention_gbps": float,
-             "host_attention_tflops": float}
+             "host_attention_tflops": float, "block_gbps": "rates", "block_tflops": "rates"}
 
 
 # `profile tune` writes these first and last: a tuned file without its last line was cut short
@@ -131,6 +135,13 @@ def profile_from_dict(data: dict, source: str) -> MemoryProfile:
         where = f"profile {source}: field '{key}'"
         if kind == "size":
             return parse_size(value, where)
+        if kind == "rates":  # a table of weight format -> positive rate
+            good = isinstance(value, dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                for v in value.values())
+            if not good:
+                raise OffloadError(f"{where} must be a table of weight formats to positive numbers, got {value!r}")
+            return tuple((str(k), float(v)) for k, v in sorted(value.items()))
         if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):  # TOML spells them inf and nan
                 raise OffloadError(f"{where} must be a finite number, got {value!r}")
@@ -158,7 +169,8 @@ def profile_from_dict(data: dict, source: str) -> MemoryProfile:
         measured=values.get("measured", False), compute_tflops=values.get("compute_tflops"),
         layer_overhead_us=values.get("layer_overhead_us", 0.0), attention_gbps=values.get("attention_gbps"),
         attention_tflops=values.get("attention_tflops"), host_attention_gbps=values.get("host_attention_gbps"),
-        host_attention_tflops=values.get("host_attention_tflops"), source=source, extras=extras)
+        host_attention_tflops=values.get("host_attention_tflops"), block_gbps=values.get("block_gbps", ()),
+        block_tflops=values.get("block_tflops", ()), source=source, extras=extras)
 
 
 def _shipped() -> dict[str, object]:
@@ -201,8 +213,10 @@ def profile_to_toml(profile: MemoryProfile) -> str:
     lines = []
     for f in fields(MemoryProfile):
         value = getattr(profile, f.name)
-        if f.name in ("source", "extras") or value is None:
+        if f.name in ("source", "extras") or value is None or value == ():
             continue
+        if f.name in ("block_gbps", "block_tflops"):
+            value = dict(value)
         lines.append(f"{f.name} = {_toml_value(value)}")
     lines += [f"{k} = {_toml_value(v)}" for k, v in profile.extras]
     return "\n".join(lines) + "\n"

@@ -15,7 +15,7 @@ ALLOWED = {
     ("triforce_core/decoding/graph_runner.py", "return host_ids([ids], device).to(device, non_blocking=True)"): "host_ids pins on CUDA",
     ("triforce_core/decoding/graph_runner.py", "view.tokens[0].copy_(inputs[0], non_blocking=True)"): "a row of host_ids",
     ("triforce_core/decoding/graph_runner.py", "view.slots.copy_(inputs[1], non_blocking=True)"): "a row of host_ids",
-    ("offload/measure.py", "seconds = _best_seconds(lambda: dst.copy_(src, non_blocking=pin), _syncer(device))"):
+    ("offload/measure.py", "seconds = best_seconds(lambda: dst.copy_(src, non_blocking=pin), syncer(device))"):
         "pin is true only for a pinned source",
     ("bench/offload_bench.py", "dst.copy_(src, non_blocking=pin)"): "pin is true only for a pinned source",
     ("bench/gpu_probe.py", 'info["pinned_h2d_gbps"] = _gbps(lambda: dev.copy_(host, non_blocking=True), size, device)'):

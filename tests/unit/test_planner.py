@@ -302,3 +302,30 @@ def test_decoding_holds_whole_host_blocks_in_the_prefill_s_scratch():
     assert p.step_costs.host_kv_bytes == (130048 - p.decode_resident_tokens) * per_token
     short = plan("llama2-7b-128k", "h100-80g", context=4096)
     assert not short.offloaded and short.decode_resident_tokens == 4096
+
+
+def test_block_kernels_rates_price_a_quantized_models_projections():
+    """The cost model reads a quantized target's projections at the block kernels' measured rates
+    (`profile tune` writes them per format); a mix of formats at the slower one; a format the
+    profile has not measured, and floats, at the float rates. The draft stays float."""
+    from dataclasses import replace
+
+    from triforce.offload.cost_model import Hardware, StepCosts, full_verify_ms, tier0_ms
+
+    hw = Hardware(hbm_gbps=20.0, h2d_gbps=16.0, compute_tflops=0.1, block_gbps=(("q4_1", 5.0), ("q8_0", 10.0)),
+                  block_tflops=(("q4_1", 0.02), ("q8_0", 0.04)))
+    assert hw.weight_rates("q4_1") == (5.0, 0.02) and hw.weight_rates("q4_1/q8_0") == (5.0, 0.02)
+    assert hw.weight_rates(None) == hw.weight_rates("q4_k") == (20.0, 0.1)
+    costs = StepCosts(num_layers=1, weights_bytes=10**9, resident_kv_bytes=0, host_kv_bytes=0, retrieval_kv_bytes=0,
+                      draft_bytes=10**8, draft_layers=1, flops_per_token=4e9, draft_flops_per_token=1e8,
+                      attention_flops_per_key=0, context=1, budget=1)
+    assert full_verify_ms(costs, hw, 1) == pytest.approx(1e9 / 20e6)              # floats: 50 ms of bytes
+    blocks = replace(costs, weights_format="q4_1")
+    assert full_verify_ms(blocks, hw, 1) == pytest.approx(1e9 / 5e6)               # 200 ms of block bytes
+    assert full_verify_ms(blocks, hw, 16) == pytest.approx(16 * 4e9 / 0.02e9)      # 16 rows: arithmetic-bound
+    assert tier0_ms(blocks, hw) == tier0_ms(costs, hw) == pytest.approx(1e8 / 20e6)
+    profile = replace(load_profile("cpu"), block_gbps=(("q4_k", 7.0),), block_tflops=(("q4_k", 0.03),))
+    planned = [plan_memory(arch_config("smollm2-135m"), p, 4096, SpecParams(method="ar"), dtype_bytes=4,
+                           weights="q4_k").predictions["ar_offload_ms_per_token"]
+               for p in (replace(profile, block_gbps=(), block_tflops=()), profile)]
+    assert planned[1] > planned[0]  # 7 GB/s of blocks against the float kernel's 33.2

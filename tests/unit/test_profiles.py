@@ -40,8 +40,9 @@ GOOD = 'num_gpus = 1\ngpu_bytes = "8GiB"\nhost_bytes = "32GiB"\npcie_h2d_gbps = 
 
 def test_a_profile_file_loads_and_round_trips(tmp_path):
     profile = load_profile(write(tmp_path, GOOD + "staging_block_bytes = 4096\nhost_attention_gbps = 40.0\n"
-                                               "host_attention_tflops = 0.8\n"))
+                                               "host_attention_tflops = 0.8\nblock_gbps = { q4_k = 700, q8_0 = 900.5 }\n"))
     assert profile.host_attention_gbps == 40.0 and profile.host_attention_tflops == 0.8
+    assert profile.block_gbps == (("q4_k", 700.0), ("q8_0", 900.5)) and profile.block_tflops == ()
     assert profile.name == "mine" and profile.pcie_d2h_gbps == 12.5 and profile.reserved_bytes == 0
     again = load_profile(write(tmp_path, profile_to_toml(profile)))
     assert again.__dict__ | {"source": ""} == profile.__dict__ | {"source": ""}
@@ -55,6 +56,8 @@ def test_a_profile_file_loads_and_round_trips(tmp_path):
     (GOOD.replace("num_gpus = 1", "num_gpus = -1"), "num_gpus"),
     (GOOD + 'reserved_bytes = "9GiB"\n', "reserved_bytes"),
     (GOOD + "host_attention_gbps = -3.0\n", "host_attention_gbps"),
+    (GOOD + "block_gbps = { q4_k = 0 }\n", "block_gbps"),
+    (GOOD + "block_tflops = 3.0\n", "block_tflops"),
 ])
 def test_bad_fields_are_named(tmp_path, body, field):
     with pytest.raises(OffloadError, match=f"'{field}'"):

@@ -11,7 +11,9 @@ from triforce.offload import measure
 from triforce.offload.profiles import MemoryProfile
 
 STEPS = ("memory", "host-to-device copy", "device-to-host copy", "device memory copy", "matrix-vector product",
-         "decode-shaped matmul", "forward-pass calibration", "verify-pass attention", "CPU attention over host KV")
+         "decode-shaped matmul", "forward-pass calibration", "verify-pass attention", "CPU attention over host KV",
+         "block-quantized weights")
+BLOCK_VERIFY_ROWS = 16
 
 
 CALIBRATION_ARCH = "smollm2-135m"  # the default model's shape: realistic per-layer op mix, quick to build
@@ -57,6 +59,33 @@ def calibrate_forward(device: torch.device, dtype: torch.dtype, weights_gbps: fl
     return overhead_us, attention_gbps
 
 
+def block_rates(device: torch.device) -> tuple[tuple, tuple]:
+    """Per block format, ((format, GB/s), ...) of block bytes read with one input row through a
+    projection of random blocks (the numba kernels on a CPU, Triton's on a GPU; none there without
+    triton), and ((format, TFLOP/s), ...) with BLOCK_VERIFY_ROWS rows. A CPU's 4-bit kernel is
+    bound by its arithmetic, not by memory, so the float matrix-vector rate would overstate it."""
+    import importlib.util
+
+    from triforce.kernels.cpu.quant_blocks import FORMATS
+    from triforce.model.quantized import random_block
+    from triforce.model.quantized_layers import block_linear
+
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return (), ()
+    rows, cols = (32768 if device.type == "cuda" else 16384), 4096
+    activations = torch.bfloat16 if device.type == "cuda" else torch.float32
+    generator = torch.Generator(device=device).manual_seed(0)
+    gbps, tflops = [], []
+    for kind in FORMATS:
+        block = random_block(kind, rows, cols, device, generator)
+        linear = block_linear(block)
+        one, many = (torch.randn(n, cols, dtype=activations, device=device) for n in (1, BLOCK_VERIFY_ROWS))
+        gbps.append((kind, round(block.nbytes / measure.best_seconds(lambda: linear(one), measure.syncer(device)) / 1e9, 3)))
+        seconds = measure.best_seconds(lambda: linear(many), measure.syncer(device))
+        tflops.append((kind, round(2 * BLOCK_VERIFY_ROWS * rows * cols / seconds / 1e12, 4)))
+    return tuple(gbps), tuple(tflops)
+
+
 def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> MemoryProfile:
     """Measure everything in STEPS (progress(step) before each) and build the profile."""
     from triforce.model.loading import resolve_dtype
@@ -85,8 +114,10 @@ def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> Memory
             values["overhead"], values["attention"] = calibrate_forward(device, dtype, values["gemv"])
         elif step == "verify-pass attention":
             values["attention_tflops"] = measure.attention_tflops(device, dtype)
-        else:
+        elif step == "CPU attention over host KV":
             values["host_attention"] = measure.host_attention_rates(dtype if dtype != torch.float64 else torch.float32)
+        else:
+            values["blocks"] = block_rates(device)
     available = values["host"][0]
     gpus = values["gpus"] if device.type == "cuda" else []
     if gpus:
@@ -110,4 +141,4 @@ def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> Memory
         attention_gbps=round(values["attention"], 3), attention_tflops=round(values["attention_tflops"], 4),
         host_attention_gbps=round(values["host_attention"][0], 3),
         host_attention_tflops=round(values["host_attention"][1], 4),
-        extras=tuple(extras.items()))
+        block_gbps=values["blocks"][0], block_tflops=values["blocks"][1], extras=tuple(extras.items()))

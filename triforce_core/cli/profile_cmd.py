@@ -52,6 +52,7 @@ def _as_dict(p) -> dict:
 
     out = asdict(p)
     out["extras"] = dict(p.extras)
+    out["block_gbps"], out["block_tflops"] = dict(p.block_gbps), dict(p.block_tflops)
     out["device_budget_bytes"] = p.device_budget_bytes
     return out
 
@@ -68,7 +69,8 @@ def tune_cmd(out, name, acceptance_file, threads):
     host-to-device and device-to-host bandwidth, device memory bandwidth (a copy and a
     matrix-vector product), matmul rate at decode shapes, the per-layer overhead and attention
     rate of one-token forwards of a 135M-parameter decoder (random weights, built locally), the
-    arithmetic rate of a verify pass's attention, and the CPU attention kernel's rate, all in the
+    arithmetic rate of a verify pass's attention, the CPU attention kernel's rate, and the block
+    kernels' rates per GGUF format (one row and a 16-row verify pass; on a GPU with triton), all in the
     dtype `--dtype auto` picks here (bfloat16 on CUDA and on CPUs with native bfloat16). Without CUDA it measures the CPU and writes a usable CPU profile."""
     from tqdm import tqdm
 
@@ -98,7 +100,12 @@ def tune_cmd(out, name, acceptance_file, threads):
           f"matmul {profile.compute_tflops} TFLOP/s at decode shapes, verify-pass attention "
           f"{profile.attention_tflops} TFLOP/s, {profile.layer_overhead_us} us per layer ({extras['measured_dtype']}), "
           f"CPU attention over host KV {profile.host_attention_gbps} GB/s and {profile.host_attention_tflops} TFLOP/s"
+          + (f", block-quantized weights read {_rates(profile.block_gbps)} GB/s" if profile.block_gbps else "")
           + (f", {len(rows)} acceptance figures" if rows else ""))
+
+
+def _rates(pairs) -> str:
+    return ", ".join(f"{kind} {rate}" for kind, rate in pairs)
 
 
 def _acceptance_rows(path: str) -> list[dict]:

@@ -4,10 +4,11 @@ memory when it is not de-quantized.
 Every format stores 32 consecutive weights of a row in one block with a float16 scale d (Q4_1 also
 a float16 offset m): Q8_0 32 int8 values w = d q; Q4_0 16 bytes of nibbles w = d (q - 8); Q4_1 16
 bytes of nibbles w = d q + m (byte j holds weight j in its low nibble and weight j + 16 in its
-high one). Q4_K's super-blocks of 256 become eight Q4_1 blocks with float32 scales and offsets
-(triforce.kernels.cpu.quant_k). The kernels (triforce.kernels.cpu.quant_linear) read them as
+high one). Q4_K's super-blocks of 256 become eight Q4_1 blocks with float32 scales and offsets,
+and Q6_K's (loaded from files only) int8 quants with a float32 scale per 16 weights, which the Q8_0
+kernels read as 16-weight blocks (triforce.kernels.cpu.quant_k). The kernels (triforce.kernels.cpu.quant_linear) read them as
 arrays of their own: quants [n, blocks * 32] int8 or [n, blocks * 16] uint8, scales and offsets
-[n, blocks] float32 (Q4_1's and Q4_K's offsets; Q4_0 and Q8_0 have none: [n, 0]). Quantizing a
+[n, blocks] float32 (Q4_1's and Q4_K's offsets; Q4_0, Q8_0 and Q6_K have none: [n, 0]). Quantizing a
 float matrix is the gguf package's own (Q4_K's is quant_k's), and its de-quantizers are the
 reference the tests hold these blocks to."""
 from __future__ import annotations
@@ -19,23 +20,27 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from triforce.kernels.cpu.quant_k import SUPER, q4_k_blocks, q4_k_factors, quantize_q4_k
+from triforce.kernels.cpu.quant_k import SUPER, q4_k_blocks, q4_k_factors, q6_k_blocks, quantize_q4_k
 
 BLOCK = 32
 FORMATS = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1,
            "q4_k": GGMLQuantizationType.Q4_K}
-FILE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 18}  # per 32 weights in a GGUF file (Q4_K: 144 per 256)
-HELD_BYTES = {"q8_0": 36, "q4_0": 20, "q4_1": 24, "q4_k": 24}  # per 32 weights as the CPU kernels read them
+# run as blocks when a file holds them, but not made at load (the gguf package has no quantizer)
+FILE_FORMATS = {**FORMATS, "q6_k": GGMLQuantizationType.Q6_K}
+BYTE_QUANTS = ("q8_0", "q6_k")  # a signed byte per weight; the others 4-bit nibbles
+# per 32 weights in a GGUF file (Q4_K: 144 per 256, Q6_K: 210)
+FILE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 18, "q6_k": 26.25}
+HELD_BYTES = {"q8_0": 36, "q4_0": 20, "q4_1": 24, "q4_k": 24, "q6_k": 40}  # as the CPU kernels read them
 # per 32 weights as the GPU kernels read them (triforce.kernels.cuda.device_blocks): the file's
 # float16 scales; Q4_K's 6-bit sc and m a byte each and float32 d and dmin per 256
-DEVICE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 19}
-_ROW_MULTIPLE = {"q4_k": SUPER}
+DEVICE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 19, "q6_k": 40}
+_ROW_MULTIPLE = {"q4_k": SUPER, "q6_k": SUPER}
 Q4_BIAS = {"q4_0": 8.0}  # 4-bit weights are d (q - bias) + m
 
 
 def format_of(kind: GGMLQuantizationType) -> str | None:
     """The format name of a GGUF tensor type that runs as blocks here (None: it does not)."""
-    return next((name for name, t in FORMATS.items() if t == kind), None)
+    return next((name for name, t in FILE_FORMATS.items() if t == kind), None)
 
 
 @dataclass
@@ -44,8 +49,8 @@ class BlockWeight:
     kind: str
     rows: int
     cols: int
-    quants: np.ndarray   # int8 [rows, cols] (q8_0) or uint8 [rows, cols // 2] (4-bit)
-    scales: np.ndarray   # float32 [rows, cols // 32]
+    quants: np.ndarray   # int8 [rows, cols] (q8_0, q6_k) or uint8 [rows, cols // 2] (4-bit)
+    scales: np.ndarray   # float32 [rows, cols // 32] (q6_k: cols // 16)
     offsets: np.ndarray  # float32 [rows, cols // 32] (q4_1); [rows, 0] for q8_0 and q4_0
     # q4_k for a GPU: its own factors (quant_k.q4_k_factors: sc_m uint8 [rows, cols // 32, 2],
     # d_dmin float32 [rows, cols // 256, 2]), which DeviceBlocks holds instead of scales and offsets
@@ -58,7 +63,12 @@ class BlockWeight:
     @property
     def file_nbytes(self) -> int:
         """Bytes the same blocks take in a GGUF file."""
-        return self.rows * self.cols // BLOCK * FILE_BYTES[self.kind]
+        return int(self.rows * self.cols // BLOCK * FILE_BYTES[self.kind])
+
+    @property
+    def group(self) -> int:
+        """Weights per scale: 32 (16 for q6_k)."""
+        return self.cols // self.scales.shape[1]
 
     @classmethod
     def from_raw(cls, kind: str, raw: np.ndarray, rows: int, cols: int, k_factors: bool = False) -> "BlockWeight":
@@ -68,6 +78,8 @@ class BlockWeight:
         if kind == "q4_k":
             return cls(kind, rows, cols, *q4_k_blocks(raw, rows, cols),
                        k_factors=q4_k_factors(raw, rows, cols) if k_factors else None)
+        if kind == "q6_k":
+            return cls(kind, rows, cols, *q6_k_blocks(raw, rows, cols), np.zeros((rows, 0), np.float32))
         blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // BLOCK, FILE_BYTES[kind])
         scales = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
         if kind == "q8_0":
@@ -94,8 +106,8 @@ class BlockWeight:
     def raw(self) -> np.ndarray:
         """The GGUF bytes of these blocks (uint8 [rows, blocks * bytes per block]); Q4_K's are not
         kept (its blocks are held as Q4_1's)."""
-        if self.kind == "q4_k":
-            raise ValueError("q4_k blocks are held in Q4_1's layout; their file bytes are not kept")
+        if self.kind in ("q4_k", "q6_k"):
+            raise ValueError(f"{self.kind} blocks are held in a layout of their own; their file bytes are not kept")
         nb = self.cols // BLOCK
         out = np.empty((self.rows, nb, FILE_BYTES[self.kind]), np.uint8)
         out[:, :, 0:2] = self.scales.astype(np.float16)[:, :, None].view(np.uint8)
@@ -111,9 +123,9 @@ class BlockWeight:
     def dequantized(self) -> torch.Tensor:
         """float32 [rows, cols]: d (q - bias) + m per weight, in the gguf package's float32
         arithmetic (the tests hold it to the package's de-quantizers bit for bit)."""
-        nb = self.cols // BLOCK
-        if self.kind == "q8_0":
-            q = self.quants.reshape(self.rows, nb, BLOCK).astype(np.float32)
+        nb = self.scales.shape[1]
+        if self.kind in BYTE_QUANTS:
+            q = self.quants.reshape(self.rows, nb, self.group).astype(np.float32)
         else:
             packed = self.quants.reshape(self.rows, nb, 1, BLOCK // 2)
             nibbles = (packed >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
@@ -158,8 +170,8 @@ def whole_blocks(kind: str, cols: int) -> bool:
 
 
 def _check(kind: str, cols: int) -> None:
-    if kind not in FORMATS:
-        raise ValueError(f"unknown block format '{kind}' (one of {', '.join(FORMATS)})")
+    if kind not in FILE_FORMATS:
+        raise ValueError(f"unknown block format '{kind}' (one of {', '.join(FILE_FORMATS)})")
     if not whole_blocks(kind, cols):
         raise ValueError(f"{kind} needs rows of whole {_ROW_MULTIPLE.get(kind, BLOCK)}-weight blocks; "
                          f"this matrix has {cols} columns")

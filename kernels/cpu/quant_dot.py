@@ -36,11 +36,12 @@ def _splat(builder, value):
 
 
 def _scaled_dot(context, builder, signature, args, weights8):
-    """acc + d * (sum over k of weights8[k] * x[xstart + 8k : + 8]) for the four 8-lane weights."""
+    """acc + d * (sum over k of weights8[k] * x[xstart + 8k : + 8]) for the 8-lane weights (four
+    for a 32-weight block, two for 16)."""
     acc, x, xstart, d = args[0], args[3], args[4], args[5]
     fma = fma_instruction(builder)
     xs = [load8(context, builder, signature.args[3], x, builder.add(xstart, ir.Constant(xstart.type, 8 * k)))
-          for k in range(4)]
+          for k in range(len(weights8))]
     dot = builder.fmul(weights8[0], xs[0])
     for w, xv in zip(weights8[1:], xs[1:]):
         dot = builder.call(fma, [w, xv, dot])
@@ -114,6 +115,21 @@ def q8_block(typingctx, acc, quants, qstart, x, xstart, d):
         raw = _bytes(context, builder, signature.args[1], args[1], args[2], _I8x32)
         weights8 = [builder.sitofp(builder.shuffle_vector(raw, raw, _mask(list(range(h, h + 8)))), LANES8)
                     for h in (0, 8, 16, 24)]
+        return _scaled_dot(context, builder, signature, args, weights8)
+
+    return f32x8(acc, quants, qstart, x, xstart, d), codegen
+
+
+@intrinsic
+def q8_block16(typingctx, acc, quants, qstart, x, xstart, d):
+    """acc + d * (q . x[xstart:xstart + 16]) for 16 signed bytes at quants[qstart:] (Q6_K's blocks)."""
+    if acc != f32x8 or not (_is_bytes_row(quants, types.int8) and is_f32_row(x)) or d != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        raw = _bytes(context, builder, signature.args[1], args[1], args[2], _I8x16)
+        weights8 = [builder.sitofp(builder.shuffle_vector(raw, raw, _mask(list(range(h, h + 8)))), LANES8)
+                    for h in (0, 8)]
         return _scaled_dot(context, builder, signature, args, weights8)
 
     return f32x8(acc, quants, qstart, x, xstart, d), codegen

@@ -81,3 +81,21 @@ def _six_bits(values: np.ndarray, unit: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         k = np.where(u > 0, np.rint(values / u), 0)
     return np.clip(k, 0, 63).astype(np.uint8)
+
+
+Q6_K_BYTES = 210  # per 256 weights: 128 low nibbles, 64 bytes of high bit pairs, 16 int8 scales, float16 d
+
+
+def q6_k_blocks(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """GGUF's Q6_K (weight = d sc_j (q - 32), q 6 bits, one int8 sc per 16 weights) as int8 quants
+    q - 32 [rows, cols] in the weights' order and float32 scales d sc [rows, cols // 16] (exact:
+    an 11-bit mantissa times an 8-bit integer), the arrays the Q8_0 kernels read with 16-weight
+    blocks. The bit layout is the gguf package's de-quantizer's."""
+    n = rows * (cols // SUPER)
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, Q6_K_BYTES)
+    ql, qh, sc, d = blocks[:, :128], blocks[:, 128:192], blocks[:, 192:208], blocks[:, 208:210]
+    scales = d.copy().view(np.float16).astype(np.float32) * sc.copy().view(np.int8).astype(np.float32)
+    low = ((ql.reshape(n, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(n, 2, 4, 32)
+    high = ((qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03)
+    quants = (low | (high << 4)).astype(np.int8) - np.int8(32)
+    return quants.reshape(rows, cols), np.ascontiguousarray(scales.reshape(rows, cols // 16))

@@ -19,8 +19,8 @@ from numba.extending import overload
 
 from triforce.kernels.cpu.cpu_linear import SMALL_ROWS, WIDEN_BYTES, small_rows_linear
 from triforce.kernels.cpu.f32_dot import HAS_F32_FMA, sum_lanes8, zeros8
-from triforce.kernels.cpu.quant_blocks import BLOCK, Q4_BIAS, BlockWeight
-from triforce.kernels.cpu.quant_dot import q4_block, q4_block4, q8_block
+from triforce.kernels.cpu.quant_blocks import BLOCK, BYTE_QUANTS, Q4_BIAS, BlockWeight
+from triforce.kernels.cpu.quant_dot import q4_block, q4_block4, q8_block, q8_block16
 
 _ROW_BLOCK = 16  # weight rows per parallel job
 
@@ -80,17 +80,23 @@ def _rest(scales_r, offsets, r, bias, sums_i, has_offsets):
 
 @numba.njit(parallel=True, cache=True)
 def linear_q8_fma(x, quants, scales, out):
-    """linear_blocks of Q8_0 blocks for float32 x on explicit vectors; HAS_F32_FMA only."""
+    """linear_blocks of signed-byte blocks for float32 x on explicit vectors; HAS_F32_FMA only.
+    Q8_0's blocks of 32, or Q6_K's of 16 (a scale per 16 quants)."""
     rows = x.shape[0]
     n, blocks = scales.shape
+    group = quants.shape[1] // blocks
     for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
         for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
             qr = quants[r]
             for i in range(rows):
                 xi = x[i]
                 acc = zeros8()
-                for b in range(blocks):
-                    acc = q8_block(acc, qr, b * BLOCK, xi, b * BLOCK, scales[r, b])
+                if group == BLOCK:
+                    for b in range(blocks):
+                        acc = q8_block(acc, qr, b * BLOCK, xi, b * BLOCK, scales[r, b])
+                else:
+                    for b in range(blocks):
+                        acc = q8_block16(acc, qr, b * 16, xi, b * 16, scales[r, b])
                 out[i, r] = sum_lanes8(acc, zeros8())
 
 
@@ -99,12 +105,13 @@ def linear_blocks(x, quants, scales, offsets, bias, kind4, out):
     """The plain loops (float64 inputs in tests, CPUs without FMA): out[i, r] = sum over blocks b
     of scales[r, b] (q . x[i, b] - bias sum(x[i, b])) + offsets[r, b] sum(x[i, b]). kind4: 4-bit
     blocks (byte j holds weight j in its low nibble, j + 16 in its high one; offsets [n, 0]: none),
-    else Q8_0's signed bytes."""
+    else signed bytes (Q8_0's blocks of 32, Q6_K's of 16: no bias or offsets)."""
     rows = x.shape[0]
     n, blocks = scales.shape
     sums = block_sums(x)
     has_offsets = offsets.shape[1] > 0
     half = BLOCK // 2
+    group = x.shape[1] // blocks
     for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
         for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
             for i in range(rows):
@@ -116,20 +123,23 @@ def linear_blocks(x, quants, scales, offsets, bias, kind4, out):
                         for j in range(half):
                             byte = quants[r, b * half + j]
                             dot += np.float32(byte & 15) * x[i, base + j] + np.float32(byte >> 4) * x[i, base + half + j]
-                    else:
-                        for j in range(base, base + BLOCK):
+                        acc += scales[r, b] * (dot - bias * sums[i, b])
+                        if has_offsets:
+                            acc += offsets[r, b] * sums[i, b]
+                    else:  # signed bytes: blocks of `group` (32, or Q6_K's 16)
+                        for j in range(b * group, (b + 1) * group):
                             dot += np.float32(quants[r, j]) * x[i, j]
-                    acc += scales[r, b] * (dot - bias * sums[i, b])
-                    if has_offsets:
-                        acc += offsets[r, b] * sums[i, b]
+                        acc += scales[r, b] * dot
                 out[i, r] = acc
 
 
 @numba.njit(parallel=True, cache=True)
 def dequantize_rows(quants, scales, offsets, kind4, bias, first, out):
-    """out [m, cols] float32 = weight rows first .. first + m; kind4: 4-bit blocks (else q8_0)."""
+    """out [m, cols] float32 = weight rows first .. first + m; kind4: 4-bit blocks (else signed
+    bytes: Q8_0's blocks of 32 or Q6_K's of 16)."""
     m, cols = out.shape
-    blocks = cols // BLOCK
+    blocks = scales.shape[1]
+    group = cols // blocks
     half = BLOCK // 2
     has_offsets = offsets.shape[1] > 0
     for k in prange(m):
@@ -144,7 +154,7 @@ def dequantize_rows(quants, scales, offsets, kind4, bias, first, out):
                     out[k, base + j] = d * (np.float32(byte & 15) - bias) + m_b
                     out[k, base + half + j] = d * (np.float32(byte >> 4) - bias) + m_b
             else:
-                for j in range(base, base + BLOCK):
+                for j in range(b * group, (b + 1) * group):
                     out[k, j] = d * np.float32(quants[r, j])
 
 
@@ -181,7 +191,7 @@ class QuantLinear:
     def kernel_args(self) -> tuple:
         """What `project` takes for this weight inside a numba function."""
         b = self.block
-        return (b.quants, b.scales) if b.kind == "q8_0" else (b.quants, b.scales, b.offsets, self._bias)
+        return (b.quants, b.scales) if b.kind in BYTE_QUANTS else (b.quants, b.scales, b.offsets, self._bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -202,8 +212,8 @@ class QuantLinear:
         x, o = rows.numpy(), out.numpy()
         vectors = HAS_F32_FMA and rows.dtype == torch.float32  # float64 (tests) takes the plain loops
         if not vectors:
-            linear_blocks(x, b.quants, b.scales, b.offsets, self._bias, b.kind != "q8_0", o)
-        elif b.kind == "q8_0":
+            linear_blocks(x, b.quants, b.scales, b.offsets, self._bias, b.kind not in BYTE_QUANTS, o)
+        elif b.kind in BYTE_QUANTS:
             linear_q8_fma(x, b.quants, b.scales, o)
         else:
             linear_q4_fma(x, b.quants, b.scales, b.offsets, self._bias, o)
@@ -218,6 +228,6 @@ class QuantLinear:
         for first in range(0, b.rows, step):
             count = min(step, b.rows - first)
             part = tile[:count]
-            dequantize_rows(b.quants, b.scales, b.offsets, b.kind != "q8_0", self._bias, first, part.numpy())
+            dequantize_rows(b.quants, b.scales, b.offsets, b.kind not in BYTE_QUANTS, self._bias, first, part.numpy())
             out[:, first:first + count] = F.linear(rows, part.to(rows.dtype))
         return out

@@ -5,7 +5,9 @@ numpy arrays), but scales kept small, since a GPU step's time is the bytes it re
   q8_0, q4_0, q4_1: the file's float16 scales (and Q4_1's float16 offsets), 34/18/20 bytes per 32
       weights as in the file (the CPU widens them to float32);
   q4_k: each 32 weights' 6-bit sc and m a byte each, each 256's d and dmin in float32: 19 bytes
-      per 32 (the file's 18; the CPU holds d sc and -dmin m expanded, 24).
+      per 32 (the file's 18; the CPU holds d sc and -dmin m expanded, 24);
+  q6_k (from files): as the CPU holds it, q - 32 a signed byte and d sc float32 per 16 weights,
+      40 bytes per 32 (the file's 26.25).
 A weight is d (q - bias) + m per 32-weight block, Q4_K's d = d256 sc and m = -(dmin256 m6): the
 same float32 products BlockWeight computes, so both de-quantize to the same bits."""
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from triforce.kernels.cpu.quant_blocks import BLOCK, FILE_BYTES, Q4_BIAS
+from triforce.kernels.cpu.quant_blocks import BLOCK, BYTE_QUANTS, FILE_BYTES, Q4_BIAS
 
 SUPER_BLOCKS = 8  # Q4_K: 32-weight blocks per 256-weight super-block
 
@@ -24,7 +26,7 @@ SUPER_BLOCKS = 8  # Q4_K: 32-weight blocks per 256-weight super-block
 class DeviceBlocks:
     """A [rows, cols] matrix in one of the block formats: quants int8 [rows, cols] (q8_0) or uint8
     [rows, cols // 2] (4-bit; byte j of a block holds weight j low, j + 16 high); scales float16
-    [rows, cols // 32] (q4_k: uint8 sc); offsets float16 [rows, cols // 32] (q4_1; q4_k: uint8 m)
+    [rows, cols // 32] (q4_k: uint8 sc; q6_k: float32 [rows, cols // 16]); offsets float16 [rows, cols // 32] (q4_1; q4_k: uint8 m)
     or [rows, 0]; supers float32 [rows, cols // 256, 2] (q4_k's d and dmin) or [rows, 0, 2]."""
     kind: str
     rows: int
@@ -45,13 +47,16 @@ class DeviceBlocks:
             sc_m, d_dmin = block.k_factors
             return cls("q4_k", block.rows, block.cols, put(block.quants), put(sc_m[:, :, 0]), put(sc_m[:, :, 1]),
                        put(d_dmin))
+        if block.kind == "q6_k":  # d sc: a float32 product, not a float16
+            return cls("q6_k", block.rows, block.cols, put(block.quants), put(block.scales), put(block.offsets),
+                       torch.zeros(block.rows, 0, 2, device=device))
         half = [put(a.astype(np.float16)) for a in (block.scales, block.offsets)]  # exact: the file's float16
         return cls(block.kind, block.rows, block.cols, put(block.quants), *half,
                    torch.zeros(block.rows, 0, 2, device=device))
 
     @property
     def q4(self) -> bool:
-        return self.kind != "q8_0"
+        return self.kind not in BYTE_QUANTS
 
     @property
     def bias(self) -> float:
@@ -64,7 +69,7 @@ class DeviceBlocks:
 
     @property
     def file_nbytes(self) -> int:
-        return self.rows * self.cols // BLOCK * FILE_BYTES[self.kind]
+        return int(self.rows * self.cols // BLOCK * FILE_BYTES[self.kind])
 
     def block_scales(self, rows: slice | torch.Tensor = slice(None)) -> tuple[torch.Tensor, torch.Tensor | None]:
         """float32 [rows, blocks] scales and offsets (None: none) of each 32-weight block."""
@@ -104,8 +109,8 @@ class DeviceBlocks:
             shifts = torch.tensor([0, 4], dtype=torch.uint8, device=quants.device).reshape(1, 1, 2, 1)
             q = ((packed >> shifts) & 0x0F).reshape(rows, nb, BLOCK).to(torch.float32) - self.bias
         else:
-            q = quants.reshape(rows, nb, BLOCK).to(torch.float32)
+            q = quants.reshape(rows, nb, self.cols // nb).to(torch.float32)
         w = scales[:, :, None] * q
         if offsets is not None:
             w = w + offsets[:, :, None]
-        return w.reshape(rows, nb * BLOCK)
+        return w.reshape(rows, -1)

@@ -35,7 +35,7 @@ SHORT_PASS = 64         # up to this many rows the short tiles serve (decoding, 
 @triton.jit
 def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, N, K, sx, so,
                           Q4: tl.constexpr, SHIFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, KQUANT: tl.constexpr,
-                          HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, STEP: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -72,14 +72,15 @@ def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, 
             else:
                 acc += tl.dot(x_lo, tl.trans(lo.to(x_lo.dtype)))
                 acc += tl.dot(x_hi, tl.trans(hi.to(x_hi.dtype)))
-    else:
+    else:  # signed bytes: Q8_0's scale per 32, Q6_K's per GROUP = 16
         c = tl.arange(0, STEP * 32)                   # the step's columns
         for first in range(0, blocks, STEP):
             col = first * 32 + c
             k_ok = col < K
             w_ok = n_ok[:, None] & k_ok[None, :]
             q = tl.load(q_ptr + offs_n[:, None] * K + col[None, :], mask=w_ok, other=0)
-            d = tl.load(s_ptr + offs_n[:, None] * blocks + (col // 32)[None, :], mask=w_ok, other=0).to(tl.float32)
+            d = tl.load(s_ptr + offs_n[:, None] * (K // GROUP) + (col // GROUP)[None, :], mask=w_ok,
+                        other=0).to(tl.float32)
             w = d * q.to(tl.float32)
             xs = tl.load(x_ptr + offs_m[:, None] * sx + col[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if IEEE:
@@ -114,6 +115,7 @@ def blocks_linear(x: torch.Tensor, w: DeviceBlocks, bias: torch.Tensor | None = 
                                     rows.stride(0), out.stride(0), Q4=w.q4, SHIFT=w.bias,
                                     HAS_OFFSETS=w.offsets.shape[1] > 0, KQUANT=w.kind == "q4_k",
                                     HAS_BIAS=bias is not None, IEEE=rows.dtype == torch.float32,
+                                    GROUP=w.cols // w.scales.shape[1] if not w.q4 else BLOCK,
                                     BLOCK_M=block_m, BLOCK_N=block_n, STEP=BLOCKS_PER_STEP)
     return out.view(*x.shape[:-1], w.rows)
 

@@ -74,7 +74,7 @@ def test_profile_tune_writes_a_profile_the_planner_uses(capsys, tmp_path, defaul
     shown = json.loads(stdout)
     assert code == 0 and shown["measured"] and shown["hbm_gbps"] > 0 and shown["pcie_h2d_gbps"] > 0
     assert shown["compute_tflops"] > 0 and len(shown["extras"]["acceptance"]) == 2
-    formats = {"q8_0", "q4_0", "q4_1", "q4_k"}  # the block kernels' rates, which plan quantized models
+    formats = {"q8_0", "q4_0", "q4_1", "q4_k", "q6_k"}  # the block kernels' rates, which plan quantized models
     assert set(shown["block_gbps"]) == set(shown["block_tflops"]) == formats
     assert all(v > 0 for v in [*shown["block_gbps"].values(), *shown["block_tflops"].values()])
     code, stdout, _ = run_cli(capsys, "plan", "--model", "default", "--profile", str(out), "--context", "8192",

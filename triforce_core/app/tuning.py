@@ -66,7 +66,7 @@ def block_rates(device: torch.device) -> tuple[tuple, tuple]:
     bound by its arithmetic, not by memory, so the float matrix-vector rate would overstate it."""
     import importlib.util
 
-    from triforce.kernels.cpu.quant_blocks import FORMATS
+    from triforce.kernels.cpu.quant_blocks import FILE_FORMATS
     from triforce.model.quantized import random_block
     from triforce.model.quantized_layers import block_linear
 
@@ -76,7 +76,7 @@ def block_rates(device: torch.device) -> tuple[tuple, tuple]:
     activations = torch.bfloat16 if device.type == "cuda" else torch.float32
     generator = torch.Generator(device=device).manual_seed(0)
     gbps, tflops = [], []
-    for kind in FORMATS:
+    for kind in FILE_FORMATS:  # q6_k too: files mix it with q4_k
         block = random_block(kind, rows, cols, device, generator)
         linear = block_linear(block)
         one, many = (torch.randn(n, cols, dtype=activations, device=device) for n in (1, BLOCK_VERIFY_ROWS))

@@ -128,6 +128,10 @@ def random_block(kind: str, rows: int, cols: int, device: torch.device, generato
     if device.type != "cpu":
         return _random_device_block(kind, rows, cols, device, generator)
     unit = torch.empty(rows, blocks, device=device).uniform_(0.5, 1.5, generator=generator)
+    if kind == "q6_k":  # signed 6-bit quants, a float32 scale per 16 (as DeviceBlocks holds them too)
+        quants = torch.randint(-32, 32, (rows, cols), device=device, dtype=torch.int8, generator=generator)
+        scales = torch.empty(rows, cols // 16, device=device).uniform_(0.5, 1.5, generator=generator) * (0.02 / 18.5)
+        return BlockWeight(kind, rows, cols, quants.numpy(), scales.numpy(), np.zeros((rows, 0), np.float32))
     if kind == "q8_0":
         quants = torch.randint(-127, 128, (rows, cols), device=device, dtype=torch.int8, generator=generator)
         scales, offsets = unit * (0.02 / 73), torch.empty(rows, 0, device=device)  # uniform int8: std ~73
@@ -144,6 +148,10 @@ def _random_device_block(kind: str, rows: int, cols: int, device: torch.device, 
 
     blocks = cols // 32
     no_supers = torch.zeros(rows, 0, 2, device=device)
+    if kind == "q6_k":
+        quants = torch.randint(-32, 32, (rows, cols), device=device, dtype=torch.int8, generator=generator)
+        scales = torch.empty(rows, cols // 16, device=device).uniform_(0.5, 1.5, generator=generator) * (0.02 / 18.5)
+        return DeviceBlocks(kind, rows, cols, quants, scales, torch.empty(rows, 0, device=device), no_supers)
     if kind == "q8_0":
         quants = torch.randint(-127, 128, (rows, cols), device=device, dtype=torch.int8, generator=generator)
         scales = torch.empty(rows, blocks, device=device).uniform_(0.5, 1.5, generator=generator) * (0.02 / 73)

@@ -60,8 +60,8 @@ quantize_option = click.option("--quantize", type=click.Choice(["auto", "gguf", 
                                default="auto", show_default=True,
                                help="Run the projections as GGUF blocks (numba kernels on a CPU, Triton on a "
                                     "GPU): gguf = the .gguf file's own "
-                                    "(the default model's Q4_1, embeddings Q8_0; Q8_0/Q4_0/Q4_1/Q4_K tensors run "
-                                    "as blocks, others such as Q6_K stay float), q8_0/q4_0/q4_1/q4_k = quantized "
+                                    "(the default model's Q4_1, embeddings Q8_0; Q8_0/Q4_0/Q4_1/Q4_K/Q6_K tensors run "
+                                    "as blocks, others such as Q5_0 stay float), q8_0/q4_0/q4_1/q4_k = quantized "
                                     "at load (q4_k rows not a multiple of 256 as q4_1; an --arch gets random "
                                     "blocks), none = de-quantized floats. auto = gguf for a .gguf model (the default "
                                     "one too) on a CPU with FMA when --dtype is auto, else none. Greedy tokens of "

@@ -3,7 +3,8 @@ own blocks (`--quantize gguf`), or the float weights quantized at load time (`--
 q4_0 | q4_1 | q4_k`, llama.cpp's reference quantizers through the gguf package; Q4_K's is
 triforce.kernels.cpu.quant_k's). A matrix whose rows are not whole Q4_K super-blocks (256
 weights) is quantized as q4_1 instead, as llama.cpp falls back for such rows; a file's tensors in
-formats without block kernels (Q6_K, Q5_K, F16, ...) stay as the conversion de-quantized them.
+formats without block kernels (Q5_0, Q5_K, F16, ...) stay as the conversion de-quantized them; Q6_K
+tensors run as blocks too (read from files only: the gguf package cannot make them).
 
 Each nn.Linear of the decoder becomes a QuantizedLinear holding a BlockWeight (on a GPU: its
 DeviceBlocks copy); its forward is the reference (de-quantize, then F.linear), and

@@ -80,7 +80,7 @@ def main(model, dtype, method, document_tokens, max_context, new_tokens, as_json
         print(json.dumps(report))
         return
     print("\n".join(lines[1:]))
-    print(f"| request | prompt tokens | cached | TTFT s | decode tok/s |\n|---|---:|---:|---:|---:|")
+    print("| request | prompt tokens | cached | TTFT s | decode tok/s |\n|---|---:|---:|---:|---:|")
     for name, r in runs.items():
         print(f"| {name} | {r['prompt_tokens']} | {r['cached_tokens']} | {r['ttft_s']} | {r['decode_tok_s']} |")
     print(f"turn 2 reaches its first token {report['turn2_speedup_vs_cold']}x sooner than the same request cold")

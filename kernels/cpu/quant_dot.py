@@ -17,7 +17,6 @@ from numba.extending import intrinsic
 from triforce.kernels.cpu.f32_dot import LANES8, f32x8, fma_instruction, is_f32_row, load8
 
 _I8x16 = ir.VectorType(ir.IntType(8), 16)
-_I8x32 = ir.VectorType(ir.IntType(8), 32)
 _I32 = ir.IntType(32)
 
 
@@ -105,31 +104,26 @@ def q4_block(typingctx, acc, quants, qstart, x, xstart, d):
     return f32x8(acc, quants, qstart, x, xstart, d), codegen
 
 
-@intrinsic
-def q8_block(typingctx, acc, quants, qstart, x, xstart, d):
-    """acc + d * (q . x[xstart:xstart + 32]) for the block's 32 signed bytes at quants[qstart:]."""
-    if acc != f32x8 or not (_is_bytes_row(quants, types.int8) and is_f32_row(x)) or d != types.float32:
-        return None
+def _signed_bytes_block(width: int):
+    """An intrinsic (acc, quants, qstart, x, xstart, d) -> acc + d * (q . x[xstart:xstart + width])
+    for `width` (32 or 16) signed bytes at quants[qstart:]."""
+    vector = ir.VectorType(ir.IntType(8), width)
 
-    def codegen(context, builder, signature, args):
-        raw = _bytes(context, builder, signature.args[1], args[1], args[2], _I8x32)
-        weights8 = [builder.sitofp(builder.shuffle_vector(raw, raw, _mask(list(range(h, h + 8)))), LANES8)
-                    for h in (0, 8, 16, 24)]
-        return _scaled_dot(context, builder, signature, args, weights8)
+    def block(typingctx, acc, quants, qstart, x, xstart, d):
+        if acc != f32x8 or not (_is_bytes_row(quants, types.int8) and is_f32_row(x)) or d != types.float32:
+            return None
 
-    return f32x8(acc, quants, qstart, x, xstart, d), codegen
+        def codegen(context, builder, signature, args):
+            raw = _bytes(context, builder, signature.args[1], args[1], args[2], vector)
+            weights8 = [builder.sitofp(builder.shuffle_vector(raw, raw, _mask(list(range(h, h + 8)))), LANES8)
+                        for h in range(0, width, 8)]
+            return _scaled_dot(context, builder, signature, args, weights8)
+
+        return f32x8(acc, quants, qstart, x, xstart, d), codegen
+
+    block.__name__ = f"q8_block{width}"
+    return intrinsic(block)
 
 
-@intrinsic
-def q8_block16(typingctx, acc, quants, qstart, x, xstart, d):
-    """acc + d * (q . x[xstart:xstart + 16]) for 16 signed bytes at quants[qstart:] (Q6_K's blocks)."""
-    if acc != f32x8 or not (_is_bytes_row(quants, types.int8) and is_f32_row(x)) or d != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        raw = _bytes(context, builder, signature.args[1], args[1], args[2], _I8x16)
-        weights8 = [builder.sitofp(builder.shuffle_vector(raw, raw, _mask(list(range(h, h + 8)))), LANES8)
-                    for h in (0, 8)]
-        return _scaled_dot(context, builder, signature, args, weights8)
-
-    return f32x8(acc, quants, qstart, x, xstart, d), codegen
+q8_block = _signed_bytes_block(32)     # a Q8_0 block
+q8_block16 = _signed_bytes_block(16)   # a Q6_K block (a scale per 16 weights)

@@ -4,13 +4,11 @@ memory when it is not de-quantized.
 Every format stores 32 consecutive weights of a row in one block with a float16 scale d (Q4_1 also
 a float16 offset m): Q8_0 32 int8 values w = d q; Q4_0 16 bytes of nibbles w = d (q - 8); Q4_1 16
 bytes of nibbles w = d q + m (byte j holds weight j in its low nibble and weight j + 16 in its
-high one). Q4_K's super-blocks of 256 become eight Q4_1 blocks whose scale d256 sc and offset
--(dmin256 m) the kernels multiply out per row (sc and m a byte each, d and dmin float32 per 256),
+high one). Q4_K's super-blocks of 256 become eight Q4_1 blocks with float32 scales and offsets,
 and Q6_K's (loaded from files only) int8 quants with a float32 scale per 16 weights, which the Q8_0
 kernels read as 16-weight blocks (triforce.kernels.cpu.quant_k). The kernels (triforce.kernels.cpu.quant_linear) read them as
 arrays of their own: quants [n, blocks * 32] int8 or [n, blocks * 16] uint8, scales and offsets
-[n, blocks] float32 (Q4_1's offsets; Q4_0, Q8_0 and Q6_K have none: [n, 0]; Q4_K's uint8 sc and
-m), supers [n, blocks // 8, 2] float32 (Q4_K's d and dmin; [n, 0, 2] for the others). Quantizing a
+[n, blocks] float32 (Q4_1's and Q4_K's offsets; Q4_0, Q8_0 and Q6_K have none: [n, 0]). Quantizing a
 float matrix is the gguf package's own (Q4_K's is quant_k's), and its de-quantizers are the
 reference the tests hold these blocks to."""
 from __future__ import annotations
@@ -22,7 +20,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from triforce.kernels.cpu.quant_k import SUPER, q4_k_blocks, q6_k_blocks, quantize_q4_k
+from triforce.kernels.cpu.quant_k import SUPER, q4_k_blocks, q4_k_factors, q6_k_blocks, quantize_q4_k
 
 BLOCK = 32
 FORMATS = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1,
@@ -32,7 +30,7 @@ FILE_FORMATS = {**FORMATS, "q6_k": GGMLQuantizationType.Q6_K}
 BYTE_QUANTS = ("q8_0", "q6_k")  # a signed byte per weight; the others 4-bit nibbles
 # per 32 weights in a GGUF file (Q4_K: 144 per 256, Q6_K: 210)
 FILE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 18, "q6_k": 26.25}
-HELD_BYTES = {"q8_0": 36, "q4_0": 20, "q4_1": 24, "q4_k": 19, "q6_k": 40}  # as the CPU kernels read them
+HELD_BYTES = {"q8_0": 36, "q4_0": 20, "q4_1": 24, "q4_k": 24, "q6_k": 40}  # as the CPU kernels read them
 # per 32 weights as the GPU kernels read them (triforce.kernels.cuda.device_blocks): the file's
 # float16 scales; Q4_K's 6-bit sc and m a byte each and float32 d and dmin per 256
 DEVICE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 19, "q6_k": 40}
@@ -52,17 +50,15 @@ class BlockWeight:
     rows: int
     cols: int
     quants: np.ndarray   # int8 [rows, cols] (q8_0, q6_k) or uint8 [rows, cols // 2] (4-bit)
-    scales: np.ndarray   # float32 [rows, cols // 32] (q6_k: cols // 16; q4_k: uint8 sc)
-    offsets: np.ndarray  # float32 [rows, cols // 32] (q4_1; q4_k: uint8 m); [rows, 0] for the others
-    supers: np.ndarray = None  # float32 [rows, cols // 256, 2]: q4_k's d and dmin; [rows, 0, 2] (None: made so)
-
-    def __post_init__(self):
-        if self.supers is None:
-            self.supers = np.zeros((self.rows, 0, 2), np.float32)
+    scales: np.ndarray   # float32 [rows, cols // 32] (q6_k: cols // 16)
+    offsets: np.ndarray  # float32 [rows, cols // 32] (q4_1); [rows, 0] for q8_0 and q4_0
+    # q4_k for a GPU: its own factors (quant_k.q4_k_factors: sc_m uint8 [rows, cols // 32, 2],
+    # d_dmin float32 [rows, cols // 256, 2]), which DeviceBlocks holds instead of scales and offsets
+    k_factors: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def nbytes(self) -> int:
-        return self.quants.nbytes + self.scales.nbytes + self.offsets.nbytes + self.supers.nbytes
+        return self.quants.nbytes + self.scales.nbytes + self.offsets.nbytes
 
     @property
     def file_nbytes(self) -> int:
@@ -75,11 +71,13 @@ class BlockWeight:
         return self.cols // self.scales.shape[1]
 
     @classmethod
-    def from_raw(cls, kind: str, raw: np.ndarray, rows: int, cols: int) -> "BlockWeight":
-        """raw: the GGUF tensor's bytes, uint8 [rows, cols // 32 * bytes per block]."""
+    def from_raw(cls, kind: str, raw: np.ndarray, rows: int, cols: int, k_factors: bool = False) -> "BlockWeight":
+        """raw: the GGUF tensor's bytes, uint8 [rows, cols // 32 * bytes per block]. k_factors:
+        keep Q4_K's own factors too (a GPU holds those)."""
         _check(kind, cols)
         if kind == "q4_k":
-            return cls(kind, rows, cols, *q4_k_blocks(raw, rows, cols))
+            return cls(kind, rows, cols, *q4_k_blocks(raw, rows, cols),
+                       k_factors=q4_k_factors(raw, rows, cols) if k_factors else None)
         if kind == "q6_k":
             return cls(kind, rows, cols, *q6_k_blocks(raw, rows, cols), np.zeros((rows, 0), np.float32))
         blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // BLOCK, FILE_BYTES[kind])
@@ -96,14 +94,14 @@ class BlockWeight:
         return cls(kind, rows, cols, quants, np.ascontiguousarray(scales), np.ascontiguousarray(offsets))
 
     @classmethod
-    def quantize(cls, kind: str, weight: torch.Tensor) -> "BlockWeight":
+    def quantize(cls, kind: str, weight: torch.Tensor, k_factors: bool = False) -> "BlockWeight":
         """A float matrix [rows, cols] quantized as llama.cpp's reference quantizer does (Q4_K:
-        a plainer one, triforce.kernels.cpu.quant_k)."""
+        a plainer one, triforce.kernels.cpu.quant_k). k_factors: see from_raw."""
         rows, cols = weight.shape
         _check(kind, cols)
         w = weight.detach().to(torch.float32).numpy()
         raw = quantize_q4_k(w) if kind == "q4_k" else quantize(w, FORMATS[kind])
-        return cls.from_raw(kind, raw, rows, cols)
+        return cls.from_raw(kind, raw, rows, cols, k_factors)
 
     def raw(self) -> np.ndarray:
         """The GGUF bytes of these blocks (uint8 [rows, blocks * bytes per block]); Q4_K's are not
@@ -126,31 +124,22 @@ class BlockWeight:
         """float32 [rows, cols]: d (q - bias) + m per weight, in the gguf package's float32
         arithmetic (the tests hold it to the package's de-quantizers bit for bit)."""
         nb = self.scales.shape[1]
-        scales, offsets = self.block_scales()
         if self.kind in BYTE_QUANTS:
             q = self.quants.reshape(self.rows, nb, self.group).astype(np.float32)
         else:
             packed = self.quants.reshape(self.rows, nb, 1, BLOCK // 2)
             nibbles = (packed >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F
             q = nibbles.reshape(self.rows, nb, BLOCK).astype(np.float32) - np.float32(Q4_BIAS.get(self.kind, 0.0))
-        w = scales[:, :, None] * q
-        if offsets is not None:
-            w = w + offsets[:, :, None]
+        w = self.scales[:, :, None] * q
+        if self.offsets.shape[1]:
+            w = w + self.offsets[:, :, None]
         return torch.from_numpy(np.ascontiguousarray(w.reshape(self.rows, self.cols)))
-
-    def block_scales(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """float32 [rows, blocks] scale and offset (None: none) of each block: Q4_K's d256 sc and
-        -(dmin256 m), the products the kernels form (exact: float16 d times a 6-bit integer)."""
-        if self.kind != "q4_k":
-            return self.scales, self.offsets if self.offsets.shape[1] else None
-        supers = np.repeat(self.supers, SUPER // BLOCK, axis=1)
-        return supers[:, :, 0] * self.scales.astype(np.float32), -(supers[:, :, 1] * self.offsets.astype(np.float32))
 
     def take_rows(self, index: torch.Tensor) -> torch.Tensor:
         """float32 [len(index), cols]: those rows de-quantized (an embedding lookup)."""
         picked = index.to(torch.int64).numpy()
         part = BlockWeight(self.kind, len(picked), self.cols, self.quants[picked], self.scales[picked],
-                           self.offsets[picked], self.supers[picked])
+                           self.offsets[picked])
         return part.dequantized()
 
     @staticmethod
@@ -160,18 +149,19 @@ class BlockWeight:
         if len(kinds) != 1 or len({p.cols for p in parts}) != 1:
             raise ValueError("stacked block weights need one format and one width")
         return BlockWeight(parts[0].kind, sum(p.rows for p in parts), parts[0].cols,
-                           *(np.concatenate([getattr(p, name) for p in parts])
-                             for name in ("quants", "scales", "offsets", "supers")))
+                           np.concatenate([p.quants for p in parts]), np.concatenate([p.scales for p in parts]),
+                           np.concatenate([p.offsets for p in parts]))
 
     def part(self, rows: slice) -> "BlockWeight":
         """Rows `rows` of this matrix (views)."""
         first, stop, _ = rows.indices(self.rows)
         return BlockWeight(self.kind, stop - first, self.cols, self.quants[rows], self.scales[rows], self.offsets[rows],
-                           self.supers[rows])
+                           None if self.k_factors is None else tuple(f[rows] for f in self.k_factors))
 
     def permute_rows(self, order: np.ndarray) -> "BlockWeight":
-        return BlockWeight(self.kind, self.rows, self.cols, *(getattr(self, name)[order].copy()
-                                                              for name in ("quants", "scales", "offsets", "supers")))
+        return BlockWeight(self.kind, self.rows, self.cols, self.quants[order].copy(), self.scales[order].copy(),
+                           self.offsets[order].copy(),
+                           None if self.k_factors is None else tuple(f[order].copy() for f in self.k_factors))
 
 
 def whole_blocks(kind: str, cols: int) -> bool:

@@ -4,8 +4,7 @@ A Q4_K super-block holds 256 weights of a row in 144 bytes: float16 d and dmin, 
 eight 6-bit scales sc and mins m (one pair per 32 weights), and 128 bytes of nibbles; weight i of
 sub-block s is d sc_s q_i - dmin m_s. That is a Q4_1 block per sub-block with scale d sc_s and
 offset -dmin m_s, both exact in float32 (an 11-bit float16 mantissa times a 6-bit integer), so
-the blocks run through the Q4_1 kernels (which form the products per row from sc, m, d and dmin
-as held) and de-quantize to the bits the gguf package gives. Only
+the blocks run through the Q4_1 kernels and de-quantize to the bits the gguf package gives. Only
 the nibbles move: Q4_K puts sub-blocks 2j and 2j + 1 in the low and high nibbles of the same 32
 bytes, Q4_1 weights t and t + 16 of one sub-block in one byte.
 
@@ -21,20 +20,33 @@ SUPER = 256
 SUPER_BYTES = 144
 
 
-def q4_k_blocks(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, ...]:
-    """raw uint8 [rows, cols // 256 * 144] -> (quants uint8 [rows, cols // 2] in Q4_1's nibble
-    order, sc and m uint8 [rows, cols // 32], d and dmin float32 [rows, cols // 256, 2]): 4.75 bits
-    a weight, the file's 4.5 but for d and dmin widened to float32."""
+def q4_k_factors(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """The super-blocks' own scale factors, as a GPU holds them (4.75 bits a weight with the
+    nibbles): sc and m uint8 [rows, cols // 32, 2], d and dmin float32 [rows, cols // 256, 2]."""
     n = rows * (cols // SUPER)
     blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, SUPER_BYTES)
     d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
     dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
     sc, m = Q4_K.get_scale_min(blocks[:, 4:16].copy())
+    sc_m = np.stack([sc.reshape(n, 8), m.reshape(n, 8)], -1).astype(np.uint8).reshape(rows, cols // 32, 2)
+    return sc_m, np.concatenate([d, dmin], -1).reshape(rows, cols // SUPER, 2)
+
+
+def q4_k_blocks(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """raw uint8 [rows, cols // 256 * 144] -> (quants uint8 [rows, cols // 2] in Q4_1's nibble
+    order, scales and offsets float32 [rows, cols // 32])."""
+    n = rows * (cols // SUPER)
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, SUPER_BYTES)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(blocks[:, 4:16].copy())
+    scales = d * sc.astype(np.float32)
+    offsets = -(dmin * m.astype(np.float32))
     qs = blocks[:, 16:].reshape(n, 4, 1, 32)
     values = ((qs >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 0x0F).reshape(n, 8, 32)
     quants = (values[:, :, :16] | (values[:, :, 16:] << 4)).astype(np.uint8)
-    return (quants.reshape(rows, cols // 2), sc.reshape(rows, cols // 32).astype(np.uint8),
-            m.reshape(rows, cols // 32).astype(np.uint8), np.concatenate([d, dmin], -1).reshape(rows, -1, 2))
+    return (quants.reshape(rows, cols // 2), np.ascontiguousarray(scales.reshape(rows, -1)),
+            np.ascontiguousarray(offsets.reshape(rows, -1)))
 
 
 def quantize_q4_k(weight: np.ndarray) -> np.ndarray:

@@ -40,60 +40,41 @@ def block_sums(x):
 
 
 @numba.njit(parallel=True, cache=True)
-def linear_q4_fma(x, quants, scales, offsets, supers, bias, out):
+def linear_q4_fma(x, quants, scales, offsets, bias, out):
     """linear_blocks of 4-bit blocks for float32 x on explicit vectors (triforce.kernels.cpu.quant_dot); HAS_F32_FMA only."""
     rows = x.shape[0]
     n, blocks = scales.shape
     sums = block_sums(x)
     has_offsets = offsets.shape[1] > 0
     for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        d, m = np.empty(blocks, np.float32), np.zeros(blocks, np.float32)
         for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
-            row_scales(scales, offsets, supers, r, d, m)
             qr = quants[r]
             i = 0
             while i + 4 <= rows:  # four rows share each block's unpacking; each sums as alone
                 a0, a1, a2, a3 = zeros8(), zeros8(), zeros8(), zeros8()
                 for b in range(blocks):
                     a0, a1, a2, a3 = q4_block4(a0, a1, a2, a3, qr, b * (BLOCK // 2), x[i], x[i + 1], x[i + 2],
-                                               x[i + 3], b * BLOCK, d[b])
-                out[i, r] = sum_lanes8(a0, zeros8()) + _rest(d, m, bias, sums[i], has_offsets)
-                out[i + 1, r] = sum_lanes8(a1, zeros8()) + _rest(d, m, bias, sums[i + 1], has_offsets)
-                out[i + 2, r] = sum_lanes8(a2, zeros8()) + _rest(d, m, bias, sums[i + 2], has_offsets)
-                out[i + 3, r] = sum_lanes8(a3, zeros8()) + _rest(d, m, bias, sums[i + 3], has_offsets)
+                                               x[i + 3], b * BLOCK, scales[r, b])
+                out[i, r] = sum_lanes8(a0, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i], has_offsets)
+                out[i + 1, r] = sum_lanes8(a1, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i + 1], has_offsets)
+                out[i + 2, r] = sum_lanes8(a2, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i + 2], has_offsets)
+                out[i + 3, r] = sum_lanes8(a3, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i + 3], has_offsets)
                 i += 4
             while i < rows:
                 acc = zeros8()
                 for b in range(blocks):
-                    acc = q4_block(acc, qr, b * (BLOCK // 2), x[i], b * BLOCK, d[b])
-                out[i, r] = sum_lanes8(acc, zeros8()) + _rest(d, m, bias, sums[i], has_offsets)
+                    acc = q4_block(acc, qr, b * (BLOCK // 2), x[i], b * BLOCK, scales[r, b])
+                out[i, r] = sum_lanes8(acc, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i], has_offsets)
                 i += 1
 
 
 @numba.njit(inline="always")
-def row_scales(scales, offsets, supers, r, d, m):
-    """Row r's block scales into d and offsets into m (float32 [blocks]): as held, or Q4_K's
-    d256 sc and -(dmin256 m) formed from its bytes (exact products, as BlockWeight.block_scales)."""
-    blocks = scales.shape[1]
-    if supers.shape[1] > 0:
-        per = blocks // supers.shape[1]
-        for b in range(blocks):
-            d[b] = supers[r, b // per, 0] * np.float32(scales[r, b])
-            m[b] = -(supers[r, b // per, 1] * np.float32(offsets[r, b]))
-    else:
-        for b in range(blocks):
-            d[b] = scales[r, b]
-            if offsets.shape[1] > 0:
-                m[b] = offsets[r, b]
-
-
-@numba.njit(inline="always")
-def _rest(d, m, bias, sums_i, has_offsets):
+def _rest(scales_r, offsets, r, bias, sums_i, has_offsets):
     """The blocks' offset and bias terms of one row: sum over b of (m_b - d_b bias) sum(x_b)."""
     rest = np.float32(0.0)
-    for b in range(d.shape[0]):
-        offset = m[b] if has_offsets else np.float32(0.0)
-        rest += (offset - d[b] * bias) * sums_i[b]
+    for b in range(scales_r.shape[0]):
+        m = offsets[r, b] if has_offsets else np.float32(0.0)
+        rest += (m - scales_r[b] * bias) * sums_i[b]
     return rest
 
 
@@ -120,11 +101,11 @@ def linear_q8_fma(x, quants, scales, out):
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
-def linear_blocks(x, quants, scales, offsets, supers, bias, kind4, out):
+def linear_blocks(x, quants, scales, offsets, bias, kind4, out):
     """The plain loops (float64 inputs in tests, CPUs without FMA): out[i, r] = sum over blocks b
-    of d_b (q . x[i, b] - bias sum(x[i, b])) + m_b sum(x[i, b]), d and m from row_scales. kind4:
-    4-bit blocks (byte j holds weight j in its low nibble, j + 16 in its high one), else signed
-    bytes (Q8_0's blocks of 32, Q6_K's of 16: no bias or offsets)."""
+    of scales[r, b] (q . x[i, b] - bias sum(x[i, b])) + offsets[r, b] sum(x[i, b]). kind4: 4-bit
+    blocks (byte j holds weight j in its low nibble, j + 16 in its high one; offsets [n, 0]: none),
+    else signed bytes (Q8_0's blocks of 32, Q6_K's of 16: no bias or offsets)."""
     rows = x.shape[0]
     n, blocks = scales.shape
     sums = block_sums(x)
@@ -132,9 +113,7 @@ def linear_blocks(x, quants, scales, offsets, supers, bias, kind4, out):
     half = BLOCK // 2
     group = x.shape[1] // blocks
     for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        d, m = np.empty(blocks, np.float32), np.zeros(blocks, np.float32)
         for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
-            row_scales(scales, offsets, supers, r, d, m)
             for i in range(rows):
                 acc = x[i, 0] * 0
                 for b in range(blocks):
@@ -144,38 +123,39 @@ def linear_blocks(x, quants, scales, offsets, supers, bias, kind4, out):
                         for j in range(half):
                             byte = quants[r, b * half + j]
                             dot += np.float32(byte & 15) * x[i, base + j] + np.float32(byte >> 4) * x[i, base + half + j]
-                        acc += d[b] * (dot - bias * sums[i, b])
+                        acc += scales[r, b] * (dot - bias * sums[i, b])
                         if has_offsets:
-                            acc += m[b] * sums[i, b]
+                            acc += offsets[r, b] * sums[i, b]
                     else:  # signed bytes: blocks of `group` (32, or Q6_K's 16)
                         for j in range(b * group, (b + 1) * group):
                             dot += np.float32(quants[r, j]) * x[i, j]
-                        acc += d[b] * dot
+                        acc += scales[r, b] * dot
                 out[i, r] = acc
 
 
 @numba.njit(parallel=True, cache=True)
-def dequantize_rows(quants, scales, offsets, supers, kind4, bias, first, out):
+def dequantize_rows(quants, scales, offsets, kind4, bias, first, out):
     """out [m, cols] float32 = weight rows first .. first + m; kind4: 4-bit blocks (else signed
     bytes: Q8_0's blocks of 32 or Q6_K's of 16)."""
-    rows_out, cols = out.shape
+    m, cols = out.shape
     blocks = scales.shape[1]
     group = cols // blocks
     half = BLOCK // 2
-    for k in prange(rows_out):
+    has_offsets = offsets.shape[1] > 0
+    for k in prange(m):
         r = first + k
-        d, m = np.empty(blocks, np.float32), np.zeros(blocks, np.float32)
-        row_scales(scales, offsets, supers, r, d, m)
         for b in range(blocks):
+            d = scales[r, b]
             base = b * BLOCK
             if kind4:
+                m_b = offsets[r, b] if has_offsets else np.float32(0.0)
                 for j in range(half):
                     byte = quants[r, b * half + j]
-                    out[k, base + j] = d[b] * (np.float32(byte & 15) - bias) + m[b]
-                    out[k, base + half + j] = d[b] * (np.float32(byte >> 4) - bias) + m[b]
+                    out[k, base + j] = d * (np.float32(byte & 15) - bias) + m_b
+                    out[k, base + half + j] = d * (np.float32(byte >> 4) - bias) + m_b
             else:
                 for j in range(b * group, (b + 1) * group):
-                    out[k, j] = d[b] * np.float32(quants[r, j])
+                    out[k, j] = d * np.float32(quants[r, j])
 
 
 def project(x, w, out):
@@ -186,11 +166,11 @@ def project(x, w, out):
 def _project_for(x, w, out):
     """out = x . w.T for the fused layer (triforce.kernels.cpu.cpu_layer), chosen when numba
     compiles: a float32 or bfloat16 weight array takes small_rows_linear, a QuantLinear's
-    kernel_args tuple its block kernel (4-bit: quants, scales, offsets, supers, bias; Q8_0 and Q6_K: quants, scales)."""
+    kernel_args tuple its block kernel (4-bit: quants, scales, offsets, bias; Q8_0: quants, scales)."""
     if isinstance(w, types.Array):
         return lambda x, w, out: small_rows_linear(x, w, out)
-    if isinstance(w, types.BaseTuple) and len(w) == 5:
-        return lambda x, w, out: linear_q4_fma(x, w[0], w[1], w[2], w[3], w[4], out)
+    if isinstance(w, types.BaseTuple) and len(w) == 4:
+        return lambda x, w, out: linear_q4_fma(x, w[0], w[1], w[2], w[3], out)
     if isinstance(w, types.BaseTuple) and len(w) == 2:
         return lambda x, w, out: linear_q8_fma(x, w[0], w[1], out)
     return None
@@ -211,7 +191,7 @@ class QuantLinear:
     def kernel_args(self) -> tuple:
         """What `project` takes for this weight inside a numba function."""
         b = self.block
-        return (b.quants, b.scales) if b.kind in BYTE_QUANTS else (b.quants, b.scales, b.offsets, b.supers, self._bias)
+        return (b.quants, b.scales) if b.kind in BYTE_QUANTS else (b.quants, b.scales, b.offsets, self._bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
@@ -232,11 +212,11 @@ class QuantLinear:
         x, o = rows.numpy(), out.numpy()
         vectors = HAS_F32_FMA and rows.dtype == torch.float32  # float64 (tests) takes the plain loops
         if not vectors:
-            linear_blocks(x, b.quants, b.scales, b.offsets, b.supers, self._bias, b.kind not in BYTE_QUANTS, o)
+            linear_blocks(x, b.quants, b.scales, b.offsets, self._bias, b.kind not in BYTE_QUANTS, o)
         elif b.kind in BYTE_QUANTS:
             linear_q8_fma(x, b.quants, b.scales, o)
         else:
-            linear_q4_fma(x, b.quants, b.scales, b.offsets, b.supers, self._bias, o)
+            linear_q4_fma(x, b.quants, b.scales, b.offsets, self._bias, o)
         return out
 
     def _widened(self, rows: torch.Tensor) -> torch.Tensor:
@@ -248,7 +228,6 @@ class QuantLinear:
         for first in range(0, b.rows, step):
             count = min(step, b.rows - first)
             part = tile[:count]
-            dequantize_rows(b.quants, b.scales, b.offsets, b.supers, b.kind not in BYTE_QUANTS, self._bias, first,
-                            part.numpy())
+            dequantize_rows(b.quants, b.scales, b.offsets, b.kind not in BYTE_QUANTS, self._bias, first, part.numpy())
             out[:, first:first + count] = F.linear(rows, part.to(rows.dtype))
         return out

@@ -5,7 +5,7 @@ numpy arrays), but scales kept small, since a GPU step's time is the bytes it re
   q8_0, q4_0, q4_1: the file's float16 scales (and Q4_1's float16 offsets), 34/18/20 bytes per 32
       weights as in the file (the CPU widens them to float32);
   q4_k: each 32 weights' 6-bit sc and m a byte each, each 256's d and dmin in float32: 19 bytes
-      per 32 (the file's 18), as the CPU holds them;
+      per 32 (the file's 18; the CPU holds d sc and -dmin m expanded, 24);
   q6_k (from files): as the CPU holds it, q - 32 a signed byte and d sc float32 per 16 weights,
       40 bytes per 32 (the file's 26.25).
 A weight is d (q - bias) + m per 32-weight block, Q4_K's d = d256 sc and m = -(dmin256 m6): the
@@ -38,12 +38,15 @@ class DeviceBlocks:
 
     @classmethod
     def of(cls, block, device: torch.device) -> "DeviceBlocks":
-        """A BlockWeight copied to `device`."""
+        """A BlockWeight copied to `device` (a q4_k one made with its k_factors)."""
         def put(a):
             return torch.from_numpy(np.ascontiguousarray(a)).to(device)
-        if block.kind == "q4_k":  # held as on the CPU: sc, m bytes and float32 d, dmin per 256
-            return cls("q4_k", block.rows, block.cols, put(block.quants), put(block.scales), put(block.offsets),
-                       put(block.supers))
+        if block.kind == "q4_k":
+            if block.k_factors is None:
+                raise ValueError("q4_k blocks for a GPU are made with k_factors=True")
+            sc_m, d_dmin = block.k_factors
+            return cls("q4_k", block.rows, block.cols, put(block.quants), put(sc_m[:, :, 0]), put(sc_m[:, :, 1]),
+                       put(d_dmin))
         if block.kind == "q6_k":  # d sc: a float32 product, not a float16
             return cls("q6_k", block.rows, block.cols, put(block.quants), put(block.scales), put(block.offsets),
                        torch.zeros(block.rows, 0, 2, device=device))

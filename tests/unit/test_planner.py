@@ -95,16 +95,15 @@ def test_weight_bytes_by_hand():
 
 def test_block_quantized_weight_bytes_by_hand():
     """Matrices at the format's bytes per weight as the kernels hold them (q4_k: 144 per 256 in a
-    file, 152 per 256 as the kernels hold it: 128 of nibbles, 8 sc, 8 m, float32 d and dmin; q4_1
-    20 per 32 on a GPU, 24 on a CPU, which widens the scales to float32); the norms stay in the dtype."""
+    file, 152 per 256 as the GPU's hold it: 128 of nibbles, 8 sc, 8 m, float32 d and dmin; 24 per
+    32 as the CPU's, scales expanded to float32); the norms stay in the dtype."""
     from triforce.offload.shapes import block_bytes_per_weight
     cfg = arch_config("llama2-7b-128k")
     matrices = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 2 * 32000 * 4096
     norms = 32 * 2 * 4096 + 4096
     assert block_bytes_per_weight("q4_k", on_gpu=True) == (128 + 8 + 8 + 8) / 256
     assert block_bytes_per_weight("q4_1", on_gpu=True) == 20 / 32  # the file's float16 d and m
-    assert block_bytes_per_weight("q4_k", on_gpu=False) == 19 / 32 and block_bytes_per_weight(None, True) is None
-    assert block_bytes_per_weight("q4_1", on_gpu=False) == 24 / 32
+    assert block_bytes_per_weight("q4_k", on_gpu=False) == 24 / 32 and block_bytes_per_weight(None, True) is None
     assert weight_bytes(cfg, 2, matrix_bytes=144 / 256) == matrices * 144 // 256 + 2 * norms
     with pytest.raises(OffloadError, match="unknown weight format"):
         block_bytes_per_weight("q3_k", on_gpu=True)

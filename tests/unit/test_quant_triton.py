@@ -23,7 +23,7 @@ def qt():
 
 def blocks(kind: str, rows: int, cols: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    cpu = BlockWeight.quantize(kind, torch.randn(rows, cols, generator=g))
+    cpu = BlockWeight.quantize(kind, torch.randn(rows, cols, generator=g), k_factors=True)
     return cpu, DeviceBlocks.of(cpu, DEVICE), g
 
 

@@ -63,7 +63,7 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
               show_default=True,
               help="Count the target's matrices as GGUF blocks of this format (norms stay in --dtype, the draft "
                    "model float), as the kernels hold them: the CPU's numba kernels on a CPU profile, the Triton "
-                   "kernels on a GPU profile (q4_k: 4.75 bits a weight on either).")
+                   "kernels on a GPU profile (q4_k: 4.75 bits a weight there, 6 on a CPU).")
 @click.option("--acceptance", default=None,
               help="FULL[,RETRIEVAL] acceptance rates for the prediction (default: the profile's measured ones, "
                    "else what natural text gave the default model with prompt lookup: 0.90 per token at the full "

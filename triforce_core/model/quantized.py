@@ -62,10 +62,10 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
     def blocks_for(gguf_name: str, weight: torch.Tensor, heads: int | None = None) -> BlockWeight | None:
         """The blocks of one matrix; None: it stays float (a file's tensor in another format)."""
         if source is not None:
-            block = source.block(gguf_name, weight, heads)
+            block = source.block(gguf_name, weight, heads, k_factors=on_gpu)
         else:
             fits = whole_blocks(kind, weight.shape[1])
-            block = BlockWeight.quantize(kind if fits else "q4_1", weight)
+            block = BlockWeight.quantize(kind if fits else "q4_1", weight, k_factors=on_gpu)
         if block is not None:
             made.append(block)
         return block
@@ -124,14 +124,23 @@ def random_blocks_into(model, kind: str, device: torch.device, generator: torch.
 
 
 def random_block(kind: str, rows: int, cols: int, device: torch.device, generator: torch.Generator):
-    """Random blocks made on `device`, weights about std 0.02: DeviceBlocks on a GPU, a
-    BlockWeight on the CPU (the same arrays, float16 scales widened as the CPU holds them)."""
-    blocks = _random_device_block(kind, rows, cols, device, generator)
+    """Random blocks made on `device` (DeviceBlocks on a GPU, a BlockWeight on the CPU)."""
+    blocks = cols // 32
     if device.type != "cpu":
-        return blocks
-    wide = kind in ("q8_0", "q4_0", "q4_1")
-    scales, offsets = ((t.float() if wide else t).numpy() for t in (blocks.scales, blocks.offsets))
-    return BlockWeight(kind, rows, cols, blocks.quants.numpy(), scales, offsets, blocks.supers.numpy())
+        return _random_device_block(kind, rows, cols, device, generator)
+    unit = torch.empty(rows, blocks, device=device).uniform_(0.5, 1.5, generator=generator)
+    if kind == "q6_k":  # signed 6-bit quants, a float32 scale per 16 (as DeviceBlocks holds them too)
+        quants = torch.randint(-32, 32, (rows, cols), device=device, dtype=torch.int8, generator=generator)
+        scales = torch.empty(rows, cols // 16, device=device).uniform_(0.5, 1.5, generator=generator) * (0.02 / 18.5)
+        return BlockWeight(kind, rows, cols, quants.numpy(), scales.numpy(), np.zeros((rows, 0), np.float32))
+    if kind == "q8_0":
+        quants = torch.randint(-127, 128, (rows, cols), device=device, dtype=torch.int8, generator=generator)
+        scales, offsets = unit * (0.02 / 73), torch.empty(rows, 0, device=device)  # uniform int8: std ~73
+    else:
+        quants = torch.randint(0, 256, (rows, cols // 2), device=device, dtype=torch.uint8, generator=generator)
+        scales = unit * (0.02 / 4.6)  # uniform nibbles: std ~4.6
+        offsets = torch.empty(rows, 0, device=device) if kind == "q4_0" else -7.5 * scales
+    return BlockWeight(kind, rows, cols, quants.numpy(), scales.numpy(), offsets.numpy())
 
 
 def _random_device_block(kind: str, rows: int, cols: int, device: torch.device, generator: torch.Generator):
@@ -189,8 +198,9 @@ class _GgufBlocks:
         names += [f"blk.{i}.{short}.weight" for i in range(layers) for short in _PROJECTIONS]
         return any(n in self.tensors and format_of(self.tensors[n].tensor_type) for n in names)
 
-    def block(self, name: str, weight: torch.Tensor, heads: int | None) -> BlockWeight | None:
-        """None where the file's tensor is in another format (it stays as the conversion made it)."""
+    def block(self, name: str, weight: torch.Tensor, heads: int | None, k_factors: bool = False) -> BlockWeight | None:
+        """None where the file's tensor is in another format (it stays as the conversion made it).
+        k_factors: keep a Q4_K tensor's own factors (BlockWeight.from_raw)."""
         tensor = self.tensors.get(name)
         if tensor is None:
             raise UserError(f"{self.path.name} has no tensor '{name}' for --quantize gguf")
@@ -198,7 +208,7 @@ class _GgufBlocks:
         if kind is None:
             return None
         rows, cols = weight.shape
-        block = BlockWeight.from_raw(kind, np.asarray(tensor.data), rows, cols)
+        block = BlockWeight.from_raw(kind, np.asarray(tensor.data), rows, cols, k_factors)
         expected = weight.detach().to(torch.float32)
         for order in _row_orders(rows, heads):
             candidate = block if order is None else block.permute_rows(order)

@@ -7,9 +7,9 @@ weight rows and walks the columns BLOCKS_PER_STEP blocks at a time: it loads the
 the blocks' scales (and offsets; Q4_K's sc and m times its super-block's d and dmin), unpacks
 the nibbles in registers (byte j of a block holds weight j in its low nibble and weight j + 16
 in its high one, so the two halves meet the inputs at columns j and j + 16), scales them in
-float32 as BlockWeight.dequantized does, rounds them
-to the activations' dtype (as the reference F.linear over the de-quantized weight does) and
-accumulates tl.dot products in float32. float32 activations take IEEE products (no TF32).
+float32 as BlockWeight.dequantized does, rounds them to the activations' dtype (as the reference
+F.linear over the de-quantized weight does) and accumulates tl.dot products in float32. float32
+activations take IEEE products (no TF32).
 
 The tile shapes do not depend on the number of rows, so a row's result is the same in a
 decoding step and in a verify pass (up to 64 rows; longer passes, prefill, take taller tiles).

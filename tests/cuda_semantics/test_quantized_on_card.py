@@ -31,7 +31,7 @@ def generate(capsys, folder, *flags):
     return json.loads(out)
 
 
-def on_card(capsys, card, folder, *flags):
+def on_card(capsys, card, folder, *flags, device="cuda"):
     from triforce.kernels.cuda import quant_triton
     calls = []
     real = quant_triton.blocks_linear
@@ -43,7 +43,7 @@ def on_card(capsys, card, folder, *flags):
     quant_triton.blocks_linear = counted
     try:
         with card.placement():
-            result = generate(capsys, folder, "--device", "cuda", "--no-graphs", *flags)
+            result = generate(capsys, folder, "--device", device, "--no-graphs", *flags)
     finally:
         quant_triton.blocks_linear = real
     assert result["device"] == "cuda:0"
@@ -52,10 +52,10 @@ def on_card(capsys, card, folder, *flags):
 
 # q4_0 takes q4_1's path through the kernel (tests/unit/test_quant_triton.py checks each format);
 # the interpreter runs a program in ~20 ms, so the speculative run is q4_1's only
-@pytest.mark.parametrize("kind,methods", [("q4_1", ["triforce"]), ("q8_0", [])])
-def test_block_kernels_on_a_card_decode_as_on_the_cpu(capsys, card, folder, kind, methods):
+@pytest.mark.parametrize("kind,methods,device", [("q4_1", ["triforce"], "cuda"), ("q8_0", [], "cuda:0")])
+def test_block_kernels_on_a_card_decode_as_on_the_cpu(capsys, card, folder, kind, methods, device):
     cpu = generate(capsys, folder, "--device", "cpu", "--quantize", kind, "--method", "ar")
-    ar, calls = on_card(capsys, card, folder, "--quantize", kind, "--method", "ar")
+    ar, calls = on_card(capsys, card, folder, "--quantize", kind, "--method", "ar", device=device)
     assert ar["quantized"]["weights"] == kind and ar["tokens"] == cpu["tokens"]
     assert 1 in calls and max(calls) > 1  # decoding steps and the prefill both ran the Triton kernels
     for method in methods:  # triforce: lookup -> retrieval tier -> full tier, every tier on the kernels

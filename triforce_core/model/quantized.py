@@ -124,23 +124,14 @@ def random_blocks_into(model, kind: str, device: torch.device, generator: torch.
 
 
 def random_block(kind: str, rows: int, cols: int, device: torch.device, generator: torch.Generator):
-    """Random blocks made on `device` (DeviceBlocks on a GPU, a BlockWeight on the CPU)."""
-    blocks = cols // 32
+    """Random blocks made on `device`, weights about std 0.02: DeviceBlocks on a GPU; on the CPU
+    the same blocks as a BlockWeight, their scales (and offsets) widened to float32 as it holds them."""
+    blocks = _random_device_block(kind, rows, cols, device, generator)
     if device.type != "cpu":
-        return _random_device_block(kind, rows, cols, device, generator)
-    unit = torch.empty(rows, blocks, device=device).uniform_(0.5, 1.5, generator=generator)
-    if kind == "q6_k":  # signed 6-bit quants, a float32 scale per 16 (as DeviceBlocks holds them too)
-        quants = torch.randint(-32, 32, (rows, cols), device=device, dtype=torch.int8, generator=generator)
-        scales = torch.empty(rows, cols // 16, device=device).uniform_(0.5, 1.5, generator=generator) * (0.02 / 18.5)
-        return BlockWeight(kind, rows, cols, quants.numpy(), scales.numpy(), np.zeros((rows, 0), np.float32))
-    if kind == "q8_0":
-        quants = torch.randint(-127, 128, (rows, cols), device=device, dtype=torch.int8, generator=generator)
-        scales, offsets = unit * (0.02 / 73), torch.empty(rows, 0, device=device)  # uniform int8: std ~73
-    else:
-        quants = torch.randint(0, 256, (rows, cols // 2), device=device, dtype=torch.uint8, generator=generator)
-        scales = unit * (0.02 / 4.6)  # uniform nibbles: std ~4.6
-        offsets = torch.empty(rows, 0, device=device) if kind == "q4_0" else -7.5 * scales
-    return BlockWeight(kind, rows, cols, quants.numpy(), scales.numpy(), offsets.numpy())
+        return blocks
+    scales, offsets = blocks.block_scales()
+    offsets = np.zeros((rows, 0), np.float32) if offsets is None else offsets.numpy()
+    return BlockWeight(kind, rows, cols, blocks.quants.numpy(), scales.numpy(), offsets)
 
 
 def _random_device_block(kind: str, rows: int, cols: int, device: torch.device, generator: torch.Generator):

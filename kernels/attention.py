@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import triforce.kernels.cpu.cpu_attention as cpu_attention
+from triforce.kernels.device_kind import on_cuda
 from triforce.kernels.partial import block_kind, fused_partial, fused_shape, partial_attention
 
 
@@ -52,7 +53,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
         out, _ = fused_partial(q, k, v, scale=scale, shape="diagonal", q_start=num_keys - num_queries, k_start=0)
         return out.to(q.dtype)
     mask = causal_mask(num_queries, num_keys, q.device, sliding_window if window_binds else None)
-    if not gqa or not (q.is_cuda if fold_masked_gqa is None else fold_masked_gqa):
+    if not gqa or not (on_cuda(q) if fold_masked_gqa is None else fold_masked_gqa):
         # the CPU's flash kernel takes a mask with GQA (and beats the folded form about 1.5x)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
     # On CUDA, fold the query heads that share a KV head into rows, each row seeing what its query
@@ -141,7 +142,7 @@ class FlashAttention(SdpaAttention):
         self.flash_fn, self.kvcache_fn, self.cuda_only = flash_fn, kvcache_fn, cuda_only
 
     def _takes(self, q: torch.Tensor) -> bool:
-        return q.dtype in self.DTYPES and (q.is_cuda or not self.cuda_only)
+        return q.dtype in self.DTYPES and (on_cuda(q) or not self.cuda_only)
 
     def _run(self, q, k, v, scale, causal, window, lse):
         result = self.flash_fn(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale,

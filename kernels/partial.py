@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from triforce.kernels.device_kind import on_cuda
+
 # Score elements per tile: bounds the [H, T, S] temporary of long prefills (decode steps, with a
 # handful of queries, see a whole block in one tile).
 MAX_SCORE_ELEMENTS = 1 << 22
@@ -112,11 +114,11 @@ def block_kind(num_queries: int, num_keys: int, q_start: int, k_start: int,
 def fused_shape(q: torch.Tensor, num_keys: int, q_start: int, k_start: int,
                 sliding_window: int | None) -> str | None:
     """Which fused kernel serves this block, if any (block_kind's names): half precision on any
-    device, float32 on the CPU, whose flash kernel takes it too; "diagonal" on the CPU only."""
-    if num_keys == 0 or not (q.dtype in HALF or (q.dtype == torch.float32 and not q.is_cuda)):
+    device, float32 on the CPU, whose flash kernel takes it too. A "diagonal" block's causal part
+    is a square (as many keys as queries), where CUDA's flash kernel masks as the CPU's does."""
+    if num_keys == 0 or not (q.dtype in HALF or (q.dtype == torch.float32 and not on_cuda(q))):
         return None
-    kind = block_kind(q.shape[2], num_keys, q_start, k_start, sliding_window)
-    return None if kind == "diagonal" and q.is_cuda else kind
+    return block_kind(q.shape[2], num_keys, q_start, k_start, sliding_window)
 
 
 def fused_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,

@@ -36,6 +36,7 @@ from triforce.kernels.cpu.bf16_values import CHUNK
 from triforce.kernels.cpu.f32_attention_parts import fits as f32_fits
 from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
 from triforce.kernels.cpu.f32_lanes import exp_sum, max_of
+from triforce.kernels.device_kind import on_host
 
 SMALL_QUERIES = 16  # beyond this many new tokens (prefill) the blocked SDPA kernel is the better one
 SPLIT = 512         # keys per job: 3 heads of 2K keys make 12 jobs for 2 cores
@@ -175,7 +176,7 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int
     SMALL_QUERIES new tokens, KV heads x head dim >= MIN_KV_WIDTH, no sliding window that hides
     keys, and k, v laid out as rows of a cache buffer (contiguous rows, heads whole rows apart,
     the block within the storage)."""
-    if q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype:
+    if not on_host(q) or q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype:
         return False
     if q.shape[0] != 1 or not 0 < q.shape[2] <= min(SMALL_QUERIES, k.shape[2]) or q.shape[1] % k.shape[1]:
         return False

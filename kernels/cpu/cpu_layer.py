@@ -25,6 +25,7 @@ from triforce.kernels.cpu.cpu_exp import exp_in_place
 from triforce.kernels.cpu.cpu_linear import SMALL_ROWS, FusedLinear
 from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
 from triforce.kernels.cpu.quant_linear import QuantLinear, project
+from triforce.kernels.device_kind import on_host
 
 
 @numba.njit(cache=True)
@@ -147,17 +148,17 @@ class CpuLayer:
         QuantLinear (block kernels, on CPUs with FMA) beside float32 or bfloat16 norms."""
         if all(isinstance(lin, QuantLinear) for lin in linears):
             return HAS_F32_FMA and all(n.dtype in (torch.float32, torch.bfloat16) and n.dtype == in_norm.dtype
-                                       and n.device.type == "cpu" and n.is_contiguous() for n in (in_norm, post_norm))
+                                       and on_host(n) and n.is_contiguous() for n in (in_norm, post_norm))
         if not all(isinstance(lin, FusedLinear) and lin._kernel is not None for lin in linears):
             return False
         dtype = linears[0].weight.dtype
         return all(lin.weight.dtype == dtype for lin in linears) and all(
-            n.dtype == dtype and n.device.type == "cpu" and n.is_contiguous() for n in (in_norm, post_norm))
+            n.dtype == dtype and on_host(n) and n.is_contiguous() for n in (in_norm, post_norm))
 
     def takes(self, x: torch.Tensor) -> bool:
         """x [B, T, hidden]: at most SMALL_ROWS tokens in all (a decoding step or verify pass of
         one sequence, or of a batch's rows) in the layer's dtype."""
-        return (x.device.type == "cpu" and x.dtype == self.dtype and x.shape[0] * x.shape[1] <= SMALL_ROWS
+        return (on_host(x) and x.dtype == self.dtype and x.shape[0] * x.shape[1] <= SMALL_ROWS
                 and x.is_contiguous())
 
     def pre(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

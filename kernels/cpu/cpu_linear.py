@@ -31,6 +31,7 @@ from triforce.kernels.cpu.bf16_bits import bits_of, to_float32
 from triforce.kernels.cpu.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
 from triforce.kernels.cpu.cpu_flags import native_matmul
 from triforce.kernels.cpu.f32_dot import HAS_F32_FMA, STEP, linear_f32_fma
+from triforce.kernels.device_kind import on_host
 
 SMALL_ROWS = 16  # up to this many input rows the weight stream dominates: the kernels below
 MIN_WEIGHTS = 1 << 17  # smaller matrices sit in cache, where F.linear's lower call cost wins
@@ -109,17 +110,19 @@ class FusedLinear:
         half = self.weight.dtype in (torch.bfloat16, torch.float16)
         self.out_dtype = torch.float32 if keep_float32 and half else self.weight.dtype
         self._kernel = None
-        if self.weight.device.type == "cpu" and self.weight.is_contiguous() and self.weight.numel() >= MIN_WEIGHTS:
+        if on_host(self.weight) and self.weight.is_contiguous() and self.weight.numel() >= MIN_WEIGHTS:
             if self.weight.dtype in (torch.float32, torch.bfloat16):
                 self._kernel, self._w = small_rows_linear, bits_of(self.weight)
         self._bias32 = None if self.bias is None else self.bias.to(torch.float32)
-        self._widen = half and self.weight.device.type == "cpu" and not native_matmul(self.weight.dtype)
+        self._widen = half and on_host(self.weight) and not native_matmul(self.weight.dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if self._widen and rows.shape[0] > SMALL_ROWS and x.dtype == self.weight.dtype:
             return self._widened(rows).view(*x.shape[:-1], self.weight.shape[0])
         if self._kernel is None or rows.shape[0] > SMALL_ROWS or x.dtype != self.weight.dtype:
+            if self.out_dtype != x.dtype and x.dtype == self.weight.dtype and not on_host(self.weight):
+                return linear_float32(x, self.weight, self.bias)  # a device's logits, never rounded to 16 bits
             return F.linear(x, self.weight, self.bias).to(self.out_dtype)
         if rows.dtype != torch.float32 or not rows.is_contiguous():
             rows = rows.to(torch.float32).contiguous()  # .to(memory_format=...) keeps float32 rows strided
@@ -143,6 +146,20 @@ class FusedLinear:
             else:
                 out[:, first:first + step] = torch.addmm(self._bias32[first:first + step], x32, w32.t())
         return out
+
+
+def linear_float32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias) of 16-bit x and weight as float32, the float32 sums unrounded: CUDA's
+    mm with out_dtype (tensor cores, no widened copy of the weight); elsewhere (a simulated card)
+    the same products on widened operands."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.is_cuda:
+        out = torch.mm(rows, weight.t(), out_dtype=torch.float32)
+    else:
+        out = rows.to(torch.float32) @ weight.to(torch.float32).t()
+    if bias is not None:
+        out += bias.to(torch.float32)
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -237,7 +237,8 @@ class CheckedStreams:
     # ---- checking -----------------------------------------------------------------------
     def _region(self, t: torch.Tensor, kind: str) -> Region:
         key = t.untyped_storage().data_ptr()
-        if key not in self._regions:
+        if key not in self._regions or self._regions[key].kind != kind:
+            # new, or freed and its address handed out again as the other kind of memory: no history
             self._regions[key] = Region(kind)
         return self._regions[key]
 

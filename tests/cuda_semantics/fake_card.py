@@ -19,7 +19,9 @@ import torch
 import torch.cuda.memory
 import torch.distributed
 from torch.cuda._utils import _get_device_index
-from torch.overrides import TorchFunctionMode
+
+from card_tensors import CardGenerator, CardTensors, FakeCudaGraph, is_card
+from triforce.kernels.device_kind import SIMULATED_CARD
 
 GIB = 2**30
 NEEDS_INDEX = ("get_per_process_memory_fraction", "set_per_process_memory_fraction", "set_device")
@@ -61,6 +63,8 @@ class FakeCard:
         self.fractions = [1.0] * self.count
         self.calls: list[tuple[str, int]] = []  # (function, resolved index), for tests to read
         self.groups: list[tuple[str | None, torch.device | None]] = []  # init_process_group's
+        self.sync_debug_level = 0  # torch.cuda.set_sync_debug_mode's: 0 off, 1 warn, 2 error
+        self.tensors: CardTensors | None = None  # the placement's mode while one is entered
 
     # -- index rules: torch's own helper, then the range the driver checks --------------------
     def _index(self, name: str, device, optional: bool, *, assertion: bool = False) -> int:
@@ -132,9 +136,20 @@ class FakeCard:
 
     def synchronize(self, device: torch.device | str | int | None = None) -> None:
         self._index("synchronize", device, optional=True)
+        if self.tensors is not None:  # the host waits for the card, as a sync debug mode reports it
+            self.tensors._sync("torch.cuda.synchronize")
 
     def empty_cache(self) -> None:
         pass
+
+    def set_sync_debug_mode(self, debug_mode: int | str) -> None:
+        levels = {"default": 0, "warn": 1, "error": 2}
+        if isinstance(debug_mode, str) and debug_mode not in levels:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        self.sync_debug_level = levels.get(debug_mode, debug_mode)
+
+    def get_sync_debug_mode(self) -> int:
+        return self.sync_debug_level
 
     def cudart(self):
         return self.runtime
@@ -156,7 +171,8 @@ class FakeCard:
     FAKED = ("is_available", "device_count", "current_device", "set_device", "mem_get_info", "memory_reserved",
              "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "get_device_properties",
              "get_device_name", "get_device_capability", "get_per_process_memory_fraction",
-             "set_per_process_memory_fraction", "synchronize", "empty_cache", "cudart")
+             "set_per_process_memory_fraction", "synchronize", "empty_cache", "cudart", "set_sync_debug_mode",
+             "get_sync_debug_mode")
 
     def install(self, monkeypatch) -> "FakeCard":
         """Put the fakes in place of torch.cuda's functions (and torch.cuda.memory's, which some
@@ -169,31 +185,64 @@ class FakeCard:
         monkeypatch.setattr(torch.distributed, "init_process_group", self.init_process_group)
         return self
 
+    def install_graphs(self, monkeypatch) -> "FakeCard":
+        """CUDA graphs on the simulated card (card_tensors.FakeCudaGraph): a runner's capture runs
+        under the capture guard, its replays too; streams are the one stream the host runs in order."""
+        card = self
+
+        class Stream:
+            def __init__(self, device=None, priority=0, **kwargs):
+                pass
+
+            def wait_stream(self, stream):
+                pass
+
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
+        class CUDAGraph(FakeCudaGraph):
+            def __init__(self, keep_graph=False):
+                super().__init__(card.tensors)
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", CUDAGraph)
+        return self
+
     @contextlib.contextmanager
     def placement(self):
-        """Tensors bound for the card stay in host memory (this PyTorch has no CUDA), so a
-        runtime can be built "on the card" and its plan read. Labels are kept: the loaded model
-        still says cuda:N, which is all the planning reads."""
+        """Tensors bound for the card stay in host memory (this PyTorch has no CUDA), labelled as
+        the card's (card_tensors.CardTensors: CUDA's kernel choices, its host syncs, the capture
+        guard), so a runtime can be built and run "on the card". The loaded model still says cuda:N.
+        Yields the mode."""
         real_generator = torch.Generator
-        torch.Generator = lambda device="cpu": real_generator(device=_host(device))  # a C type: no mode sees it
+
+        class PlacedType(type(real_generator)):  # a C type that no mode sees: stood in for
+            def __call__(cls, device="cpu"):
+                if device is not None and torch.device(device).type == "cuda":
+                    return CardGenerator(torch.device(device).index or 0)
+                return real_generator(device=device)
+
+            def __instancecheck__(cls, obj):
+                return isinstance(obj, real_generator)
+
+        generator = PlacedType("Generator", (real_generator,), {})
+
+        real_parameter = torch.nn.Parameter.__new__
+        parameter_slot = vars(torch.nn.Parameter)["__new__"]
+
+        def parameter(cls, data=None, requires_grad=True):  # _make_subclass is seen by no mode
+            made = real_parameter(cls, data, requires_grad)
+            if is_card(data):
+                setattr(made, SIMULATED_CARD, True)
+            return made
+
+        torch.Generator = generator
+        torch.nn.Parameter.__new__ = staticmethod(parameter)
+        self.tensors = CardTensors(lambda: self.sync_debug_level)
         try:
-            with _HostPlacement():
-                yield self
+            with self.tensors:
+                yield self.tensors
         finally:
             torch.Generator = real_generator
-
-
-def _host(device):
-    return "cpu" if device is not None and torch.device(device).type == "cuda" else device
-
-
-class _HostPlacement(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if "device" in kwargs:
-            kwargs["device"] = _host(kwargs["device"])
-        if kwargs.get("pin_memory"):
-            kwargs["pin_memory"] = False
-        if getattr(func, "__name__", "") == "to" and len(args) > 1 and isinstance(args[1], (str, torch.device)):
-            args = (args[0], _host(args[1]), *args[2:])
-        return func(*args, **kwargs)
+            torch.nn.Parameter.__new__ = parameter_slot
+            self.tensors = None

@@ -76,7 +76,8 @@ class DeviceBlocks:
         scales, offsets = self.scales[rows], self.offsets[rows]
         if self.kind != "q4_k":
             return scales.float(), offsets.float() if offsets.shape[1] else None
-        supers = self.supers[rows].repeat_interleave(SUPER_BLOCKS, dim=1)
+        supers = self.supers[rows]  # [rows, supers, 2] -> one (d, dmin) per 32-weight block
+        supers = supers[:, :, None].expand(-1, -1, SUPER_BLOCKS, -1).reshape(supers.shape[0], -1, 2)
         return supers[:, :, 0] * scales.float(), -(supers[:, :, 1] * offsets.float())
 
     def dequantized(self) -> torch.Tensor:
@@ -105,9 +106,10 @@ class DeviceBlocks:
     def _dequantize(self, quants, scales, offsets) -> torch.Tensor:
         rows, nb = scales.shape
         if self.q4:
-            packed = quants.reshape(rows, nb, 1, BLOCK // 2)
-            shifts = torch.tensor([0, 4], dtype=torch.uint8, device=quants.device).reshape(1, 1, 2, 1)
-            q = ((packed >> shifts) & 0x0F).reshape(rows, nb, BLOCK).to(torch.float32) - self.bias
+            # low nibbles are weights 0-15 of a block, high ones 16-31; no constant tensor is made
+            # here (a host-to-device copy per call, which a CUDA graph cannot capture)
+            packed = quants.reshape(rows, nb, BLOCK // 2)
+            q = torch.cat([packed & 0x0F, packed >> 4], dim=2).to(torch.float32) - self.bias
         else:
             q = quants.reshape(rows, nb, self.cols // nb).to(torch.float32)
         w = scales[:, :, None] * q

@@ -130,6 +130,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
         "threads": threads_in_use(),
         "attention": runtime.attn_name,
         "drafting_runner": engine.runner_mode,
+        "graphs": {t.name: t.runner.report() for t in engine.levels if getattr(t, "runner", None) is not None},
         "load_s": round(runtime.load_s, 3),
         **result.stats,
         "speculation": {"budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1,

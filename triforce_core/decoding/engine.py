@@ -21,7 +21,7 @@ from triforce.config import AUTO, SamplingParams, SpecParams
 from triforce.decoding.draft import resolve_draft
 from triforce.decoding.draft_ahead import Ahead, AheadRunner, AheadTally, wanted
 from triforce.decoding.full_tier import PREFILL_CHUNK, PREFILL_GROUP, FullTier, Queries
-from triforce.decoding.graph_runner import runner_mode
+from triforce.decoding.graph_runner import captures_held, runner_mode
 from triforce.decoding.hooks import EngineHooks
 from triforce.decoding.policy import SpeculationPolicy, SparseUpkeep
 from triforce.decoding.sampling import make_generator, probabilities, sample
@@ -191,8 +191,9 @@ class Engine:
                 logits = tier.logits(self.seq)
             elif self.ahead is not None and drafts and limit - len(drafts) > 2:
                 verify = partial(tier.verify, list(self.seq), bool(self.sparse_tiers))
-                (logits, queries), ahead = self.ahead.run(verify, partial(self._draft_ahead, level - 1,
-                                                                          limit - len(drafts) - 1))
+                with captures_held(self.levels):  # the verify issues work on another thread meanwhile
+                    (logits, queries), ahead = self.ahead.run(verify, partial(self._draft_ahead, level - 1,
+                                                                              limit - len(drafts) - 1))
             else:
                 logits, queries = tier.verify(self.seq, record_queries=bool(self.sparse_tiers))
         rows = logits[-(len(drafts) + 1):]

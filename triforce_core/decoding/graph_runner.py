@@ -11,6 +11,7 @@ Modes: "eager" (the cache's step view), "static" (the fixed-shape view without c
 reference the graphs replay, runnable on CPU), "graph" (captured on first use, then replayed)."""
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Callable
 
@@ -18,6 +19,7 @@ import torch
 
 from triforce.errors import UserError
 from triforce.config import MAX_GRAPH_TOKENS
+from triforce.kernels.device_kind import on_cuda
 
 MODES = ("eager", "static", "graph")
 
@@ -41,6 +43,19 @@ def device_tokens(ids: list[int], device: torch.device) -> torch.Tensor:
     """[1, T] int64 on `device` without waiting for the device: the copy is queued on the stream
     (torch's blocking host-to-device copy would synchronise the stream first)."""
     return host_ids([ids], device).to(device, non_blocking=True)
+
+
+@contextlib.contextmanager
+def captures_held(levels):
+    """No tier captures a graph inside the block (steps without one run uncaptured)."""
+    runners = [t.runner for t in levels if getattr(t, "runner", None) is not None]
+    for runner in runners:
+        runner.captures_held = True
+    try:
+        yield
+    finally:
+        for runner in runners:
+            runner.captures_held = False
 
 
 class StaticStepView:
@@ -75,7 +90,7 @@ class TierRunner:
                  agree: Callable[[bool], bool] | None = None):
         if mode not in MODES:
             raise ValueError(f"unknown runner mode '{mode}' (choose from {', '.join(MODES)})")
-        if mode == "graph" and cache.k_buf.device.type != "cuda":
+        if mode == "graph" and not on_cuda(cache.k_buf):
             raise ValueError("CUDA graphs need a CUDA device")
         self.model, self.cache, self.mode = model, cache, mode
         self.max_graph_tokens = max_graph_tokens
@@ -92,6 +107,14 @@ class TierRunner:
         self.replays = 0      # graph replays
         self.static_runs = 0  # fixed-shape runs without a graph (static mode, captures)
         self.eager_runs = 0
+        # while held (another thread is issuing work: a verify beside drafting ahead), a step
+        # without a graph runs uncaptured: a capture there would make that thread's allocations
+        # and syncs illegal, and it would wait for the other thread's queued work
+        self.captures_held = False
+
+    def report(self) -> dict:
+        return {"mode": self.mode, "replays": self.replays, "static_runs": self.static_runs,
+                "eager_runs": self.eager_runs, "graph_failed": self.graph_failed}
 
     def run(self, tokens: list[int], step) -> torch.Tensor:
         """Logits [T, V] of `tokens` fed through `step` (from cache.step(T))."""
@@ -111,6 +134,9 @@ class TierRunner:
             graph, out = self._graphs[num_new]
             graph.replay()
             self.replays += 1
+        elif self.captures_held:
+            self.static_runs += 1
+            return self._forward(view)[0]
         elif not self._capture_agreed(num_new, view):
             return self._forward(view)[0]
         else:
@@ -163,17 +189,26 @@ class TierRunner:
 
     def _capture(self, view: StaticStepView):
         """Warm up on a side stream, then capture. The inputs are this step's real ones and every
-        write is idempotent (the same KV to the same slots), so warm-up runs change nothing."""
+        write is idempotent (the same KV to the same slots), so warm-up runs change nothing.
+        capture_begin/end rather than torch.cuda.graph, whose entry synchronises the device and
+        empties the allocator's and the pinned host caches; thread_local: another thread's work
+        (a prefetch, a verify) stays legal while this one captures."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
                 self._forward(view)
+            graph = torch.cuda.CUDAGraph()
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
+            try:
+                out = self._forward(view)
+            except BaseException:
+                with contextlib.suppress(RuntimeError):  # the capture is void: say why it failed
+                    graph.capture_end()
+                raise
+            graph.capture_end()
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self._forward(view)
         graph.replay()  # capture records without running: run it once for this step
         return graph, out

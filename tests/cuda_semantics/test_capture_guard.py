@@ -1,0 +1,73 @@
+"""The drafting tiers' CUDA graphs on a simulated card, captured and replayed under the capture
+guard (card_tensors.FakeCudaGraph): every step a graph holds, for every architecture family and for
+float and block-quantized weights, makes no host sync and no tensor from Python data, and a graph
+that fails to capture fails the test (graph_failed is reported in the JSON); the tokens equal the
+eager run's."""
+import json
+
+import pytest
+
+from card_tensors import CaptureViolation, CardTensors
+from triforce.cli.main import main
+
+PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat and the dog sat on the log. the cat sat on"
+
+
+def generate(capsys, card, folder, *flags):
+    with card.placement():
+        with pytest.raises(SystemExit) as exit_info:
+            main(["generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda", "--max-new-tokens", "10",
+                  "--budget", "48", "--chunk-size", "4", "--temperature", "0", "--json", *flags])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture
+def graphs(card, monkeypatch):
+    return card.install_graphs(monkeypatch)
+
+
+def assert_all_replayed(report):
+    assert report["drafting_runner"] == "graph"
+    assert report["graphs"], "no drafting tier ran through the graph runner"
+    for tier, runner in report["graphs"].items():
+        assert runner["graph_failed"] is None, (tier, runner["graph_failed"])
+        assert runner["replays"] > 0, (tier, runner)  # prefills longer than a graph run eagerly
+
+
+@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa", "mistral", "qwen2", "llama3-rope"])
+def test_every_family_captures_its_drafting_tiers(capsys, graphs, tiny_model_dir, family):
+    folder = str(tiny_model_dir(family, max_position_embeddings=512))
+    draft = str(tiny_model_dir(family, seed=7, num_layers=1, hidden_size=32, max_position_embeddings=512))
+    report = generate(capsys, graphs, folder, "--method", "triforce", "--draft", draft)
+    assert_all_replayed(report)
+    eager = generate(capsys, graphs, folder, "--method", "triforce", "--draft", draft, "--no-graphs")
+    assert report["tokens"] == eager["tokens"]
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_k"])
+def test_block_quantized_weights_capture_their_drafting_tiers(capsys, graphs, tiny_model_dir, kind):
+    """The quantized embedding de-quantizes its rows inside the graph (it once built a constant
+    tensor from Python data at every pass, which a capture refuses)."""
+    pytest.importorskip("triton")
+    folder = str(tiny_model_dir("llama-gqa", hidden_size=256, max_position_embeddings=512))
+    report = generate(capsys, graphs, folder, "--method", "retrieval", "--quantize", kind, "--dtype", "float32",
+                      "--max-new-tokens", "4")
+    assert_all_replayed(report)
+
+
+def test_the_guard_refuses_what_a_capture_refuses():
+    import torch
+    mode = CardTensors()
+    with mode:
+        x = torch.ones(4, device="cuda")
+        with mode.capture_guard():
+            y = x * 2  # device work: fine
+            for act in (lambda: y.sum().item(), lambda: bool(y[0] > 1), lambda: y.tolist(),
+                        lambda: torch.tensor([0, 4], device="cuda"), lambda: y.to("cpu"),
+                        lambda: y[y > 1], lambda: y.nonzero()):
+                with pytest.raises(CaptureViolation):
+                    act()
+        assert y.sum().item() == 8.0  # outside a capture a sync is allowed (and counted)
+    assert mode.syncs[-1] == "Tensor.item"

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import torch
+
+from triforce.offload.streams import streams_for
 
 
 @dataclass(frozen=True)
@@ -58,20 +61,39 @@ def split_blocks(blocks: tuple[int, ...], share: float) -> tuple[tuple[int, ...]
 class CpuWorker:
     """Runs the CPU's share of a layer beside the device's work: on CUDA a worker thread (the
     numba kernel releases the GIL while the main thread launches the layer's kernels), on a CPU
-    device at once (one set of cores: nothing to overlap)."""
+    device at once (one set of cores: nothing to overlap).
 
-    def __init__(self, device: torch.device):
+    On CUDA the calling thread never waits for the device: q goes to pinned memory by an
+    asynchronous copy and an event, which the worker waits for; the CPU's results go back by
+    asynchronous copies from pinned memory. The caller waits only for the worker (a host wait),
+    once per layer, when it merges the CPU's part. numba's thread count is per thread: the worker
+    takes the caller's (--threads)."""
+
+    def __init__(self, device: torch.device, streams=None):
         self.device = torch.device(device)
+        self.streams = streams if streams is not None else streams_for(self.device)
         self._pool = None
 
     def start(self, fn, q: torch.Tensor, *args, **kwargs):
-        """fn(q on the host, *args, **kwargs) -> tensors; returns a function giving them on the device."""
-        q_host = q.to("cpu")  # on CUDA this waits for q alone
+        """fn(q on the host, *args, **kwargs) -> host tensors; returns a function giving them on the device."""
         if self.device.type != "cuda":
-            result = fn(q_host, *args, **kwargs)
+            result = fn(q.to("cpu"), *args, **kwargs)
             return lambda: result
+        q_host = torch.empty(q.shape, dtype=q.dtype, pin_memory=True)
+        q_host.copy_(q, non_blocking=True)
+        ready = self.streams.event()
+        self.streams.record(ready, self.streams.current())
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="triforce-host-attention")
-        future = self._pool.submit(fn, q_host, *args, **kwargs)
-        return lambda: tuple(t.to(self.device, non_blocking=False) for t in future.result())
+        future = self._pool.submit(self._run, numba.get_num_threads(), ready, fn, q_host, args, kwargs)
+
+        def result():
+            pinned = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True).copy_(p) for p in future.result()]
+            return tuple(p.to(self.device, non_blocking=True) for p in pinned)
+        return result
+
+    def _run(self, threads: int, ready, fn, q_host, args, kwargs):
+        numba.set_num_threads(threads)
+        self.streams.host_wait(ready)  # q has reached pinned memory
+        return fn(q_host, *args, **kwargs)

@@ -81,7 +81,7 @@ class OffloadedKVCache(SparseReads):
         if self.hybrid is not None:  # compile before the first pass, not during it
             warm_host_attention(dtype, cfg.num_kv_heads, cfg.head_dim)
         self._last_tokens = 1  # the last short pass's new tokens: the next prefetch's split
-        self.cpu_worker = CpuWorker(self.device)
+        self.cpu_worker = CpuWorker(self.device, self.prefetcher.streams)
         self.cpu_bytes = 0     # host KV bytes attended in place (not streamed)
         # device copies of host positions [resident_tokens, resident_tokens + ext_tokens), whole blocks
         self.ext_capacity = max(0, decode_resident_tokens - resident_tokens) // block_tokens * block_tokens

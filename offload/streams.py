@@ -53,6 +53,10 @@ class SyncStreams:
     def synchronize(self, stream) -> None:
         pass
 
+    def host_wait(self, event) -> None:
+        """The calling thread waits until `event` has happened (a worker thread's wait: the
+        thread that launches the device's work never calls it)."""
+
 
 class CudaStreams(SyncStreams):
     """CUDA streams and events of one device."""
@@ -94,6 +98,9 @@ class CudaStreams(SyncStreams):
 
     def synchronize(self, stream) -> None:
         stream.synchronize()
+
+    def host_wait(self, event) -> None:
+        event.synchronize()
 
 
 def streams_for(device: torch.device) -> SyncStreams:

@@ -229,6 +229,11 @@ class CheckedStreams:
     def keep_alive(self, tensor: torch.Tensor, stream: FakeStream) -> None:
         pass
 
+    def host_wait(self, event: FakeEvent) -> None:
+        with self._lock:
+            if event.clock is not None:
+                _merge(self.host.clock, event.clock)
+
     def synchronize(self, stream: FakeStream) -> None:
         with self._lock:
             if stream is not None:

@@ -121,7 +121,7 @@ class _OnCuda:
     (torch.empty(1, 4, 10, 64), 100, 30, 0, None, None),         # no keys
     (torch.empty(1, 4, 10, 64, dtype=torch.float64), 100, 30, 40, None, None),  # float64: the reference
     (_OnCuda(torch.float32), 100, 30, 40, None, None),           # CUDA's flash kernel takes no float32
-    (_OnCuda(torch.bfloat16), 100, 90, 20, None, None),          # nor is it asked for a diagonal block
+    (_OnCuda(torch.bfloat16), 100, 90, 20, None, "diagonal"),    # a pass's own keys fuse on CUDA too (issue 52)
     (_OnCuda(torch.bfloat16), 100, 30, 40, None, "whole"),
 ])
 def test_which_blocks_the_fused_kernels_serve(q, q_start, k_start, num_keys, window, expected):

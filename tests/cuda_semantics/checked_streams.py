@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.overrides import TorchFunctionMode
 
+from card_tensors import active, set_quiet
 from triforce.pinned import is_registered
 
 HERE = os.path.abspath(__file__)
@@ -139,6 +140,7 @@ class CheckedStreams:
     @_internal.setter
     def _internal(self, value: bool) -> None:
         self._thread.internal = value
+        set_quiet(value)  # the copies this fake stands for are non_blocking and pinned: no sync
 
     # ---- the interface ------------------------------------------------------------------
     def stream(self, purpose: str = "copy") -> FakeStream:
@@ -235,6 +237,9 @@ class CheckedStreams:
                 _merge(self.host.clock, event.clock)
 
     def synchronize(self, stream: FakeStream) -> None:
+        card = active()
+        if card is not None:  # the host waits for the copy stream: a sync, as on a card
+            card._sync("Stream.synchronize")
         with self._lock:
             if stream is not None:
                 _merge(self.host.clock, stream.clock)

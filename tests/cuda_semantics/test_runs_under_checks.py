@@ -52,7 +52,7 @@ def test_a_batch_names_every_device(capsys, models, tmp_path, method, extra):
     draft_args = ["--draft", models[1]] if method == "triforce" else []
     with DeviceDiscipline() as mode:
         out = run(capsys, "generate", "--model", models[0], "--prompts", prompts, "--max-new-tokens", 12,
-                  "--budget", 48, "--chunk-size", 4, "--method", method, "--batch-size", 2, "--json",
+                  "--budget", 48, "--chunk-size", 4, "--method", method, "--batch-size", 2, "--ignore-eos", "--json",
                   *draft_args, *extra)
     report = json.loads(out)
     assert mode.checked > 0 and [r["new_tokens"] for r in report["results"]] == [12, 12, 12]

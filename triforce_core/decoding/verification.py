@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from triforce.decoding.graph_runner import host_ids
+
 
 @dataclass
 class Verdict:
@@ -29,22 +31,37 @@ def verify_greedy(drafts: list[int], target_logits: torch.Tensor) -> Verdict:
 def verify_sampled(drafts: list[int], draft_probs: list[torch.Tensor | None], target_probs: torch.Tensor,
                    generator: torch.Generator) -> Verdict:
     """draft_probs[i]: the distribution draft i was sampled from ([V]), or None for a
-    deterministic draft (one-hot, e.g. prompt lookup). target_probs: [len(drafts) + 1, V]."""
-    for i, token in enumerate(drafts):
-        p = target_probs[i]
-        q = draft_probs[i]
-        q_token = 1.0 if q is None else float(q[token])
-        ratio = float(p[token]) / q_token if q_token > 0 else 0.0
-        # the uniform is drawn where the generator lives (a CUDA generator cannot fill a CPU tensor)
-        u = float(torch.rand((), generator=generator, dtype=torch.float64, device=generator.device))
-        if u < ratio:
-            continue
-        if q is None:
-            residual = p.clone()
-            residual[token] = 0.0
-        else:
-            residual = torch.clamp(p - q, min=0.0)
-        if float(residual.sum()) <= 0:  # only reachable through rounding
-            residual = p
-        return Verdict(i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
-    return Verdict(len(drafts), int(torch.multinomial(target_probs[len(drafts)], 1, generator=generator)))
+    deterministic draft (one-hot, e.g. prompt lookup). target_probs: [len(drafts) + 1, V].
+
+    Every draft is judged at once on the device: a uniform per draft, the residual of every
+    position and a token drawn from each (the bonus row's from p), then one read of the first
+    rejection and the tokens: one host sync per verify, not three per draft. The uniforms and
+    tokens past the first rejection go unused; each is independent of the rest, so the emitted
+    tokens are distributed as the one-at-a-time procedure's."""
+    n = len(drafts)
+    device = target_probs.device
+    p = target_probs[:n]
+    rows = target_probs[n:n + 1]
+    if n:
+        tokens = host_ids([drafts], device).to(device, non_blocking=True)[0]  # [n], no wait
+        q = torch.stack([torch.zeros_like(p[i]).scatter_(0, tokens[i:i + 1], 1.0) if dist is None else dist.to(p.dtype)
+                         for i, dist in enumerate(draft_probs[:n])])
+        p_token = p.gather(1, tokens[:, None])[:, 0].to(torch.float64)
+        q_token = q.gather(1, tokens[:, None])[:, 0].to(torch.float64)
+        ratio = torch.where(q_token > 0, p_token / q_token.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+        # the uniforms are drawn where the generator lives (a CUDA generator cannot fill a CPU tensor)
+        u = torch.rand(n, generator=generator, dtype=torch.float64, device=generator.device).to(device)
+        accepted = (u < ratio).to(torch.int64).cumprod(0).sum(0, keepdim=True)  # the accepted prefix
+        residual = torch.clamp(p - q, min=0.0)
+        residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)  # all zero only through rounding
+        rows = torch.cat([residual, rows])
+    else:
+        accepted = torch.zeros(1, dtype=torch.int64, device=device)
+    # a token from every row by its inverse CDF (zero-probability tokens are never reached). One
+    # multinomial over all rows drew them from the CPU's exponential_, whose extra draws biased the
+    # drafts that followed (test_sampling_distribution's retrieval case, two seeds, p = 0.0003)
+    cdf = rows.to(torch.float64).cumsum(-1)
+    w = torch.rand(cdf.shape[0], generator=generator, dtype=torch.float64, device=generator.device).to(device)
+    drawn = torch.searchsorted(cdf, (w * cdf[:, -1])[:, None], right=True)[:, 0].clamp_max(cdf.shape[1] - 1)
+    count, *choices = torch.cat([accepted, drawn]).tolist()  # the one host sync
+    return Verdict(count, choices[count])

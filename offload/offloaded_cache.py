@@ -155,7 +155,7 @@ class OffloadedKVCache(SparseReads):
         self.prefetcher.synchronize()  # the prefill's last writes have reached the host
         for layer in range(self.num_layers):
             for block in range(self.ext_tokens // bt, want // bt):
-                k, v = self.store.block_kv(self.store.block(layer, block).to(self.device), bt)
+                k, v = self.store.block_kv(self.store.block(layer, block).to(self.device, non_blocking=True), bt)
                 self.k_ext[layer, :, :, block * bt:(block + 1) * bt] = k
                 self.v_ext[layer, :, :, block * bt:(block + 1) * bt] = v
         self.ext_tokens = want

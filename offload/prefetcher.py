@@ -74,6 +74,7 @@ class Prefetcher:
         self.staging_buf = [torch.empty(shape, dtype=store.data.dtype, device=self.device)
                             for _ in range(num_buffers)]
         self.copy_stream = self.streams.stream()
+        self._writes_pending = False  # a write to the host issued since the last synchronize
         self._ready = [self.streams.event() for _ in range(num_buffers)]   # copy into buffer done
         self._free = [self.streams.event() for _ in range(num_buffers)]    # compute done reading buffer
         self._holds: list[tuple | None] = [None] * num_buffers            # (layer, block, version)
@@ -178,6 +179,7 @@ class Prefetcher:
         last = (start + n - 1 - self.store.first_position) // self.store.block_tokens
         for b in range(first, last + 1):
             self._versions[(layer, b)] = self._versions.get((layer, b), 0) + 1
+        self._writes_pending = True
         packed = self.store.pack(k, v)  # one contiguous device buffer: one copy per block touched
         if self.overlap:
             self.streams.wait_stream(self.copy_stream, self.streams.current())  # k, v are computed
@@ -189,5 +191,10 @@ class Prefetcher:
         self.stats.d2h_bytes += packed.nbytes
 
     def synchronize(self) -> None:
-        """Wait for every copy (before the CPU reads host KV that a write may still be filling)."""
+        """Wait for every write to the host (before the CPU reads host KV that one may still be
+        filling); nothing to wait for when none was issued since the last wait (a retrieval rebuild
+        asks once per layer: one wait, not one per layer)."""
+        if not self._writes_pending:
+            return
         self.streams.synchronize(self.copy_stream)
+        self._writes_pending = False

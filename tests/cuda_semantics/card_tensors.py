@@ -18,6 +18,7 @@ made (and views of it). Torch function modes are per thread: a worker enters the
 (checked_streams.CheckedStreams.worker), or its work goes unseen."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import sys
 import threading
@@ -54,6 +55,17 @@ def set_quiet(on: bool) -> None:
 
 class CaptureViolation(RuntimeError):
     """Something a CUDA graph capture would refuse (torch raises RuntimeError there too)."""
+
+
+def _caller() -> str:
+    """The two innermost lines of the runtime's own code on the stack (where a sync came from)."""
+    lines, frame = [], sys._getframe(2)
+    while frame is not None and len(lines) < 2:
+        name = frame.f_code.co_filename
+        if "/tests/" not in name and any(f"/{part}/" in name for part in ("triforce_core", "offload", "kernels", "pinned")):
+            lines.append(f"{name.rsplit('/', 2)[-2]}/{name.rsplit('/', 1)[-1]}:{frame.f_lineno}")
+        frame = frame.f_back
+    return " <- ".join(lines) or "?"
 
 
 def is_card(t) -> bool:
@@ -96,6 +108,7 @@ class CardTensors(TorchFunctionMode):
         self.sync_level = sync_level
         self.capturing = 0
         self.syncs: list[str] = []  # every sync seen, by operation name (whatever the debug level)
+        self.sites: collections.Counter = collections.Counter()  # (operation, the triforce line that made it)
 
     @contextlib.contextmanager
     def capture_guard(self):
@@ -108,6 +121,7 @@ class CardTensors(TorchFunctionMode):
 
     def _sync(self, what: str) -> None:
         self.syncs.append(what)
+        self.sites[(what, _caller())] += 1
         if self.capturing:
             raise CaptureViolation(f"{what} makes the host wait for the card: not allowed in a captured region")
         level = self.sync_level()
@@ -144,6 +158,10 @@ class CardTensors(TorchFunctionMode):
         if name == "is_pinned":
             return is_pinned(args[0])
         result = func(*args, **kwargs)
+        to_host = name == "cpu" or (name == "to" and target is not None and not _is_cuda(target))
+        if to_host and result is args[0] and is_card(result):
+            result = result.clone()  # a copy to the host is a new tensor there (on this CPU, `to` returned self)
+            return result
         if name == "__set__" and len(args) == 2 and is_card(args[1]):  # param.data = card tensor
             setattr(args[0], SIMULATED_CARD, True)
         elif _is_cuda(target) or isinstance(generator, CardGenerator) or name == "cuda":

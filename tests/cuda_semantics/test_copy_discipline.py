@@ -18,6 +18,9 @@ ALLOWED = {
     ("offload/hybrid.py", "q_host.copy_(q, non_blocking=True)"): "q_host made with pin_memory=True",
     ("offload/hybrid.py", "return tuple(p.to(self.device, non_blocking=True) for p in pinned)"):
         "pinned made with pin_memory=True",
+    ("offload/offloaded_cache.py",
+     "k, v = self.store.block_kv(self.store.block(layer, block).to(self.device, non_blocking=True), bt)"):
+        "the host store is pinned (allocate_host)",
     ("offload/measure.py", "seconds = best_seconds(lambda: dst.copy_(src, non_blocking=pin), syncer(device))"):
         "pin is true only for a pinned source",
     ("bench/offload_bench.py", "dst.copy_(src, non_blocking=pin)"): "pin is true only for a pinned source",

@@ -1,0 +1,62 @@
+"""The kernels a GPU would run, seen on a simulated card: a bfloat16 prompt prefilled through the
+offloaded path and decoded with triforce takes no float32 tiled fallback (every causal block of
+the layer-major prefill and each verify's own new tokens fuse; before issue 52 the CUDA branch
+sent them all to partial_attention's float32 tiles), and a bfloat16 head gives float32 logits
+that are not bfloat16 results widened."""
+import importlib
+import json
+
+import pytest
+import torch
+
+from card_tensors import CardTensors
+from triforce.cli.main import main
+from triforce.kernels.cpu.cpu_linear import FusedLinear
+
+attention = importlib.import_module("triforce.kernels.attention")  # the package exports a function of that name
+
+PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat and the dog sat on the log. the cat sat on" * 8
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_model_dir):
+    return str(tiny_model_dir("llama-gqa", max_position_embeddings=1024, num_layers=2))
+
+
+def test_an_offloaded_bf16_prefill_and_decode_take_no_float32_fallback(capsys, card, checked, folder, monkeypatch):
+    fallbacks, fused = [], []
+    real_tiled, real_fused = attention.partial_attention, attention.fused_partial
+
+    def tiled(q, *args, **kwargs):
+        fallbacks.append((q.dtype, q.shape[2]))
+        return real_tiled(q, *args, **kwargs)
+
+    def counted(q, *args, **kwargs):
+        fused.append(kwargs.get("shape"))
+        return real_fused(q, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "partial_attention", tiled)
+    monkeypatch.setattr(attention, "fused_partial", counted)
+    with card.placement():
+        with pytest.raises(SystemExit) as exit_info:
+            main(["generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda", "--dtype", "bfloat16",
+                  "--device-budget", "1.85MB", "--method", "triforce", "--draft", "lookup", "--no-graphs",
+                  "--max-new-tokens", "12", "--budget", "48", "--chunk-size", "4", "--json"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 0, err
+    report = json.loads(out)
+    assert report["plan"]["offloaded"] and report["dtype"] == "bfloat16"
+    assert fallbacks == [], f"{len(fallbacks)} blocks took the float32 tiles, e.g. {fallbacks[:3]}"
+    assert "diagonal" in fused and "whole" in fused  # the new tokens' own block, and the old keys
+
+
+def test_a_bf16_head_on_the_card_gives_float32_sums():
+    mode = CardTensors()
+    g = torch.Generator().manual_seed(0)
+    weight = (torch.randn(512, 256, generator=g) * 0.05).to(torch.bfloat16)
+    x = torch.randn(3, 256, generator=g).to(torch.bfloat16)
+    exact = x.double() @ weight.double().t()
+    with mode:
+        logits = FusedLinear(weight.to("cuda"), keep_float32=True)(x.to("cuda"))
+    assert logits.dtype == torch.float32
+    assert float((logits.double() - exact).abs().max()) < 1e-4  # a bfloat16 result is off by ~1e-2

@@ -1,5 +1,6 @@
 """CUDA graphs for the drafting tiers, the Triton retrieval path and the sync counter on a real
-GPU: tokens and checks equal the eager run, graphs are replayed, and the per-phase count of host
+GPU: tokens and checks equal the static run (and in float32 the eager and ar runs), graphs are
+replayed and never fall back, logits are float32, and the per-phase count of host
 synchronisations is reported. Skipped without CUDA."""
 import dataclasses
 
@@ -46,7 +47,12 @@ def test_graphs_give_the_eager_tokens_and_replay(pair):
     eager, _ = run(target, draft, "off")
     static, _ = run(target, draft, "static")
     graphed, engine = run(target, draft, "auto")
-    assert graphed.tokens == eager.tokens == static.tokens == ar.tokens
+    # a graph replays the static path's kernels, so those two agree in any dtype; eager steps and
+    # ar run other kernels (one token at a time, a mask instead of slots), which round bfloat16
+    # activations differently: their tokens are held equal in float32 only
+    assert graphed.tokens == static.tokens
+    if target.dtype == torch.float32:
+        assert graphed.tokens == eager.tokens == ar.tokens
     runners = [t.runner for t in engine.levels[:-1]]
     assert all(r.mode == "graph" and r.graph_failed is None for r in runners)
     assert all(r.replays > 0 for r in runners)
@@ -70,3 +76,11 @@ def test_sync_counter_reports_per_phase(pair):
     # greedy decisions read one value per check; the drafting forwards themselves should not sync
     assert report["by_phase"].get("retrieval forward", 0) == 0, report
     assert report["by_phase"].get("draft forward", 0) == 0, report
+
+
+def test_logits_are_float32_in_every_dtype(pair):
+    target, _ = pair
+    from triforce.decoding.full_tier import FullTier
+    ids = target.tokenizer(PROMPT).input_ids
+    logits = FullTier(target, len(ids)).forward(ids)
+    assert logits.dtype == torch.float32

@@ -30,6 +30,15 @@ INTERPRETED_BLOCK_N = 256  # CPU tensors (Triton's interpreter, in tests): each 
 BLOCKS_PER_STEP = 8     # 256 columns a step: 128 contiguous bytes of each 4-bit row
 SHORT_M, TALL_M = 16, 64
 SHORT_PASS = 64         # up to this many rows the short tiles serve (decoding, verify passes)
+# rows of the passes that compile every specialisation a run takes before its first token: Triton
+# specialises integer arguments equal to 1 or divisible by 16, and the tile height follows SHORT_PASS
+WARM_ROWS = (1, 3, 16, SHORT_PASS + 1, 2 * SHORT_PASS)
+
+
+@triton.jit
+def _per_byte(factors, BLOCK_N: tl.constexpr, STEP: tl.constexpr):
+    """[BLOCK_N, STEP] per-block factors -> [BLOCK_N, STEP * 16], one per byte of the block."""
+    return tl.reshape(tl.broadcast_to(factors[:, :, None], (BLOCK_N, STEP, 16)), (BLOCK_N, STEP * 16))
 
 
 @triton.jit
@@ -45,21 +54,26 @@ def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if Q4:
         j = tl.arange(0, STEP * 16)                  # the step's bytes of a row
+        b = tl.arange(0, STEP)                       # the step's blocks
         for first in range(0, blocks, STEP):
             blk = first + j // 16
             k_ok = blk < blocks
             w_ok = n_ok[:, None] & k_ok[None, :]
             byte = tl.load(q_ptr + offs_n[:, None] * (K // 2) + (first * 16 + j)[None, :], mask=w_ok, other=0)
-            d = tl.load(s_ptr + offs_n[:, None] * blocks + blk[None, :], mask=w_ok, other=0).to(tl.float32)
+            # a block's factors are loaded once, then spread over its 16 bytes in registers
+            b_ok = n_ok[:, None] & (first + b < blocks)[None, :]
+            d = tl.load(s_ptr + offs_n[:, None] * blocks + (first + b)[None, :], mask=b_ok, other=0).to(tl.float32)
             if KQUANT:  # Q4_K: d256 sc and -(dmin256 m), the products BlockWeight holds
-                sup = k_ptr + offs_n[:, None] * (blocks // 8 * 2) + (blk // 8 * 2)[None, :]
-                d = tl.load(sup, mask=w_ok, other=0.0) * d
+                sup = k_ptr + offs_n[:, None] * (blocks // 8 * 2) + ((first + b) // 8 * 2)[None, :]
+                d = tl.load(sup, mask=b_ok, other=0.0) * d
+            d = _per_byte(d, BLOCK_N, STEP)
             lo = d * ((byte & 15).to(tl.float32) - SHIFT)
             hi = d * ((byte >> 4).to(tl.float32) - SHIFT)
             if HAS_OFFSETS:
-                m = tl.load(o_ptr + offs_n[:, None] * blocks + blk[None, :], mask=w_ok, other=0).to(tl.float32)
+                m = tl.load(o_ptr + offs_n[:, None] * blocks + (first + b)[None, :], mask=b_ok, other=0).to(tl.float32)
                 if KQUANT:
-                    m = -(tl.load(sup + 1, mask=w_ok, other=0.0) * m)
+                    m = -(tl.load(sup + 1, mask=b_ok, other=0.0) * m)
+                m = _per_byte(m, BLOCK_N, STEP)
                 lo += m
                 hi += m
             col = blk * 32 + j % 16
@@ -79,8 +93,10 @@ def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, 
             k_ok = col < K
             w_ok = n_ok[:, None] & k_ok[None, :]
             q = tl.load(q_ptr + offs_n[:, None] * K + col[None, :], mask=w_ok, other=0)
-            d = tl.load(s_ptr + offs_n[:, None] * (K // GROUP) + (col // GROUP)[None, :], mask=w_ok,
+            g = first * 32 // GROUP + tl.arange(0, STEP * 32 // GROUP)  # the step's scale groups, once each
+            d = tl.load(s_ptr + offs_n[:, None] * (K // GROUP) + g[None, :], mask=n_ok[:, None] & (g < K // GROUP)[None, :],
                         other=0).to(tl.float32)
+            d = tl.reshape(tl.broadcast_to(d[:, :, None], (BLOCK_N, STEP * 32 // GROUP, GROUP)), (BLOCK_N, STEP * 32))
             w = d * q.to(tl.float32)
             xs = tl.load(x_ptr + offs_m[:, None] * sx + col[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if IEEE:

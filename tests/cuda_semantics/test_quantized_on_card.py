@@ -72,3 +72,25 @@ def test_q4_k_on_a_card_holds_its_own_factors_and_decodes_as_on_the_cpu(capsys, 
     card_run, calls = on_card(capsys, card, wide_folder, "--quantize", "q4_k", "--method", "ar", "--max-new-tokens", "6")
     assert card_run["tokens"] == cpu["tokens"] and calls
     assert card_run["quantized"]["bytes"] * 24 == cpu["quantized"]["bytes"] * 19
+
+
+def test_the_warm_up_runs_each_specialised_row_count_before_the_first_token(card, wide_folder, monkeypatch):
+    """On a GPU the runtime compiles the Triton kernels' specialisations at start (the interpreter
+    here compiles nothing, so the runtime skips it; this calls it with two row counts)."""
+    from triforce.app import runtime
+    from triforce.kernels.cuda import quant_triton
+    from triforce.model.loading import load_model
+
+    monkeypatch.setattr(quant_triton, "WARM_ROWS", (1, 17))
+    rows = []
+    real = quant_triton.blocks_linear
+
+    def counted(x, *args, **kwargs):
+        rows.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return real(x, *args, **kwargs)
+
+    monkeypatch.setattr(quant_triton, "blocks_linear", counted)
+    with card.placement():
+        lm = load_model(wide_folder, dtype="float32", device="cuda", quantize="q8_0")
+        runtime.warm_up_blocks(lm)
+    assert set(rows) == {1, 17}

@@ -3,6 +3,7 @@ load the target and the draft, choose attention, then plan, build the full cache
 with its hooks. The CLI only parses flags into a RunConfig."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from functools import partial
@@ -55,6 +56,8 @@ class Runtime:
             warm.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models])
             if self.lm.quantized is not None:
                 warm_up_blocks(self.lm)
+        elif self.lm.quantized is not None and os.environ.get("TRITON_INTERPRET") != "1":
+            warm_up_blocks(self.lm)  # the Triton kernels' specialisations (the interpreter compiles none)
         self.load_s = time.perf_counter() - started
         # once: an automatic profile reads the device, and counts what is loaded the same either way
         self.profile = resolve_profile(config.profile, self.lm.device, config.device_budget)
@@ -141,17 +144,26 @@ class Runtime:
 
 
 def warm_up_blocks(lm) -> None:
-    """Compile (or load from numba's cache) the block kernels a quantized model's passes take
-    (a prefill past SMALL_ROWS, a decoding step) on a throwaway cache, before the first token:
-    the first answer of a fresh install waited for them."""
+    """Compile (or load from numba's or Triton's cache) the block kernels a quantized model's
+    passes take, on a throwaway cache, before the first token: the first answer of a fresh
+    install waited for them. CPU: a prefill past SMALL_ROWS and a decoding step. GPU: a pass of
+    each row count Triton specialises the kernel for (quant_triton.WARM_ROWS: one row, a few, a
+    multiple of 16, and the tall tiles of a prefill), ~10 specialisations a prompt once compiled."""
     from triforce.cache.resident import ResidentKVCache
-    from triforce.kernels.cpu.cpu_linear import SMALL_ROWS
 
-    cache = ResidentKVCache(lm.config, SMALL_ROWS + 2, dtype=lm.dtype, device=lm.device, attn=lm.attn)
-    for start, count in ((0, SMALL_ROWS + 1), (SMALL_ROWS + 1, 1)):
-        tokens = torch.zeros(1, count, dtype=torch.int64)
-        positions = torch.arange(start, start + count)[None]
+    if lm.device.type == "cpu":
+        from triforce.kernels.cpu.cpu_linear import SMALL_ROWS
+        counts = (SMALL_ROWS + 1, 1)
+    else:
+        from triforce.kernels.cuda.quant_triton import WARM_ROWS
+        counts = WARM_ROWS
+    cache = ResidentKVCache(lm.config, sum(counts), dtype=lm.dtype, device=lm.device, attn=lm.attn)
+    start = 0
+    for count in counts:
+        tokens = torch.zeros(1, count, dtype=torch.int64, device=lm.device)
+        positions = torch.arange(start, start + count, device=lm.device)[None]
         lm.model(tokens, positions, cache.step(count))
+        start += count
 
 
 def weights_as(config: RunConfig, device: str, world: int) -> str | None:

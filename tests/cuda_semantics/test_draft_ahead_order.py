@@ -94,3 +94,30 @@ def test_planted_bug_a_missing_stream_wait_is_caught(capsys, card, followed, fol
     with pytest.raises(StreamOrderError) as caught:
         generate(capsys, card, followed, folder, "--temperature", temperature, "--seed", "3", "--draft-ahead")
     assert "drafting stream" in str(caught.value)
+
+
+def test_the_hybrid_verify_inside_the_verify_worker_keeps_the_thread_count(capsys, card, followed, tiny_model_dir,
+                                                                          tmp_path, monkeypatch):
+    """--draft-ahead with the hybrid verify on: the verify runs on the draft-ahead worker, which
+    starts the CPU's share on the host-attention worker; both run numba on --threads threads."""
+    import numba
+
+    from sync_budget import PROMPT as LONG, small_block_profile
+    from triforce.offload import offloaded_cache
+
+    seen = []
+    real = offloaded_cache.host_partial
+
+    def host_partial(*args, **kwargs):
+        seen.append((threading.current_thread().name.rsplit("_", 1)[0], numba.get_num_threads()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(offloaded_cache, "host_partial", host_partial)
+    threads = verify_threads(monkeypatch)
+    folder = str(tiny_model_dir("llama-gqa", max_position_embeddings=1024, num_layers=4))
+    result = generate(capsys, card, followed, folder, "--temperature", "0", "--draft-ahead", "--dtype", "float32",
+                      "--device-budget", "3.0MB", "--profile", small_block_profile(tmp_path), "--threads", "1",
+                      prompt=LONG)
+    assert result["plan"]["hybrid"] and result["draft_ahead_rounds"] > 0
+    assert any(t.startswith("full-verify") for t in threads)
+    assert seen and set(seen) == {("triforce-host-attention", 1)}

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
+import numba
 import torch
 
 from triforce.offload.streams import SyncStreams, streams_for
@@ -83,7 +84,7 @@ class AheadRunner:
         main = streams.current()
         if mine is not None:
             streams.wait_stream(mine, main)  # before the verify's kernels queue up: the drafts read the last commit
-        future = self._pool.submit(self._in_worker, streams.worker(), verify)
+        future = self._pool.submit(self._in_worker, streams.worker(), numba.get_num_threads(), verify)
         try:
             with streams.on(mine):
                 drafted = draft()
@@ -94,6 +95,7 @@ class AheadRunner:
         return result, drafted
 
     @staticmethod
-    def _in_worker(context, fn: Callable[[], T]) -> T:
+    def _in_worker(context, threads: int, fn: Callable[[], T]) -> T:
+        numba.set_num_threads(threads)  # per thread, as CUDA's current device: the caller's --threads
         with context:  # the worker's device (CUDA's current device is per thread)
             return fn()

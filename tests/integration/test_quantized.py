@@ -129,6 +129,14 @@ def test_the_default_models_own_blocks_run_through_generate(capsys):
     assert report["plan"]["breakdown"]["target_weights"] == report["quantized"]["bytes"] + norms
 
 
+def test_the_default_models_blocks_match_a_bfloat16_load(capsys):
+    """--dtype auto is bfloat16 on a CPU with native bfloat16 (AVX-512 BF16): the file's blocks are
+    matched to the conversion's weights in that dtype. They were compared in float32 against the
+    bfloat16 weights, and `triforce chat` refused the default model on such CPUs."""
+    report = _generate_json(capsys, "--quantize", "gguf", "--dtype", "bfloat16")
+    assert report["quantized"]["weights"] == "q4_1/q8_0" and report["dtype"] == "bfloat16"
+
+
 def _generate_json(capsys, *extra):
     with pytest.raises(SystemExit) as done:
         main(["generate", "--prompt", "The capital of France is", "--method", "ar", "--max-new-tokens", "2",

@@ -200,10 +200,12 @@ class _GgufBlocks:
             return None
         rows, cols = weight.shape
         block = BlockWeight.from_raw(kind, np.asarray(tensor.data), rows, cols, k_factors)
-        expected = weight.detach().to(torch.float32)
+        # compared in the loaded weight's dtype: a bfloat16 load (--dtype auto on a CPU with native
+        # bfloat16) holds the conversion's float32 values rounded once, as .to() rounds the blocks'
+        expected = weight.detach()
         for order in _row_orders(rows, heads):
             candidate = block if order is None else block.permute_rows(order)
-            if torch.equal(candidate.dequantized(), expected):
+            if torch.equal(candidate.dequantized().to(expected.dtype), expected):
                 return candidate
         raise UserError(f"{self.path.name}: tensor '{name}' does not de-quantize to the converted model's weight; "
                         "the file and its cached conversion disagree")

@@ -121,7 +121,7 @@ def blocks_linear(x: torch.Tensor, w: DeviceBlocks, bias: torch.Tensor | None = 
         out = torch.empty(m, w.rows, dtype=out_dtype or x.dtype, device=x.device)
     if m:
         block_m = SHORT_M if m <= SHORT_PASS else TALL_M
-        block_n = BLOCK_N if x.device.type == "cuda" else INTERPRETED_BLOCK_N
+        block_n = BLOCK_N if x.is_cuda else INTERPRETED_BLOCK_N  # the real device: compiled or interpreted
         grid = (triton.cdiv(m, block_m), triton.cdiv(w.rows, block_n))
         unused = w.scales  # a real buffer behind pointers the kernel does not read (empty ones may be null)
         offsets = w.offsets if w.offsets.shape[1] else unused

@@ -3,24 +3,19 @@ guard (card_tensors.FakeCudaGraph): every step a graph holds, for every architec
 float and block-quantized weights, makes no host sync and no tensor from Python data, and a graph
 that fails to capture fails the test (graph_failed is reported in the JSON); the tokens equal the
 eager run's."""
-import json
-
 import pytest
 
 from card_tensors import CaptureViolation, CardTensors
-from triforce.cli.main import main
+from cli_json import run_json
 
 PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat and the dog sat on the log. the cat sat on"
 
 
 def generate(capsys, card, folder, *flags):
     with card.placement():
-        with pytest.raises(SystemExit) as exit_info:
-            main(["generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda", "--max-new-tokens", "10",
-                  "--budget", "48", "--chunk-size", "4", "--temperature", "0", "--json", *flags])
-    out, err = capsys.readouterr()
-    assert exit_info.value.code == 0, err
-    return json.loads(out)
+        return run_json(capsys, "generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda",
+                        "--max-new-tokens", "10", "--budget", "48", "--chunk-size", "4", "--temperature", "0",
+                        "--json", *flags)
 
 
 @pytest.fixture

@@ -4,13 +4,13 @@ the layer-major prefill and each verify's own new tokens fuse; before issue 52 t
 sent them all to partial_attention's float32 tiles), and a bfloat16 head gives float32 logits
 that are not bfloat16 results widened."""
 import importlib
-import json
 
 import pytest
+
 import torch
 
 from card_tensors import CardTensors
-from triforce.cli.main import main
+from cli_json import run_json
 from triforce.kernels.cpu.cpu_linear import FusedLinear
 
 attention = importlib.import_module("triforce.kernels.attention")  # the package exports a function of that name
@@ -38,13 +38,9 @@ def test_an_offloaded_bf16_prefill_and_decode_take_no_float32_fallback(capsys, c
     monkeypatch.setattr(attention, "partial_attention", tiled)
     monkeypatch.setattr(attention, "fused_partial", counted)
     with card.placement():
-        with pytest.raises(SystemExit) as exit_info:
-            main(["generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda", "--dtype", "bfloat16",
-                  "--device-budget", "1.85MB", "--method", "triforce", "--draft", "lookup", "--no-graphs",
-                  "--max-new-tokens", "12", "--budget", "48", "--chunk-size", "4", "--json"])
-    out, err = capsys.readouterr()
-    assert exit_info.value.code == 0, err
-    report = json.loads(out)
+        report = run_json(capsys, "generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda", "--dtype",
+                          "bfloat16", "--device-budget", "1.85MB", "--method", "triforce", "--draft", "lookup",
+                          "--no-graphs", "--max-new-tokens", "12", "--budget", "48", "--chunk-size", "4", "--json")
     assert report["plan"]["offloaded"] and report["dtype"] == "bfloat16"
     assert fallbacks == [], f"{len(fallbacks)} blocks took the float32 tiles, e.g. {fallbacks[:3]}"
     assert "diagonal" in fused and "whole" in fused  # the new tokens' own block, and the old keys

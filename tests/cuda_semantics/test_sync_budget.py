@@ -5,14 +5,13 @@ sampling, held to tests/sync_budget.py's budget: a step may wait for the device 
 decide on the host (the token; a cycle's verdict), never once per layer or per draft. Before
 issue 52 the hybrid verify waited three times per layer (q to pageable memory, results back
 blocking) and sampled verification three times per draft; both failed the budget then."""
-import json
 import threading
 
 import numba
 import pytest
 
+from cli_json import run_json
 from sync_budget import PROMPT, allowed_syncs, small_block_profile
-from triforce.cli.main import main
 from triforce.offload import offloaded_cache
 
 NEW_TOKENS = 16
@@ -32,13 +31,9 @@ def profile(tmp_path_factory):
 
 def generate(capsys, card, folder, *flags):
     with card.placement() as tensors:
-        with pytest.raises(SystemExit) as exit_info:
-            main(["generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda", "--max-new-tokens",
-                  str(NEW_TOKENS), "--ignore-eos", "--count-syncs", "--json", "--budget", "48", "--chunk-size", "4",
-                  *flags])
-    out, err = capsys.readouterr()
-    assert exit_info.value.code == 0, err
-    report = json.loads(out)
+        report = run_json(capsys, "generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda",
+                          "--max-new-tokens", NEW_TOKENS, "--ignore-eos", "--count-syncs", "--json", "--budget", "48",
+                          "--chunk-size", "4", *flags)
     report["sync_sites"] = tensors.sites.most_common(8)  # where they came from, for a failure's message
     return report
 

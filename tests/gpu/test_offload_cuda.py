@@ -54,20 +54,14 @@ def test_pinned_copy_bandwidth_is_measurable():
 def test_host_syncs_stay_within_the_budget_on_cuda(capsys, tiny_model_dir, tmp_path, method, temperature):
     """The simulated card's sync budget (tests/sync_budget.py) on a real GPU, counted by torch's sync
     debug mode: offloaded KV, the hybrid verify, CUDA graphs, sampled verification."""
-    import json
-
+    from cli_json import run_json
     from sync_budget import PROMPT, allowed_syncs, small_block_profile
-    from triforce.cli.main import main
     folder = str(tiny_model_dir("llama-gqa", max_position_embeddings=1024, num_layers=4))
     draft = ["--draft", "lookup"] if method == "triforce" else []
-    with pytest.raises(SystemExit) as exit_info:
-        main(["generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda", "--max-new-tokens", "16",
-              "--ignore-eos", "--count-syncs", "--json", "--budget", "48", "--chunk-size", "4", "--method", method,
-              *draft, "--dtype", "float32", "--device-budget", "3.0MB", "--profile", small_block_profile(tmp_path),
-              "--temperature", temperature, "--seed", "3"])
-    out, err = capsys.readouterr()
-    assert exit_info.value.code == 0, err
-    report = json.loads(out)
+    report = run_json(capsys, "generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda", "--max-new-tokens",
+                      "16", "--ignore-eos", "--count-syncs", "--json", "--budget", "48", "--chunk-size", "4", "--method",
+                      method, *draft, "--dtype", "float32", "--device-budget", "3.0MB", "--profile",
+                      small_block_profile(tmp_path), "--temperature", temperature, "--seed", "3")
     assert report["plan"]["offloaded"] and report["plan"]["hybrid"]
     assert all(r["graph_failed"] is None for r in report["graphs"].values()), report["graphs"]
     assert report["host_syncs"]["total"] <= allowed_syncs(report, 4), report["host_syncs"]

@@ -24,8 +24,10 @@ Steps (each in its own process, with GPU memory capped to `--cap-gb` so an H100 
 The last three follow the float campaign and may not fit its budget: a second call runs them
 (`--only quant-kernels,tier-steps-q4k,offload-127k-q4k`).
 
-Writes gpu-campaign-DATE.json (the commit, torch, driver and device; every step's command, exit
-code, seconds, parsed JSON and output tail) and prints the rows for bench/RESULTS.md."""
+Writes gpu-campaign-DATE.json after every step (the commit, torch, driver and device; every step's
+command, exit code, seconds, parsed JSON and output tail) and prints the rows for bench/RESULTS.md.
+The offload steps write each method's row as it is timed (OUT/STEP.rows.jsonl), so a step cut by
+its limit keeps the rows it had."""
 from __future__ import annotations
 
 import datetime
@@ -57,6 +59,7 @@ class Step:
     argv: tuple[str, ...]   # after `python -m triforce.bench.capped --gb CAP --`
     timeout_s: int
     what: str
+    streams_rows: bool = False  # `bench offload`: its rows go to OUT/NAME.rows.jsonl as each is timed
 
 
 def steps(out_dir: Path, quick: bool) -> list[Step]:
@@ -77,12 +80,12 @@ def steps(out_dir: Path, quick: bool) -> list[Step]:
              "tier step times against their bytes floor"),
         Step("offload-32k", (*offload(TRACE), "--context", "32768", "--plot", str(out_dir / "offload-32k.png"),
                              "--methods", "ar-offload,ar-hybrid,zero-inference,triforce,triforce-ahead,transformers-offloaded"), 170,
-             "bench offload at 32K on a 24 GB budget, natural-text trace, transformers' offloaded cache beside"),
+             "bench offload at 32K on a 24 GB budget, natural-text trace, transformers' offloaded cache beside", True),
         Step("offload-127k", (*offload(TRACE), "--context", "130048", "--plot", str(out_dir / "offload-127k.png"),
                               "--methods", "ar-offload,ar-hybrid,triforce,triforce-ahead"),
-             270, "bench offload at 127K on a 24 GB budget, natural-text trace (zero-inference: 32K only)"),
+             270, "bench offload at 127K on a 24 GB budget, natural-text trace (zero-inference: 32K only)", True),
         Step("offload-127k-best-case", (*offload(BEST_CASE_TRACE), "--context", "130048", "--methods", "triforce"),
-             120, "triforce at 127K replaying the repeated-filler needle trace (a best case)"),
+             120, "triforce at 127K replaying the repeated-filler needle trace (a best case)", True),
         Step("quant-kernels", ("-m", "triforce.bench.quant_kernels", "--arch", ARCH, "--rows", "1,16",
                                "--formats", "q4_k,q8_0", "--dtype", "bfloat16", "--json"), 90,
              "Triton block kernels against bf16 F.linear and the bytes floor, Llama2-7B projection shapes"),
@@ -92,7 +95,7 @@ def steps(out_dir: Path, quick: bool) -> list[Step]:
              "tier step times with q4_k projections against their bytes floor"),
         Step("offload-127k-q4k", (*offload(TRACE), "--context", "130048", "--quantize", "q4_k",
                                   "--methods", "ar-offload,ar-hybrid,triforce"),
-             270, "bench offload at 127K with q4_k projections on a 24 GB budget, natural-text trace"),
+             270, "bench offload at 127K with q4_k projections on a 24 GB budget, natural-text trace", True),
     ]
 
 
@@ -127,8 +130,31 @@ def environment(commit: str | None) -> dict:
     return env
 
 
+def streamed_result(rows_file: Path) -> dict | None:
+    """What a `bench offload --rows-file` run had measured when it ended: its setting and the rows
+    timed so far (None: nothing was written)."""
+    if not rows_file.exists():
+        return None
+    result: dict = {"rows": [], "cut": True}
+    for line in rows_file.read_text().splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:  # a line cut mid-write
+            continue
+        if "row" in item:
+            result["rows"].append(item["row"])
+        else:
+            result.update(item)
+    return result
+
+
 def run_step(step: Step, cap_gb: float, timeout_s: float, log_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "triforce.bench.capped", "--gb", str(cap_gb), "--", *step.argv]
+    rows_file = log_dir / f"{step.name}.rows.jsonl"
+    argv = step.argv
+    if step.streams_rows:
+        rows_file.unlink(missing_ok=True)
+        argv = (*argv, "--rows-file", str(rows_file))
+    cmd = [sys.executable, "-m", "triforce.bench.capped", "--gb", str(cap_gb), "--", *argv]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     started = time.perf_counter()
     record = {"name": step.name, "what": step.what, "command": " ".join(cmd[1:]), "timeout_s": round(timeout_s)}
@@ -139,8 +165,11 @@ def run_step(step: Step, cap_gb: float, timeout_s: float, log_dir: Path) -> dict
         rc = "timeout"
         stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+    result = last_json(stdout)
+    if step.streams_rows and not (result or {}).get("rows"):  # cut by its limit or failed: keep its rows
+        result = streamed_result(rows_file)
     record.update(rc=rc, ok=rc == 0, seconds=round(time.perf_counter() - started, 1),
-                  result=last_json(stdout), stdout_tail=stdout[-3000:], stderr_tail=stderr[-3000:])
+                  result=result, stdout_tail=stdout[-3000:], stderr_tail=stderr[-3000:])
     (log_dir / f"{step.name}.log").write_text(f"$ {record['command']}\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
     return record
 
@@ -168,8 +197,9 @@ def results_rows(report: dict) -> list[str]:
                 result = "ok" if u["ok"] else f"failed (exit {u.get('rc')}) {u.get('error', '')}".strip()
                 lines.append(f"| `{u['command'].split(' --model')[0]}` | {result} | {u['seconds']} |")
         if s["name"].startswith("offload") and r.get("rows"):
-            lines += ["", f"{s['name']}: context {r['context']}, {r['profile']}, pinned H2D {r['pinned_h2d_gbps']} GB/s, "
-                          f"trace {r.get('replayed_trace')}",
+            cut = " (cut short: the rows timed before it ended)" if r.get("cut") else ""
+            lines += ["", f"{s['name']}: context {r.get('context')}, {r.get('profile')}, pinned H2D "
+                          f"{r.get('pinned_h2d_gbps')} GB/s, trace {r.get('replayed_trace')}{cut}",
                       "", "| method | ms/token | PCIe MB/token | H2D GB/s | peak GPU GiB | plan GiB |",
                       "|---|---:|---:|---:|---:|---:|"]
             for row in r["rows"]:
@@ -230,6 +260,7 @@ def main(out_dir, cap_gb, budget_s, only, quick, dry_run, commit):
     date = datetime.date.today().isoformat()
     report = {"date": date, "cap_gb": cap_gb, "quick": quick, "environment": environment(commit), "steps": []}
     deadline = time.perf_counter() + budget_s
+    path = out / f"gpu-campaign-{date}.json"
     for s in chosen:
         left = deadline - time.perf_counter()
         if left < 10:
@@ -240,6 +271,7 @@ def main(out_dir, cap_gb, budget_s, only, quick, dry_run, commit):
         print(f"[{s.name}] {s.what} (at most {min(s.timeout_s, left):.0f} s) ...", flush=True)
         record = run_step(s, cap_gb, min(s.timeout_s, left), out)
         report["steps"].append(record)
+        write_atomically(path, json.dumps(report, indent=1))  # a campaign cut short keeps its finished steps
         print(f"[{s.name}] {'ok' if record['ok'] else 'FAILED rc=' + str(record['rc'])} in {record['seconds']} s",
               flush=True)
         if not record["ok"]:
@@ -247,8 +279,7 @@ def main(out_dir, cap_gb, budget_s, only, quick, dry_run, commit):
                             .splitlines()[-15:]), flush=True)
     probe = next((x["result"] for x in report["steps"] if x["name"] == "probe" and x.get("result")), None)
     report["device_name"] = (probe or {}).get("device_name")
-    path = out / f"gpu-campaign-{date}.json"
-    write_atomically(path, json.dumps(report, indent=1))  # the campaign's one record: whole or not at all
+    write_atomically(path, json.dumps(report, indent=1))  # each write whole or not at all
     print(f"\nwrote {path}\n")
     print("\n".join(results_rows(report)))
 

@@ -22,6 +22,13 @@ class BenchRequest:
     as_json: bool
     repeats: int = 2
     size_gamma2: bool = False  # gamma2 chosen by the cost model for the trace's acceptance
+    rows_path: str | None = None  # JSON lines appended as the run goes: its setting, then each method's row
+
+
+def emit(path: str, line: dict) -> None:
+    """Append one JSON line to `path` at once: a run killed later (a campaign's time limit) keeps it."""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def bench_rank(rank: int, world: int, request: BenchRequest) -> None:
@@ -73,10 +80,16 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     setup = Setup(runtime, prof, len(prompt_ids) if prompt_ids else r.context, r.new_tokens, spec, r.trace,
                   overlap=c.overlap, prompt_ids=prompt_ids, repeats=r.repeats)
     rows = []
+    streamed = r.rows_path is not None and rank == 0  # a run cut short keeps what it measured
+    if streamed:
+        emit(r.rows_path, {"bench": "offload", "context": r.context, "profile": prof.name, "pinned_h2d_gbps": round(h2d, 2),
+              "replayed_trace": r.trace_path})
     for method in r.methods:
         if rank == 0:
             print(f"timing {method} ...", file=sys.stderr)
         rows.append(run_method(method, setup))
+        if streamed:
+            emit(r.rows_path, {"row": rows[-1]})
     if rank != 0:
         return
     title = (f"{name}, context {r.context}, {str(lm.dtype).removeprefix('torch.')} on {lm.device}, {prof.name}"

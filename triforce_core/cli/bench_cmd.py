@@ -53,8 +53,12 @@ def bench_group():
               help="Tensor-parallel ranks: each GPU streams its own heads' KV over its own link.")
 @runtime_options(count_syncs=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--rows-file", default=None,
+              help="Append JSON lines to this file as the run goes: the setting, then each method's row the "
+                   "moment it is timed (a run cut short keeps what it measured).")
 def offload(arch, model, context, profile, device_budget, methods, acceptance_trace, draft, new_tokens, repeats, budget,
-            gamma1, gamma2, no_overlap, plot_path, dtype, quantize, device, rope_scaling, tp, attn, no_graphs, threads, as_json):
+            gamma1, gamma2, no_overlap, plot_path, dtype, quantize, device, rope_scaling, tp, attn, no_graphs, threads, as_json,
+            rows_file):
     """Time ms/token of offloaded decoding methods at a context length, on a budget.
 
     On CUDA the card is emulated with set_per_process_memory_fraction (the profile's gpu_bytes);
@@ -75,6 +79,8 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     if quantize not in ("auto", "none") and "transformers-offloaded" in chosen:
         raise UserError("transformers-offloaded runs transformers' own float model: leave it out with --quantize")
     check_output_path("--plot", plot_path)
+    if rows_file is not None:
+        check_output_path("--rows-file", rows_file)
     trace = load_trace(acceptance_trace) if acceptance_trace else None
     if arch is not None and {"triforce", "triforce-ahead"} & set(chosen) and trace is None:
         raise UserError("random weights cannot accept drafts honestly: record a trace with "
@@ -93,5 +99,5 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     from triforce.bench.offload_run import BenchRequest, bench_rank
 
     request = BenchRequest(config, context, chosen, trace, acceptance_trace, new_tokens, plot_path, as_json, repeats,
-                           size_gamma2=gamma2 is None and trace is not None)
+                           size_gamma2=gamma2 is None and trace is not None, rows_path=rows_file)
     run_on_ranks(tp, bench_rank, request, model, device, arch)

@@ -121,3 +121,47 @@ def test_the_hybrid_verify_inside_the_verify_worker_keeps_the_thread_count(capsy
     assert result["plan"]["hybrid"] and result["draft_ahead_rounds"] > 0
     assert any(t.startswith("full-verify") for t in threads)
     assert seen and set(seen) == {("triforce-host-attention", 1)}
+
+
+def test_no_graph_is_captured_while_the_verify_runs_beside(capsys, card, followed, folder, monkeypatch):
+    """A capture makes other threads' allocations and syncs illegal (and used to synchronise the
+    device): while the verify runs on the draft-ahead worker, a drafting step without a graph runs
+    uncaptured. Here every graph is dropped as each drafting-ahead round starts, so its steps have
+    none; without the hold they were captured there (seen: this test failed)."""
+    from triforce.decoding import graph_runner
+
+    card.install_graphs(monkeypatch)
+    runners, beside, captures = [], threading.Event(), []
+    real_init, real_capture, real_run = (graph_runner.TierRunner.__init__, graph_runner.TierRunner._capture,
+                                         draft_ahead.AheadRunner.run)
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        runners.append(self)
+
+    def capture(self, view):
+        captures.append(beside.is_set())
+        return real_capture(self, view)
+
+    def run(self, verify, draft):
+        for runner in runners:
+            runner._graphs.clear()
+        beside.set()
+        try:
+            return real_run(self, verify, draft)
+        finally:
+            beside.clear()
+
+    monkeypatch.setattr(graph_runner.TierRunner, "__init__", init)
+    monkeypatch.setattr(graph_runner.TierRunner, "_capture", capture)
+    monkeypatch.setattr(draft_ahead.AheadRunner, "run", run)
+    with card.placement(), followed.watching():
+        with pytest.raises(SystemExit) as exit_info:
+            main(["generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda", "--method", "triforce",
+                  "--max-new-tokens", "16", "--budget", "48", "--chunk-size", "4", "--draft-ahead", "--json"])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 0, err
+    report = json.loads(out)
+    assert report["draft_ahead_rounds"] > 0 and captures and runners
+    assert not any(captures), f"{sum(captures)} of {len(captures)} captures ran beside the verify"
+    assert all(r["graph_failed"] is None for r in report["graphs"].values())

@@ -10,6 +10,9 @@ Steps (each in its own process, with GPU memory capped to `--cap-gb` so an H100 
                 greedy float32 tokens against transformers' generate (its commands are not capped)
   probe         device, versions, exact pinning, pinned host-to-device and device-to-device GB/s
   gpu-tests     pytest tests/gpu (graphs, Triton retrieval, sync counts, offload, sampling, SDPA kernels)
+  prefill-32k, prefill-127k  what a user does first: a long prompt (random ids) prefilled through the
+                offloaded path, Llama2-7B-128K shapes, 24 GB budget: time to first token, host KV
+                bytes moved, peak GPU memory against the plan (bench/prefill_ttft.py)
   tier-steps    tier 0, tier 1 and full-verify step times against their bytes floor, graphs on/off,
                 SDPA and flash-attn (when installed), Llama2-7B-128K shapes, random weights
   offload-32k   bench offload, Llama2-7B-128K at 32K: ar-offload, zero-inference, triforce replaying
@@ -74,6 +77,12 @@ def steps(out_dir: Path, quick: bool) -> list[Step]:
         Step("gpu-tests", ("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu", "tests/unit/test_quant_triton.py"),
              150, "GPU tests: graphs == eager, Triton retrieval and block kernels, sync counts, offload, sampling, "
                   "SDPA kernels, quantized decoding"),
+        Step("prefill-32k", ("-m", "triforce.bench.prefill_ttft", "--arch", ARCH, "--context", "32768",
+                             "--profile", "rtx4090-24g", "--dtype", "bfloat16", "--json"), 120,
+             "a 32K prompt prefilled through the offloaded path on a 24 GB budget: time to first token"),
+        Step("prefill-127k", ("-m", "triforce.bench.prefill_ttft", "--arch", ARCH, "--context", "130048",
+                              "--profile", "rtx4090-24g", "--dtype", "bfloat16", "--json"), 240,
+             "a 127K prompt prefilled through the offloaded path on a 24 GB budget: time to first token"),
         Step("tier-steps", ("-m", "triforce.bench.tier_steps", "--arch", ARCH, "--draft", "llama-68m",
                             "--contexts", "4096" if quick else "4096,8192", "--dtype", "bfloat16",
                             "--attn", "sdpa,flash", "--repeats", "10", "--json"), 120,
@@ -212,6 +221,14 @@ def results_rows(report: dict) -> list[str]:
                 plan = f"{row['plan_gpu_bytes'] / 2**30:.2f}" if "plan_gpu_bytes" in row else ""
                 lines.append(f"| {row['method']} | {row['ms_per_token']} ({windows}) | {pcie} | "
                              f"{row.get('achieved_h2d_gbps', '')} | {peak:.2f} | {plan} |")
+        if s["name"].startswith("prefill") and r.get("ttft_s") is not None:
+            peak = f"{r['peak_gpu_bytes'] / 2**30:.2f}" if r.get("peak_gpu_bytes") else "-"
+            lines += ["", f"{s['name']}: {r['arch']} {r['dtype']}, {r['profile']}, prompt {r['prompt']}", "",
+                      "| context | TTFT s | prefill s | prefill tok/s | H2D GB | D2H GB | peak GPU GiB | plan GiB |",
+                      "|---:|---:|---:|---:|---:|---:|---:|---:|",
+                      f"| {r['context']} | {r['ttft_s']} | {r['prefill_s']} | {r['prefill_tokens_per_s']} | "
+                      f"{r['h2d_bytes'] / 1e9:.2f} | {r['d2h_bytes'] / 1e9:.2f} | {peak} | "
+                      f"{r['plan_gpu_bytes'] / 2**30:.2f} |"]
         if s["name"] == "quant-kernels" and r.get("rows"):
             lines += ["", f"block kernels: {r['arch']} projections, {r['dtype']} activations, device copy "
                           f"{r['memory_gbps_measured']} GB/s", "",

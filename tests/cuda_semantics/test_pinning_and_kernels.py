@@ -66,7 +66,8 @@ def test_gpu_campaign_dry_run_on_a_cpu():
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     names = [line.split()[0] for line in done.stdout.splitlines()[1:] if not line.startswith("    ")]
-    assert names == ["user", "probe", "gpu-tests", "tier-steps", "offload-32k", "offload-127k",
+    assert names == ["user", "probe", "gpu-tests", "prefill-32k", "prefill-127k", "tier-steps", "offload-32k",
+                     "offload-127k",
                      "offload-127k-best-case",  # the user first, the best case last of the float steps
                      "quant-kernels", "tier-steps-q4k", "offload-127k-q4k"]
     assert "--gb 24" in done.stdout and "-m triforce.bench.user_step --json" in done.stdout

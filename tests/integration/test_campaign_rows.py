@@ -1,6 +1,7 @@
 """Nothing measured is lost to a time limit: `bench offload --rows-file` appends each method's row
 the moment it is timed, a run killed mid-way keeps the rows it finished, and the GPU campaign
-reads them back for a step cut by its limit (and rewrites its report after every step)."""
+reads them back for a step cut by its limit (and rewrites its report after every step). And the
+campaign's prefill step, reduced to a CPU: a long prompt through the offloaded path, then decoded."""
 import json
 import subprocess
 import sys
@@ -58,3 +59,16 @@ def test_a_step_cut_by_its_limit_keeps_the_rows_it_wrote(tmp_path):
     report = {"date": "2026-11-27", "cap_gb": 24.0, "quick": False, "environment": {}, "steps": [record]}
     rows = "\n".join(gpu_campaign.results_rows(report))
     assert "| offload-127k | timed out |" in rows and "cut short" in rows and "| ar-offload | 812.5" in rows
+
+
+def test_a_long_prompt_prefills_through_the_offloaded_path(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "triforce.bench.prefill_ttft", "--arch", "tiny-test", "--context", "600",
+                           "--device-budget", "3.4MB", "--dtype", "float32", "--new-tokens", "4", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    r = json.loads(done.stdout)
+    assert r["offloaded"] and r["resident_tokens"] < 600 and r["d2h_bytes"] > 0  # the prompt's KV went to the host
+    assert 0 < r["prefill_s"] <= r["ttft_s"] and r["decode_ms_per_token"] > 0 and len(r["first_token"]) == 1
+    record = {"name": "prefill-32k", "rc": 0, "ok": True, "seconds": 1.0, "result": r}
+    report = {"date": "2026-11-27", "cap_gb": 24.0, "quick": False, "environment": {}, "steps": [record]}
+    assert f"| 600 | {r['ttft_s']} |" in "\n".join(gpu_campaign.results_rows(report))

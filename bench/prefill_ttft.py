@@ -1,0 +1,96 @@
+"""What a user does first with a long document: prefill it through the real offloaded path, then
+decode. Prints the time to the first new token, the prefill alone, the host KV bytes moved each
+way, and peak GPU memory against the plan.
+
+    python -m triforce.bench.prefill_ttft --arch llama2-7b-128k --context 32768 --profile rtx4090-24g \
+        --dtype bfloat16 --json
+
+The prompt is random token ids (prefill time does not depend on the values; a random-weight
+architecture has no text to read anyway). The runtime is the one `generate` builds (plan, cache,
+engine, graphs), so the path is the user's; --method picks what decodes after the prefill.
+A GPU campaign step (gpu_campaign's prefill-32k and prefill-127k); on a CPU, --device-budget
+makes a small architecture offload for a reduced run."""
+from __future__ import annotations
+
+import json
+import time
+
+import click
+import torch
+
+from triforce.config import SamplingParams
+
+
+def measure(runtime, context: int, new_tokens: int, seed: int = 0) -> dict:
+    """Prefill `context` random ids through runtime's engine, then decode `new_tokens`."""
+    lm = runtime.lm
+    cuda = lm.device.type == "cuda"
+    engine = runtime.engine(context + new_tokens + 1)
+    ids = torch.randint(0, lm.config.vocab_size, (context,), generator=torch.Generator().manual_seed(seed)).tolist()
+    cache = engine.full.cache
+    prefetcher = getattr(cache, "prefetcher", None)
+    if cuda:
+        torch.cuda.synchronize(lm.device)
+        torch.cuda.reset_peak_memory_stats(lm.device)
+    started = time.perf_counter()
+    engine.set_sequence(ids)
+    if cuda:
+        torch.cuda.synchronize(lm.device)
+    prefill_s = time.perf_counter() - started
+    first = engine.generate(1, SamplingParams())
+    ttft_s = time.perf_counter() - started
+    rest = engine.generate(new_tokens, SamplingParams()) if new_tokens else None
+    plan = runtime.plan(context + new_tokens + 1).plan
+    return {
+        "context": context, "ttft_s": round(ttft_s, 3), "prefill_s": round(prefill_s, 3),
+        "prefill_tokens_per_s": round(context / prefill_s, 1) if prefill_s else None,
+        "first_token": first.tokens[:1],
+        "decode_ms_per_token": round(1000 * rest.time_s / len(rest.tokens), 2) if rest and rest.tokens else None,
+        "h2d_bytes": prefetcher.stats.h2d_bytes if prefetcher else 0,
+        "d2h_bytes": prefetcher.stats.d2h_bytes if prefetcher else 0,
+        "offloaded": plan.offloaded, "resident_tokens": plan.resident_tokens,
+        "peak_gpu_bytes": torch.cuda.max_memory_allocated(lm.device) if cuda else None,
+        "plan_gpu_bytes": plan.gpu_bytes_total, "prefill_chunk": plan.prefill_chunk,
+        "prefill_group": plan.prefill_group,
+    }
+
+
+@click.command()
+@click.option("--arch", default="llama2-7b-128k", show_default=True, help="A named architecture (random weights).")
+@click.option("--context", type=int, required=True, help="Prompt tokens to prefill.")
+@click.option("--new-tokens", type=int, default=8, show_default=True, help="Tokens decoded after the first.")
+@click.option("--method", default="triforce", show_default=True, help="What decodes after the prefill (draft: lookup).")
+@click.option("--profile", default=None, help="Memory profile (default: the device's).")
+@click.option("--device-budget", default=None, help="GPU bytes to plan for (e.g. 2.5MB for a reduced CPU run).")
+@click.option("--dtype", default="auto", show_default=True)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def main(arch, context, new_tokens, method, profile, device_budget, dtype, device, as_json):
+    """Time to first token of a long prompt prefilled through the offloaded path."""
+    from triforce.app.runtime import build_runtime
+    from triforce.bench.provenance import git_commit
+    from triforce.config import RunConfig, SpecParams
+    from triforce.errors import UserError
+
+    if context < 2 or new_tokens < 0:
+        raise click.UsageError("--context must be >= 2 and --new-tokens >= 0")
+    config = RunConfig(model=None, arch=arch, draft="lookup", spec=SpecParams(method=method), dtype=dtype,
+                       device=device, profile=profile, device_budget=device_budget)
+    try:
+        runtime = build_runtime(config)
+        measured = measure(runtime, context, new_tokens)
+    except UserError as e:
+        raise click.ClickException(str(e)) from None
+    result = {"arch": arch, "device": str(runtime.lm.device), "dtype": str(runtime.lm.dtype).removeprefix("torch."),
+              "profile": runtime.profile.name, "method": method, "commit": git_commit(), "load_s": round(runtime.load_s, 2),
+              "prompt": "random token ids", **measured}
+    if as_json:
+        print(json.dumps(result))
+        return
+    print(f"{arch} on {result['device']} ({result['profile']}): {context} tokens prefilled in {result['prefill_s']} s "
+          f"({result['prefill_tokens_per_s']} tok/s), first token after {result['ttft_s']} s; host KV moved "
+          f"{result['h2d_bytes'] / 1e9:.2f} GB in, {result['d2h_bytes'] / 1e9:.2f} GB out")
+
+
+if __name__ == "__main__":
+    main()

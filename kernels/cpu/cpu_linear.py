@@ -17,6 +17,7 @@ multiply 16-bit weights natively (triforce.kernels.cpu.cpu_flags) they are widen
 of rows at a time for it, since PyTorch's emulated 16-bit GEMM runs ~7x slower than float32's."""
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numba
@@ -110,6 +111,7 @@ class FusedLinear:
         half = self.weight.dtype in (torch.bfloat16, torch.float16)
         self.out_dtype = torch.float32 if keep_float32 and half else self.weight.dtype
         self._kernel = None
+        self.float32_sums_failed: str | None = None  # why linear_float32 was given up, if it was
         if on_host(self.weight) and self.weight.is_contiguous() and self.weight.numel() >= MIN_WEIGHTS:
             if self.weight.dtype in (torch.float32, torch.bfloat16):
                 self._kernel, self._w = small_rows_linear, bits_of(self.weight)
@@ -121,8 +123,14 @@ class FusedLinear:
         if self._widen and rows.shape[0] > SMALL_ROWS and x.dtype == self.weight.dtype:
             return self._widened(rows).view(*x.shape[:-1], self.weight.shape[0])
         if self._kernel is None or rows.shape[0] > SMALL_ROWS or x.dtype != self.weight.dtype:
-            if self.out_dtype != x.dtype and x.dtype == self.weight.dtype and not on_host(self.weight):
-                return linear_float32(x, self.weight, self.bias)  # a device's logits, never rounded to 16 bits
+            if self.out_dtype != x.dtype and x.dtype == self.weight.dtype and self.float32_sums_failed is None \
+                    and not on_host(self.weight):
+                try:
+                    return linear_float32(x, self.weight, self.bias)  # a device's logits, never rounded to 16 bits
+                except (RuntimeError, TypeError) as e:  # a torch without mm's out_dtype: rounded logits from now on
+                    self.float32_sums_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    print(f"note: float32 logits unavailable ({self.float32_sums_failed}); rounding them to "
+                          f"{str(x.dtype).removeprefix('torch.')}", file=sys.stderr)
             return F.linear(x, self.weight, self.bias).to(self.out_dtype)
         if rows.dtype != torch.float32 or not rows.is_contiguous():
             rows = rows.to(torch.float32).contiguous()  # .to(memory_format=...) keeps float32 rows strided

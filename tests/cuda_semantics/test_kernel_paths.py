@@ -56,3 +56,25 @@ def test_a_bf16_head_on_the_card_gives_float32_sums():
         logits = FusedLinear(weight.to("cuda"), keep_float32=True)(x.to("cuda"))
     assert logits.dtype == torch.float32
     assert float((logits.double() - exact).abs().max()) < 1e-4  # a bfloat16 result is off by ~1e-2
+
+
+def test_a_torch_without_float32_sums_falls_back_once_with_a_note(monkeypatch, capsys):
+    """torch.mm's out_dtype is CUDA-only and recent: where it raises, the head says so once and
+    gives its bfloat16 results widened, as before, instead of failing every step."""
+    from triforce.kernels.cpu import cpu_linear
+
+    calls = []
+
+    def missing(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("mm.dtype is not available")
+
+    monkeypatch.setattr(cpu_linear, "linear_float32", missing)
+    weight = torch.randn(64, 32).to(torch.bfloat16)
+    with CardTensors():
+        head = FusedLinear(weight.to("cuda"), keep_float32=True)
+        first = head(torch.randn(2, 32).to(torch.bfloat16).to("cuda"))
+        head(torch.randn(2, 32).to(torch.bfloat16).to("cuda"))
+    assert first.dtype == torch.float32 and len(calls) == 1
+    assert head.float32_sums_failed == "mm.dtype is not available"
+    assert capsys.readouterr().err.count("float32 logits unavailable") == 1

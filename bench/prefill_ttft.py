@@ -25,7 +25,8 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0) -> dict:
     """Prefill `context` random ids through runtime's engine, then decode `new_tokens`."""
     lm = runtime.lm
     cuda = lm.device.type == "cuda"
-    engine = runtime.engine(context + new_tokens + 1)
+    run = runtime.plan(context + new_tokens + 1)
+    engine = runtime.engine(context + new_tokens + 1, run)
     ids = torch.randint(0, lm.config.vocab_size, (context,), generator=torch.Generator().manual_seed(seed)).tolist()
     cache = engine.full.cache
     prefetcher = getattr(cache, "prefetcher", None)
@@ -40,7 +41,7 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0) -> dict:
     first = engine.generate(1, SamplingParams())
     ttft_s = time.perf_counter() - started
     rest = engine.generate(new_tokens, SamplingParams()) if new_tokens else None
-    plan = runtime.plan(context + new_tokens + 1).plan
+    plan = run.plan
     return {
         "context": context, "ttft_s": round(ttft_s, 3), "prefill_s": round(prefill_s, 3),
         "prefill_tokens_per_s": round(context / prefill_s, 1) if prefill_s else None,

@@ -117,14 +117,14 @@ class FusedLinear:
                 self._kernel, self._w = small_rows_linear, bits_of(self.weight)
         self._bias32 = None if self.bias is None else self.bias.to(torch.float32)
         self._widen = half and on_host(self.weight) and not native_matmul(self.weight.dtype)
+        self._device_sums = self.out_dtype != self.weight.dtype and not on_host(self.weight)  # linear_float32
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         if self._widen and rows.shape[0] > SMALL_ROWS and x.dtype == self.weight.dtype:
             return self._widened(rows).view(*x.shape[:-1], self.weight.shape[0])
         if self._kernel is None or rows.shape[0] > SMALL_ROWS or x.dtype != self.weight.dtype:
-            if self.out_dtype != x.dtype and x.dtype == self.weight.dtype and self.float32_sums_failed is None \
-                    and not on_host(self.weight):
+            if self._device_sums and x.dtype == self.weight.dtype and self.float32_sums_failed is None:
                 try:
                     return linear_float32(x, self.weight, self.bias)  # a device's logits, never rounded to 16 bits
                 except (RuntimeError, TypeError) as e:  # a torch without mm's out_dtype: rounded logits from now on

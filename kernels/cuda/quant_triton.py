@@ -36,9 +36,10 @@ WARM_ROWS = (1, 3, 16, SHORT_PASS + 1, 2 * SHORT_PASS)
 
 
 @triton.jit
-def _per_byte(factors, BLOCK_N: tl.constexpr, STEP: tl.constexpr):
-    """[BLOCK_N, STEP] per-block factors -> [BLOCK_N, STEP * 16], one per byte of the block."""
-    return tl.reshape(tl.broadcast_to(factors[:, :, None], (BLOCK_N, STEP, 16)), (BLOCK_N, STEP * 16))
+def _spread(factors, BLOCK_N: tl.constexpr, COUNT: tl.constexpr, WIDTH: tl.constexpr):
+    """[BLOCK_N, COUNT] factors (one per block or scale group) -> [BLOCK_N, COUNT * WIDTH], each
+    repeated over the WIDTH bytes or columns it scales."""
+    return tl.reshape(tl.broadcast_to(factors[:, :, None], (BLOCK_N, COUNT, WIDTH)), (BLOCK_N, COUNT * WIDTH))
 
 
 @triton.jit
@@ -66,14 +67,14 @@ def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, 
             if KQUANT:  # Q4_K: d256 sc and -(dmin256 m), the products BlockWeight holds
                 sup = k_ptr + offs_n[:, None] * (blocks // 8 * 2) + ((first + b) // 8 * 2)[None, :]
                 d = tl.load(sup, mask=b_ok, other=0.0) * d
-            d = _per_byte(d, BLOCK_N, STEP)
+            d = _spread(d, BLOCK_N, STEP, 16)
             lo = d * ((byte & 15).to(tl.float32) - SHIFT)
             hi = d * ((byte >> 4).to(tl.float32) - SHIFT)
             if HAS_OFFSETS:
                 m = tl.load(o_ptr + offs_n[:, None] * blocks + (first + b)[None, :], mask=b_ok, other=0).to(tl.float32)
                 if KQUANT:
                     m = -(tl.load(sup + 1, mask=b_ok, other=0.0) * m)
-                m = _per_byte(m, BLOCK_N, STEP)
+                m = _spread(m, BLOCK_N, STEP, 16)
                 lo += m
                 hi += m
             col = blk * 32 + j % 16
@@ -96,7 +97,7 @@ def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, 
             g = first * 32 // GROUP + tl.arange(0, STEP * 32 // GROUP)  # the step's scale groups, once each
             d = tl.load(s_ptr + offs_n[:, None] * (K // GROUP) + g[None, :], mask=n_ok[:, None] & (g < K // GROUP)[None, :],
                         other=0).to(tl.float32)
-            d = tl.reshape(tl.broadcast_to(d[:, :, None], (BLOCK_N, STEP * 32 // GROUP, GROUP)), (BLOCK_N, STEP * 32))
+            d = _spread(d, BLOCK_N, STEP * 32 // GROUP, GROUP)
             w = d * q.to(tl.float32)
             xs = tl.load(x_ptr + offs_m[:, None] * sx + col[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if IEEE:

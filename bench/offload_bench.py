@@ -20,10 +20,25 @@ from triforce.errors import UserError
 from triforce.offload.offloaded_cache import OffloadedKVCache
 
 # ar-offload: the paper's baseline (every host block over PCIe); ar-hybrid: the stronger one (the
-# CPU attends its share in place, offload.hybrid); triforce splits as the plan says
-METHODS = ("ar-offload", "ar-hybrid", "zero-inference", "triforce", "triforce-ahead", "transformers-offloaded")
-SPECULATIVE = ("triforce", "triforce-ahead")  # triforce-ahead: the next cycle drafted during each verify
-SPECULATIVE_TOKENS = 64  # speculative rows time at least this many: several full verifies and a rebuild
+# CPU attends its share in place, offload.hybrid); triforce splits as the plan says, and its
+# variants turn one of its parts on (drafting the next cycle during each verify) or off
+METHODS = ("ar-offload", "ar-hybrid", "zero-inference", "triforce", "triforce-ahead", "triforce-no-hybrid",
+           "triforce-no-residency", "transformers-offloaded")
+
+
+@dataclass(frozen=True)
+class Variant:
+    speculative: bool
+    hybrid: bool = True      # the CPU attends its share of the host KV in place
+    residency: bool = True   # the prefill's scratch holds whole host blocks once decoding starts
+    ahead: bool = False      # the next cycle drafted during each verify
+
+
+VARIANTS = {"ar-offload": Variant(False, hybrid=False), "ar-hybrid": Variant(False), "zero-inference": Variant(False),
+            "triforce": Variant(True), "triforce-ahead": Variant(True, ahead=True),
+            "triforce-no-hybrid": Variant(True, hybrid=False), "triforce-no-residency": Variant(True, residency=False)}
+SPECULATIVE = tuple(m for m, v in VARIANTS.items() if v.speculative)
+SPECULATIVE_TOKENS = 64  # speculative rows time at least this many by default: several full verifies and a rebuild
 ALL_GIVEN = frozenset({"budget", "chunk_size", "gamma1", "gamma2"})  # the bench's speculation is not re-chosen
 
 
@@ -47,28 +62,32 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def fill_random_kv(cache, length: int, seed: int = 0) -> None:
+def fill_random_kv(cache, length: int, seed: int = 0, arena=None) -> None:
     """Make `cache` hold `length` tokens of random KV without a prefill (timing only). Host
-    blocks are copies of one random block, which fills tens of GiB at memcpy speed."""
+    blocks are copies of one random block, which fills tens of GiB at memcpy speed; a store in
+    `arena`'s bytes is filled there once for every method that borrows it."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     if isinstance(cache, ResidentKVCache):
         cache.k_buf[:, :, :, :length].normal_()
         cache.v_buf[:, :, :, :length].normal_()
-    elif isinstance(cache, OffloadedKVCache):
+        cache.length = length
+        return
+    if not isinstance(cache, (OffloadedKVCache, HostAttentionKVCache)):
+        raise TypeError(f"cannot fill {type(cache).__name__}")
+    store = cache.store
+    if isinstance(cache, OffloadedKVCache):
         cache.k_res.normal_()
         cache.v_res.normal_()
-        template = torch.randn(cache.store.block(0, 0).shape, generator=g, device="cpu").to(cache.store.data.dtype)
-        for layer in range(cache.store.data.shape[0]):
-            for block in range(cache.store.num_blocks):
-                cache.store.block(layer, block).copy_(template)
-    elif isinstance(cache, HostAttentionKVCache):
-        store = cache.store
+        blocks = store.num_blocks
+    else:
+        blocks = -(-length // store.block_tokens)
+    if arena is not None:
+        arena.fill_random(store.nbytes, store.data.dtype, seed)
+    else:
         template = torch.randn(store.block(0, 0).shape, generator=g, device="cpu").to(store.data.dtype)
         for layer in range(store.data.shape[0]):
-            for block in range(-(-length // store.block_tokens)):
+            for block in range(blocks):
                 store.block(layer, block).copy_(template)
-    else:
-        raise TypeError(f"cannot fill {type(cache).__name__}")
     cache.length = length
 
 
@@ -84,6 +103,8 @@ class Setup:
     prompt_ids: list[int] | None = None  # a real prompt to prefill; None: random KV (random weights)
     hybrid: bool = True
     repeats: int = 2           # timed windows per method after the warm-up (their spread is reported)
+    speculative_tokens: int = SPECULATIVE_TOKENS  # speculative rows time at least this many per window
+    arena: object = None       # triforce.pinned.HostArena the methods' host stores borrow in turn
 
     @property
     def lm(self):
@@ -108,6 +129,36 @@ def sized_gamma2(runtime, context: int, spec: SpecParams, trace: dict) -> int:
     return best_gammas(run.plan.step_costs, hw, trace_acceptance(trace), True, (spec.gamma1,), range(1, cap + 1))[1]
 
 
+def method_setting(method: str, s: Setup) -> tuple[SpecParams, int, int, int]:
+    """(spec, tokens per timed window, tokens of the window whose syncs are counted, cache length)."""
+    speculative = VARIANTS[method].speculative
+    spec = s.spec if speculative else SpecParams(method="ar")
+    new_tokens = max(s.new_tokens, s.speculative_tokens) if speculative else s.new_tokens
+    counted = spec.gamma2 + 1 if speculative else 1
+    return spec, new_tokens, counted, s.context + 2 + new_tokens * s.repeats + counted + 8
+
+
+def host_store_bytes(method: str, s: Setup) -> int:
+    """Bytes of the host KV store `method` builds (0: none, or its plan does not fit)."""
+    from triforce.bench.zero_inference import BLOCK_TOKENS
+    from triforce.pinned import HostKVStore
+
+    if method not in VARIANTS:
+        return 0
+    spec, _, _, max_len = method_setting(method, s)
+    c, dtype = s.lm.config, s.lm.dtype
+    if method == "zero-inference":
+        return HostKVStore.bytes_for(c.num_layers, c.num_kv_heads, c.head_dim, max_len, BLOCK_TOKENS, dtype)
+    try:
+        plan = s.runtime.plan(max_len, spec, ALL_GIVEN).plan
+    except UserError:
+        return 0
+    if plan.resident_tokens >= max_len:
+        return 0
+    return HostKVStore.bytes_for(c.num_layers, c.num_kv_heads, c.head_dim, max_len - plan.resident_tokens,
+                                 plan.block_tokens, dtype)
+
+
 def run_method(method: str, s: Setup) -> dict:
     """Decode `new_tokens` after a `context`-token cache; returns the row of the table."""
     device = s.lm.device
@@ -120,10 +171,9 @@ def run_method(method: str, s: Setup) -> dict:
             return time_hf_offloaded(arch, s.context, s.new_tokens, s.lm.dtype, device)
         except (RuntimeError, ValueError, TypeError, AttributeError) as e:  # a peer's failure is a row, not the end
             return {"method": method, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-    speculative = method in SPECULATIVE
-    spec = s.spec if speculative else SpecParams(method="ar")
-    new_tokens = max(s.new_tokens, SPECULATIVE_TOKENS) if speculative else s.new_tokens
-    max_len = s.context + 2 + new_tokens * s.repeats + 8
+    variant = VARIANTS[method]
+    speculative = variant.speculative
+    spec, new_tokens, counted, max_len = method_setting(method, s)
     try:
         run = s.runtime.plan(max_len, spec, ALL_GIVEN)
     except UserError as e:
@@ -134,12 +184,12 @@ def run_method(method: str, s: Setup) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     if method == "zero-inference":
         cache = HostAttentionKVCache(s.lm.config, max_len, dtype=s.lm.dtype, device=device,
-                                     host_budget_bytes=s.profile.host_bytes)
+                                     host_budget_bytes=s.profile.host_bytes, host_arena=s.arena)
     else:
-        cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap, hybrid=method != "ar-offload" and s.hybrid)
+        cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap, hybrid=variant.hybrid and s.hybrid,
+                               residency=variant.residency, host_arena=s.arena)
     replay = ReplayVerifier(s.trace) if speculative and s.trace is not None else None
-    engine = s.runtime.engine(max_len, run, kv_cache=cache, replay=replay,
-                              draft_ahead=method == "triforce-ahead")
+    engine = s.runtime.engine(max_len, run, kv_cache=cache, replay=replay, draft_ahead=variant.ahead)
     if s.prompt_ids is not None:
         from triforce.app.progress import prefill_bar
 
@@ -152,7 +202,7 @@ def run_method(method: str, s: Setup) -> dict:
     else:
         vocab = min(s.lm.config.vocab_size, 32000)
         ids = torch.randint(3, vocab, (s.context,), generator=torch.Generator(device="cpu").manual_seed(1), device="cpu").tolist()
-        fill_random_kv(cache, s.context - 1)
+        fill_random_kv(cache, s.context - 1, arena=s.arena)
         engine.full.tokens = ids[:-1]
         engine.set_sequence(ids)
     engine.generate(2, SamplingParams(), frozenset())  # warm-up: kernels, allocator, first copies
@@ -180,6 +230,7 @@ def run_method(method: str, s: Setup) -> dict:
         "decode_resident_tokens": cache.device_tokens if isinstance(cache, OffloadedKVCache) else 0,
         "host_kv_bytes": plan.host_kv_bytes if method != "zero-inference" else cache.host_nbytes,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "host_store_shared": s.arena is not None,
     }
     if method in ("ar-hybrid", *SPECULATIVE):
         row["hybrid_cpu_share"] = round(cache.cpu_share(spec.gamma2 + 1 if speculative else 1), 3) \
@@ -189,13 +240,39 @@ def run_method(method: str, s: Setup) -> dict:
                    acceptance_rates=result.stats["acceptance_rates"],
                    replayed=s.trace is not None, tiers=engine.describe(),
                    drafted_ahead=_ahead_share(windows) if engine.ahead is not None else None)
+    row.update(counted_window(engine, counted))
+    _sync(device)  # the counted window's prefetches land before the next method reuses their memory
     del engine, cache
     if device.type == "cuda":
         torch.cuda.empty_cache()
         empty_host = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
         if empty_host is not None:
-            empty_host()  # give pinned memory back before the next method allocates its own
+            empty_host()  # give back pinned staging memory before the next method allocates its own
     return row
+
+
+def counted_window(engine, tokens: int) -> dict:
+    """After the timed windows: host syncs per token over a short window counted on its own
+    (CUDA's sync debug mode; the count is not in the timings), and whether a drafting tier's
+    CUDA graphs fell back to eager. Not counted while drafting ahead: its worker thread's syncs
+    would land in the caller's count by chance."""
+    from dataclasses import replace
+
+    from triforce.decoding.sync_count import SyncCounter
+
+    graphs = {t.name: t.runner.report() for t in engine.levels if getattr(t, "runner", None) is not None}
+    out = {"graph_fallbacks": sum(1 for g in graphs.values() if g["graph_failed"]),
+           "graph_modes": sorted({g["mode"] for g in graphs.values()}), "syncs_per_token": None}
+    if engine.ahead is not None or engine.lm.device.type != "cuda":
+        return out
+    hooks = engine.hooks
+    engine.hooks = replace(hooks, sync_counter=SyncCounter())
+    try:
+        syncs = engine.generate(tokens, SamplingParams(), frozenset()).stats["host_syncs"]
+    finally:
+        engine.hooks = hooks
+    out.update(syncs_per_token=syncs["per_token"], syncs_by_phase=syncs["by_phase"])
+    return out
 
 
 def _ahead_share(windows) -> dict:
@@ -211,26 +288,3 @@ def _transfer_bytes(cache) -> tuple[int, int]:
     if isinstance(cache, HostAttentionKVCache):
         return cache.h2d_bytes, cache.d2h_bytes
     return 0, 0
-
-
-def write_plot(rows: list[dict], h2d_gbps: float, title: str, path: str) -> bool:
-    """Bar chart of ms/token; False when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    good = [r for r in rows if "ms_per_token" in r]
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    bars = ax.bar([r["method"] for r in good], [r["ms_per_token"] for r in good],
-                  color=["#888888", "#bb8844", "#3366aa"][:len(good)])
-    for bar, r in zip(bars, good):
-        ax.annotate(f"{r['ms_per_token']:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=9)
-    ax.set_ylabel("ms per token")
-    ax.set_title(f"{title}\nhost-to-device copy {h2d_gbps:.1f} GB/s measured in the same run", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True

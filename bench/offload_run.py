@@ -23,6 +23,7 @@ class BenchRequest:
     repeats: int = 2
     size_gamma2: bool = False  # gamma2 chosen by the cost model for the trace's acceptance
     rows_path: str | None = None  # JSON lines appended as the run goes: its setting, then each method's row
+    speculative_tokens: int = 64  # speculative rows time at least this many per window
 
 
 def emit(path: str, line: dict) -> None:
@@ -42,7 +43,8 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     from triforce.app.parallel import rank_device
     from triforce.app.plan_and_cache import resolve_profile
     from triforce.app.runtime import build_runtime
-    from triforce.bench.offload_bench import Setup, measure_h2d_gbps, run_method, write_plot
+    from triforce.bench.offload_bench import Setup, measure_h2d_gbps, run_method
+    from triforce.bench.offload_plot import write_plot
     from triforce.model.loading import resolve_device
 
     c = r.config
@@ -78,12 +80,13 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
         from triforce.bench.offload_bench import sized_gamma2
         spec = replace(spec, gamma2=sized_gamma2(runtime, r.context, spec, r.trace))
     setup = Setup(runtime, prof, len(prompt_ids) if prompt_ids else r.context, r.new_tokens, spec, r.trace,
-                  overlap=c.overlap, prompt_ids=prompt_ids, repeats=r.repeats)
+                  overlap=c.overlap, prompt_ids=prompt_ids, repeats=r.repeats, speculative_tokens=r.speculative_tokens)
+    setup.arena, shared_note = shared_host_store(setup, r.methods)
     rows = []
     streamed = r.rows_path is not None and rank == 0  # a run cut short keeps what it measured
     if streamed:
         emit(r.rows_path, {"bench": "offload", "context": r.context, "profile": prof.name, "pinned_h2d_gbps": round(h2d, 2),
-              "replayed_trace": r.trace_path})
+              "replayed_trace": r.trace_path, "host_store": shared_note})
     for method in r.methods:
         if rank == 0:
             print(f"timing {method} ...", file=sys.stderr)
@@ -99,7 +102,7 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
 
     out = {"model": name, "context": r.context, "device": str(lm.device), "profile": prof.name, "tp": world,
            "commit": git_commit(), "repeats": r.repeats, "hybrid_rates_measured": measured_rates,
-           "pinned_h2d_gbps": round(h2d, 2), "rows": rows, "replayed_trace": r.trace_path,
+           "pinned_h2d_gbps": round(h2d, 2), "rows": rows, "replayed_trace": r.trace_path, "host_store": shared_note,
            "plot": r.plot_path if plotted else None, "attention": runtime.attn_name, "graphs": c.graphs,
            "spec": {"budget": spec.budget, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
                     "gamma2_sized_by_cost_model": r.size_gamma2}}
@@ -107,6 +110,24 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
         print(json.dumps(out))
         return
     print_table(out, title, lm.device.type, plotted)
+
+
+def shared_host_store(setup, methods) -> tuple[object, str]:
+    """One host buffer, allocated, pinned and filled once, that every method's host KV store borrows
+    in turn (at 127K a 7B model's is 62 GiB); (None, why) where one would not help or fit."""
+    from triforce.bench.offload_bench import host_store_bytes
+    from triforce.pinned import HostArena, HostCapacityError
+
+    need = max((host_store_bytes(m, setup) for m in methods), default=0)
+    if need == 0 or sum(host_store_bytes(m, setup) > 0 for m in methods) < 2:
+        return None, "one per method (fewer than two methods keep KV on the host)"
+    try:
+        arena = HostArena(need, pin=setup.lm.device.type == "cuda", budget_bytes=setup.profile.host_bytes)
+    except HostCapacityError as e:
+        return None, f"one per method (a shared one did not fit: {e})"
+    from triforce.offload.profiles import format_size
+
+    return arena, f"shared by the methods: {format_size(need)} allocated, pinned and filled once"
 
 
 def print_table(out: dict, title: str, device_type: str, plotted: bool) -> None:

@@ -25,10 +25,12 @@ class HostAttentionKVCache:
     layer_major = False
 
     def __init__(self, cfg, max_len: int, *, dtype: torch.dtype, device: torch.device | str, batch: int = 1,
-                 host_budget_bytes: int | None = None):
-        # pageable: the CPU computes on it, nothing is copied from it to the device
+                 host_budget_bytes: int | None = None, host_arena=None):
+        # pageable: the CPU computes on it, nothing is copied from it to the device (a benchmark
+        # may lend it a pinned arena's bytes: the CPU reads them the same)
         self.store = HostKVStore(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_len, BLOCK_TOKENS,
-                                 first_position=0, dtype=dtype, batch=batch, pin=False, budget_bytes=host_budget_bytes)
+                                 first_position=0, dtype=dtype, batch=batch, pin=False, budget_bytes=host_budget_bytes,
+                                 arena=host_arena)
         self.device = torch.device(device)
         self.max_len, self.length = max_len, 0
         self.scale = cfg.head_dim ** -0.5

@@ -48,11 +48,11 @@ class OffloadedKVCache(SparseReads):
     def __init__(self, cfg, max_len: int, resident_tokens: int, block_tokens: int, *,
                  dtype: torch.dtype, device: torch.device | str, batch: int = 1, overlap: bool = True,
                  pin: bool = True, host_budget_bytes: int | None = None, attn=SDPA, streams=None,
-                 hybrid: HybridRates | float | None = None, decode_resident_tokens: int = 0):
+                 hybrid: HybridRates | float | None = None, decode_resident_tokens: int = 0, host_arena=None):
         """hybrid: the rates that split a short pass's host blocks between PCIe and the CPU, or a
         fixed CPU share (tests); None: every host block is streamed. decode_resident_tokens: KV
         tokens the device may hold once prefill is done (the plan's; at most resident_tokens:
-        none move)."""
+        none move). host_arena: host bytes the store borrows (triforce.pinned.HostArena)."""
         if not 0 <= resident_tokens < max_len:
             raise OffloadError(f"resident tokens ({resident_tokens}) must be below the context ({max_len})")
         self.device = torch.device(device)
@@ -67,7 +67,7 @@ class OffloadedKVCache(SparseReads):
         self.v_res = torch.zeros(shape, dtype=dtype, device=self.device)
         self.store = HostKVStore(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max_len - resident_tokens,
                                  block_tokens, first_position=resident_tokens, dtype=dtype, batch=batch,
-                                 pin=pin, budget_bytes=host_budget_bytes)
+                                 pin=pin, budget_bytes=host_budget_bytes, arena=host_arena)
         self.prefetcher = Prefetcher(self.store, self.device, overlap=overlap, streams=streams)
         self.kernels = RetrievalKernels.for_device(self.device)
         # by chunk size: mean keys of resident chunks (device) and of host chunks (host, store positions)

@@ -18,13 +18,18 @@ from triforce.pinned.host_memory import allocate_host, is_registered
 class HostKVStore:
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, capacity: int, block_tokens: int, *,
                  first_position: int, dtype: torch.dtype, batch: int = 1, pin: bool = True,
-                 budget_bytes: int | None = None):
+                 budget_bytes: int | None = None, arena=None):
+        """arena: a HostArena whose bytes the store borrows (a benchmark's methods in turn)
+        instead of allocating its own."""
         if block_tokens < 1:
             raise ValueError("block_tokens must be >= 1")
         self.num_blocks = max(1, -(-capacity // block_tokens))
         shape = (num_layers, self.num_blocks, block_tokens, 2, batch, kv_heads, head_dim)
-        (self.data,) = allocate_host([shape], dtype, pin=pin, budget_bytes=budget_bytes,
-                                     what="the host KV store")
+        if arena is not None:
+            self.data = arena.view(shape, dtype)
+        else:
+            (self.data,) = allocate_host([shape], dtype, pin=pin, budget_bytes=budget_bytes,
+                                         what="the host KV store")
         self.block_tokens = block_tokens
         self.capacity = self.num_blocks * block_tokens
         self.first_position = first_position
@@ -32,6 +37,13 @@ class HostKVStore:
     @property
     def nbytes(self) -> int:
         return self.data.nbytes
+
+    @staticmethod
+    def bytes_for(num_layers: int, kv_heads: int, head_dim: int, capacity: int, block_tokens: int,
+                  dtype: torch.dtype, batch: int = 1) -> int:
+        """What a store of these sizes allocates (its capacity rounded up to whole blocks)."""
+        blocks = max(1, -(-capacity // block_tokens))
+        return num_layers * blocks * block_tokens * 2 * batch * kv_heads * head_dim * dtype.itemsize
 
     @property
     def pinned(self) -> bool:

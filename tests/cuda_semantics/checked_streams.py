@@ -342,10 +342,22 @@ class CheckedStreams:
                 self._regions[key] = Region("device")  # fresh memory: no history
                 self._access(self._current, t, True, _where())
 
+    def device_synchronize(self) -> None:
+        """torch.cuda.synchronize: the host waits for every stream, so it has seen them all."""
+        with self._lock:
+            for stream in self._streams:
+                _merge(self.host.clock, stream.clock)
+
     @contextlib.contextmanager
     def watching(self):
-        """Check every torch call in this block against the streams' order."""
+        """Check every torch call in this block against the streams' order (torch.cuda.synchronize
+        included: it orders the host after every stream, as on a card)."""
         fake = self
+        real_synchronize = torch.cuda.synchronize
+
+        def synchronize(device=None):
+            real_synchronize(device)  # raises without a card, as torch does; counted as a sync on the simulated one
+            fake.device_synchronize()
 
         class Mode(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -356,5 +368,9 @@ class CheckedStreams:
                     fake._on_torch_result(func, args, kwargs, result)
                 return result
 
-        with Mode():
-            yield self
+        torch.cuda.synchronize = synchronize
+        try:
+            with Mode():
+                yield self
+        finally:
+            torch.cuda.synchronize = real_synchronize

@@ -183,6 +183,9 @@ class FakeCard:
             if hasattr(torch.cuda.memory, name):
                 monkeypatch.setattr(torch.cuda.memory, name, fake)
         monkeypatch.setattr(torch.distributed, "init_process_group", self.init_process_group)
+        accelerator = getattr(torch, "accelerator", None)
+        if hasattr(accelerator, "empty_host_cache"):  # a card has a host cache to empty (torch raises without one)
+            monkeypatch.setattr(accelerator, "empty_host_cache", lambda: None)
         return self
 
     def install_graphs(self, monkeypatch) -> "FakeCard":

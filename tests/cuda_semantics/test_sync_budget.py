@@ -78,3 +78,23 @@ def test_block_quantized_decoding_stays_within_the_budget(capsys, card, folder, 
     report = generate(capsys, card, wide, "--method", method, "--quantize", "q8_0", "--dtype", "float32",
                       "--temperature", "0.8", "--seed", "3")
     within_budget(report, method)
+
+
+def test_bench_offload_rows_report_syncs_and_graph_fallbacks_on_the_card(capsys, card, checked, profile, monkeypatch,
+                                                                        tmp_path):
+    """The campaign's decode rows count host syncs per token (a window counted apart from the
+    timed ones) and graph fallbacks, so its goals table has them from hardware."""
+    card.install_graphs(monkeypatch)
+    methods = ["ar-offload", "triforce", "triforce-ahead"]
+    with card.placement():
+        report = run_json(capsys, "bench", "offload", "--arch", "tiny-test", "--device", "cuda", "--context", "1000",
+                          "--profile", profile, "--device-budget", "4.5MB", "--dtype", "float32", "--draft", "lookup",
+                          "--budget", "256",
+                          "--new-tokens", "8", "--repeats", "2", "--speculative-tokens", "8", "--acceptance-trace",
+                          "bench/traces/smollm2-natural8k-b4096-g15-triforce-lookup.json", "--methods", ",".join(methods),
+                          "--plot", tmp_path / "p.png", "--json")
+    rows = {r["method"]: r for r in report["rows"]}
+    assert all("error" not in r and r["host_kv_bytes"] > 0 and r["graph_fallbacks"] == 0 for r in rows.values())
+    assert 0 < rows["ar-offload"]["syncs_per_token"] <= 3  # one token and its counted window's edges
+    assert 0 < rows["triforce"]["syncs_per_token"] and "graph" in rows["triforce"]["graph_modes"]
+    assert rows["triforce-ahead"]["syncs_per_token"] is None  # its worker's syncs are not counted by chance

@@ -1,7 +1,6 @@
 """Nothing measured is lost to a time limit: `bench offload --rows-file` appends each method's row
 the moment it is timed, a run killed mid-way keeps the rows it finished, and the GPU campaign
-reads them back for a step cut by its limit (and rewrites its report after every step). And the
-campaign's prefill step, reduced to a CPU: a long prompt through the offloaded path, then decoded."""
+reads them back for a step cut by its limit (and rewrites its report after every step)."""
 import json
 import subprocess
 import sys
@@ -9,7 +8,9 @@ import time
 
 from cli_json import run_json
 from triforce.bench import gpu_campaign
+from triforce.bench.campaign_steps import Fixed
 
+TRACE = "bench/traces/smollm2-natural8k-b4096-g15-triforce-lookup.json"
 BENCH = ["bench", "offload", "--arch", "tiny-test", "--context", "600", "--device-budget", "2.5MB", "--new-tokens", "4",
          "--repeats", "1"]
 
@@ -52,23 +53,44 @@ def test_a_step_cut_by_its_limit_keeps_the_rows_it_wrote(tmp_path):
             "f.write(json.dumps({'row': {'method': 'ar-offload', 'ms_per_token': 812.5}}) + '\\n')\n"
             "f.close()\n"
             "time.sleep(600)\n")
-    step = gpu_campaign.Step("offload-127k", ("-c", code), 20, "a step that outlives its limit", streams_rows=True)
+    step = gpu_campaign.Step("decode-127k", "a step that outlives its limit", Fixed(1, "a stand-in"), ("-c", code),
+                             streams_rows=True)
     record = gpu_campaign.run_step(step, 24.0, 20, tmp_path)
-    assert record["rc"] == "timeout" and not record["ok"]
+    assert record["rc"] == "timeout" and not record["ok"] and record["note"] == "cut at its limit of 20 s, keeping the 1 row timed before"
     assert record["result"]["rows"] == [{"method": "ar-offload", "ms_per_token": 812.5}]
-    report = {"date": "2026-11-27", "cap_gb": 24.0, "quick": False, "environment": {}, "steps": [record]}
+    report = {"date": "2026-11-27", "cap_gb": 24.0, "environment": {}, "steps": [record]}
     rows = "\n".join(gpu_campaign.results_rows(report))
-    assert "| offload-127k | timed out |" in rows and "cut short" in rows and "| ar-offload | 812.5" in rows
+    assert "| decode-127k | cut at its limit | " in rows and "cut short" in rows and "| ar-offload | 812.5" in rows
 
 
-def test_a_long_prompt_prefills_through_the_offloaded_path(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "triforce.bench.prefill_ttft", "--arch", "tiny-test", "--context", "600",
-                           "--device-budget", "3.4MB", "--dtype", "float32", "--new-tokens", "4", "--json"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    r = json.loads(done.stdout)
-    assert r["offloaded"] and r["resident_tokens"] < 600 and r["d2h_bytes"] > 0  # the prompt's KV went to the host
-    assert 0 < r["prefill_s"] <= r["ttft_s"] and r["decode_ms_per_token"] > 0 and len(r["first_token"]) == 1
-    record = {"name": "prefill-32k", "rc": 0, "ok": True, "seconds": 1.0, "result": r}
-    report = {"date": "2026-11-27", "cap_gb": 24.0, "quick": False, "environment": {}, "steps": [record]}
-    assert f"| 600 | {r['ttft_s']} |" in "\n".join(gpu_campaign.results_rows(report))
+def test_the_methods_share_one_host_store_and_build_their_variants(capsys, monkeypatch, tmp_path):
+    """At 127K each method used to allocate, pin and fill 62 GiB again; now one arena is allocated
+    once and every host store borrows it. Each triforce variant builds the cache its name says."""
+    from triforce.offload.offloaded_cache import OffloadedKVCache
+    from triforce.pinned import host_arena, host_kv_store
+
+    allocated, built = [], []
+    for module in (host_arena, host_kv_store):
+        real = module.allocate_host
+        monkeypatch.setattr(module, "allocate_host",
+                            lambda shapes, dtype, real=real, **kw: allocated.append(kw["what"]) or real(shapes, dtype, **kw))
+    init = OffloadedKVCache.__init__
+
+    def spy(self, *args, **kwargs):
+        built.append((kwargs["hybrid"] is not None, kwargs["decode_resident_tokens"], kwargs["host_arena"] is not None))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(OffloadedKVCache, "__init__", spy)
+    methods = ["ar-offload", "triforce", "triforce-no-hybrid", "triforce-no-residency", "zero-inference"]
+    report = run_json(capsys, "bench", "offload", "--arch", "tiny-test", "--context", "1000", "--device-budget", "4.5MB",
+                      "--dtype", "float32", "--draft", "lookup", "--budget", "256", "--new-tokens", "8", "--repeats", "2",
+                      "--speculative-tokens", "4", "--acceptance-trace", TRACE, "--methods", ",".join(methods),
+                      "--plot", tmp_path / "p.png", "--json")
+    assert allocated == ["the shared host KV store"]  # once, for all five
+    assert report["host_store"].startswith("shared by the methods")
+    assert [r["method"] for r in report["rows"]] == methods and all(r["host_store_shared"] for r in report["rows"])
+    by = dict(zip(methods, built))  # zero-inference builds its own kind of cache
+    assert all(shared for _, _, shared in built)
+    assert by["triforce-no-residency"][1] == 0 and by["triforce"][1] == report["rows"][1]["decode_resident_tokens"]
+    hybrid = by["triforce"][0]  # the CPU device keeps no hybrid rates; the variant must not add any either way
+    assert by["triforce-no-hybrid"][0] is False and by["ar-offload"][0] is False and by["triforce"][0] is hybrid

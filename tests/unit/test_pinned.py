@@ -64,3 +64,23 @@ def test_allocation_beyond_available_memory_is_refused(monkeypatch):
 def test_pinning_falls_back_to_pageable_without_cuda():
     (t,) = allocate_host([(16,)], torch.float32, pin=True)
     assert t.is_pinned() == torch.cuda.is_available()
+
+
+def test_stores_borrow_one_arena_filled_once():
+    from triforce.pinned import HostArena
+
+    small = HostKVStore.bytes_for(2, 2, 4, 37, 8, torch.bfloat16)
+    big = HostKVStore.bytes_for(3, 2, 4, 50, 16, torch.bfloat16)
+    arena = HostArena(big, pin=False)
+    first = HostKVStore(2, 2, 4, 37, 8, first_position=16, dtype=torch.bfloat16, arena=arena)
+    assert first.nbytes == small and first.data.data_ptr() == arena.data.data_ptr()  # a view, nothing allocated
+    arena.fill_random(first.nbytes, torch.bfloat16)
+    assert arena.filled == small and bool(first.data.abs().sum() > 0) and not arena.data[small:].any()
+    before = first.data.clone()
+    arena.fill_random(small, torch.bfloat16)  # filled already: nothing is rewritten
+    assert torch.equal(first.data, before)
+    second = HostKVStore(3, 2, 4, 50, 16, first_position=0, dtype=torch.bfloat16, arena=arena)
+    arena.fill_random(second.nbytes, torch.bfloat16)  # the rest only, in whole values
+    assert arena.filled == big and torch.isfinite(second.data.float()).all() and second.data.flatten()[-1] != 0
+    with pytest.raises(HostCapacityError, match="does not fit the shared one"):
+        HostKVStore(3, 2, 4, 70, 16, first_position=0, dtype=torch.bfloat16, arena=arena)

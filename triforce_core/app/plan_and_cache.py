@@ -114,9 +114,12 @@ def _size(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 
-def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool = True, hybrid: bool = True):
+def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool = True, hybrid: bool = True,
+                   residency: bool = True, host_arena=None):
     """A ResidentKVCache when the plan keeps everything resident, else an OffloadedKVCache (its
-    short passes split between PCIe and the CPU as the plan says, unless hybrid is False)."""
+    short passes split between PCIe and the CPU as the plan says, unless hybrid is False; the
+    prefill's scratch holding host blocks once decoding starts, unless residency is False; its
+    host store in `host_arena`'s bytes when given)."""
     from triforce.cache.resident import ResidentKVCache
 
     if plan is None or plan.resident_tokens >= max_len:
@@ -127,5 +130,6 @@ def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool =
         cache = OffloadedKVCache(lm.config, max_len, plan.resident_tokens, plan.block_tokens, dtype=lm.dtype,
                                  device=lm.device, overlap=overlap, host_budget_bytes=plan.host_budget_bytes,
                                  attn=lm.attn, hybrid=plan.hybrid if hybrid else None,
-                                 decode_resident_tokens=plan.decode_resident_tokens)
+                                 decode_resident_tokens=plan.decode_resident_tokens if residency else 0,
+                                 host_arena=host_arena)
     return cache

@@ -26,6 +26,8 @@ def bench_group():
               help="ar-offload: the paper's baseline (all host KV over PCIe each token); ar-hybrid: the CPU attends "
                    "its share in place (the stronger baseline); zero-inference: all attention on the CPU; triforce; "
                    "triforce-ahead: triforce drafting the next cycle during each verify (generate --draft-ahead); "
+                   "triforce-no-hybrid, triforce-no-residency: triforce with one part off (every host block over "
+                   "PCIe; no host blocks kept in the prefill's freed scratch); "
                    "transformers-offloaded: transformers' own offloaded cache (--arch only).")
 @click.option("--acceptance-trace", default=None,
               help="Accept/reject sequence to replay in the triforce row (from generate --record-acceptance); "
@@ -34,9 +36,11 @@ def bench_group():
               help="Tier-0 drafter: an architecture name, a model path or 'lookup' "
                    "(default: llama-68m with --arch, lookup with --model).")
 @click.option("--new-tokens", type=INT, default=16, show_default=True,
-              help="Tokens timed per method and window (speculative methods: at least 64, so the window holds "
-                   "several full verifies and a rebuild).")
+              help="Tokens timed per method and window (speculative methods: at least --speculative-tokens, so "
+                   "the window holds several full verifies and a rebuild).")
 @click.option("--repeats", type=INT, default=2, show_default=True, help="Timed windows per method (the spread is reported).")
+@click.option("--speculative-tokens", type=INT, default=64, show_default=True,
+              help="Speculative methods time at least this many tokens per window.")
 @click.option("--budget", type=INT, default=None, help="Retrieval budget (default: the trace's, else 4096).")
 @click.option("--gamma1", type=INT, default=None, help="Default: the trace's, else 2.")
 @click.option("--gamma2", type=INT, default=None,
@@ -56,7 +60,8 @@ def bench_group():
 @click.option("--rows-file", default=None,
               help="Append JSON lines to this file as the run goes: the setting, then each method's row the "
                    "moment it is timed (a run cut short keeps what it measured).")
-def offload(arch, model, context, profile, device_budget, methods, acceptance_trace, draft, new_tokens, repeats, budget,
+def offload(arch, model, context, profile, device_budget, methods, acceptance_trace, draft, new_tokens, repeats,
+            speculative_tokens, budget,
             gamma1, gamma2, no_overlap, plot_path, dtype, quantize, device, rope_scaling, tp, attn, no_graphs, threads, as_json,
             rows_file):
     """Time ms/token of offloaded decoding methods at a context length, on a budget.
@@ -65,7 +70,7 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     peak GPU memory is reported against the plan and the budget.
     """
     from triforce.decoding.acceptance_trace import load_trace
-    from triforce.bench.offload_bench import METHODS
+    from triforce.bench.offload_bench import METHODS, SPECULATIVE
     from triforce.config import SpecParams
 
     chosen = tuple(m.strip() for m in methods.split(",") if m.strip())
@@ -74,15 +79,15 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
         raise UserError(f"unknown methods {unknown or methods!r} (choose from {', '.join(METHODS)})")
     if (arch is None) == (model is None):
         raise UserError("give exactly one of --arch and --model")
-    if context < 2 or new_tokens < 1 or tp < 1 or repeats < 1:
-        raise UserError("--context must be >= 2, --new-tokens, --repeats and --tp >= 1")
+    if context < 2 or new_tokens < 1 or tp < 1 or repeats < 1 or speculative_tokens < 1:
+        raise UserError("--context must be >= 2, --new-tokens, --speculative-tokens, --repeats and --tp >= 1")
     if quantize not in ("auto", "none") and "transformers-offloaded" in chosen:
         raise UserError("transformers-offloaded runs transformers' own float model: leave it out with --quantize")
     check_output_path("--plot", plot_path)
     if rows_file is not None:
         check_output_path("--rows-file", rows_file)
     trace = load_trace(acceptance_trace) if acceptance_trace else None
-    if arch is not None and {"triforce", "triforce-ahead"} & set(chosen) and trace is None:
+    if arch is not None and set(SPECULATIVE) & set(chosen) and trace is None:
         raise UserError("random weights cannot accept drafts honestly: record a trace with "
                         "`triforce generate --method triforce ... --record-acceptance FILE` and pass "
                         "--acceptance-trace FILE")
@@ -93,11 +98,12 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     config = RunConfig(model=model, arch=arch, draft=draft or ("llama-68m" if arch is not None else "lookup"),
                        spec=spec, dtype=dtype, quantize=quantize, device=device, profile=profile, device_budget=device_budget, attn=attn,
                        graphs="off" if no_graphs else "auto", overlap=not no_overlap,
-                       max_context=context + 2 + max(new_tokens, 64) * repeats + 9 if rope_scaling else None,
+                       max_context=context + 2 + max(new_tokens, speculative_tokens) * repeats + 26 if rope_scaling else None,
                        rope_scaling=rope_scaling, threads=threads)
     from triforce.app.parallel import run_on_ranks
     from triforce.bench.offload_run import BenchRequest, bench_rank
 
     request = BenchRequest(config, context, chosen, trace, acceptance_trace, new_tokens, plot_path, as_json, repeats,
-                           size_gamma2=gamma2 is None and trace is not None, rows_path=rows_file)
+                           size_gamma2=gamma2 is None and trace is not None, rows_path=rows_file,
+                           speculative_tokens=speculative_tokens)
     run_on_ranks(tp, bench_rank, request, model, device, arch)

@@ -75,7 +75,13 @@ def predict(profile_name: str, budget_bytes: str | None, context: int, trace: di
     }
     if tree_hit is not None:
         rows["+ static tree"] = tri(costs, hybrid, g2=best_g2, overlap=True, hit=tree_hit)
+    # the same by `bench offload` method (its triforce rows: hybrid and residency on, ahead off)
+    by_method = {"ar-offload": rows["ar-offload"], "ar-hybrid": rows["ar-hybrid"], "triforce": rows["+ residency"],
+                 "triforce-ahead": rows["+ overlap"], "triforce-no-hybrid": tri(costs, streamed),
+                 "triforce-no-residency": rows["+ hybrid"]}
     return {"profile": profile.name, "context": context, "resident_tokens": plan.resident_tokens,
+            "by_method": {k: round(v, 1) for k, v in by_method.items()}, "gamma2": spec.gamma2,
+            "host_kv_bytes": plan.host_kv_bytes, "prefill_group": plan.prefill_group, "costs": costs,
             "resident_after_prefill": resident, "gamma2_sized": best_g2,
             "drafted_ahead_kept_share": round(acceptance.full ** (spec.gamma2 + 1), 3),
             "acceptance": {"full": acceptance.full, "retrieval": acceptance.retrieval},
@@ -94,7 +100,8 @@ def main(trace_path: str, tree_hit: float | None, as_json: bool) -> None:
     trace = load_trace(trace_path)
     results = [predict(name, budget, context, trace, tree_hit) for name, budget in PROFILES for context in CONTEXTS]
     if as_json:
-        print(json.dumps({"trace": trace_path, "results": results}))
+        print(json.dumps({"trace": trace_path, "results": [{k: v for k, v in r.items() if k != "costs"}
+                                                            for r in results]}))
         return
     acc = trace_acceptance(trace)
     print(f"Predicted (cost model), Llama2-7B-128K bf16, acceptance from {trace_path}: full {acc.full} per token, "

@@ -1,0 +1,157 @@
+"""The GPU campaign's steps, in the order of a user's journey: what a new user types, correctness
+on the card, a long prompt prefilled (time to first token), decoding after it, block-quantized
+weights; then what the default call leaves for a second one (the rest of the quantized work,
+peers, tier steps, the best case).
+
+Each step says what work it does (`Work`: a prefill, a decode over methods, tests, or a fixed
+job), and its command is built from that work, so the estimate (bench/campaign_plan.py) and
+the command cannot disagree. `Scale` picks the shapes: the campaign's (Llama2-7B-128K, 32K and
+127K, a 24 GB budget) or a reduced one that runs every step on a CPU in seconds."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# acceptance traces replayed by random-weight architectures: recorded on natural text (what users
+# bring) at the paper's budget 4096 and gamma2 up to 15; the best case, a needle in one repeated
+# filler sentence that the model recites, last. The 32K YaRN trace shows the 135M model reciting
+# itself (0.97 kept) and is not the headline.
+TRACE = "bench/traces/smollm2-natural8k-b4096-g15-triforce-lookup.json"
+BEST_CASE_TRACE = "bench/traces/smollm2-needle8k-repeated-filler-triforce-lookup.json"
+# decoding after a prefill: triforce with each part on and off, beside both AR baselines
+DECODE_METHODS = ("ar-offload", "ar-hybrid", "triforce", "triforce-ahead", "triforce-no-hybrid",
+                  "triforce-no-residency")
+PEER_METHODS = ("ar-offload", "triforce", "zero-inference", "transformers-offloaded")  # ratios within one run
+
+
+@dataclass(frozen=True)
+class Scale:
+    arch: str
+    contexts: tuple[int, int]            # "32k" and "127k"
+    dtype: str
+    budget_flags: tuple[str, ...]        # the 24 GB card, or a reduced run's device budget
+    speculation: tuple[str, ...] = ()    # flags a small model needs (a retrieval budget below its context)
+    kernels_arch: str = "llama2-7b-128k"
+    draft: str = "llama-68m"
+    reduced: bool = False
+
+
+CAMPAIGN = Scale("llama2-7b-128k", (32768, 130048), "bfloat16", ("--profile", "rtx4090-24g"))
+# every step on a CPU: a 2-layer model offloads part of its KV under a 4.5 MB "card" (float32)
+REDUCED = Scale("tiny-test", (1000, 1100), "float32", ("--device-budget", "4.5MB"), ("--budget", "256"),
+                kernels_arch="llama-68m", draft="lookup", reduced=True)
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """Work the cost model does not see: its seconds, and where that number comes from."""
+    seconds: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Tests:
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Prefill:
+    context: int
+    new_tokens: int = 8
+
+
+@dataclass(frozen=True)
+class Decode:
+    context: int
+    methods: tuple[str, ...]
+    trace: str = TRACE
+    new_tokens: int = 16
+    repeats: int = 2
+    speculative_tokens: int = 64
+    quantize: str | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    what: str
+    work: object                       # Fixed | Tests | Prefill | Decode
+    argv: tuple[str, ...]              # after `python -m triforce.bench.capped --gb CAP --`
+    default: bool = True               # in the default call (which fits a lease); else named by --only or --all
+    streams_rows: bool = field(default=False)  # `bench offload`: its rows go to OUT/NAME.rows.jsonl as timed
+
+
+def decode_argv(scale: Scale, d: Decode, plot: str) -> tuple[str, ...]:
+    argv = ["-m", "triforce.cli.main", "bench", "offload", "--arch", scale.arch, *scale.budget_flags,
+            "--context", str(d.context), "--methods", ",".join(d.methods), "--acceptance-trace", d.trace,
+            "--new-tokens", str(d.new_tokens), "--repeats", str(d.repeats), "--speculative-tokens",
+            str(d.speculative_tokens), "--dtype", scale.dtype, *scale.speculation, "--plot", plot, "--json"]
+    if scale.reduced:
+        argv += ["--draft", scale.draft]
+    if d.quantize:
+        argv += ["--quantize", d.quantize]
+    return tuple(argv)
+
+
+def prefill_argv(scale: Scale, p: Prefill) -> tuple[str, ...]:
+    return ("-m", "triforce.bench.prefill_ttft", "--arch", scale.arch, "--context", str(p.context),
+            "--new-tokens", str(p.new_tokens), *scale.budget_flags, "--dtype", scale.dtype, "--json")
+
+
+def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
+    short, long = scale.contexts
+    quant = "q8_0" if scale.reduced else "q4_k"  # tiny-test's rows (64) are too short for q4_k's 256
+    tier_contexts = "512" if scale.reduced else "4096,8192"
+    gpu_tests = Tests(("tests/gpu",))
+    quant_tests = Tests(("tests/unit/test_quant_triton.py",))
+
+    def decode(name, what, d: Decode, default=True):
+        return Step(name, what, d, decode_argv(scale, d, str(out_dir / f"{name}.png")), default, streams_rows=True)
+
+    def prefill(name, context):
+        p = Prefill(context)
+        return Step(name, f"a {name.split('-')[1].upper()} prompt prefilled through the offloaded path on a 24 GB "
+                          "budget: time to first token, bytes moved, peak GPU memory against the plan",
+                    p, prefill_argv(scale, p))
+
+    kernels = ("-m", "triforce.bench.quant_kernels", "--arch", scale.kernels_arch, "--rows", "1,16",
+               "--formats", "q4_k,q8_0", "--dtype", scale.dtype,
+               "--repeats", "3" if scale.reduced else "30", "--json")
+    tier_steps = ("-m", "triforce.bench.tier_steps", "--arch", scale.arch, "--draft",
+                  "" if scale.reduced else scale.draft, "--contexts", tier_contexts, "--dtype", scale.dtype,
+                  "--repeats", "2" if scale.reduced else "10", "--json")
+    return [
+        Step("user", "a new user's commands with default flags on a random model made here",
+             Fixed(60, "assumed: six short processes, each starting CUDA"), ("-m", "triforce.bench.user_step", "--json")),
+        Step("probe", "device, versions, exact pinning, copy bandwidths",
+             Fixed(13.5, "measured: H100 campaign 2026-11-23"), ("-m", "triforce.bench.gpu_probe")),
+        Step("gpu-tests", "tests/gpu: graphs == eager, no graph fallback, float32 logits, Triton retrieval, sync "
+                          "counts, offload with copy streams, sampling, SDPA kernels, the prefill's kernel path",
+             gpu_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *gpu_tests.paths)),
+        prefill("prefill-32k", short),
+        prefill("prefill-127k", long),
+        decode("decode-32k", "decoding at 32K: triforce with hybrid, residency and drafting ahead on and off, "
+                             "ar-offload and ar-hybrid beside it (natural-text trace)",
+               Decode(short, DECODE_METHODS, new_tokens=8, speculative_tokens=32)),
+        decode("decode-127k", "the same at 127K (fewer tokens per row: each ar token moves ~60 GB)",
+               Decode(long, DECODE_METHODS, new_tokens=8, speculative_tokens=32)),
+        Step("quant-kernels", "the Triton block kernels against bf16 F.linear and the bytes floor, 1 and 16 rows",
+             Fixed(35, "assumed: ~16 Triton compiles"), kernels),
+        # what the default call leaves for a second one (--only NAMES, or --all)
+        Step("quant-tests", "Triton block kernels against the reference on the card",
+             quant_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *quant_tests.paths), default=False),
+        decode("decode-127k-q4k", f"decoding at 127K with {quant} projections: more of the KV resident",
+               Decode(long, ("ar-offload", "ar-hybrid", "triforce"), new_tokens=8, speculative_tokens=32,
+                      quantize=quant), default=False),
+        Step("tier-steps-q4k", f"tier step times with {quant} projections against their bytes floor",
+             Fixed(40, "assumed: as tier-steps, with Triton compiles"), (*tier_steps[:-1], "--attn", "sdpa",
+                                                                           "--quantize", quant, "--json"),
+             default=False),
+        decode("peers-32k", "peers at 32K beside ours in one run: ZeRO-Inference-style CPU attention, "
+                            "transformers' offloaded cache", Decode(short, PEER_METHODS), default=False),
+        Step("tier-steps", "tier step times against their bytes floor, graphs on/off, SDPA and flash-attn",
+             Fixed(18.9, "measured: H100 campaign 2026-11-23"), (*tier_steps[:-1], "--attn", "sdpa,flash", "--json"),
+             default=False),
+        decode("decode-127k-best-case", "triforce at 127K replaying the repeated-filler needle trace (a best case)",
+               Decode(long, ("triforce",), trace=BEST_CASE_TRACE, new_tokens=8, speculative_tokens=32),
+               default=False),
+    ]

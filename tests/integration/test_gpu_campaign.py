@@ -1,0 +1,112 @@
+"""The GPU campaign fits a lease and loses nothing: its default call is estimated under 8 minutes
+on an H100 (the cost model and the measured one-time costs), --dry-run shows the journey's order
+and each step's estimate, a step that does not fit the time left is skipped and said so, and a
+reduced run of every step on this CPU streams its rows and ends in the report and the goals."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from triforce.bench import gpu_campaign
+from triforce.bench.campaign_plan import LEASE_S, estimate, plan_total
+from triforce.bench.campaign_steps import DECODE_METHODS, Decode, Prefill, steps
+
+JOURNEY = ["user", "probe", "gpu-tests", "prefill-32k", "prefill-127k", "decode-32k", "decode-127k", "quant-kernels"]
+SECOND_CALL = ["quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps", "decode-127k-best-case"]
+
+
+def campaign(*flags, timeout=600):
+    done = subprocess.run([sys.executable, "-m", "triforce.bench.gpu_campaign", *flags], capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_default_call_fits_a_lease_on_an_h100():
+    every = steps(Path("out"))
+    default = [s for s in every if s.default]
+    assert [s.name for s in default] == JOURNEY and [s.name for s in every if not s.default] == SECOND_CALL
+    assert plan_total(default, "h100-80g") <= LEASE_S
+    by = {s.name: s for s in every}
+    for s in every:  # a command is built from the work its estimate prices
+        e = estimate(s)
+        assert e.seconds > 0 and e.limit_s >= e.seconds and all(v >= 0 for v in e.parts.values())
+        if isinstance(s.work, (Decode, Prefill)):
+            assert s.argv[s.argv.index("--context") + 1] == str(s.work.context)
+        if isinstance(s.work, Decode):  # its plot goes with its rows, never into the checkout
+            assert s.argv[s.argv.index("--plot") + 1] == str(Path("out") / f"{s.name}.png")
+    assert by["decode-127k"].argv[by["decode-127k"].argv.index("--methods") + 1] == ",".join(DECODE_METHODS)
+    assert estimate(by["decode-127k"]).seconds > estimate(by["decode-32k"]).seconds  # 4x the host KV per ar token
+    assert estimate(by["prefill-127k"]).parts["prefill compute"] > 4 * estimate(by["prefill-32k"]).parts["prefill compute"]
+
+
+def test_dry_run_prints_the_journey_with_estimates():
+    out = campaign("--dry-run")
+    listed = [line.split()[:2] for line in out.splitlines() if " ~" in line and "(limit " in line]
+    assert [name for mark, name in listed if mark == "run"] == JOURNEY
+    assert [words[0] for words in listed if words[0] != "run"] == SECOND_CALL
+    assert "--gb 24 -- -m triforce.bench.user_step --json" in out and "(predicted)" in out
+    total = float(out.split("estimated total of the steps to run: ")[1].split(" s")[0])
+    assert 0 < total <= LEASE_S and "budget of 480 s" in out
+    every = steps(Path("out"))
+    assert [s.name for s in gpu_campaign.choose(every, None, True)] == JOURNEY + SECOND_CALL  # --all
+    assert [s.name for s in gpu_campaign.choose(every, "tier-steps,user", False)] == ["user", "tier-steps"]  # in order
+
+
+def test_a_step_that_does_not_fit_the_time_left_is_skipped_and_said(tmp_path):
+    out = campaign("--only", "probe,decode-127k", "--budget-s", "40", "--out-dir", str(tmp_path))
+    report = json.loads(next(tmp_path.glob("gpu-campaign-*.json")).read_text())
+    probe, decode = report["steps"]
+    assert probe["ok"] and decode["rc"] == "skipped" and decode["estimate_s"] > 40
+    assert decode["note"].startswith(f"skipped: its estimate of {decode['estimate_s']} s does not fit the ")
+    assert f"| decode-127k | skipped | 0 | {decode['estimate_s']} | skipped: its estimate" in out
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("campaign")
+    stdout = campaign("--reduced", "--all", "--out-dir", str(out_dir), timeout=900)
+    report = json.loads((out_dir / next(p.name for p in out_dir.glob("gpu-campaign-*-reduced.json"))).read_text())
+    return out_dir, report, {s["name"]: s for s in report["steps"]}, stdout
+
+
+def test_a_reduced_run_of_every_step_on_a_cpu(reduced):
+    out_dir, report, by, stdout = reduced
+    assert [s["name"] for s in report["steps"]] == JOURNEY + SECOND_CALL
+    assert all(s["ok"] and s["estimate_s"] > 0 for s in report["steps"]), [(s["name"], s["stderr_tail"][-500:])
+                                                                          for s in report["steps"] if not s["ok"]]
+    assert by["user"]["result"]["greedy_float32_equals_transformers"]
+    for name in ("prefill-32k", "prefill-127k"):  # the prompt's KV went to the host, then decoding followed
+        r = by[name]["result"]
+        assert r["offloaded"] and r["resident_tokens"] < r["context"] and r["d2h_bytes"] > 0
+        assert 0 < r["prefill_s"] <= r["ttft_s"] and r["decode_ms_per_token"] > 0 and len(r["first_token"]) == 1
+        assert f"| {r['context']} | {r['ttft_s']} |" in stdout
+
+
+def test_decode_steps_stream_their_rows_and_share_one_host_store(reduced):
+    out_dir, report, by, stdout = reduced
+    for name in ("decode-32k", "decode-127k"):
+        result = by[name]["result"]
+        streamed = [json.loads(line) for line in (out_dir / f"{name}.rows.jsonl").read_text().splitlines()]
+        assert [line["row"] for line in streamed[1:]] == result["rows"]
+        assert [r["method"] for r in result["rows"]] == list(DECODE_METHODS)
+        assert all("error" not in r and r["host_store_shared"] and r["host_kv_bytes"] > 0 for r in result["rows"])
+        assert result["host_store"].startswith("shared by the methods")
+        variants = {r["method"]: r for r in result["rows"]}
+        assert variants["triforce-no-hybrid"]["replayed"] and variants["triforce-ahead"]["drafted_ahead"] is not None
+    peers = {r["method"]: r for r in by["peers-32k"]["result"]["rows"]}
+    assert peers["zero-inference"]["ms_per_token"] > 0 and "CUDA only" in peers["transformers-offloaded"]["error"]
+    assert "Against the goals:" in stdout and "| CUDA graph fallbacks | 0 | 0 | yes |" in stdout
+
+
+def test_the_block_kernel_steps_make_rows(reduced):
+    out_dir, report, by, stdout = reduced
+    kernels = {(r["matrix"], r["weights"], r["rows"]): r for r in by["quant-kernels"]["result"]["rows"]}
+    assert len(kernels) == 4 * 3 * 2 and all(r["ms"] > 0 and r["x_floor"] > 0 for r in kernels.values())
+    for matrix in ("qkv", "o", "gate_up", "down"):  # q4_k on a CPU: 24 bytes per 32 weights against float32's 128
+        assert kernels[(matrix, "q4_k", 1)]["weight_bytes"] * 128 == kernels[(matrix, "float", 1)]["weight_bytes"] * 24
+    tiers = by["tier-steps-q4k"]["result"]
+    assert tiers["quantize"] == "q8_0" and tiers["rows"] and all(r["tier1_ms"] > 0 for r in tiers["rows"])
+    assert "| gate_up | q4_k | 16 |" in stdout and "weights q8_0" in stdout and "| q4_k kernel, one row | worst " in stdout

@@ -1,5 +1,12 @@
-"""triforce: lossless hierarchical speculative decoding for long-context language models."""
+"""triforce: lossless hierarchical speculative decoding for long-context language models.
+
+    from triforce import LLM, SamplingParams
+    llm = LLM()
+    print(llm.generate("The capital of France is", SamplingParams(max_tokens=16)).text)
+
+The public names are in __all__; importing triforce loads no torch (an LLM does)."""
 __version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "Result", "Conversation", "UserError", "BadValue", "__version__"]
 
 import os as _os
 
@@ -14,3 +21,19 @@ if _os.environ.get("TRIFORCE_THREAD_WAIT", "sleep") != "spin":
 from triforce.numba_cache import use_versioned_cache  # noqa: E402  (before any kernel is compiled)
 
 use_versioned_cache()
+
+from triforce.errors import UserError  # noqa: E402
+
+
+def __getattr__(name: str):
+    """The API's names, imported on first use (triforce.api)."""
+    if name == "LLM":
+        from triforce.api import LLM
+        return LLM
+    if name in ("SamplingParams", "Result", "BadValue"):
+        from triforce import api_types
+        return getattr(api_types, name)
+    if name == "Conversation":
+        from triforce.api_modes import Conversation
+        return Conversation
+    raise AttributeError(f"module 'triforce' has no attribute {name!r}")

@@ -3,7 +3,7 @@ bad parameter in OpenAI's error shape."""
 import pytest
 
 from triforce.server.protocol import ApiError, ChatRequest, CompletionRequest, parse
-from triforce.server.stop_text import StopText
+from triforce.app.stop_text import StopText
 
 
 def stream(pieces, stops):

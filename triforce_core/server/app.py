@@ -25,7 +25,7 @@ from triforce.errors import UserError
 from triforce.server.guard import HostGuard, read_json_body
 from triforce.server.protocol import ApiError, ChatRequest, CompletionRequest, parse
 from triforce.server.scheduler import Job, QueueFull, Scheduler
-from triforce.server.stop_text import StopText
+from triforce.app.stop_text import StopText
 
 FINISH = {"eos": "stop", "length": "length", "context": "length"}
 

@@ -1,0 +1,141 @@
+"""triforce from Python: load a model once, then generate, stream, chat and keep a conversation.
+
+    from triforce import LLM, SamplingParams
+
+    llm = LLM()                                   # the default model, as `triforce generate` loads it
+    print(llm.generate("The capital of France is").text)
+
+Every choice of the CLI is a keyword of LLM with the same default (`--method auto` is
+method="auto", `--no-hybrid` is hybrid=False, ...). Loading happens once; each call plans its
+own context, so one LLM serves prompts of any length. The path from token ids to tokens is the
+CLI's (triforce.app.generate.complete, app.chat.Chat, app.batch_generate), so greedy tokens equal
+`triforce generate`'s. Library code prints nothing to stdout and never exits; bad values raise
+triforce.UserError (BadValue, also a ValueError, for arguments) with the CLI's one-line message."""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from triforce.api_types import BadValue, Result, SamplingParams, check_messages
+from triforce.errors import UserError
+
+__all__ = ["LLM", "SamplingParams", "Result", "BadValue"]
+
+class LLM:
+    def __init__(self, model: str = "default", *, method: str = "auto", draft: str | None = None,
+                 device: str = "auto", dtype: str = "auto", quantize: str = "auto", max_context: int | None = None,
+                 rope_scaling: str | None = None, profile: str | None = None, device_budget: str | None = None,
+                 threads: int | None = None, tp: int = 1, attn: str = "auto", graphs: bool = True,
+                 overlap: bool = True, hybrid: bool = True, draft_ahead: bool = False, budget: int | None = None,
+                 chunk_size: int | None = None, gamma1: int | None = None, gamma2: int | None = None,
+                 parse_special_tokens: bool = False):
+        """Load `model` (a Hugging Face folder, a .gguf file, or "default") once. The keywords are
+        `triforce generate`'s flags; `triforce generate --help` explains each."""
+        from triforce.config import RunConfig, SpecParams
+
+        if tp != 1:
+            raise BadValue("tp > 1 runs one process per GPU: use `triforce generate --tp N` or `triforce serve --tp N`")
+        given = {"budget": budget, "chunk_size": chunk_size, "gamma1": gamma1, "gamma2": gamma2}
+        fixed = frozenset(k for k, v in given.items() if v is not None)
+        try:
+            spec = SpecParams(method=method, **{k: given[k] for k in fixed})
+        except UserError as e:
+            raise BadValue(str(e)) from None
+        config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, quantize=quantize,
+                           device=device, profile=profile, device_budget=device_budget, attn=attn,
+                           graphs="auto" if graphs else "off", overlap=overlap, hybrid=hybrid,
+                           draft_ahead=draft_ahead, max_context=max_context, rope_scaling=rope_scaling,
+                           threads=threads, parse_special_tokens=parse_special_tokens)
+        self._build(config)
+
+    @classmethod
+    def from_config(cls, config) -> "LLM":
+        """An LLM of a triforce.config.RunConfig (the CLI's parsed flags)."""
+        llm = cls.__new__(cls)
+        llm._build(config)
+        return llm
+
+    def _build(self, config) -> None:
+        from triforce.app.runtime import build_runtime
+
+        self.config = config
+        self.runtime = build_runtime(config)
+        self.tokenizer = self.runtime.lm.tokenizer
+        self.context = self.runtime.context  # tokens a prompt and its answer may hold together
+
+    # ---- one prompt -------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        """Token ids of a prompt: a string as `triforce generate --prompt` (chat: as --chat), or
+        ids as given."""
+        from triforce.app.generate import encode_prompt
+
+        if isinstance(prompt, str):
+            return encode_prompt(self.runtime.lm, prompt, chat, self.context, self.config.parse_special_tokens)
+        ids = list(prompt)
+        if not all(isinstance(i, int) and 0 <= i < self.runtime.lm.config.vocab_size for i in ids):
+            raise BadValue(f"token ids must be integers in [0, {self.runtime.lm.config.vocab_size})")
+        return ids
+
+    def generate(self, prompts, params: SamplingParams | None = None, *, chat: bool = False,
+                 on_text: Callable[[str], None] | None = None):
+        """One prompt (a string or token ids) -> a Result; a list of prompts -> a list of Results,
+        decoded as one batch as `generate --prompts` does. chat: wrap each prompt in the chat
+        template (`--chat`). on_text: called with each piece of text as it is decoded (one prompt)."""
+        params = params or SamplingParams()
+        if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], int):
+            from triforce.api_modes import generate_batch
+
+            return generate_batch(self, [self.encode(p, chat) for p in prompts], params)
+        return self._complete(self.encode(prompts, chat), params, on_text)
+
+    def chat(self, messages: list[dict], params: SamplingParams | None = None,
+             on_text: Callable[[str], None] | None = None) -> Result:
+        """The answer to a conversation given whole ([{"role": "user", "content": ...}, ...]),
+        rendered with the model's chat template."""
+        from triforce.app.chat import render_messages
+
+        check_messages(messages)
+        ids = render_messages(self.tokenizer, messages, True, self.context, self.config.parse_special_tokens)
+        return self._complete(ids, params or SamplingParams(), on_text)
+
+    def stream(self, prompt, params: SamplingParams | None = None, *, chat: bool = False) -> Iterator[str]:
+        """Yield the answer's text as it is decoded, in whole characters. Closing the iterator
+        early stops decoding at the next round."""
+        from triforce.api_modes import stream_pieces
+
+        return stream_pieces(self, self.encode(prompt, chat), params or SamplingParams())
+
+    def conversation(self, system: str | None = None):
+        """A chat whose KV stays between turns (as `triforce chat`): .send(text, params) -> Result."""
+        from triforce.api_modes import Conversation
+
+        return Conversation(self, system)
+
+    def _complete(self, ids: list[int], params: SamplingParams, on_text=None, stop_flag=None) -> Result:
+        from triforce.app.generate import complete, room_for, summary_of
+        from triforce.app.stop_text import StopText
+        from triforce.app.textstream import TextStream
+
+        lm = self.runtime.lm
+        new = room_for(ids, self.context, params.max_tokens)
+        stream, stops = TextStream(self.tokenizer), StopText(list(params.stop))
+        pieces: list[str] = []
+
+        def token(t: int) -> None:
+            piece = stops.feed(stream.push(t))
+            if piece:
+                pieces.append(piece)
+                if on_text is not None:
+                    on_text(piece)
+
+        done = complete(self.runtime, ids, params.engine_params(), new, frozenset() if params.ignore_eos else lm.eos_ids,
+                        on_token=token, stop_requested=lambda: stops.matched or bool(stop_flag and stop_flag.is_set()))
+        if not stops.matched:
+            rest = stops.feed(stream.text()[stream.emitted:]) + stops.flush()
+            if rest:
+                pieces.append(rest)
+                if on_text is not None:
+                    on_text(rest)
+        stats = summary_of(self.runtime, done)
+        stopped = "stop" if stops.matched else done.result.stopped_by
+        stats.update(stopped_by=stopped, max_tokens=new)
+        return Result("".join(pieces), list(done.result.tokens), Result.finish_reason_of(stopped), stats)

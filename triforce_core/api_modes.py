@@ -1,0 +1,124 @@
+"""The other ways triforce.LLM decodes: many prompts as one batch (`generate --prompts`'s path),
+text pieces streamed while decoding runs on a worker thread, and a conversation whose KV stays
+between turns (`triforce chat`'s Chat)."""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator
+
+from triforce.api_types import BadValue, Result, SamplingParams, check_messages
+
+
+def generate_batch(llm, prompts: list[list[int]], params: SamplingParams) -> list[Result]:
+    """Every prompt decoded with the batch size the memory plan fits (at most 32 rows at once);
+    each row's tokens are those of its own run. Stop strings cut the text after decoding."""
+    from triforce.app.batch_generate import fit_batch
+    from triforce.app.batch_generate import generate_batch as decode_batch
+    from triforce.app.generate import room_for
+
+    runtime = llm.runtime
+    news = [room_for(ids, llm.context, params.max_tokens) for ids in prompts]
+    max_len = max(len(ids) + max(n, 1) for ids, n in zip(prompts, news))
+    rows, run = fit_batch(runtime, max_len, len(prompts), None)
+    stop_ids = frozenset() if params.ignore_eos else runtime.lm.eos_ids
+    outcome = decode_batch(runtime, prompts, news, params.engine_params(), stop_ids, rows, run)
+    results = []
+    for row, ids, new in zip(outcome.rows, prompts, news):
+        if row.result is None:  # an interrupt kept it from running
+            results.append(Result("", [], "interrupted", {"prompt_tokens": len(ids), "new_tokens": 0}))
+            continue
+        r = row.result
+        text = llm.tokenizer.decode(r.tokens, skip_special_tokens=True)
+        stopped = r.stopped_by
+        cuts = [i for i in (text.find(s) for s in params.stop if s) if i >= 0]
+        if cuts:
+            text, stopped = text[:min(cuts)], "stop"
+        stats = {"prompt_tokens": len(ids), "new_tokens": len(r.tokens), "method": run.spec.method,
+                 "batch_size": rows, "max_tokens": new, "time_s": round(row.time_s, 4),
+                 "prefill_s": round(row.prefill_s, 4), "tokens_per_s": round(len(r.tokens) / r.time_s, 3)
+                 if r.time_s else None, **r.stats, "stopped_by": stopped, "plan": run.plan.to_json()}
+        results.append(Result(text, list(r.tokens), Result.finish_reason_of(stopped), stats))
+    return results
+
+
+_END = object()
+
+
+def stream_pieces(llm, ids: list[int], params: SamplingParams) -> Iterator[str]:
+    """Checks the prompt now, then decodes on a worker thread while the caller takes the pieces."""
+    from triforce.app.generate import room_for
+
+    room_for(ids, llm.context, params.max_tokens)  # a prompt that cannot fit fails here, not at the first next()
+    return _pieces(llm, ids, params)
+
+
+def _pieces(llm, ids: list[int], params: SamplingParams) -> Iterator[str]:
+    import numba
+
+    pieces: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    threads = numba.get_num_threads()  # numba's count is per thread: the worker takes the caller's
+
+    def work() -> None:
+        try:
+            numba.set_num_threads(threads)
+            llm._complete(ids, params, on_text=pieces.put, stop_flag=stop)
+            pieces.put(_END)
+        except BaseException as e:  # handed to the caller, raised there
+            pieces.put(e)
+
+    worker = threading.Thread(target=work, name="triforce-stream", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = pieces.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:  # the caller stopped early (or decoding ended): decoding stops at its next round
+        stop.set()
+        worker.join()
+
+
+class Conversation:
+    """Turns of one chat over one engine of the whole context: each turn prefills only what is new
+    since the last (triforce.app.chat.Chat, as `triforce chat`)."""
+
+    def __init__(self, llm, system: str | None = None):
+        from triforce.app.chat import Chat
+
+        if system is not None and not isinstance(system, str):
+            raise BadValue(f"system must be a string, got {system!r}")
+        runtime = llm.runtime
+        max_len = llm.context
+        self._llm = llm
+        self._chat = Chat(runtime.lm, max_len, system=system, engine=runtime.engine(max_len, runtime.plan(max_len)))
+
+    @property
+    def messages(self) -> list[dict]:
+        """The conversation so far ({"role", "content"} each, the answers included)."""
+        return [dict(m) for m in self._chat.messages]
+
+    def send(self, text: str, params: SamplingParams | None = None) -> Result:
+        """The answer to `text` as the next user message (stop strings are not applied here)."""
+        from triforce.app.generate import room_for
+
+        params = params or SamplingParams()
+        check_messages([{"role": "user", "content": text}])
+        new = room_for([0], self._llm.context, params.max_tokens)  # bounded again by the chat's own check
+        result = self._chat.ask(text, params.engine_params(), new)
+        stats = {**self._chat.stats(), **result.stats, "prefilled_tokens": self._chat.last_prefill_tokens,
+                 "stopped_by": result.stopped_by}
+        answer = self._chat.messages[-1]["content"]
+        return Result(answer, list(result.tokens), Result.finish_reason_of(result.stopped_by), stats)
+
+    def reset(self) -> None:
+        """Forget every turn (the system message stays)."""
+        self._chat.reset()
+
+    def stats(self) -> dict:
+        """What `/stats` shows in `triforce chat`."""
+        return self._chat.stats()

@@ -76,26 +76,28 @@ class LLM:
         return ids
 
     def generate(self, prompts, params: SamplingParams | None = None, *, chat: bool = False,
-                 on_text: Callable[[str], None] | None = None):
+                 on_text: Callable[[str], None] | None = None, on_prefill: Callable[[int, int], None] | None = None):
         """One prompt (a string or token ids) -> a Result; a list of prompts -> a list of Results,
         decoded as one batch as `generate --prompts` does. chat: wrap each prompt in the chat
-        template (`--chat`). on_text: called with each piece of text as it is decoded (one prompt)."""
+        template (`--chat`). on_text: called with each piece of text as it is decoded; on_prefill:
+        with (prompt tokens prefilled so far, all to prefill) as a long prompt goes in (one prompt)."""
         params = params or SamplingParams()
         if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], int):
             from triforce.api_modes import generate_batch
 
             return generate_batch(self, [self.encode(p, chat) for p in prompts], params)
-        return self._complete(self.encode(prompts, chat), params, on_text)
+        return self._complete(self.encode(prompts, chat), params, on_text, on_prefill=on_prefill)
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None,
-             on_text: Callable[[str], None] | None = None) -> Result:
+             on_text: Callable[[str], None] | None = None, on_prefill: Callable[[int, int], None] | None = None
+             ) -> Result:
         """The answer to a conversation given whole ([{"role": "user", "content": ...}, ...]),
         rendered with the model's chat template."""
         from triforce.app.chat import render_messages
 
         check_messages(messages)
         ids = render_messages(self.tokenizer, messages, True, self.context, self.config.parse_special_tokens)
-        return self._complete(ids, params or SamplingParams(), on_text)
+        return self._complete(ids, params or SamplingParams(), on_text, on_prefill=on_prefill)
 
     def stream(self, prompt, params: SamplingParams | None = None, *, chat: bool = False) -> Iterator[str]:
         """Yield the answer's text as it is decoded, in whole characters. Closing the iterator
@@ -110,7 +112,7 @@ class LLM:
 
         return Conversation(self, system)
 
-    def _complete(self, ids: list[int], params: SamplingParams, on_text=None, stop_flag=None) -> Result:
+    def _complete(self, ids: list[int], params: SamplingParams, on_text=None, stop_flag=None, on_prefill=None) -> Result:
         from triforce.app.generate import complete, room_for, summary_of
         from triforce.app.stop_text import StopText
         from triforce.app.textstream import TextStream
@@ -127,8 +129,15 @@ class LLM:
                 if on_text is not None:
                     on_text(piece)
 
+        prefilled = [0]
+
+        def progress(n: int) -> None:
+            prefilled[0] += n
+            on_prefill(prefilled[0], len(ids) - 1)
+
         done = complete(self.runtime, ids, params.engine_params(), new, frozenset() if params.ignore_eos else lm.eos_ids,
-                        on_token=token, stop_requested=lambda: stops.matched or bool(stop_flag and stop_flag.is_set()))
+                        on_token=token, progress=progress if on_prefill is not None else None,
+                        stop_requested=lambda: stops.matched or bool(stop_flag and stop_flag.is_set()))
         if not stops.matched:
             rest = stops.feed(stream.text()[stream.emitted:]) + stops.flush()
             if rest:

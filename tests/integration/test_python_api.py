@@ -36,11 +36,13 @@ def test_greedy_tokens_equal_triforce_generate(llm, capsys):
     from triforce import SamplingParams
 
     model, folder = llm
-    result = model.generate(PROMPT, SamplingParams(max_tokens=20, ignore_eos=True))
+    seen = []
+    result = model.generate(PROMPT, SamplingParams(max_tokens=20, ignore_eos=True), on_prefill=lambda *n: seen.append(n))
     cli = run_json(capsys, "generate", "--model", folder, "--prompt", PROMPT, "--max-new-tokens", 20, "--ignore-eos",
                    "--method", "triforce", "--draft", "lookup", "--dtype", "float32", "--device", "cpu", "--json")
     assert result.token_ids == cli["tokens"] and result.text == cli["text"] and result.finish_reason == "length"
     assert result.stats["method"] == "triforce" and result.stats["plan"] == cli["plan"]
+    assert seen and seen[-1] == (cli["prompt_tokens"] - 1,) * 2  # the prefill's progress, to its end
     assert capsys.readouterr().out == ""  # the library printed nothing
 
 

@@ -27,7 +27,8 @@ class LLM:
                  threads: int | None = None, tp: int = 1, attn: str = "auto", graphs: bool = True,
                  overlap: bool = True, hybrid: bool = True, draft_ahead: bool = False, budget: int | None = None,
                  chunk_size: int | None = None, gamma1: int | None = None, gamma2: int | None = None,
-                 parse_special_tokens: bool = False):
+                 rebuild_stride: int | None = None, rebuild_threshold: float | None = None,
+                 count_syncs: bool = False, parse_special_tokens: bool = False):
         """Load `model` (a Hugging Face folder, a .gguf file, or "default") once. The keywords are
         `triforce generate`'s flags; `triforce generate --help` explains each."""
         from triforce.config import RunConfig, SpecParams
@@ -37,13 +38,16 @@ class LLM:
         given = {"budget": budget, "chunk_size": chunk_size, "gamma1": gamma1, "gamma2": gamma2}
         fixed = frozenset(k for k, v in given.items() if v is not None)
         try:
-            spec = SpecParams(method=method, **{k: given[k] for k in fixed})
+            rebuild = {k: v for k, v in (("rebuild_stride", rebuild_stride), ("rebuild_threshold", rebuild_threshold))
+                       if v is not None}
+            spec = SpecParams(method=method, **rebuild, **{k: given[k] for k in fixed})
         except UserError as e:
             raise BadValue(str(e)) from None
         config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, quantize=quantize,
                            device=device, profile=profile, device_budget=device_budget, attn=attn,
                            graphs="auto" if graphs else "off", overlap=overlap, hybrid=hybrid,
-                           draft_ahead=draft_ahead, max_context=max_context, rope_scaling=rope_scaling,
+                           draft_ahead=draft_ahead, count_syncs=count_syncs, max_context=max_context,
+                           rope_scaling=rope_scaling,
                            threads=threads, parse_special_tokens=parse_special_tokens)
         self._build(config)
 

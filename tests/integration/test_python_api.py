@@ -117,3 +117,16 @@ def test_import_triforce_loads_no_torch():
             "assert 'torch' not in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"method": "bogus"}, "unknown method 'bogus'"),
+    ({"device": "tpu"}, "unknown device 'tpu'"),
+    ({"model": "/nonexistent"}, "model path '/nonexistent' does not exist"),
+    ({"gamma2": 0}, "--gamma2 must be >= 1, got 0"),
+])
+def test_bad_llm_arguments_are_one_line_user_errors(kwargs, message):
+    import triforce
+
+    with pytest.raises(triforce.UserError, match=re.escape(message)):
+        triforce.LLM(**kwargs)

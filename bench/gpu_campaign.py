@@ -150,7 +150,7 @@ def print_plan(chosen: list[Step], every: list[Step], cap_gb: float, budget_s: f
 
 def last_measured(out: Path) -> dict[str, float]:
     """Each step's seconds in the newest campaign report in `out` (none: {})."""
-    reports = sorted(out.glob("gpu-campaign-*.json"))
+    reports = sorted(p for p in out.glob("gpu-campaign-*.json") if not p.stem.endswith("-reduced"))  # a GPU's
     if not reports:
         return {}
     try:

@@ -27,8 +27,9 @@ from triforce.offload.shapes import weight_bytes
 from triforce.offload.speculation_choice import measured_acceptance
 
 # Full-tier acceptance of each self-speculation draft policy where the profile has none measured:
-# the fractions of drafts kept on 8K-token prose by the default model (bench/RESULTS.md, "SnapKV
-# drafts"), taken as the per-token rate (which is at least the fraction kept: conservative).
+# the fractions of drafts kept on 8K-token prose by the default model
+# (bench/history/2026-11-24-snapkv-batches-serve.md, "SnapKV drafts"), taken as the per-token
+# rate (which is at least the fraction kept: conservative).
 SELF_ASSUMED = {"streaming": 0.82, "snapkv": 0.95, "retrieval": 0.93}
 BUDGETS = (256, 512, 1024, 2048)  # draft KV sizes tried where the user gave none
 SELF_METHODS = ("streaming", "snapkv", "retrieval")

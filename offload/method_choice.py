@@ -23,7 +23,7 @@ from triforce.offload.speculation_choice import measured_tier_acceptance, plan_w
 AUTO_MARGIN = 1.25
 # acceptance where the profile has none measured: the lowest the default model showed with
 # prompt-lookup drafts on natural text (`eval acceptance --drafts lookup`, 8K tokens, greedy and
-# T=0.6; bench/RESULTS.md "Natural text"). The full tier kept 0.65 of gamma2 = 8 drafts: a per-token
+# T=0.6; bench/history/2026-11-26-natural-text.md). The full tier kept 0.65 of gamma2 = 8 drafts: a per-token
 # rate of 0.90. The retrieval tier kept 0.16 of gamma1 = 4 lookup drafts at T=0.6 (0.53 greedy);
 # that fraction stays as the rate, because prompt lookup proposes nothing at many steps, which
 # the fraction does not count and the model has no term for. (Text that repeats itself gave

@@ -1,0 +1,74 @@
+"""Every command bench/RESULTS.md prints runs at HEAD: each `triforce ...` and `python -m
+triforce...` line (with its continuation lines) is parsed by its click command, subcommands
+included, without running it. A renamed or removed flag fails here, not in a reader's shell.
+Files a command names need not exist here (they are the reader's)."""
+import importlib
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "RESULTS.md"
+
+
+def printed_commands(text: str) -> list[str]:
+    """Indented command lines of the page, continuation lines joined."""
+    commands, current = [], None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if current is not None:
+            current += " " + stripped.rstrip("\\").strip()
+            if not stripped.endswith("\\"):
+                commands.append(current)
+                current = None
+            continue
+        if line.startswith("    ") and re.match(r"(triforce |python -m triforce)", stripped):
+            if stripped.endswith("\\"):
+                current = stripped.rstrip("\\").strip()
+            else:
+                commands.append(stripped)
+    return commands
+
+
+def command_of(words: list[str]) -> tuple[click.Command, list[str]]:
+    if words[0] == "triforce":
+        from triforce.cli.main import cli
+        return cli, words[1:]
+    assert words[:2] == ["python", "-m"], words
+    module = importlib.import_module(words[2])
+    return module.main, words[3:]
+
+
+def parse(command: click.Command, args: list[str], name: str) -> None:
+    """click's parsing of `args` (and a group's subcommand's), with nothing invoked."""
+    ctx = command.make_context(name, list(args))
+    if isinstance(command, click.Group):
+        rest = [*ctx._protected_args, *ctx.args]
+        sub_name, sub, sub_args = command.resolve_command(ctx, rest)
+        parse(sub, sub_args, sub_name)
+
+
+COMMANDS = printed_commands(RESULTS.read_text())
+
+
+def test_the_page_prints_commands():
+    assert len(COMMANDS) >= 8 and any(c.startswith("python -m triforce.bench.gpu_campaign") for c in COMMANDS)
+
+
+@pytest.mark.parametrize("line", COMMANDS)
+def test_a_printed_command_parses_at_head(line):
+    words = shlex.split(line.split("  #")[0])
+    command, args = command_of(words)
+    try:
+        parse(command, args, words[0])
+    except click.BadParameter as e:
+        if "does not exist" not in str(e):  # a reader's file, absent here: the flag itself parsed
+            raise
+
+
+def test_a_removed_flag_fails_the_check():
+    command, args = command_of(shlex.split("triforce bench offload --arch tiny-test --context 600 --quick"))
+    with pytest.raises(click.NoSuchOption, match="--quick"):
+        parse(command, args, "triforce")

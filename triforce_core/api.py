@@ -8,7 +8,7 @@
 Every choice of the CLI is a keyword of LLM with the same default (`--method auto` is
 method="auto", `--no-hybrid` is hybrid=False, ...). Loading happens once; each call plans its
 own context, so one LLM serves prompts of any length. The path from token ids to tokens is the
-CLI's (triforce.app.generate.complete, app.chat.Chat, app.batch_generate), so greedy tokens equal
+CLI's (triforce.app.completion.complete, app.chat.Chat, app.batch_generate), so greedy tokens equal
 `triforce generate`'s. Library code prints nothing to stdout and never exits; bad values raise
 triforce.UserError (BadValue, also a ValueError, for arguments) with the CLI's one-line message."""
 from __future__ import annotations
@@ -52,17 +52,18 @@ class LLM:
         self._build(config)
 
     @classmethod
-    def from_config(cls, config) -> "LLM":
-        """An LLM of a triforce.config.RunConfig (the CLI's parsed flags)."""
+    def from_config(cls, config, rank: int = 0, world: int = 1) -> "LLM":
+        """An LLM of a triforce.config.RunConfig (the CLI's parsed flags), as rank `rank` of
+        `world` tensor-parallel processes (the CLI launches them)."""
         llm = cls.__new__(cls)
-        llm._build(config)
+        llm._build(config, rank, world)
         return llm
 
-    def _build(self, config) -> None:
+    def _build(self, config, rank: int = 0, world: int = 1) -> None:
         from triforce.app.runtime import build_runtime
 
-        self.config = config
-        self.runtime = build_runtime(config)
+        self.config, self.world = config, world
+        self.runtime = build_runtime(config, rank, world)
         self.tokenizer = self.runtime.lm.tokenizer
         self.context = self.runtime.context  # tokens a prompt and its answer may hold together
 
@@ -70,7 +71,7 @@ class LLM:
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
         """Token ids of a prompt: a string as `triforce generate --prompt` (chat: as --chat), or
         ids as given."""
-        from triforce.app.generate import encode_prompt
+        from triforce.app.completion import encode_prompt
 
         if isinstance(prompt, str):
             return encode_prompt(self.runtime.lm, prompt, chat, self.context, self.config.parse_special_tokens)
@@ -90,7 +91,7 @@ class LLM:
             from triforce.api_modes import generate_batch
 
             return generate_batch(self, [self.encode(p, chat) for p in prompts], params)
-        return self._complete(self.encode(prompts, chat), params, on_text, on_prefill=on_prefill)
+        return self.complete_ids(self.encode(prompts, chat), params, on_text, on_prefill=on_prefill)
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None,
              on_text: Callable[[str], None] | None = None, on_prefill: Callable[[int, int], None] | None = None
@@ -101,7 +102,7 @@ class LLM:
 
         check_messages(messages)
         ids = render_messages(self.tokenizer, messages, True, self.context, self.config.parse_special_tokens)
-        return self._complete(ids, params or SamplingParams(), on_text, on_prefill=on_prefill)
+        return self.complete_ids(ids, params or SamplingParams(), on_text, on_prefill=on_prefill)
 
     def stream(self, prompt, params: SamplingParams | None = None, *, chat: bool = False) -> Iterator[str]:
         """Yield the answer's text as it is decoded, in whole characters. Closing the iterator
@@ -116,8 +117,12 @@ class LLM:
 
         return Conversation(self, system)
 
-    def _complete(self, ids: list[int], params: SamplingParams, on_text=None, stop_flag=None, on_prefill=None) -> Result:
-        from triforce.app.generate import complete, room_for, summary_of
+    def complete_ids(self, ids: list[int], params: SamplingParams, on_text=None, stop_flag=None, on_prefill=None,
+                     before_prefill=None) -> Result:
+        """generate's path for token ids, with the hooks the CLI uses too: stop_flag (a
+        threading.Event) stops at the next round; before_prefill(run plan) runs once the plan is
+        made. The Result's .completion holds the engine and plan it ran with."""
+        from triforce.app.completion import complete, room_for, summary_of
         from triforce.app.stop_text import StopText
         from triforce.app.textstream import TextStream
 
@@ -141,14 +146,17 @@ class LLM:
 
         done = complete(self.runtime, ids, params.engine_params(), new, frozenset() if params.ignore_eos else lm.eos_ids,
                         on_token=token, progress=progress if on_prefill is not None else None,
-                        stop_requested=lambda: stops.matched or bool(stop_flag and stop_flag.is_set()))
+                        stop_requested=lambda: stops.matched or bool(stop_flag and stop_flag.is_set()),
+                        before_prefill=before_prefill)
         if not stops.matched:
             rest = stops.feed(stream.text()[stream.emitted:]) + stops.flush()
             if rest:
                 pieces.append(rest)
                 if on_text is not None:
                     on_text(rest)
-        stats = summary_of(self.runtime, done)
+        stats = summary_of(self.runtime, done, self.world)
         stopped = "stop" if stops.matched else done.result.stopped_by
-        stats.update(stopped_by=stopped, max_tokens=new)
-        return Result("".join(pieces), list(done.result.tokens), Result.finish_reason_of(stopped), stats)
+        stats["stopped_by"] = stopped
+        answer = Result("".join(pieces), list(done.result.tokens), Result.finish_reason_of(stopped), stats)
+        answer.completion = done  # not a field: the engine and plan, for the CLI's summary and traces
+        return answer

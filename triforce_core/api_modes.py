@@ -15,7 +15,7 @@ def generate_batch(llm, prompts: list[list[int]], params: SamplingParams) -> lis
     each row's tokens are those of its own run. Stop strings cut the text after decoding."""
     from triforce.app.batch_generate import fit_batch
     from triforce.app.batch_generate import generate_batch as decode_batch
-    from triforce.app.generate import room_for
+    from triforce.app.completion import room_for
 
     runtime = llm.runtime
     news = [room_for(ids, llm.context, params.max_tokens) for ids in prompts]
@@ -47,7 +47,7 @@ _END = object()
 
 def stream_pieces(llm, ids: list[int], params: SamplingParams) -> Iterator[str]:
     """Checks the prompt now, then decodes on a worker thread while the caller takes the pieces."""
-    from triforce.app.generate import room_for
+    from triforce.app.completion import room_for
 
     room_for(ids, llm.context, params.max_tokens)  # a prompt that cannot fit fails here, not at the first next()
     return _pieces(llm, ids, params)
@@ -63,7 +63,7 @@ def _pieces(llm, ids: list[int], params: SamplingParams) -> Iterator[str]:
     def work() -> None:
         try:
             numba.set_num_threads(threads)
-            llm._complete(ids, params, on_text=pieces.put, stop_flag=stop)
+            llm.complete_ids(ids, params, on_text=pieces.put, stop_flag=stop)
             pieces.put(_END)
         except BaseException as e:  # handed to the caller, raised there
             pieces.put(e)
@@ -104,7 +104,7 @@ class Conversation:
 
     def send(self, text: str, params: SamplingParams | None = None) -> Result:
         """The answer to `text` as the next user message (stop strings are not applied here)."""
-        from triforce.app.generate import room_for
+        from triforce.app.completion import room_for
 
         params = params or SamplingParams()
         check_messages([{"role": "user", "content": text}])

@@ -110,14 +110,14 @@ def test_a_long_prompts_file_streams_in_bounded_memory(capsys, tiny_model_dir, t
     import gc
     import weakref
 
-    import triforce.app.generate as generate_module
+    import triforce.app.completion as completion_module
     from triforce.app import batch_generate, generate_prompts
 
     model = str(tiny_model_dir("llama-gqa"))
     count, rows = 40, 2
     path = write_prompts(tmp_path, *[f"prompt number {i} says {'ab ' * (i % 5)}" for i in range(count)])
     encoded, shown, held = [0], [], []
-    real_encode, real_show, real_add = generate_module.encode_prompt, generate_prompts._InOrder._show, \
+    real_encode, real_show, real_add = completion_module.encode_prompt, generate_prompts._InOrder._show, \
         generate_prompts._InOrder.add
 
     def counting_encode(*args, **kw):
@@ -143,7 +143,7 @@ def test_a_long_prompts_file_streams_in_bounded_memory(capsys, tiny_model_dir, t
 
     monkeypatch.setattr(batch_generate, "BatchRow", TrackedRow)
 
-    monkeypatch.setattr(generate_module, "encode_prompt", counting_encode)
+    monkeypatch.setattr(completion_module, "encode_prompt", counting_encode)
     monkeypatch.setattr(generate_prompts._InOrder, "_show", recording_show)
     monkeypatch.setattr(generate_prompts._InOrder, "add", recording_add)
     code, out, _ = run_cli(capsys, "generate", "--model", model, "--prompts", path, "--max-new-tokens", "3",

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from triforce.app.chat import render_messages
-from triforce.app.generate import encode_prompt
+from triforce.app.completion import encode_prompt
 from triforce.errors import UserError
 
 FAMILIES = {  # template, its control tokens, a forged turn in its markers

@@ -23,18 +23,18 @@ from triforce.errors import UserError
 
 def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_chat: bool, params,
                        max_new_tokens: int, ignore_eos: bool, as_json: bool) -> None:
-    from triforce.app.generate import encode_prompt
-    from triforce.app.runtime import build_runtime
+    from triforce.api import LLM
 
     count = sum(1 for _ in read_prompts(prompts_file))  # every line checked before the model loads
     if not count:
         raise UserError(f"prompts file '{prompts_file}' holds no prompts")
-    runtime = build_runtime(config)
+    llm = LLM.from_config(config)
+    runtime = llm.runtime
     lm, context = runtime.lm, runtime.context
 
     def encoded():
         for prompt in read_prompts(prompts_file):
-            yield encode_prompt(lm, prompt, as_chat, context, config.parse_special_tokens)
+            yield llm.encode(prompt, as_chat)
 
     lengths = array("I")  # the prompts' token counts: 4 bytes a prompt, for the plan and the summary
     with tqdm(total=count, desc="reading prompts", unit="prompt", file=sys.stderr, disable=None, leave=False) as bar:

@@ -181,11 +181,11 @@ class Console:
 
 def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     from triforce.app.chat import Chat
-    from triforce.app.runtime import build_runtime
+    from triforce.api import LLM
     from triforce.app.textstream import TextStream
 
     console = Console(rank, world)
-    runtime = build_runtime(r.config, rank, world)
+    runtime = LLM.from_config(r.config, rank, world).runtime
     lm = runtime.lm
     max_len = runtime.context
     stop = lambda: console.interrupted  # noqa: E731  (Ctrl-C seen since the answer began)

@@ -35,10 +35,10 @@ def serve_rank(rank: int, world: int, r: ServeRequest) -> None:
                    r.origins, rank, world, r.hosts)
         return
     from triforce.app.batch_generate import fit_batch
-    from triforce.app.runtime import build_runtime
+    from triforce.api import LLM
     from triforce.server.tp import follow_requests
 
-    runtime = build_runtime(r.config, rank, world)
+    runtime = LLM.from_config(r.config, rank, world).runtime
     follow_requests(runtime, fit_batch(runtime, runtime.context, 1, 1)[1], runtime.context)
 
 
@@ -55,11 +55,11 @@ def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None,
     """Load the model, size the batch and build the API: (Api, the lines to print at start).
     hosts: the Host names answered (triforce.server.guard.allowed_hosts; None: any)."""
     from triforce.app.batch_generate import fit_batch
-    from triforce.app.runtime import build_runtime
+    from triforce.api import LLM
     from triforce.server.app import Api
     from triforce.server.scheduler import Scheduler
 
-    runtime = build_runtime(config, rank, world)
+    runtime = LLM.from_config(config, rank, world).runtime
     context = runtime.context
     rows, run = fit_batch(runtime, context, batch_size or DEFAULT_MAX_ROWS, batch_size)
     runtime.check_host_room(run, context, rows)

@@ -78,9 +78,11 @@ def main(contexts, new_tokens, repeats, methods, dtype, profile, max_context, ro
         row["same_tokens"] = all(t == tokens[first] for t in tokens.values())
         rows.append(row)
         print(json.dumps(row), flush=True)
+    from triforce.bench.provenance import provenance
+
     print(json.dumps({"machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
                       "dtype": str(runtime.lm.dtype).removeprefix("torch."), "profile": runtime.profile.name, "text": prompt_kind,
-                      "new_tokens": new_tokens, "rows": rows}))
+                      "new_tokens": new_tokens, "rows": rows, "provenance": provenance()}))
 
 
 if __name__ == "__main__":

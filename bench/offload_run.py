@@ -84,8 +84,12 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     setup.arena, shared_note = shared_host_store(setup, r.methods)
     rows = []
     streamed = r.rows_path is not None and rank == 0  # a run cut short keeps what it measured
+    from triforce.bench.provenance import provenance
+
+    prov = provenance()
     if streamed:
         emit(r.rows_path, {"bench": "offload", "context": r.context, "profile": prof.name, "pinned_h2d_gbps": round(h2d, 2),
+              "provenance": prov,
               "replayed_trace": r.trace_path, "host_store": shared_note})
     for method in r.methods:
         if rank == 0:
@@ -98,10 +102,8 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     title = (f"{name}, context {r.context}, {str(lm.dtype).removeprefix('torch.')} on {lm.device}, {prof.name}"
              f"{', tp %d' % world if world > 1 else ''}")
     plotted = write_plot(rows, h2d, title, r.plot_path)
-    from triforce.bench.provenance import git_commit
-
     out = {"model": name, "context": r.context, "device": str(lm.device), "profile": prof.name, "tp": world,
-           "commit": git_commit(), "repeats": r.repeats, "hybrid_rates_measured": measured_rates,
+           "provenance": prov, "repeats": r.repeats, "hybrid_rates_measured": measured_rates,
            "pinned_h2d_gbps": round(h2d, 2), "rows": rows, "replayed_trace": r.trace_path, "host_store": shared_note,
            "plot": r.plot_path if plotted else None, "attention": runtime.attn_name, "graphs": c.graphs,
            "spec": {"budget": spec.budget, "gamma1": spec.gamma1, "gamma2": spec.gamma2,

@@ -69,7 +69,7 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0) -> dict:
 def main(arch, context, new_tokens, method, profile, device_budget, dtype, device, as_json):
     """Time to first token of a long prompt prefilled through the offloaded path."""
     from triforce.app.runtime import build_runtime
-    from triforce.bench.provenance import git_commit
+    from triforce.bench.provenance import provenance
     from triforce.config import RunConfig, SpecParams
     from triforce.errors import UserError
 
@@ -83,7 +83,7 @@ def main(arch, context, new_tokens, method, profile, device_budget, dtype, devic
     except UserError as e:
         raise click.ClickException(str(e)) from None
     result = {"arch": arch, "device": str(runtime.lm.device), "dtype": str(runtime.lm.dtype).removeprefix("torch."),
-              "profile": runtime.profile.name, "method": method, "commit": git_commit(), "load_s": round(runtime.load_s, 2),
+              "profile": runtime.profile.name, "method": method, "provenance": provenance(), "load_s": round(runtime.load_s, 2),
               "prompt": "random token ids", **measured}
     if as_json:
         print(json.dumps(result))

@@ -99,9 +99,11 @@ def main(arch, row_counts, formats, dtype, device, repeats, as_json):
                 rows_out.append({"matrix": name, "shape": [n, k], "weights": kind, "rows": m, "ms": round(ms, 4),
                                  "weight_bytes": nbytes, "gbps": round(nbytes / ms / 1e6, 1),
                                  "x_floor": round(ms / floor_ms, 2)})
+    from triforce.bench.provenance import provenance
+
     out = {"arch": arch, "device": str(device), "dtype": str(torch_dtype).removeprefix("torch."),
            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "memory_gbps_measured": round(gbps, 1), "repeats": repeats, "rows": rows_out}
+           "memory_gbps_measured": round(gbps, 1), "repeats": repeats, "rows": rows_out, "provenance": provenance()}
     if as_json:
         print(json.dumps(out))
         return

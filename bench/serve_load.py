@@ -79,10 +79,12 @@ def main(model, dtype, method, clients, prompt_tokens, new_tokens, max_context, 
         return {"tokens": tokens, "wall_s": round(wall, 3), "tok_s": round(tokens / wall, 2),
                 "mean_ttft_s": round(sum(r["ttft_s"] for r in runs) / len(runs), 3)}
 
+    from triforce.bench.provenance import provenance
+
     report = {"model": api.model_id, "dtype": str(api.lm.dtype).removeprefix("torch."), "clients": clients,
               "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "method": method,
               "one_by_one": summary(one_by_one), "together": summary(together),
-              "rows_per_pass": status["rows_per_pass"]}
+              "rows_per_pass": status["rows_per_pass"], "provenance": provenance()}
     report["throughput_ratio"] = round(report["together"]["tok_s"] / report["one_by_one"]["tok_s"], 2)
     if as_json:
         print(json.dumps(report))

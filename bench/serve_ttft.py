@@ -73,9 +73,12 @@ def main(model, dtype, method, document_tokens, max_context, new_tokens, as_json
         runs["turn 2, cold"] = ask(server.url, turn2, new_tokens)
     finally:
         server.stop()
+    from triforce.bench.provenance import provenance
+
     report = {"model": api.model_id, "dtype": str(api.lm.dtype).removeprefix("torch."), "lines": lines,
               "runs": {k: {f: v for f, v in r.items() if f != "text"} for k, r in runs.items()},
-              "turn2_speedup_vs_cold": round(runs["turn 2, cold"]["ttft_s"] / runs["turn 2"]["ttft_s"], 2)}
+              "turn2_speedup_vs_cold": round(runs["turn 2, cold"]["ttft_s"] / runs["turn 2"]["ttft_s"], 2),
+              "provenance": provenance()}
     if as_json:
         print(json.dumps(report))
         return

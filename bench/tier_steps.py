@@ -179,9 +179,12 @@ def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, 
                 rows.append(row)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
+    from triforce.bench.provenance import provenance
+
     out = {"arch": arch, "draft": draft, "device": str(device), "dtype": dtype, "quantize": quantize,
            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "memory_gbps_measured": round(gbps, 1), "budget": budget, "gamma1": gamma1, "gamma2": gamma2, "rows": rows}
+           "memory_gbps_measured": round(gbps, 1), "budget": budget, "gamma1": gamma1, "gamma2": gamma2, "rows": rows,
+           "provenance": provenance()}
     if as_json:
         print(json.dumps(out))
         return

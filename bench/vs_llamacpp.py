@@ -210,8 +210,11 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
                                  repeats))
             if not as_json:
                 print(json.dumps(rows[-1]), flush=True)
+    from triforce.bench.provenance import provenance
+
     info = {"machine": f"{platform.machine()} {platform.processor() or ''} {threads} threads, torch {torch.__version__}",
-            "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1), "new_tokens": new_tokens, "rows": rows}
+            "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1), "new_tokens": new_tokens, "rows": rows,
+            "provenance": provenance()}
     if plot_path:
         plot(rows, plot_path, info["machine"])
     if as_json:

@@ -95,6 +95,7 @@ def test_bench_batch_measures_and_predicts(capsys, tiny_model_dir, tmp_path):
     assert set(report["crossover_batch_size"]) == {"64", "96"}
     assert {g["profile"] for g in report["gpu_predictions"]} == {"rtx4090-24g", "h100-80g"}
     assert plot.exists()
+    assert {"commit", "date", "machine", "cpu_flags", "torch"} <= set(report["provenance"])  # what it ran on
     code, _, err = run_cli(capsys, "bench", "batch", "--model", model, "--methods", "streaming")
     assert_one_line_error(code, err, "--methods takes ar and any of")
     code, _, err = run_cli(capsys, "bench", "batch", "--model", model, "--batch-sizes", "1,x")

@@ -78,6 +78,8 @@ def test_a_reduced_run_of_every_step_on_a_cpu(reduced):
     assert all(s["ok"] and s["estimate_s"] > 0 for s in report["steps"]), [(s["name"], s["stderr_tail"][-500:])
                                                                           for s in report["steps"] if not s["ok"]]
     assert by["user"]["result"]["greedy_float32_equals_transformers"]
+    for name in ("prefill-32k", "decode-32k", "quant-kernels", "tier-steps", "peers-32k"):  # what each ran on
+        assert {"commit", "date", "machine", "cpu_flags", "torch"} <= set(by[name]["result"]["provenance"]), name
     for name in ("prefill-32k", "prefill-127k"):  # the prompt's KV went to the host, then decoding followed
         r = by[name]["result"]
         assert r["offloaded"] and r["resident_tokens"] < r["context"] and r["d2h_bytes"] > 0

@@ -62,10 +62,12 @@ def batch(model, contexts, batch_sizes, methods, new_tokens, budget, dtype, devi
     crossover = batch_bench.crossovers(rows)
     gpu = batch_bench.gpu_predictions(size_list, budget)
     plotted = batch_bench.plot(rows, plot_path)
+    from triforce.bench.provenance import provenance
+
     report = {"machine": f"{platform.machine()}, {runtime.profile.cpu_threads} threads", "model": str(runtime.lm.path),
               "dtype": str(runtime.lm.dtype).removeprefix("torch."), "new_tokens": new_tokens, "budget": budget,
               "rows": rows, "crossover_batch_size": {str(k): v for k, v in crossover.items()},
-              "gpu_predictions": gpu, "plot": plot_path if plotted else None}
+              "gpu_predictions": gpu, "plot": plot_path if plotted else None, "provenance": provenance()}
     if as_json:
         print(json.dumps(report))
         return

@@ -72,3 +72,28 @@ def test_a_removed_flag_fails_the_check():
     command, args = command_of(shlex.split("triforce bench offload --arch tiny-test --context 600 --quick"))
     with pytest.raises(click.NoSuchOption, match="--quick"):
         parse(command, args, "triforce")
+
+
+def test_triforce_bench_lists_the_module_benchmarks_without_loading_torch():
+    import subprocess
+    import sys
+
+    from triforce.cli.bench_cmd import MODULE_BENCHES
+
+    code = ("import sys; from triforce.cli.main import cli\n"
+            "try:\n    cli.main(['bench', '--help'], prog_name='triforce', standalone_mode=False)\n"
+            "except SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'bench --help loaded torch'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    listed = [line.split()[0] for line in done.stdout.split("Commands:")[1].splitlines() if line.startswith("  ")
+              and not line.startswith("    ")]
+    assert listed == sorted(["offload", "batch", *MODULE_BENCHES])
+
+
+def test_a_module_benchmark_runs_as_a_triforce_bench_command(capsys):
+    from cli_json import run_json
+
+    report = run_json(capsys, "bench", "kernels", "--arch", "llama-68m", "--rows", "1", "--formats", "q8_0",
+                      "--dtype", "float32", "--repeats", "1", "--json")
+    assert {r["weights"] for r in report["rows"]} == {"float", "q8_0"} and report["provenance"]["commit"]

@@ -11,9 +11,43 @@ from triforce.errors import UserError
 from triforce.model.context_stretch import KINDS
 
 
-@click.group("bench")
+# the benchmarks that live as modules of triforce.bench, run as `triforce bench NAME` too: each is
+# imported only when run (they load torch), so `triforce bench --help` lists them at once
+MODULE_BENCHES = {
+    "context": ("triforce.bench.method_auto", "Speed by context on natural text: ar, auto and the methods, same tokens."),
+    "prefill": ("triforce.bench.prefill_ttft", "Time to first token of a long prompt prefilled through the offloaded path."),
+    "llamacpp": ("triforce.bench.vs_llamacpp", "Against llama.cpp's llama-bench on the same GGUF files and depths."),
+    "serve-ttft": ("triforce.bench.serve_ttft", "The server's time to first token over a conversation about a document."),
+    "serve-load": ("triforce.bench.serve_load", "The server's throughput with several clients at once against one by one."),
+    "kernels": ("triforce.bench.quant_kernels", "Block-weight kernels against the float matmul and the bytes floor."),
+    "tiers": ("triforce.bench.tier_steps", "Each tier's step time against its bytes floor, CUDA graphs on and off."),
+}
+
+
+class BenchGroup(click.Group):
+    """The bench commands defined here, and MODULE_BENCHES loaded when one is run."""
+
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *MODULE_BENCHES])
+
+    def get_command(self, ctx, name):
+        if name in MODULE_BENCHES:
+            import importlib
+
+            return importlib.import_module(MODULE_BENCHES[name][0]).main
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, self.commands[name].get_short_help_str(60) if name in self.commands else MODULE_BENCHES[name][1])
+                for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group("bench", cls=BenchGroup)
 def bench_group():
-    """Benchmarks against baselines (results belong in bench/RESULTS.md)."""
+    """Benchmarks against baselines; every JSON records what it ran on (results: bench/RESULTS.md).
+    Each runs on a CPU; `triforce bench NAME --help` explains its flags."""
 
 
 @bench_group.command("offload")

@@ -117,7 +117,7 @@ class SpecParams:
     budget: int = 1024
     chunk_size: int = 8
     rebuild_stride: int = 256
-    rebuild_threshold: float = 0.3  # from bench/rebuild_sweep.py (bench/RESULTS.md)
+    rebuild_threshold: float = 0.3  # bench/history/2026-11-23-cpu-default-model.md
     sink_tokens: int = 16
     draft_window: int = 256
     gamma2_min: int | None = None

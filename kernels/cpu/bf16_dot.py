@@ -5,8 +5,8 @@ Why: widening bfloat16 weights to float32 (a zero-extend and a shift per 16 valu
 multiplying in float32 makes a decoding step's bfloat16 products compute-bound on this project's
 2-core box (~20 GB/s of weights where memory gives ~34); the instruction takes the bits as they
 are, half the loads and none of the widening. Measured there (AMD Zen 4): weights streamed from
-memory 1.1-1.4x faster for one row, 1.3-1.9x for four to sixteen rows (bench/bf16_dot_speed.py,
-two runs on a noisy machine).
+memory 1.1-1.4x faster for one row, 1.3-1.9x for four to sixteen rows, two runs on a noisy machine
+(bench/history/2026-11-23-24-cpu-vs-llamacpp-avx512.md).
 
 Numba has no vector types: `F32x16` below is one (an LLVM <16 x float> held in registers), and
 the intrinsics load 32 bfloat16 values as the instruction's operand. A row's dot product always
@@ -97,7 +97,7 @@ def opaque(builder, pointer):
     spills them to the stack with unaligned 64-byte moves. The stack's alignment then decides the
     speed, and it differs by process (the environment's size shifts it): the scores of 27 rows
     by 512 keys took 20 us in one process, 37 us in the next. Loads from a pointer re-made on each
-    pass cannot be hoisted: 15 us in every process (bench/stack_lottery.py)."""
+    pass cannot be hoisted: 15 us in every process (bench/history/2026-11-23-24-cpu-vs-llamacpp-avx512.md)."""
     return builder.asm(ir.FunctionType(pointer.type, [pointer.type]), "", "=r,0", [pointer], side_effect=True)
 
 

@@ -7,8 +7,8 @@ once for all rows). Widening each key to float32 for every row and summing each 
 across a vector's lanes cost ~60 us per 512 keys on this project's box; here 16 keys go at once:
 each key's products into its own accumulator, then one transposing tree sums the 16
 accumulators' lanes into a vector of 16 scores (4 levels of shuffles, 15 additions per 16 keys,
-where a lone key takes 4 of each): 1.9-2.4x at 9 and 27 rows, 1.2-2x at 3 (bench/bf16_dot_speed.py,
-two runs).
+where a lone key takes 4 of each): 1.9-2.4x at 9 and 27 rows, 1.2-2x at 3, two runs
+(bench/history/2026-11-23-24-cpu-vs-llamacpp-avx512.md).
 
 A key's lanes are added in the same pairs in the group's tree as `lane_tree` adds a lone key's
 (lane i with i + 8, then i + 4, i + 2, i + 1), so a score has the same bits whether its key is in
@@ -31,7 +31,8 @@ from triforce.kernels.cpu.prefetch import ask_rows
 
 GROUP = 16  # keys per group: one vector of scores
 # From this many query rows on, scores_turned: per 512 keys of head dim 64, 27 rows 15.2 -> 9.6 us,
-# 9 rows 5.4 -> 4.3, 3 rows 2.4 -> 2.6 (bench/bf16_dot_speed.py); a verify of 2 tokens has 6.
+# 9 rows 5.4 -> 4.3, 3 rows 2.4 -> 2.6 (bench/history/2026-11-23-24-cpu-vs-llamacpp-avx512.md); a verify
+# of 2 tokens has 6.
 TURN_ROWS = 6
 TURNED_DIMS = tuple(32 * blocks for blocks in TURNED_BLOCKS)
 # Keys asked for ahead of the group being scored (triforce.kernels.cpu.prefetch): at 32K tokens, 30

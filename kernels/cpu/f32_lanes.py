@@ -1,10 +1,10 @@
 """Reductions over float32 rows, 16 lanes at a time, for the attention kernel's softmax.
 
 Why: numba compiles `m = max(m, a[s])` to a scalar compare per element (LLVM does not vectorise
-that float reduction here, fastmath or not): 7 us of a verify job's 44 (27 rows of 512 scores,
-bench/stack_lottery.py), more than the scores' exponentials. Here 16 lanes keep their own
-maxima, folded once at the end; a maximum is exact whatever the order, so the result is the
-scalar loop's (NaN aside: a row holding one has no meaningful maximum either way)."""
+that float reduction here, fastmath or not): 7 us of a verify job's 44 (27 rows of 512 scores;
+bench/history/2026-11-24-25-cpu-vs-llamacpp-avx2.md), more than the scores' exponentials. Here 16
+lanes keep their own maxima, folded once at the end; a maximum is exact whatever the order, so the
+result is the scalar loop's (NaN aside: a row holding one has no meaningful maximum either way)."""
 from __future__ import annotations
 
 import numba

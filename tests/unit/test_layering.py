@@ -77,7 +77,7 @@ def test_the_cli_starts_without_torch():
 
 def test_idle_kernel_threads_sleep_unless_told_to_spin():
     """Importing triforce (before torch) makes both OpenMP runtimes' idle threads sleep: spinning
-    ones took the cores a second busy program needed (bench/contention.py)."""
+    ones took the cores a second busy program needed (bench/history/2026-11-26-natural-text.md)."""
     import os
     import subprocess
     import sys

@@ -3,13 +3,11 @@ CLI's: greedy tokens equal `triforce generate`'s, a batch equals its rows run al
 joins to the whole text, a conversation keeps its KV between turns, and bad values raise the
 CLI's one-line messages as UserError and ValueError. `import triforce` loads no torch."""
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from cli_json import run_json
+from cli_json import run_json, run_python
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PROMPT = "The capital of France is"
@@ -115,8 +113,7 @@ def test_import_triforce_loads_no_torch():
             "assert sorted(triforce.__all__) == sorted(['LLM', 'SamplingParams', 'Result', 'Conversation', 'UserError', "
             "'BadValue', '__version__']); from triforce import SamplingParams; SamplingParams(max_tokens=3); "
             "assert 'torch' not in sys.modules")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    run_python(code)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -75,18 +75,14 @@ def test_a_removed_flag_fails_the_check():
 
 
 def test_triforce_bench_lists_the_module_benchmarks_without_loading_torch():
-    import subprocess
-    import sys
-
+    from cli_json import run_python
     from triforce.cli.bench_cmd import MODULE_BENCHES
 
     code = ("import sys; from triforce.cli.main import cli\n"
             "try:\n    cli.main(['bench', '--help'], prog_name='triforce', standalone_mode=False)\n"
             "except SystemExit:\n    pass\n"
             "assert 'torch' not in sys.modules, 'bench --help loaded torch'")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    listed = [line.split()[0] for line in done.stdout.split("Commands:")[1].splitlines() if line.startswith("  ")
+    listed = [line.split()[0] for line in run_python(code).split("Commands:")[1].splitlines() if line.startswith("  ")
               and not line.startswith("    ")]
     assert listed == sorted(["offload", "batch", *MODULE_BENCHES])
 

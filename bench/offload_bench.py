@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from triforce.app.plan_and_cache import build_kv_cache
+from triforce.bench.harness import sync
 from triforce.bench.zero_inference import HostAttentionKVCache
 from triforce.cache.resident import ResidentKVCache
 from triforce.config import SamplingParams, SpecParams
@@ -49,17 +50,12 @@ def measure_h2d_gbps(device: torch.device, num_bytes: int = 256 << 20, repeats: 
     dst = torch.empty(num_bytes, dtype=torch.uint8, device=device)
     best = float("inf")
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         started = time.perf_counter()
         dst.copy_(src, non_blocking=pin)
-        _sync(device)
+        sync(device)
         best = min(best, time.perf_counter() - started)
     return num_bytes / best / 1e9
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def fill_random_kv(cache, length: int, seed: int = 0, arena=None) -> None:
@@ -209,9 +205,9 @@ def run_method(method: str, s: Setup) -> dict:
     before, cpu_before = _transfer_bytes(cache), getattr(cache, "cpu_bytes", 0)
     windows = []
     for _ in range(s.repeats):  # the same cache, later positions: a steady state, rebuilds inside
-        _sync(device)
+        sync(device)
         result = engine.generate(new_tokens, SamplingParams(), frozenset())
-        _sync(device)
+        sync(device)
         windows.append(result)
     h2d, d2h = (a - b for a, b in zip(_transfer_bytes(cache), before))
     tokens = sum(len(r.tokens) for r in windows)
@@ -241,7 +237,7 @@ def run_method(method: str, s: Setup) -> dict:
                    replayed=s.trace is not None, tiers=engine.describe(),
                    drafted_ahead=_ahead_share(windows) if engine.ahead is not None else None)
     row.update(counted_window(engine, counted))
-    _sync(device)  # the counted window's prefetches land before the next method reuses their memory
+    sync(device)  # the counted window's prefetches land before the next method reuses their memory
     del engine, cache
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -14,14 +14,13 @@ repeat does not find the previous one in the cache.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
-import time
 
 import click
 import torch
 import torch.nn.functional as F
 
+from triforce.bench.harness import each_call
 from triforce.model.architectures import arch_hf_config
 from triforce.config import ModelConfig
 from triforce.model.loading import resolve_device, resolve_dtype
@@ -35,20 +34,6 @@ def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     return {"qkv": (q + 2 * kv, cfg.hidden_size), "o": (cfg.hidden_size, q),
             "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size), "down": (cfg.hidden_size, cfg.intermediate_size)}
-
-
-def median_ms(fn, device: torch.device, repeats: int) -> float:
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        started = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
 
 
 def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device, seed: int):
@@ -94,7 +79,7 @@ def main(arch, row_counts, formats, dtype, device, repeats, as_json):
                     i = next(turn) % COPIES
                     return linears[i](xs[i])
 
-                ms = median_ms(call, device, repeats)
+                ms = each_call(call, device, repeats).median_ms
                 floor_ms = nbytes / (gbps * 1e9) * 1e3
                 rows_out.append({"matrix": name, "shape": [n, k], "weights": kind, "rows": m, "ms": round(ms, 4),
                                  "weight_bytes": nbytes, "gbps": round(nbytes / ms / 1e6, 1),

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import click
 import torch
 
+from triforce.bench.harness import back_to_back_ms
 from triforce.cache.resident import ResidentKVCache
 from triforce.cache.sparse import SelectionPolicy
 from triforce.config import SpecParams
@@ -29,22 +29,6 @@ from triforce.kernels import select_attention
 from triforce.model.architectures import build_random_model
 from triforce.model.loading import resolve_device
 from triforce.offload.measure import memory_gbps
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_ms(fn, device, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    _sync(device)
-    started = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - started) * 1e3 / repeats
 
 
 def weight_bytes(lm) -> int:
@@ -91,9 +75,9 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
             full._means.clear()
             retrieval.rebuild(full, query)
 
-        out["rebuild_ms"] = round(time_ms(rebuild_incremental, device, max(1, repeats // 4)), 3)
-        out["rebuild_recomputing_means_ms"] = round(time_ms(rebuild_from_scratch, device, max(1, repeats // 4)), 3)
-    out["tier1_ms"] = time_ms(tier1, device, repeats)
+        out["rebuild_ms"] = round(back_to_back_ms(rebuild_incremental, device, max(1, repeats // 4)), 3)
+        out["rebuild_recomputing_means_ms"] = round(back_to_back_ms(rebuild_from_scratch, device, max(1, repeats // 4)), 3)
+    out["tier1_ms"] = back_to_back_ms(tier1, device, repeats)
     out["tier1_floor_bytes"] = weight_bytes(target) + (retrieval.cache.end + spec.gamma1 + 1) * kv_per_token
     if draft is not None:
         tier0 = DraftModelTier(draft, target, spec.sink_tokens, spec.draft_window_tokens, spec.draft_slack, mode)
@@ -104,7 +88,7 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
             tier0.truncate(covered)
             tier0.logits(seq[:covered + 1])
 
-        out["tier0_ms"] = time_ms(step0, device, repeats)
+        out["tier0_ms"] = back_to_back_ms(step0, device, repeats)
         d_kv = 2 * draft.config.num_layers * draft.config.num_kv_heads * draft.config.head_dim \
             * draft.dtype.itemsize
         out["tier0_floor_bytes"] = weight_bytes(draft) + tier0.cache.end * d_kv
@@ -116,7 +100,7 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
             step = full.step(tokens.shape[1])
             target.model(tokens, step.positions, step)
 
-        out["full_ms"] = time_ms(verify, device, max(1, repeats // 4))
+        out["full_ms"] = back_to_back_ms(verify, device, max(1, repeats // 4))
         full.rollback(context)
         out["full_floor_bytes"] = weight_bytes(target) + (context + spec.gamma2 + 1) * kv_per_token
 
@@ -125,7 +109,7 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
             step = full.step(1)
             target.model(tokens[:, :1], step.positions, step)
 
-        out["ar_ms"] = time_ms(ar_step, device, max(1, repeats // 4))
+        out["ar_ms"] = back_to_back_ms(ar_step, device, max(1, repeats // 4))
         full.rollback(context)
         out["ar_floor_bytes"] = weight_bytes(target) + (context + 1) * kv_per_token
     return out

@@ -120,8 +120,9 @@ def shared_host_store(setup, methods) -> tuple[object, str]:
     from triforce.bench.offload_bench import host_store_bytes
     from triforce.pinned import HostArena, HostCapacityError
 
-    need = max((host_store_bytes(m, setup) for m in methods), default=0)
-    if need == 0 or sum(host_store_bytes(m, setup) > 0 for m in methods) < 2:
+    sizes = [host_store_bytes(m, setup) for m in methods]
+    need = max(sizes, default=0)
+    if sum(size > 0 for size in sizes) < 2:
         return None, "one per method (fewer than two methods keep KV on the host)"
     try:
         arena = HostArena(need, pin=setup.lm.device.type == "cuda", budget_bytes=setup.profile.host_bytes)

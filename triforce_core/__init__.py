@@ -26,14 +26,14 @@ from triforce.errors import UserError  # noqa: E402
 
 
 def __getattr__(name: str):
-    """The API's names, imported on first use (triforce.api)."""
+    """The API's names, imported on first use (triforce.app.llm)."""
     if name == "LLM":
-        from triforce.api import LLM
+        from triforce.app.llm import LLM
         return LLM
     if name in ("SamplingParams", "Result", "BadValue"):
-        from triforce import api_types
-        return getattr(api_types, name)
+        from triforce.app import llm_types
+        return getattr(llm_types, name)
     if name == "Conversation":
-        from triforce.api_modes import Conversation
+        from triforce.app.llm_modes import Conversation
         return Conversation
     raise AttributeError(f"module 'triforce' has no attribute {name!r}")

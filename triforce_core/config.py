@@ -192,6 +192,18 @@ class SpecParams:
         return max(self.draft_window, self.draft_slack)
 
 
+def build_spec(method, budget=None, chunk_size=None, gamma1=None, gamma2=None, rebuild_stride=None,
+               rebuild_threshold=None):
+    """(SpecParams, the names of the tunable values given) from the CLI's flags or triforce.LLM's
+    keywords: those left None take the dataclass defaults here; the cost model may replace the
+    tunable ones later (triforce.app.plan_and_cache)."""
+    given = {"budget": budget, "chunk_size": chunk_size, "gamma1": gamma1, "gamma2": gamma2}
+    fixed = frozenset(name for name, value in given.items() if value is not None)
+    rebuild = {k: v for k, v in (("rebuild_stride", rebuild_stride), ("rebuild_threshold", rebuild_threshold))
+               if v is not None}
+    return SpecParams(method=method, **rebuild, **{name: given[name] for name in fixed}), fixed
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything a runtime needs; picklable, so tensor-parallel ranks can receive it."""

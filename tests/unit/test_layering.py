@@ -62,6 +62,15 @@ def test_only_the_cli_imports_the_cli():
     assert not bad, bad
 
 
+def test_the_app_layer_never_reaches_up():
+    """app/ (the use cases and the Python API, triforce.LLM) sits under the server, the command
+    line and the benchmarks, which build on it: it imports none of them."""
+    above = ("triforce.server", "triforce.cli", "triforce.bench")
+    bad = [f"{path.relative_to(ROOT)} imports {name}" for path in sorted((ROOT / "triforce_core" / "app").rglob("*.py"))
+           for name in imports_of(path) if any(name == a or name.startswith(a + ".") for a in above)]
+    assert not bad, bad
+
+
 def test_the_cli_starts_without_torch():
     """--help, --version, profile list and flag errors answer at once: importing the command line
     loads no torch, transformers or numba (they took 4 s before any output)."""

@@ -87,6 +87,20 @@ class BatchRow:
     finished: float = 0.0
 
 
+def row_json(tokenizer, row: BatchRow, method: str) -> dict:
+    """A prompt's result with the fields of a single run (stopped_by 'interrupt' if it never ran)."""
+    result = row.result
+    if result is None:
+        return {"text": "", "tokens": [], "prompt_tokens": row.prompt_tokens, "new_tokens": 0, "method": method,
+                "stopped_by": "interrupt"}
+    return {"text": tokenizer.decode(result.tokens, skip_special_tokens=True), "tokens": result.tokens,
+            "prompt_tokens": row.prompt_tokens, "new_tokens": len(result.tokens), "method": method,
+            "time_s": round(row.time_s, 4), "prefill_s": round(row.prefill_s, 4),
+            "decode_s": round(result.time_s, 4),
+            "tokens_per_s": round(len(result.tokens) / result.time_s, 3) if result.time_s else None,
+            "stopped_by": result.stopped_by, **result.stats}
+
+
 @dataclass
 class BatchOutcome:
     rows: list[BatchRow]      # every prompt's row, in order (empty for a streamed run: see decode_stream)

@@ -41,8 +41,8 @@ def generate_rank(rank: int, world: int, request: GenerateRequest) -> None:
 
 def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     """Load (triforce.LLM), encode, decode; rank 0 prints."""
-    from triforce.api import LLM
-    from triforce.api_types import SamplingParams
+    from triforce.app.llm import LLM
+    from triforce.app.llm_types import SamplingParams
     from triforce.app.completion import room_for
 
     speaker = rank == 0

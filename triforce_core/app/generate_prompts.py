@@ -14,7 +14,7 @@ from array import array
 
 from tqdm import tqdm
 
-from triforce.app.batch_generate import BatchRow, decode_stream, fit_batch
+from triforce.app.batch_generate import BatchRow, decode_stream, fit_batch, row_json
 from triforce.app.batch_tally import batch_summary
 from triforce.app.progress import prefill_bar
 from triforce.app.prompts_file import read_prompts
@@ -23,7 +23,7 @@ from triforce.errors import UserError
 
 def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_chat: bool, params,
                        max_new_tokens: int, ignore_eos: bool, as_json: bool) -> None:
-    from triforce.api import LLM
+    from triforce.app.llm import LLM
 
     count = sum(1 for _ in read_prompts(prompts_file))  # every line checked before the model loads
     if not count:
@@ -91,20 +91,6 @@ def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_cha
           f"batch size {rows}, {summary['rows_per_pass']} rows per forward pass{acceptance}]", file=sys.stderr)
 
 
-def _row_json(tokenizer, row: BatchRow, method: str) -> dict:
-    """A prompt's result with the fields of a single run (stopped_by 'interrupt' if it never ran)."""
-    result = row.result
-    if result is None:
-        return {"text": "", "tokens": [], "prompt_tokens": row.prompt_tokens, "new_tokens": 0, "method": method,
-                "stopped_by": "interrupt"}
-    return {"text": tokenizer.decode(result.tokens, skip_special_tokens=True), "tokens": result.tokens,
-            "prompt_tokens": row.prompt_tokens, "new_tokens": len(result.tokens), "method": method,
-            "time_s": round(row.time_s, 4), "prefill_s": round(row.prefill_s, 4),
-            "decode_s": round(result.time_s, 4),
-            "tokens_per_s": round(len(result.tokens) / result.time_s, 3) if result.time_s else None,
-            "stopped_by": result.stopped_by, **result.stats}
-
-
 class _InOrder:
     """Prints each prompt's result once it and every prompt before it have finished: text with a
     heading, or (as_json) one element of the "results" list of the JSON object, whose opening it
@@ -135,7 +121,7 @@ class _InOrder:
         self.next += 1
         if self.as_json:
             sep = ", " if self.next > 1 else ""
-            print(sep + json.dumps(_row_json(self.tokenizer, row, self.method)), end="", flush=True)
+            print(sep + json.dumps(row_json(self.tokenizer, row, self.method)), end="", flush=True)
             return
         if row.result is None:
             bar.write(f"=== prompt {self.next} (not run: interrupted) ===", file=sys.stdout)

@@ -181,7 +181,7 @@ class Console:
 
 def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     from triforce.app.chat import Chat
-    from triforce.api import LLM
+    from triforce.app.llm import LLM
     from triforce.app.textstream import TextStream
 
     console = Console(rank, world)

@@ -5,7 +5,7 @@ import math
 
 import click
 
-from triforce.config import SamplingParams
+from triforce.config import SamplingParams, build_spec  # noqa: F401  (build_spec: the commands import it here)
 from triforce.errors import UserError
 
 
@@ -155,18 +155,6 @@ def speculation_options(default_method: str):
             f = opt(f)
         return f
     return decorate
-
-
-def build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold):
-    """(SpecParams, the names of the tunable flags the user gave). Flags left out take the
-    dataclass defaults here; the cost model may replace them later (triforce.app.plan_and_cache)."""
-    from triforce.config import SpecParams
-
-    given = {"budget": budget, "chunk_size": chunk_size, "gamma1": gamma1, "gamma2": gamma2}
-    fixed = frozenset(name for name, value in given.items() if value is not None)
-    spec = SpecParams(method=method, rebuild_stride=rebuild_stride, rebuild_threshold=rebuild_threshold,
-                      **{name: given[name] for name in fixed})
-    return spec, fixed
 
 
 def offload_options(f):

@@ -35,7 +35,7 @@ def serve_rank(rank: int, world: int, r: ServeRequest) -> None:
                    r.origins, rank, world, r.hosts)
         return
     from triforce.app.batch_generate import fit_batch
-    from triforce.api import LLM
+    from triforce.app.llm import LLM
     from triforce.server.tp import follow_requests
 
     runtime = LLM.from_config(r.config, rank, world).runtime
@@ -55,7 +55,7 @@ def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None,
     """Load the model, size the batch and build the API: (Api, the lines to print at start).
     hosts: the Host names answered (triforce.server.guard.allowed_hosts; None: any)."""
     from triforce.app.batch_generate import fit_batch
-    from triforce.api import LLM
+    from triforce.app.llm import LLM
     from triforce.server.app import Api
     from triforce.server.scheduler import Scheduler
 

@@ -7,13 +7,13 @@ import queue
 import threading
 from typing import Iterator
 
-from triforce.api_types import BadValue, Result, SamplingParams, check_messages
+from triforce.app.llm_types import BadValue, Result, SamplingParams, check_messages
 
 
 def generate_batch(llm, prompts: list[list[int]], params: SamplingParams) -> list[Result]:
     """Every prompt decoded with the batch size the memory plan fits (at most 32 rows at once);
     each row's tokens are those of its own run. Stop strings cut the text after decoding."""
-    from triforce.app.batch_generate import fit_batch
+    from triforce.app.batch_generate import fit_batch, row_json
     from triforce.app.batch_generate import generate_batch as decode_batch
     from triforce.app.completion import room_for
 
@@ -24,21 +24,15 @@ def generate_batch(llm, prompts: list[list[int]], params: SamplingParams) -> lis
     stop_ids = frozenset() if params.ignore_eos else runtime.lm.eos_ids
     outcome = decode_batch(runtime, prompts, news, params.engine_params(), stop_ids, rows, run)
     results = []
-    for row, ids, new in zip(outcome.rows, prompts, news):
-        if row.result is None:  # an interrupt kept it from running
-            results.append(Result("", [], "interrupted", {"prompt_tokens": len(ids), "new_tokens": 0}))
-            continue
-        r = row.result
-        text = llm.tokenizer.decode(r.tokens, skip_special_tokens=True)
-        stopped = r.stopped_by
+    for row, new in zip(outcome.rows, news):
+        stats = {**row_json(llm.tokenizer, row, run.spec.method), "batch_size": rows, "max_tokens": new,
+                 "plan": run.plan.to_json()}  # generate --prompts --json's fields for this prompt
+        text, stopped = stats.pop("text"), stats["stopped_by"]
         cuts = [i for i in (text.find(s) for s in params.stop if s) if i >= 0]
         if cuts:
             text, stopped = text[:min(cuts)], "stop"
-        stats = {"prompt_tokens": len(ids), "new_tokens": len(r.tokens), "method": run.spec.method,
-                 "batch_size": rows, "max_tokens": new, "time_s": round(row.time_s, 4),
-                 "prefill_s": round(row.prefill_s, 4), "tokens_per_s": round(len(r.tokens) / r.time_s, 3)
-                 if r.time_s else None, **r.stats, "stopped_by": stopped, "plan": run.plan.to_json()}
-        results.append(Result(text, list(r.tokens), Result.finish_reason_of(stopped), stats))
+        stats["stopped_by"] = stopped
+        results.append(Result(text, stats.pop("tokens"), Result.finish_reason_of(stopped), stats))
     return results
 
 

@@ -1,4 +1,4 @@
-"""The values of triforce's Python API (triforce.api): how to sample, what an answer is, and the
+"""The values of triforce's Python API (triforce.app.llm): how to sample, what an answer is, and the
 error for a bad argument. No torch here: `from triforce import SamplingParams` stays quick."""
 from __future__ import annotations
 

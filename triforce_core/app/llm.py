@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from triforce.api_types import BadValue, Result, SamplingParams, check_messages
+from triforce.app.llm_types import BadValue, Result, SamplingParams, check_messages
 from triforce.errors import UserError
 
 __all__ = ["LLM", "SamplingParams", "Result", "BadValue"]
@@ -31,16 +31,12 @@ class LLM:
                  count_syncs: bool = False, parse_special_tokens: bool = False):
         """Load `model` (a Hugging Face folder, a .gguf file, or "default") once. The keywords are
         `triforce generate`'s flags; `triforce generate --help` explains each."""
-        from triforce.config import RunConfig, SpecParams
+        from triforce.config import RunConfig, build_spec
 
         if tp != 1:
             raise BadValue("tp > 1 runs one process per GPU: use `triforce generate --tp N` or `triforce serve --tp N`")
-        given = {"budget": budget, "chunk_size": chunk_size, "gamma1": gamma1, "gamma2": gamma2}
-        fixed = frozenset(k for k, v in given.items() if v is not None)
         try:
-            rebuild = {k: v for k, v in (("rebuild_stride", rebuild_stride), ("rebuild_threshold", rebuild_threshold))
-                       if v is not None}
-            spec = SpecParams(method=method, **rebuild, **{k: given[k] for k in fixed})
+            spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
         except UserError as e:
             raise BadValue(str(e)) from None
         config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, quantize=quantize,
@@ -88,7 +84,7 @@ class LLM:
         with (prompt tokens prefilled so far, all to prefill) as a long prompt goes in (one prompt)."""
         params = params or SamplingParams()
         if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], int):
-            from triforce.api_modes import generate_batch
+            from triforce.app.llm_modes import generate_batch
 
             return generate_batch(self, [self.encode(p, chat) for p in prompts], params)
         return self.complete_ids(self.encode(prompts, chat), params, on_text, on_prefill=on_prefill)
@@ -107,13 +103,13 @@ class LLM:
     def stream(self, prompt, params: SamplingParams | None = None, *, chat: bool = False) -> Iterator[str]:
         """Yield the answer's text as it is decoded, in whole characters. Closing the iterator
         early stops decoding at the next round."""
-        from triforce.api_modes import stream_pieces
+        from triforce.app.llm_modes import stream_pieces
 
         return stream_pieces(self, self.encode(prompt, chat), params or SamplingParams())
 
     def conversation(self, system: str | None = None):
         """A chat whose KV stays between turns (as `triforce chat`): .send(text, params) -> Result."""
-        from triforce.api_modes import Conversation
+        from triforce.app.llm_modes import Conversation
 
         return Conversation(self, system)
 

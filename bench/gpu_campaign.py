@@ -55,7 +55,7 @@ def environment(commit: str | None) -> dict:
     """What the numbers were measured with: commit, torch, CUDA driver, device."""
     import torch
 
-    from triforce.bench.provenance import git_commit
+    from triforce.bench.harness import git_commit
 
     env = {"commit": commit or git_commit(REPO), "torch": torch.__version__, "cuda": torch.version.cuda,
            "driver": None, "device": "cpu (no CUDA device)"}

@@ -1,7 +1,7 @@
 """`--method auto` against `--method ar` (and against triforce forced on) across contexts, on this
 machine, through the same runtime the CLI uses (profile, cost model, plan):
 
-    python -m triforce.bench.method_auto --contexts 512,2048,4096,8000 --new-tokens 64
+    triforce bench context --contexts 512,2048,4096,8000 --new-tokens 64
 
 For each context a prose prompt is prefilled by every run (a cache handed from run to run would
 have its last prompt token re-run by the sparse tiers' set-up, which in bfloat16 changes that
@@ -12,12 +12,12 @@ Every method is timed `--repeats` times in turn and keeps its best, so a noisy m
 from __future__ import annotations
 
 import json
-import platform
 import sys
 import time
 
 import click
-import torch
+
+from triforce.bench.harness import emit, markdown, output_option
 
 
 def decode(runtime, ids: list[int], new_tokens: int, method: str):
@@ -38,6 +38,10 @@ def decode(runtime, ids: list[int], new_tokens: int, method: str):
 
 
 @click.command()
+@click.option("--model", default="default", show_default=True, help="Hugging Face folder, .gguf file or 'default'.")
+@click.option("--quantize", type=click.Choice(["auto", "gguf", "q8_0", "q4_0", "q4_1", "q4_k", "none"]),
+              default="none", show_default=True,
+              help="Weights as blocks (gguf: a .gguf file's own); none: float, as --dtype says.")
 @click.option("--contexts", default="512,2048,4096,8000", show_default=True, help="Prompt lengths in tokens.")
 @click.option("--new-tokens", type=int, default=64, show_default=True)
 @click.option("--repeats", type=click.IntRange(1, 10), default=2, show_default=True)
@@ -49,13 +53,16 @@ def decode(runtime, ids: list[int], new_tokens: int, method: str):
 @click.option("--prompt", "prompt_kind", type=click.Choice(["natural", "repeated"]), default="natural",
               show_default=True, help="natural: text that never repeats itself (what users bring); repeated: "
                                       "the corpus doubled to length, a stated best case for speculation.")
-def main(contexts, new_tokens, repeats, methods, dtype, profile, max_context, rope_scaling, prompt_kind):
+@output_option
+def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile, max_context, rope_scaling, prompt_kind,
+         fmt):
+    """Speed by context on natural text: ar, auto and the methods, same greedy tokens."""
     from triforce.app.runtime import build_runtime
     from triforce.config import RunConfig
     from triforce.app.texts import prompt_text
     from triforce.config import SpecParams
 
-    config = RunConfig(spec=SpecParams(method="auto"), dtype=dtype, profile=profile, max_context=max_context,
+    config = RunConfig(model=model, quantize=quantize, spec=SpecParams(method="auto"), dtype=dtype, profile=profile, max_context=max_context,
                        rope_scaling=rope_scaling)
     runtime = build_runtime(config)
     tok = runtime.lm.tokenizer
@@ -77,12 +84,12 @@ def main(contexts, new_tokens, repeats, methods, dtype, profile, max_context, ro
             row[f"{method}_vs_{first}"] = round(rate / best[first], 3)
         row["same_tokens"] = all(t == tokens[first] for t in tokens.values())
         rows.append(row)
-        print(json.dumps(row), flush=True)
-    from triforce.bench.provenance import provenance
-
-    print(json.dumps({"machine": f"{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}",
-                      "dtype": str(runtime.lm.dtype).removeprefix("torch."), "profile": runtime.profile.name, "text": prompt_kind,
-                      "new_tokens": new_tokens, "rows": rows, "provenance": provenance()}))
+        print(json.dumps(row), file=sys.stderr, flush=True)  # a run stopped later keeps what it measured
+    summary = {"model": str(runtime.lm.path), "weights": runtime.lm.quantized["weights"] if runtime.lm.quantized else "float",
+               "dtype": str(runtime.lm.dtype).removeprefix("torch."), "profile": runtime.profile.name,
+               "text": prompt_kind, "new_tokens": new_tokens}
+    shown = [{k: v for k, v in r.items() if k not in ("auto", "auto_tiers")} for r in rows]
+    emit(fmt, summary, rows, lambda: print(markdown(shown)))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import torch
 
 from triforce.app.plan_and_cache import build_kv_cache
 from triforce.bench.harness import sync
-from triforce.bench.zero_inference import HostAttentionKVCache
+from triforce.bench.offload_peers import HostAttentionKVCache
 from triforce.cache.resident import ResidentKVCache
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.acceptance_trace import ReplayVerifier
@@ -136,7 +136,7 @@ def method_setting(method: str, s: Setup) -> tuple[SpecParams, int, int, int]:
 
 def host_store_bytes(method: str, s: Setup) -> int:
     """Bytes of the host KV store `method` builds (0: none, or its plan does not fit)."""
-    from triforce.bench.zero_inference import BLOCK_TOKENS
+    from triforce.bench.offload_peers import BLOCK_TOKENS
     from triforce.pinned import HostKVStore
 
     if method not in VARIANTS:
@@ -158,8 +158,8 @@ def host_store_bytes(method: str, s: Setup) -> int:
 def run_method(method: str, s: Setup) -> dict:
     """Decode `new_tokens` after a `context`-token cache; returns the row of the table."""
     device = s.lm.device
-    if method == "transformers-offloaded":  # the peer: its own model and cache (bench/hf_offloaded.py)
-        from triforce.bench.hf_offloaded import time_hf_offloaded
+    if method == "transformers-offloaded":  # the peer: its own model and cache (bench/offload_peers.py)
+        from triforce.bench.offload_peers import time_hf_offloaded
         arch = getattr(s.runtime.config, "arch", None)
         if arch is None:
             return {"method": method, "error": "timed with --arch only"}

@@ -14,7 +14,7 @@ on natural text (default: the 8K one; the 32K YaRN trace shows the 135M model re
   + sized gamma2   gamma2 chosen by the cost model for the acceptance (up to 15)
   + static tree    (with --tree-hit, not built: item 6) one alternative beside each draft, verified
                    in the same pass; --tree-hit is how often it is taken where the chain breaks
-                   (python -m triforce.bench.static_tree measures it)
+                   (measured once: bench/history/2026-11-26-natural-text.md)
 ar-offload (the paper's baseline) and ar-hybrid (the stronger one) beside them, both without
 the residency step. The profiles' CPU
 rates are nominal estimates until `triforce profile tune` measures them on the machine."""

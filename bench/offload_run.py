@@ -19,14 +19,14 @@ class BenchRequest:
     trace_path: str | None
     new_tokens: int
     plot_path: str
-    as_json: bool
+    fmt: str  # table, json or csv
     repeats: int = 2
     size_gamma2: bool = False  # gamma2 chosen by the cost model for the trace's acceptance
     rows_path: str | None = None  # JSON lines appended as the run goes: its setting, then each method's row
     speculative_tokens: int = 64  # speculative rows time at least this many per window
 
 
-def emit(path: str, line: dict) -> None:
+def journal(path: str, line: dict) -> None:
     """Append one JSON line to `path` at once: a run killed later (a campaign's time limit) keeps it."""
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
@@ -44,7 +44,6 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     from triforce.app.plan_and_cache import resolve_profile
     from triforce.app.runtime import build_runtime
     from triforce.bench.offload_bench import Setup, measure_h2d_gbps, run_method
-    from triforce.bench.offload_plot import write_plot
     from triforce.model.loading import resolve_device
 
     c = r.config
@@ -84,34 +83,30 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     setup.arena, shared_note = shared_host_store(setup, r.methods)
     rows = []
     streamed = r.rows_path is not None and rank == 0  # a run cut short keeps what it measured
-    from triforce.bench.provenance import provenance
+    from triforce.bench.harness import emit, provenance
 
-    prov = provenance()
     if streamed:
-        emit(r.rows_path, {"bench": "offload", "context": r.context, "profile": prof.name, "pinned_h2d_gbps": round(h2d, 2),
-              "provenance": prov,
-              "replayed_trace": r.trace_path, "host_store": shared_note})
+        journal(r.rows_path, {"bench": "offload", "context": r.context, "profile": prof.name,
+                              "pinned_h2d_gbps": round(h2d, 2), "provenance": provenance(),
+                              "replayed_trace": r.trace_path, "host_store": shared_note})
     for method in r.methods:
         if rank == 0:
             print(f"timing {method} ...", file=sys.stderr)
         rows.append(run_method(method, setup))
         if streamed:
-            emit(r.rows_path, {"row": rows[-1]})
+            journal(r.rows_path, {"row": rows[-1]})
     if rank != 0:
         return
     title = (f"{name}, context {r.context}, {str(lm.dtype).removeprefix('torch.')} on {lm.device}, {prof.name}"
              f"{', tp %d' % world if world > 1 else ''}")
     plotted = write_plot(rows, h2d, title, r.plot_path)
     out = {"model": name, "context": r.context, "device": str(lm.device), "profile": prof.name, "tp": world,
-           "provenance": prov, "repeats": r.repeats, "hybrid_rates_measured": measured_rates,
-           "pinned_h2d_gbps": round(h2d, 2), "rows": rows, "replayed_trace": r.trace_path, "host_store": shared_note,
+           "repeats": r.repeats, "hybrid_rates_measured": measured_rates,
+           "pinned_h2d_gbps": round(h2d, 2), "replayed_trace": r.trace_path, "host_store": shared_note,
            "plot": r.plot_path if plotted else None, "attention": runtime.attn_name, "graphs": c.graphs,
            "spec": {"budget": spec.budget, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
                     "gamma2_sized_by_cost_model": r.size_gamma2}}
-    if r.as_json:
-        print(json.dumps(out))
-        return
-    print_table(out, title, lm.device.type, plotted)
+    emit(r.fmt, out, rows, lambda: print_table({**out, "rows": rows}, title, lm.device.type, plotted))
 
 
 def shared_host_store(setup, methods) -> tuple[object, str]:
@@ -163,3 +158,26 @@ def print_table(out: dict, title: str, device_type: str, plotted: bool) -> None:
             if other is not tri and "error" not in other:
                 print(f"  {other['ms_per_token'] / tri['ms_per_token']:.2f}x faster than {other['method']}")
     print(f"plot: {out['plot']}" if plotted else "plot skipped: install matplotlib (pip install 'triforce[bench]')")
+
+
+def write_plot(rows: list[dict], h2d_gbps: float, title: str, path: str) -> bool:
+    """Bar chart of ms/token; False when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    good = [r for r in rows if "ms_per_token" in r]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    bars = ax.bar([r["method"] for r in good], [r["ms_per_token"] for r in good],
+                  color=["#888888", "#bb8844", "#3366aa"][:len(good)])
+    for bar, r in zip(bars, good):
+        ax.annotate(f"{r['ms_per_token']:.1f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("ms per token")
+    ax.set_title(f"{title}\nhost-to-device copy {h2d_gbps:.1f} GB/s measured in the same run", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

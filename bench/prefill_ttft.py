@@ -2,7 +2,7 @@
 decode. Prints the time to the first new token, the prefill alone, the host KV bytes moved each
 way, and peak GPU memory against the plan.
 
-    python -m triforce.bench.prefill_ttft --arch llama2-7b-128k --context 32768 --profile rtx4090-24g \
+    triforce bench prefill --arch llama2-7b-128k --context 32768 --profile rtx4090-24g \
         --dtype bfloat16 --json
 
 The prompt is random token ids (prefill time does not depend on the values; a random-weight
@@ -12,12 +12,12 @@ A GPU campaign step (gpu_campaign's prefill-32k and prefill-127k); on a CPU, --d
 makes a small architecture offload for a reduced run."""
 from __future__ import annotations
 
-import json
 import time
 
 import click
 import torch
 
+from triforce.bench.harness import emit, output_option
 from triforce.config import SamplingParams
 
 
@@ -65,11 +65,10 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0) -> dict:
 @click.option("--device-budget", default=None, help="GPU bytes to plan for (e.g. 2.5MB for a reduced CPU run).")
 @click.option("--dtype", default="auto", show_default=True)
 @click.option("--device", default="auto", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def main(arch, context, new_tokens, method, profile, device_budget, dtype, device, as_json):
+@output_option
+def main(arch, context, new_tokens, method, profile, device_budget, dtype, device, fmt):
     """Time to first token of a long prompt prefilled through the offloaded path."""
     from triforce.app.runtime import build_runtime
-    from triforce.bench.provenance import provenance
     from triforce.config import RunConfig, SpecParams
     from triforce.errors import UserError
 
@@ -83,15 +82,16 @@ def main(arch, context, new_tokens, method, profile, device_budget, dtype, devic
     except UserError as e:
         raise click.ClickException(str(e)) from None
     result = {"arch": arch, "device": str(runtime.lm.device), "dtype": str(runtime.lm.dtype).removeprefix("torch."),
-              "profile": runtime.profile.name, "method": method, "provenance": provenance(), "load_s": round(runtime.load_s, 2),
+              "profile": runtime.profile.name, "method": method, "load_s": round(runtime.load_s, 2),
               "prompt": "random token ids", **measured}
-    if as_json:
-        print(json.dumps(result))
-        return
-    print(f"{arch} on {result['device']} ({result['profile']}): {context} tokens prefilled in {result['prefill_s']} s "
-          f"({result['prefill_tokens_per_s']} tok/s), first token after {result['ttft_s']} s; host KV moved "
-          f"{result['h2d_bytes'] / 1e9:.2f} GB in, {result['d2h_bytes'] / 1e9:.2f} GB out")
 
+    def table():
+        print(f"{arch} on {result['device']} ({result['profile']}): {context} tokens prefilled in "
+              f"{result['prefill_s']} s ({result['prefill_tokens_per_s']} tok/s), first token after "
+              f"{result['ttft_s']} s; host KV moved {result['h2d_bytes'] / 1e9:.2f} GB in, "
+              f"{result['d2h_bytes'] / 1e9:.2f} GB out")
+
+    emit(fmt, result, [measured], table)  # the row also stands at the top, where the campaign's report reads it
 
 if __name__ == "__main__":
     main()

@@ -9,18 +9,17 @@ and reports ms, the weight bytes each reads, the GB/s that makes and the ratio t
 Weights are random (blocks: random quants and scales); COPIES of each matrix are cycled so a
 repeat does not find the previous one in the cache.
 
-    python -m triforce.bench.quant_kernels --arch llama2-7b-128k --rows 1,16 --json
+    triforce bench kernels --arch llama2-7b-128k --rows 1,16 --json
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 import torch
 import torch.nn.functional as F
 
-from triforce.bench.harness import each_call
+from triforce.bench.harness import each_call, emit, output_option
 from triforce.model.architectures import arch_hf_config
 from triforce.config import ModelConfig
 from triforce.model.loading import resolve_device, resolve_dtype
@@ -59,8 +58,9 @@ def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torc
 @click.option("--dtype", default="auto", show_default=True, help="Activations (and the float weights).")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--repeats", type=int, default=30, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
-def main(arch, row_counts, formats, dtype, device, repeats, as_json):
+@output_option
+def main(arch, row_counts, formats, dtype, device, repeats, fmt):
+    """Block-weight kernels against the float matmul and the bytes floor, at a model's projection shapes."""
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     cfg = ModelConfig.from_hf(arch_hf_config(arch))
@@ -79,25 +79,25 @@ def main(arch, row_counts, formats, dtype, device, repeats, as_json):
                     i = next(turn) % COPIES
                     return linears[i](xs[i])
 
-                ms = each_call(call, device, repeats).median_ms
+                timing = each_call(call, device, repeats)
+                ms = timing.median_ms
                 floor_ms = nbytes / (gbps * 1e9) * 1e3
                 rows_out.append({"matrix": name, "shape": [n, k], "weights": kind, "rows": m, "ms": round(ms, 4),
                                  "weight_bytes": nbytes, "gbps": round(nbytes / ms / 1e6, 1),
-                                 "x_floor": round(ms / floor_ms, 2)})
-    from triforce.bench.provenance import provenance
-
+                                 "x_floor": round(ms / floor_ms, 2), "spread": round(timing.spread, 3)})
     out = {"arch": arch, "device": str(device), "dtype": str(torch_dtype).removeprefix("torch."),
            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "memory_gbps_measured": round(gbps, 1), "repeats": repeats, "rows": rows_out, "provenance": provenance()}
-    if as_json:
-        print(json.dumps(out))
-        return
-    print(f"{arch} projections, activations {out['dtype']} on {out['device_name']}; "
-          f"device memory bandwidth measured now: {gbps:.1f} GB/s")
-    print(f"{'matrix':8s} {'weights':8s} {'rows':>4s} {'ms':>9s} {'MB read':>8s} {'GB/s':>7s} {'x floor':>8s}")
+           "memory_gbps_measured": round(gbps, 1), "repeats": repeats}
+    emit(fmt, out, rows_out, lambda: table(out, rows_out))
+
+
+def table(out: dict, rows_out: list[dict]) -> None:
+    print(f"{out['arch']} projections, activations {out['dtype']} on {out['device_name']}; "
+          f"device memory bandwidth measured now: {out['memory_gbps_measured']} GB/s")
+    print(f"{'matrix':8s} {'weights':8s} {'rows':>4s} {'ms':>9s} {'MB read':>8s} {'GB/s':>7s} {'x floor':>8s} {'spread':>7s}")
     for r in rows_out:
         print(f"{r['matrix']:8s} {r['weights']:8s} {r['rows']:4d} {r['ms']:9.4f} {r['weight_bytes'] / 1e6:8.1f} "
-              f"{r['gbps']:7.1f} {r['x_floor']:8.2f}")
+              f"{r['gbps']:7.1f} {r['x_floor']:8.2f} {r['spread']:7.3f}")
 
 
 if __name__ == "__main__":

@@ -10,17 +10,16 @@ The floor of a step is the bytes it must read (weights + KV) over the device mem
 measured in the same run by a large device-to-device copy. Everything stays on one device (no
 offload): this is the kernel-level view. Runs on CPU too (CPU "bandwidth" is a memcpy).
 
-    python -m triforce.bench.tier_steps --arch llama2-7b-128k --draft llama-68m --contexts 8192,32768,130048
+    triforce bench tiers --arch llama2-7b-128k --draft llama-68m --contexts 8192,32768,130048
 """
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 import torch
 
-from triforce.bench.harness import back_to_back_ms
+from triforce.bench.harness import back_to_back_ms, emit, output_option
 from triforce.cache.resident import ResidentKVCache
 from triforce.cache.sparse import SelectionPolicy
 from triforce.config import SpecParams
@@ -128,8 +127,9 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
 @click.option("--attn", "attns", default="sdpa,flash", show_default=True, help="Backends to compare (flash when it imports).")
 @click.option("--quantize", type=click.Choice(["none", "q8_0", "q4_0", "q4_1", "q4_k"]), default="none",
               show_default=True, help="The target's projections as random blocks (the draft stays float).")
-@click.option("--json", "as_json", is_flag=True)
-def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, attns, quantize, as_json):
+@output_option
+def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, attns, quantize, fmt):
+    """Each tier's step time against its bytes floor, CUDA graphs on and off."""
     device = resolve_device(device)
     target = build_random_model(arch, dtype, str(device), quantize=None if quantize == "none" else quantize)
     drafter = build_random_model(draft, dtype, str(device), seed=1) if draft else None
@@ -163,16 +163,15 @@ def main(arch, draft, contexts, dtype, device, budget, gamma1, gamma2, repeats, 
                 rows.append(row)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-    from triforce.bench.provenance import provenance
-
     out = {"arch": arch, "draft": draft, "device": str(device), "dtype": dtype, "quantize": quantize,
            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "memory_gbps_measured": round(gbps, 1), "budget": budget, "gamma1": gamma1, "gamma2": gamma2, "rows": rows,
-           "provenance": provenance()}
-    if as_json:
-        print(json.dumps(out))
-        return
-    print(f"{arch} + {draft}, {dtype} (weights {quantize}) on {out['device_name']}; device memory bandwidth measured now: {gbps:.1f} GB/s")
+           "memory_gbps_measured": round(gbps, 1), "budget": budget, "gamma1": gamma1, "gamma2": gamma2}
+    emit(fmt, out, rows, lambda: table(out, rows))
+
+
+def table(out: dict, rows: list[dict]) -> None:
+    print(f"{out['arch']} + {out['draft']}, {out['dtype']} (weights {out['quantize']}) on {out['device_name']}; "
+          f"device memory bandwidth measured now: {out['memory_gbps_measured']} GB/s")
     print(f"{'attn':6s} {'context':>8s} {'runner':>6s} {'tier0 ms':>9s} {'x floor':>8s} {'tier1 ms':>9s} "
           f"{'x floor':>8s} {'full ms':>9s} {'x floor':>8s} {'ar ms':>9s} {'x floor':>8s}")
     for r in rows:

@@ -3,14 +3,14 @@ against the memory bandwidth of this machine, measured side by side in one run.
 
     # llama-bench: build llama.cpp with cmake (`cmake --build build --target llama-bench`); the
     # GGUFs: llama.cpp's convert_hf_to_gguf.py on the default model's folder, --outtype f32 and bf16
-    python -m triforce.bench.vs_llamacpp --llama-bench ~/.cache/llamacpp/bin/llama-bench \\
+    triforce bench llamacpp --llama-bench ~/.cache/llamacpp/bin/llama-bench \\
         --gguf float32=model-f32.gguf --gguf bfloat16=model-bf16.gguf --depths 2048,6144
 
 With `--long N` a last row decodes at depth N (32000: the KV then outweighs the weights ~3x) in
 the dtype `--dtype auto` picks on this CPU (bfloat16 with AVX512-BF16, float32 elsewhere; its
 `--gguf` must be given): llama-bench -d N, and ours with the model stretched to N tokens (YaRN), once as --method ar
 and once as --method triforce --draft lookup after the same prefill, in turns `--repeats` times
-(bench/speculation_cpu.py's method_speed), `--long-new-tokens` tokens each (128: the first 64 tokens after
+(bench/vs_transformers.py's method_speed), `--long-new-tokens` tokens each (128: the first 64 tokens after
 the prose prompt drafted worse, acceptance 0.32/0.72 against 0.52/0.84 over 128). Both sides prefill N tokens first: minutes each.
 
 Each row alternates the two programs (llama-bench, then ours) `--repeats` times and keeps each
@@ -25,12 +25,14 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
+import sys
 import time
 
 import click
 import torch
 
-from triforce.bench.ar_vs_transformers import time_transformers, time_triforce
+from triforce.bench.harness import emit, output_option
+from triforce.bench.vs_transformers import time_transformers, time_triforce
 
 QUANTIZED = ("gguf", "q8_0", "q4_0", "q4_1", "q4_k")
 
@@ -118,7 +120,7 @@ def long_row(model: str, dtype: str, binary: str, gguf: str, threads: int, depth
              rounds: int) -> dict:
     """Decoding at `depth` in `dtype`: llama-bench, and our ar and triforce (lookup drafts) on the
     model stretched to that depth (YaRN) after one prefill, in turns."""
-    from triforce.bench.speculation_cpu import method_speed
+    from triforce.bench.vs_transformers import method_speed
     from triforce.model.context_stretch import stretch_request, trained_context
     from triforce.model.hf_config import read_hf_config
     from triforce.model.loading import load_model, resolve_model_dir
@@ -159,9 +161,10 @@ def long_row(model: str, dtype: str, binary: str, gguf: str, threads: int, depth
               help="Tokens decoded in the --long row (the goal's 128; short runs see little prompt lookup).")
 @click.option("--transformers", "with_hf", is_flag=True, help="Also time transformers' generate (decode rows).")
 @click.option("--plot", "plot_path", default=None, help="Also draw the table as a PNG here.")
-@click.option("--json", "as_json", is_flag=True)
+@output_option
 def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth, long_budget, long_new_tokens, with_hf,
-         plot_path, as_json):
+         plot_path, fmt):
+    """Against llama.cpp's llama-bench on the same GGUF files and depths (see the module's docstring)."""
     from triforce.app.texts import natural_ids
     from triforce.model.loading import load_model, resolve_dtype
 
@@ -202,24 +205,20 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
                     row["transformers_tok_s"] = round(hf_rate, 2)
                 row["triforce_gb_s"] = round(bytes_per_token(lm, n) * ours / 1e9, 1)
             rows.append(row)
-            if not as_json:
-                print(json.dumps(row), flush=True)
+            print(json.dumps(row), file=sys.stderr, flush=True)
         del lm, hf
         if long_depth and dtype == long_dtype:
             rows.append(long_row(model, dtype, binary, gguf, threads, long_depth, long_new_tokens, long_budget,
                                  repeats))
-            if not as_json:
-                print(json.dumps(rows[-1]), flush=True)
-    from triforce.bench.provenance import provenance
-
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     info = {"machine": f"{platform.machine()} {platform.processor() or ''} {threads} threads, torch {torch.__version__}",
-            "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1), "new_tokens": new_tokens, "rows": rows,
-            "provenance": provenance()}
+            "memory_bandwidth_gb_s": round(bandwidth / 1e9, 1), "new_tokens": new_tokens}
     if plot_path:
         plot(rows, plot_path, info["machine"])
-    if as_json:
-        print(json.dumps(info))
-        return
+    emit(fmt, info, rows, lambda: table(info, rows))
+
+
+def table(info: dict, rows: list[dict]) -> None:
     print(f"{info['machine']}; memory bandwidth (512 MB sum): {info['memory_bandwidth_gb_s']} GB/s")
     print("| dtype | test | tokens | triforce tok/s | llama.cpp tok/s | ratio | triforce GB/s | "
           "reference kernels tok/s | transformers tok/s | --method triforce tok/s (vs ar) |")

@@ -178,7 +178,7 @@ def static_tree_part(c: StepCosts, hw: Hardware, part: dict, full_rate: float, g
     item 6): beside each of the gamma2 drafts one alternative token (the tier below's runner-up, or
     a second draw from its distribution) is verified in the same pass, 2 * gamma2 + 1 queries. Where
     the chain breaks (probability 1 - full_rate ** gamma2) the alternative is taken with probability
-    `hit` and its own row gives one more token. bench/static_tree.py measures `hit`."""
+    `hit` and its own row gives one more token. `hit` measured once: bench/history/2026-11-26-natural-text.md."""
     verify = full_verify_ms(c, hw, 2 * gamma2 + 1, rows)
     tokens = part["expected_tokens_per_full_verify"] + (1 - full_rate ** gamma2) * hit
     return {"triforce_ms_per_token": (verify + part["drafting_ms_per_verify"]) / tokens, "full_verify_ms": verify,

@@ -2,8 +2,8 @@
 
 Why: numba compiles on one core, and a first start (an empty kernel cache) compiles three groups
 one after the other: the small-rows linear kernels, the attention kernel and the layer halves
-(4.5, 7.9 and 5.1 s on a 2-core Zen 3, bench/first_start.py). Here, when the attention kernel is
-not in numba's cache yet and a second core is free, a child process compiles it (into the same
+(4.5, 7.9 and 5.1 s on a 2-core Zen 3: bench/history/2026-11-24-25-cpu-vs-llamacpp-avx2.md).
+Here, when the attention kernel is not in numba's cache yet and a second core is free, a child process compiles it (into the same
 cache) while this one compiles the other two; this process then loads it from the cache. If the
 child fails, the kernel is compiled here as before: the child only saves time, it never decides
 what runs. With the kernels cached, or on one core, everything happens here, as before.

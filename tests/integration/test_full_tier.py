@@ -127,7 +127,7 @@ def test_every_dtype_generates(tiny_model_dir, dtype):
 
 
 def test_an_adopted_prefill_decodes_as_its_own(lm):
-    """One prefill handed from an AR engine to a triforce engine (bench/speculation_cpu.py)."""
+    """One prefill handed from an AR engine to a triforce engine (bench/vs_transformers.py's method_speed)."""
     ids = ids_of(40, seed=3)
     spec = SpecParams(method="triforce", budget=16, chunk_size=4, gamma1=2, gamma2=4, sink_tokens=4)
     fresh = Engine(lm, spec, 64, "lookup")

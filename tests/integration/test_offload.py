@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from triforce.app.chat import Chat
-from triforce.bench.zero_inference import HostAttentionKVCache
+from triforce.bench.offload_peers import HostAttentionKVCache
 from triforce.cache.resident import ResidentKVCache
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine

@@ -2,12 +2,12 @@
 batch grows (triforce.bench.batch_bench), measured here and predicted for GPUs."""
 from __future__ import annotations
 
-import json
 import platform
 import sys
 
 import click
 
+from triforce.bench.harness import output_option
 from triforce.cli.options import (INT, check_output_path, device_option, dtype_option, int_list, model_option,
                                   threads_option)
 from triforce.errors import UserError
@@ -26,9 +26,9 @@ METHODS = ("ar", "streaming", "snapkv", "retrieval", "triforce")
 @dtype_option
 @device_option
 @click.option("--plot", "plot_path", default="batch-bench.png", show_default=True, help="PNG to write.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@output_option
 @threads_option
-def batch(model, contexts, batch_sizes, methods, new_tokens, budget, dtype, device, plot_path, threads, as_json):
+def batch(model, contexts, batch_sizes, methods, new_tokens, budget, dtype, device, plot_path, threads, fmt):
     """Decode batches of long prompts with each method, beside the cost model's prediction.
 
     MagicDec's claim: once a batch's KV outweighs the weights, self-speculation with a small draft
@@ -62,15 +62,18 @@ def batch(model, contexts, batch_sizes, methods, new_tokens, budget, dtype, devi
     crossover = batch_bench.crossovers(rows)
     gpu = batch_bench.gpu_predictions(size_list, budget)
     plotted = batch_bench.plot(rows, plot_path)
-    from triforce.bench.provenance import provenance
+    from triforce.bench.harness import emit
 
     report = {"machine": f"{platform.machine()}, {runtime.profile.cpu_threads} threads", "model": str(runtime.lm.path),
               "dtype": str(runtime.lm.dtype).removeprefix("torch."), "new_tokens": new_tokens, "budget": budget,
-              "rows": rows, "crossover_batch_size": {str(k): v for k, v in crossover.items()},
-              "gpu_predictions": gpu, "plot": plot_path if plotted else None, "provenance": provenance()}
-    if as_json:
-        print(json.dumps(report))
-        return
+              "crossover_batch_size": {str(k): v for k, v in crossover.items()},
+              "gpu_predictions": gpu, "plot": plot_path if plotted else None}
+    emit(fmt, report, rows, lambda: table(rows, crossover, gpu))
+    if plotted:
+        print(f"plot: {plot_path}", file=sys.stderr)
+
+
+def table(rows: list[dict], crossover: dict, gpu: list[dict]) -> None:
     print("| context | batch | method | tok/s | ms/token/seq | predicted ms | x ar | predicted x ar | "
           "acceptance | tokens/verify |")
     print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -87,5 +90,3 @@ def batch(model, contexts, batch_sizes, methods, new_tokens, budget, dtype, devi
     for g in gpu:
         print(f"| {g['profile']} | {g['context']} | {g['batch_size']} | {g['method']} | {g['ms_per_token']} | "
               f"{g['tokens_per_s']} | {g['x_ar']} |")
-    if plotted:
-        print(f"plot: {plot_path}", file=sys.stderr)

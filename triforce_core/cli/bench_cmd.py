@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from triforce.bench.harness import output_option
 from triforce.config import RunConfig
 from triforce.cli.options import (INT, check_output_path, device_option, dtype_option, offload_options, quantize_option,
                                   runtime_options)
@@ -11,16 +12,25 @@ from triforce.errors import UserError
 from triforce.model.context_stretch import KINDS
 
 
-# the benchmarks that live as modules of triforce.bench, run as `triforce bench NAME` too: each is
-# imported only when run (they load torch), so `triforce bench --help` lists them at once
+# the benchmarks that live in triforce.bench, run as `triforce bench NAME`: (module, command, help);
+# each is imported only when run (they load torch), so `triforce bench --help` lists them at once
 MODULE_BENCHES = {
-    "context": ("triforce.bench.method_auto", "Speed by context on natural text: ar, auto and the methods, same tokens."),
-    "prefill": ("triforce.bench.prefill_ttft", "Time to first token of a long prompt prefilled through the offloaded path."),
-    "llamacpp": ("triforce.bench.vs_llamacpp", "Against llama.cpp's llama-bench on the same GGUF files and depths."),
-    "serve-ttft": ("triforce.bench.serve_ttft", "The server's time to first token over a conversation about a document."),
-    "serve-load": ("triforce.bench.serve_load", "The server's throughput with several clients at once against one by one."),
-    "kernels": ("triforce.bench.quant_kernels", "Block-weight kernels against the float matmul and the bytes floor."),
-    "tiers": ("triforce.bench.tier_steps", "Each tier's step time against its bytes floor, CUDA graphs on and off."),
+    "context": ("triforce.bench.method_auto", "main",
+               "Speed by context on natural text: ar, auto and the methods, same tokens."),
+    "prefill": ("triforce.bench.prefill_ttft", "main",
+               "Time to first token of a long prompt prefilled through the offloaded path."),
+    "llamacpp": ("triforce.bench.vs_llamacpp", "main",
+                "Against llama.cpp's llama-bench on the same GGUF files and depths."),
+    "transformers": ("triforce.bench.vs_transformers", "main",
+                    "Against transformers' generate: same model, prompt and tokens."),
+    "serve-ttft": ("triforce.bench.serve_bench", "ttft",
+                  "The server's time to first token over a conversation about a document."),
+    "serve-load": ("triforce.bench.serve_bench", "load",
+                  "The server's throughput with several clients at once against one by one."),
+    "kernels": ("triforce.bench.quant_kernels", "main",
+               "Block-weight kernels against the float matmul and the bytes floor."),
+    "tiers": ("triforce.bench.tier_steps", "main",
+             "Each tier's step time against its bytes floor, CUDA graphs on and off."),
 }
 
 
@@ -34,11 +44,12 @@ class BenchGroup(click.Group):
         if name in MODULE_BENCHES:
             import importlib
 
-            return importlib.import_module(MODULE_BENCHES[name][0]).main
+            module, command, _ = MODULE_BENCHES[name]
+            return getattr(importlib.import_module(module), command)
         return super().get_command(ctx, name)
 
     def format_commands(self, ctx, formatter):
-        rows = [(name, self.commands[name].get_short_help_str(60) if name in self.commands else MODULE_BENCHES[name][1])
+        rows = [(name, self.commands[name].get_short_help_str(60) if name in self.commands else MODULE_BENCHES[name][2])
                 for name in self.list_commands(ctx)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
@@ -90,13 +101,13 @@ def bench_group():
 @click.option("--tp", type=INT, default=1, show_default=True,
               help="Tensor-parallel ranks: each GPU streams its own heads' KV over its own link.")
 @runtime_options(count_syncs=False)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@output_option
 @click.option("--rows-file", default=None,
               help="Append JSON lines to this file as the run goes: the setting, then each method's row the "
                    "moment it is timed (a run cut short keeps what it measured).")
 def offload(arch, model, context, profile, device_budget, methods, acceptance_trace, draft, new_tokens, repeats,
             speculative_tokens, budget,
-            gamma1, gamma2, no_overlap, plot_path, dtype, quantize, device, rope_scaling, tp, attn, no_graphs, threads, as_json,
+            gamma1, gamma2, no_overlap, plot_path, dtype, quantize, device, rope_scaling, tp, attn, no_graphs, threads, fmt,
             rows_file):
     """Time ms/token of offloaded decoding methods at a context length, on a budget.
 
@@ -137,7 +148,7 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
     from triforce.app.parallel import run_on_ranks
     from triforce.bench.offload_run import BenchRequest, bench_rank
 
-    request = BenchRequest(config, context, chosen, trace, acceptance_trace, new_tokens, plot_path, as_json, repeats,
+    request = BenchRequest(config, context, chosen, trace, acceptance_trace, new_tokens, plot_path, fmt, repeats,
                            size_gamma2=gamma2 is None and trace is not None, rows_path=rows_file,
                            speculative_tokens=speculative_tokens)
     run_on_ranks(tp, bench_rank, request, model, device, arch)

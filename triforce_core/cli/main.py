@@ -25,6 +25,7 @@ def _register():
     from triforce.cli.bench_batch_cmd import batch as bench_batch
     from triforce.cli.bench_cmd import bench_group
     from triforce.cli.chat_cmd import chat
+    from triforce.cli.eval_agreement_cmd import agreement
     from triforce.cli.eval_cmd import eval_group
     from triforce.cli.generate_cmd import generate
     from triforce.cli.plan_cmd import plan
@@ -36,6 +37,7 @@ def _register():
     cli.add_command(serve)
     cli.add_command(plan)
     cli.add_command(profile_group)
+    eval_group.add_command(agreement)
     cli.add_command(eval_group)
     bench_group.add_command(bench_batch)
     cli.add_command(bench_group)

@@ -1,0 +1,171 @@
+"""The server as clients see it, through the HTTP API on the loopback.
+
+`triforce bench serve-ttft`: time to first token over a conversation about a long document: turn 1
+(the document prefilled), turn 2 (the next question: the document's KV reused), and turn 2 again
+after another conversation took the server's only row (cold: everything prefilled), side by side
+in one run.
+
+`triforce bench serve-load`: throughput when clients ask at the same time: N streamed requests sent
+together (decoded as rows of one batch) against the same N sent one after another, in one run.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import click
+import httpx
+
+from triforce.app.texts import natural_ids, prompt_text
+from triforce.bench.harness import emit, markdown, output_option
+from triforce.config import RunConfig, SpecParams
+
+def ask(url: str, messages: list[dict], new_tokens: int) -> dict:
+    """One streamed chat request: time to the first text, the answer, and the usage."""
+    body = {"messages": messages, "max_tokens": new_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    first, parts, usage = None, [], None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=None) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            if "error" in chunk:
+                raise click.ClickException(chunk["error"]["message"])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices", []):
+                if choice["delta"].get("content"):
+                    first = first or time.perf_counter()
+                    parts.append(choice["delta"]["content"])
+    ended = time.perf_counter()
+    ttft = (first or ended) - started
+    tokens = usage["completion_tokens"]
+    return {"ttft_s": round(ttft, 3), "prompt_tokens": usage["prompt_tokens"],
+            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"], "new_tokens": tokens,
+            "decode_tok_s": round((tokens - 1) / (ended - first), 2) if first and ended > first and tokens > 1 else None,
+            "text": "".join(parts)}
+
+
+@click.command()
+@click.option("--model", default="default", show_default=True)
+@click.option("--dtype", default="auto", show_default=True)
+@click.option("--method", default="auto", show_default=True)
+@click.option("--document-tokens", type=click.IntRange(16), default=6000, show_default=True,
+              help="Length of the document the conversation is about.")
+@click.option("--max-context", type=click.IntRange(64), default=8192, show_default=True)
+@click.option("--new-tokens", type=click.IntRange(1), default=32, show_default=True, help="Tokens per answer.")
+@output_option
+def ttft(model, dtype, method, document_tokens, max_context, new_tokens, fmt):
+    """The server's time to first token over a conversation about a document."""
+    from triforce.server.assembly import build_api
+    from triforce.server.background import BackgroundServer
+
+    config = RunConfig(model=model, dtype=dtype, max_context=max_context, spec=SpecParams(method=method))
+    api, lines = build_api(config, batch_size=1, quiet=True)  # one row: another conversation evicts it
+    document = prompt_text("natural", api.lm.tokenizer, document_tokens)
+    server = BackgroundServer(api)
+    try:
+        turn1 = [{"role": "user", "content": f"Here is a document:\n\n{document}\n\nSummarise it in one sentence."}]
+        runs = {"turn 1": ask(server.url, turn1, new_tokens)}
+        turn2 = turn1 + [{"role": "assistant", "content": runs["turn 1"]["text"]},
+                         {"role": "user", "content": "Which module does it mention first?"}]
+        runs["turn 2"] = ask(server.url, turn2, new_tokens)
+        ask(server.url, [{"role": "user", "content": "Something else entirely."}], 4)
+        runs["turn 2, cold"] = ask(server.url, turn2, new_tokens)
+    finally:
+        server.stop()
+    rows = [{"request": k, **{f: v for f, v in r.items() if f != "text"}} for k, r in runs.items()]
+    speedup = round(runs["turn 2, cold"]["ttft_s"] / runs["turn 2"]["ttft_s"], 2)
+    summary = {"model": api.model_id, "dtype": str(api.lm.dtype).removeprefix("torch."), "lines": lines,
+               "turn2_speedup_vs_cold": speedup}
+
+    def table():
+        print("\n".join(lines[1:]))
+        print("| request | prompt tokens | cached | TTFT s | decode tok/s |\n|---|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['request']} | {r['prompt_tokens']} | {r['cached_tokens']} | {r['ttft_s']} | "
+                  f"{r['decode_tok_s']} |")
+        print(f"turn 2 reaches its first token {speedup}x sooner than the same request cold")
+
+    emit(fmt, summary, rows, table)
+
+
+def stream(url: str, prompt: str, new_tokens: int) -> dict:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": new_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    first = usage = None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=None) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line.removeprefix("data: "))
+                usage = chunk.get("usage") or usage
+                if first is None and any(c["delta"].get("content") for c in chunk.get("choices", [])):
+                    first = time.perf_counter()
+    ended = time.perf_counter()
+    return {"tokens": usage["completion_tokens"], "ttft_s": (first or ended) - started, "started": started,
+            "ended": ended}
+
+
+def prompts(tokenizer, clients: int, tokens: int) -> list[str]:
+    """Different prose for each client (no shared prefix to reuse)."""
+    ids = natural_ids(tokenizer, tokens * clients)
+    return [tokenizer.decode(ids[i * tokens:(i + 1) * tokens]) + "\n\nSummarise this." for i in range(clients)]
+
+
+@click.command()
+@click.option("--model", default="default", show_default=True)
+@click.option("--dtype", default="auto", show_default=True)
+@click.option("--method", default="ar", show_default=True)
+@click.option("--clients", type=click.IntRange(1, 64), default=4, show_default=True, help="Requests sent at once.")
+@click.option("--prompt-tokens", type=click.IntRange(16), default=1000, show_default=True,
+              help="Prose per request (a different passage each: no shared prefix to reuse).")
+@click.option("--new-tokens", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--max-context", type=click.IntRange(64), default=4096, show_default=True)
+@output_option
+def load(model, dtype, method, clients, prompt_tokens, new_tokens, max_context, fmt):
+    """The server's throughput with several clients at once against one by one."""
+    from triforce.server.assembly import build_api
+    from triforce.server.background import BackgroundServer
+
+    config = RunConfig(model=model, dtype=dtype, max_context=max_context, spec=SpecParams(method=method))
+    api, lines = build_api(config, batch_size=clients, queue_size=clients, quiet=True)
+    texts = prompts(api.lm.tokenizer, 2 * clients, prompt_tokens)
+    server = BackgroundServer(api)
+    try:
+        stream(server.url, "Warm up.", 4)
+        one_by_one = [stream(server.url, t, new_tokens) for t in texts[:clients]]
+        together: list = [None] * clients
+        threads = [threading.Thread(target=lambda i=i: together.__setitem__(
+            i, stream(server.url, texts[clients + i], new_tokens))) for i in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        status = api.scheduler.status()
+    finally:
+        server.stop()
+
+    def summarised(name, runs):
+        tokens = sum(r["tokens"] for r in runs)
+        wall = max(r["ended"] for r in runs) - min(r["started"] for r in runs)
+        return {"requests": f"{clients} {name}", "tokens": tokens, "wall_s": round(wall, 3),
+                "tok_s": round(tokens / wall, 2), "mean_ttft_s": round(sum(r["ttft_s"] for r in runs) / len(runs), 3)}
+
+    rows = [summarised("one by one", one_by_one), summarised("together", together)]
+    summary = {"model": api.model_id, "dtype": str(api.lm.dtype).removeprefix("torch."), "clients": clients,
+               "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "method": method,
+               "rows_per_pass": status["rows_per_pass"], "throughput_ratio": round(rows[1]["tok_s"] / rows[0]["tok_s"], 2)}
+
+    def table():
+        print("\n".join(lines[1:]))
+        print(markdown(rows))
+        print(f"together: {summary['throughput_ratio']}x the throughput of one by one "
+              f"({status['rows_per_pass']} rows per forward pass over the whole run)")
+
+    emit(fmt, summary, rows, table)

@@ -1,0 +1,55 @@
+"""The user benchmarks `triforce bench --help` lists, each run on a CPU at a small size through the
+strings a user types, in each output form. (offload, batch, prefill, kernels and tiers run in their
+own tests and in the reduced GPU campaign; llamacpp needs llama.cpp's binary: tests/unit/test_vs_llamacpp.py.)"""
+import csv
+import io
+import json
+
+import pytest
+
+from triforce.cli.main import main
+
+
+def run(capsys, *args) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 0, err
+    return out
+
+
+def test_speed_by_context_same_tokens_for_each_method(capsys):
+    report = json.loads(run(capsys, "bench", "context", "--contexts", "160", "--new-tokens", "6", "--repeats", "1",
+                            "--methods", "ar,triforce", "--dtype", "float32", "--format", "json"))
+    row, = report["rows"]
+    assert row["context"] == 160 and row["ar_tok_s"] > 0 and row["triforce_vs_ar"] > 0 and row["same_tokens"]
+    assert report["weights"] == "float" and report["provenance"]["cpu_flags"]
+
+
+def test_against_transformers_as_csv(capsys):
+    lines = list(csv.DictReader(io.StringIO(run(capsys, "bench", "transformers", "--contexts", "96", "--new-tokens",
+                                                 "4", "--repeats", "1", "--format", "csv"))))
+    assert len(lines) == 1 and lines[0]["prompt_tokens"] == "96" and lines[0]["same_tokens"] == "True"
+    assert float(lines[0]["decode_speedup"]) > 0 and lines[0]["commit"]
+
+
+def test_the_server_benchmarks_as_tables(capsys):
+    out = run(capsys, "bench", "serve-ttft", "--document-tokens", "200", "--max-context", "1024", "--new-tokens", "3",
+              "--dtype", "float32")
+    assert "| turn 2, cold |" in out and "sooner than the same request cold" in out
+    out = run(capsys, "bench", "serve-load", "--clients", "2", "--prompt-tokens", "40", "--new-tokens", "3",
+              "--max-context", "512", "--dtype", "float32")
+    assert "| 2 together |" in out and "the throughput of one by one" in out
+
+
+def test_bfloat16_agreement_is_reported_prompt_by_prompt(capsys):
+    report = json.loads(run(capsys, "eval", "agreement", "--against", "bfloat16-speculation", "--prompts", "2",
+                            "--prompt-tokens", "48", "--new-tokens", "6", "--methods", "triforce", "--json"))
+    assert [r["prompt"] for r in report["rows"]] == [0, 1] and report["identical"]["triforce"].endswith("/2")
+    assert all(r["identical"] == (r["parts_at"] is None) for r in report["rows"])
+
+
+def test_agreement_with_llamacpp_needs_its_binary(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "agreement", "--against", "llamacpp"])
+    assert exit_info.value.code != 0 and "--llama-completion" in capsys.readouterr().err

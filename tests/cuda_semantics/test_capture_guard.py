@@ -46,7 +46,7 @@ def test_block_quantized_weights_capture_their_drafting_tiers(capsys, graphs, ti
     """The quantized embedding de-quantizes its rows inside the graph (it once built a constant
     tensor from Python data at every pass, which a capture refuses)."""
     pytest.importorskip("triton")
-    folder = str(tiny_model_dir("llama-gqa", hidden_size=256, max_position_embeddings=512))
+    folder = str(tiny_model_dir("llama-gqa", hidden_size=256, num_layers=1, max_position_embeddings=512))
     report = generate(capsys, graphs, folder, "--method", "retrieval", "--quantize", kind, "--dtype", "float32",
                       "--max-new-tokens", "4")
     assert_all_replayed(report)

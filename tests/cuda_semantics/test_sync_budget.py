@@ -15,6 +15,7 @@ from sync_budget import PROMPT, allowed_syncs, small_block_profile
 from triforce.offload import offloaded_cache
 
 NEW_TOKENS = 16
+QUANTIZED_TOKENS = 8  # Triton's interpreter runs a block kernel on a CPU in ~40 ms: 16 tokens took 41 s
 LAYERS = 4
 DEVICE_BUDGET = {"ar": "2.5MB", "triforce": "3.0MB", "retrieval": "3.0MB"}  # some KV offloaded in each
 
@@ -29,18 +30,18 @@ def profile(tmp_path_factory):
     return small_block_profile(tmp_path_factory.mktemp("profile"))
 
 
-def generate(capsys, card, folder, *flags):
+def generate(capsys, card, folder, *flags, new_tokens=NEW_TOKENS):
     with card.placement() as tensors:
         report = run_json(capsys, "generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda",
-                          "--max-new-tokens", NEW_TOKENS, "--ignore-eos", "--count-syncs", "--json", "--budget", "48",
+                          "--max-new-tokens", new_tokens, "--ignore-eos", "--count-syncs", "--json", "--budget", "48",
                           "--chunk-size", "4", *flags)
     report["sync_sites"] = tensors.sites.most_common(8)  # where they came from, for a failure's message
     return report
 
 
-def within_budget(report, method):
+def within_budget(report, method, new_tokens=NEW_TOKENS):
     syncs = report["host_syncs"]
-    assert report["new_tokens"] == NEW_TOKENS
+    assert report["new_tokens"] == new_tokens
     allowed = allowed_syncs(report, LAYERS)
     sites = "\n".join(f"{count} {what} at {where}" for (what, where), count in report["sync_sites"])
     assert syncs["total"] <= allowed, f"{method}: {syncs} against {allowed}\n{sites}"
@@ -76,8 +77,8 @@ def test_block_quantized_decoding_stays_within_the_budget(capsys, card, folder, 
     card.install_graphs(monkeypatch)
     wide = folder  # the tiny model's 64-wide rows are whole q8_0 blocks
     report = generate(capsys, card, wide, "--method", method, "--quantize", "q8_0", "--dtype", "float32",
-                      "--temperature", "0.8", "--seed", "3")
-    within_budget(report, method)
+                      "--temperature", "0.8", "--seed", "3", new_tokens=QUANTIZED_TOKENS)
+    within_budget(report, method, QUANTIZED_TOKENS)
 
 
 def test_bench_offload_rows_report_syncs_and_graph_fallbacks_on_the_card(capsys, card, checked, profile, monkeypatch,

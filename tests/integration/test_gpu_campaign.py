@@ -7,14 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from triforce.bench import gpu_campaign
 from triforce.bench.campaign_plan import LEASE_S, estimate, plan_total
-from triforce.bench.campaign_steps import DECODE_METHODS, Decode, Prefill, steps
+from triforce.bench.campaign_steps import CAMPAIGN, DECODE_METHODS, REDUCED, Decode, Prefill, steps
 
 JOURNEY = ["user", "probe", "gpu-tests", "prefill-32k", "prefill-127k", "decode-32k", "decode-127k", "quant-kernels"]
 SECOND_CALL = ["quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps", "decode-127k-best-case"]
+# the reduced run on a CPU: one step of each command (its twins differ in numbers only, and every
+# step's command is parsed at both scales below); each step is an interpreter of its own (~4 s)
+REDUCED_RUN = ["user", "probe", "gpu-tests", "prefill-127k", "decode-127k", "quant-kernels", "decode-127k-q4k",
+               "tier-steps-q4k", "peers-32k"]
 
 
 def campaign(*flags, timeout=600):
@@ -67,20 +72,43 @@ def test_a_step_that_does_not_fit_the_time_left_is_skipped_and_said(tmp_path):
 @pytest.fixture(scope="module")
 def reduced(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("campaign")
-    stdout = campaign("--reduced", "--all", "--out-dir", str(out_dir), timeout=900)
+    stdout = campaign("--reduced", "--only", ",".join(REDUCED_RUN), "--out-dir", str(out_dir), timeout=900)
     report = json.loads((out_dir / next(p.name for p in out_dir.glob("gpu-campaign-*-reduced.json"))).read_text())
     return out_dir, report, {s["name"]: s for s in report["steps"]}, stdout
 
 
-def test_a_reduced_run_of_every_step_on_a_cpu(reduced):
+@pytest.mark.parametrize("scale", [CAMPAIGN, REDUCED], ids=["campaign", "reduced"])
+def test_every_step_command_parses_at_head(scale):
+    """Each step's command, as the campaign would run it, parsed by its click command (not run)."""
+    import importlib
+
+    from triforce.cli.main import cli
+
+    for s in steps(Path("out"), scale):
+        assert s.argv[0] == "-m", s.name
+        module, args = s.argv[1], list(s.argv[2:])
+        if module == "pytest":
+            assert all(Path(a).exists() for a in args if a.startswith("tests/")), s.name
+            continue
+        command = cli if module == "triforce.cli.main" else importlib.import_module(module).main
+        if not isinstance(command, click.Command):  # a plain main() takes no flags
+            assert args == [], s.name
+            continue
+        ctx = command.make_context(s.name, args)
+        while isinstance(command, click.Group):
+            name, command, args = command.resolve_command(ctx, [*ctx._protected_args, *ctx.args])
+            ctx = command.make_context(name, args, parent=ctx)
+
+
+def test_a_reduced_run_of_each_kind_of_step_on_a_cpu(reduced):
     out_dir, report, by, stdout = reduced
-    assert [s["name"] for s in report["steps"]] == JOURNEY + SECOND_CALL
+    assert [s["name"] for s in report["steps"]] == REDUCED_RUN
     assert all(s["ok"] and s["estimate_s"] > 0 for s in report["steps"]), [(s["name"], s["stderr_tail"][-500:])
                                                                           for s in report["steps"] if not s["ok"]]
     assert by["user"]["result"]["greedy_float32_equals_transformers"]
-    for name in ("prefill-32k", "decode-32k", "quant-kernels", "tier-steps", "peers-32k"):  # what each ran on
+    for name in ("prefill-127k", "decode-127k", "quant-kernels", "tier-steps-q4k", "peers-32k"):  # what each ran on
         assert {"commit", "date", "machine", "cpu_flags", "torch"} <= set(by[name]["result"]["provenance"]), name
-    for name in ("prefill-32k", "prefill-127k"):  # the prompt's KV went to the host, then decoding followed
+    for name in ("prefill-127k",):  # the prompt's KV went to the host, then decoding followed
         r = by[name]["result"]
         assert r["offloaded"] and r["resident_tokens"] < r["context"] and r["d2h_bytes"] > 0
         assert 0 < r["prefill_s"] <= r["ttft_s"] and r["decode_ms_per_token"] > 0 and len(r["first_token"]) == 1
@@ -89,7 +117,7 @@ def test_a_reduced_run_of_every_step_on_a_cpu(reduced):
 
 def test_decode_steps_stream_their_rows_and_share_one_host_store(reduced):
     out_dir, report, by, stdout = reduced
-    for name in ("decode-32k", "decode-127k"):
+    for name in ("decode-127k",):
         result = by[name]["result"]
         streamed = [json.loads(line) for line in (out_dir / f"{name}.rows.jsonl").read_text().splitlines()]
         assert [line["row"] for line in streamed[1:]] == result["rows"]

@@ -1,6 +1,6 @@
 """Lossless when sampling: the first three tokens of every method follow the target's exact
-distribution (chi-square, >= 20k fixed-seed samples), and a broken verifier is caught by the
-same test."""
+distribution (chi-square over fixed-seed samples, as many as the defect each test guards against
+needs), and a broken verifier is caught by the same test."""
 import pytest
 from scipy.stats import chisquare
 
@@ -10,7 +10,10 @@ from triforce.decoding.full_tier import FullTier
 from triforce.decoding.sampling import probabilities
 from triforce.model.loading import load_model
 
-SAMPLES = 20_000
+SAMPLES = 20_000  # three tiers: a biased middle tier needs them (test_p_direct_shortcut_at_the_middle_tier...)
+# one verifying tier: a biased verifier there gave p < 1e-48 from 2,000 samples for each of
+# retrieval, streaming, snapkv and naive (2026-11-27), so 5,000 keep that power with room
+ONE_TIER_SAMPLES = 5_000
 NEW_TOKENS = 3
 PROMPT = "abcdeabcdaabbe"
 PARAMS = SamplingParams(temperature=1.0, seed=0)
@@ -91,7 +94,8 @@ def run(pool, folders, target, method, drafter=None, params=PARAMS, samples=SAMP
 @pytest.mark.parametrize("method,drafter", [("ar", None), ("triforce", "model"), ("retrieval", None),
                                             ("streaming", None), ("snapkv", None), ("naive", "model")])
 def test_every_method_follows_the_target_distribution(pool, folders, target, method, drafter):
-    assert run(pool, folders, target, method, drafter) > 0.001
+    samples = SAMPLES if method == "triforce" else ONE_TIER_SAMPLES
+    assert run(pool, folders, target, method, drafter, samples=samples) > 0.001
 
 
 def test_p_direct_shortcut_at_the_middle_tier_fails_the_same_test(pool, folders, target):
@@ -130,18 +134,19 @@ def test_drafting_ahead_follows_the_target_distribution(pool, folders, target, m
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
 def test_block_quantized_weights_follow_their_own_distribution(pool, folders, kind):
     """Target and draft as GGUF blocks (triforce.model.quantized): triforce samples the quantized
-    target's distribution, and the samples tell it from the float one's."""
+    target's distribution; for q4_1 the samples also tell it from the float one's. (q8_0 is too
+    close to float for that: the chi-square test's power to tell them apart was 0.70 at 20,000
+    samples, computed from both exact distributions, 2026-11-27; q4_1's is 1.0 at 2,000.)"""
     quantized = load_model(folders[0], dtype="float32", device="cpu", quantize=kind)
     prompt = quantized.tokenizer(PROMPT).input_ids
     exact = exact_distribution(quantized, prompt, PARAMS)
     floats = exact_distribution(load_model(folders[0], dtype="float32", device="cpu"), prompt, PARAMS)
     assert sum(abs(p - floats.get(cell, 0.0)) for cell, p in exact.items()) > 0.01  # another distribution
     counts = sample_counts(folders[0], folders[1], dict(method="triforce", quantize=kind, **SPEC), "model", PARAMS,
-                           prompt, NEW_TOKENS, 20_000, pool=pool)
-    assert chi_square_p(counts, exact) > 0.001
-    # the power to tell them apart: at 10k samples q8_0's p was 3e-5 with one random stream and
-    # 0.008 with the next (the verifier's draws changed), so twice the samples
-    assert chi_square_p(counts, floats) < 0.001
+                           prompt, NEW_TOKENS, ONE_TIER_SAMPLES, pool=pool)
+    assert chi_square_p(counts, exact) > 0.001  # the tiers' verification is the float test's, run at 20,000
+    if kind == "q4_1":
+        assert chi_square_p(counts, floats) < 0.001
 
 
 BATCH_PROMPTS = (PROMPT, "eeddcbaab", "cab")

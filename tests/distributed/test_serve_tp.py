@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from serve_helpers import DEADLINE_S, start_process as start
 
@@ -16,6 +17,7 @@ def complete(url, prompt, **kw):
     return httpx.post(url + "/completions", json=body, timeout=DEADLINE_S).json()
 
 
+@pytest.mark.slow
 def test_tp_server_answers_as_one_process(tiny_model_dir):
     folder = str(tiny_model_dir("llama-gqa"))
     flags = ["--method", "triforce", "--budget", "24", "--chunk-size", "4"]

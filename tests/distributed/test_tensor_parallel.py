@@ -56,6 +56,7 @@ def cli(*args, env=None, timeout=300):
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow
 def test_tp_triforce_greedy_equals_single_process_ar(default_model_dir):
     common = ["generate", "--prompt", PROMPT, "--dtype", "float64", "--max-new-tokens", "16", "--temperature", "0",
               "--ignore-eos", "--json"]

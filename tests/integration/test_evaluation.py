@@ -21,6 +21,7 @@ def test_needle_prompt_hides_the_key_at_the_depth(default_lm):
     assert 0.2 < position < 0.3 and prompt.text.endswith("The pass key is")
 
 
+@pytest.mark.slow
 def test_needle_triforce_equals_ar_and_finds_the_key(capsys, default_model_dir, tmp_path):
     """The issue's acceptance check: ~6K-token needle prompt in natural text, triforce with lookup
     drafts. (The 135M model finds a key early in 6K tokens of natural text, not at 0.5 or 0.9.)"""

@@ -100,6 +100,7 @@ def test_every_step_command_parses_at_head(scale):
             ctx = command.make_context(name, args, parent=ctx)
 
 
+@pytest.mark.slow
 def test_a_reduced_run_of_each_kind_of_step_on_a_cpu(reduced):
     out_dir, report, by, stdout = reduced
     assert [s["name"] for s in report["steps"]] == REDUCED_RUN
@@ -115,6 +116,7 @@ def test_a_reduced_run_of_each_kind_of_step_on_a_cpu(reduced):
         assert f"| {r['context']} | {r['ttft_s']} |" in stdout
 
 
+@pytest.mark.slow
 def test_decode_steps_stream_their_rows_and_share_one_host_store(reduced):
     out_dir, report, by, stdout = reduced
     for name in ("decode-127k",):
@@ -131,6 +133,7 @@ def test_decode_steps_stream_their_rows_and_share_one_host_store(reduced):
     assert "Against the goals:" in stdout and "| CUDA graph fallbacks | 0 | 0 | yes |" in stdout
 
 
+@pytest.mark.slow
 def test_the_block_kernel_steps_make_rows(reduced):
     out_dir, report, by, stdout = reduced
     kernels = {(r["matrix"], r["weights"], r["rows"]): r for r in by["quant-kernels"]["result"]["rows"]}

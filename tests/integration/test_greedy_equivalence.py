@@ -96,6 +96,7 @@ def default_prompts(tokenizer, count=20, length=128):
     return prompts
 
 
+@pytest.mark.slow
 def test_default_model_every_method_equals_ar(default_lm64, default_draft64):
     spec = dict(gamma1=3, gamma2=6, budget=48, chunk_size=8, sink_tokens=8, rebuild_stride=6)
     # 4 prompts in float64 (the 20-prompt sweeps run on the tiny models above): every method, both

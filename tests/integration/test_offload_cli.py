@@ -95,6 +95,7 @@ def generate_json(capsys, *args):
     return json.loads(out)
 
 
+@pytest.mark.slow
 def test_default_model_on_a_600mb_budget_keeps_most_kv_on_the_host(capsys, needle_5k):
     resident = generate_json(capsys, "--prompt-file", needle_5k)
     assert not resident["plan"]["offloaded"]

@@ -91,13 +91,15 @@ def run(pool, folders, target, method, drafter=None, params=PARAMS, samples=SAMP
     return chi_square_p(counts, exact_distribution(target, prompt, params))
 
 
-@pytest.mark.parametrize("method,drafter", [("ar", None), ("triforce", "model"), ("retrieval", None),
-                                            ("streaming", None), ("snapkv", None), ("naive", "model")])
+@pytest.mark.parametrize("method,drafter", [("ar", None), pytest.param("triforce", "model", marks=pytest.mark.slow),
+                                            ("retrieval", None), ("streaming", None), ("snapkv", None),
+                                            ("naive", "model")])
 def test_every_method_follows_the_target_distribution(pool, folders, target, method, drafter):
     samples = SAMPLES if method == "triforce" else ONE_TIER_SAMPLES
     assert run(pool, folders, target, method, drafter, samples=samples) > 0.001
 
 
+@pytest.mark.slow
 def test_p_direct_shortcut_at_the_middle_tier_fails_the_same_test(pool, folders, target):
     assert run(pool, folders, target, "triforce", "model", broken_level="retrieval") < 0.001
 

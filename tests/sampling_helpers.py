@@ -6,6 +6,7 @@ whichever worker runs it. A test module may keep one pool for all its calls (`sa
 starting one (fresh interpreters importing torch) took seconds per call."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 
@@ -48,6 +49,28 @@ def _worker(job) -> dict:
     spec_kwargs = dict(spec_kwargs)
     draft_ahead = spec_kwargs.pop("draft_ahead", False)  # an engine setting carried with the spec's
     quantize = spec_kwargs.pop("quantize", None)  # a load setting (block-quantized weights), likewise
+    with stale_penalties(broken_level == "stale-penalty"):
+        return _counts(target_dir, draft_dir, spec_kwargs, drafter, params, prompt_ids, new_tokens, samples, seed,
+                       broken_level, draft_ahead, quantize)
+
+
+@contextlib.contextmanager
+def stale_penalties(planted: bool):
+    """A planted bug, in this process only while the job runs (a pool's worker runs others after
+    it): every tier's penalties miss the last token of its context."""
+    from triforce.decoding import engine as engine_module
+
+    real = engine_module.penalize
+    if planted:
+        engine_module.penalize = lambda rows, seq, p: real(rows, seq[:-1], p)
+    try:
+        yield
+    finally:
+        engine_module.penalize = real
+
+
+def _counts(target_dir, draft_dir, spec_kwargs, drafter, params, prompt_ids, new_tokens, samples, seed, broken_level,
+            draft_ahead, quantize) -> dict:
     target = load_model(target_dir, dtype="float32", device="cpu", quantize=quantize)
     draft = load_model(draft_dir, dtype="float32", device="cpu", quantize=quantize) if drafter == "model" else drafter
     engine = BrokenEngine(target, SpecParams(**spec_kwargs), len(prompt_ids) + new_tokens + 2, draft,

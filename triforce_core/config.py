@@ -73,11 +73,19 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy (argmax); top_k 0 and top_p 1 disable those filters."""
+    """temperature 0 means greedy (argmax); top_k 0 and top_p 1 disable those filters. The
+    penalties act on the logits of tokens among the context's last penalty_last_n (prompt
+    included), before temperature, as llama.cpp applies them: repeat_penalty divides a positive
+    logit and multiplies a negative one; presence_penalty is subtracted once, frequency_penalty
+    once per occurrence (OpenAI's). They change the distribution itself, so every tier applies them."""
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
 
     def __post_init__(self):
         if not self.temperature >= 0:
@@ -86,10 +94,22 @@ class SamplingParams:
             raise UserError(f"top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise UserError(f"top-k must be >= 0, got {self.top_k}")
+        if not 0 < self.repeat_penalty <= 10:
+            raise UserError(f"repeat penalty must be in (0, 10], got {self.repeat_penalty}")
+        for name in ("presence", "frequency"):
+            value = getattr(self, f"{name}_penalty")
+            if not -2 <= value <= 2:
+                raise UserError(f"{name} penalty must be in [-2, 2], got {value}")
+        if not isinstance(self.penalty_last_n, int) or self.penalty_last_n < 1:
+            raise UserError(f"penalty last n must be an integer >= 1, got {self.penalty_last_n}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return self.repeat_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
 METHODS = ("ar", "triforce", "retrieval", "streaming", "snapkv", "naive")

@@ -40,10 +40,10 @@ def tiny_spec(method):
                       rebuild_stride=8, draft_window=16, snapkv_window=4)
 
 
-def run(lm, spec, ids, new_tokens, draft=None):
+def run(lm, spec, ids, new_tokens, draft=None, params=GREEDY):
     engine = Engine(lm, spec, len(ids) + new_tokens, draft)
     engine.set_sequence(ids)
-    return engine.generate(new_tokens, GREEDY).tokens
+    return engine.generate(new_tokens, params).tokens
 
 
 @pytest.fixture(scope="module", params=["llama-mha", "llama-gqa"])
@@ -65,6 +65,21 @@ def test_tiny_models_every_method_equals_ar(tiny_pair, drafter):
         for method in SPECULATIVE:
             got = run(target, tiny_spec(method), ids, 40, draft)
             assert got == expected, (method, text)
+
+
+def test_greedy_with_penalties_every_method_equals_ar(tiny_pair):
+    """Penalties change the argmax itself: every tier takes it with its own context's penalties."""
+    target, draft_model = tiny_pair
+    penalized = SamplingParams(repeat_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.1, penalty_last_n=16)
+    changed = 0
+    for text in TINY_PROMPTS[:8]:
+        ids = target.tokenizer(text).input_ids
+        expected = run(target, SpecParams(method="ar"), ids, 30, params=penalized)
+        changed += expected != run(target, SpecParams(method="ar"), ids, 30)
+        for method in SPECULATIVE:
+            for draft in ("lookup", draft_model):
+                assert run(target, tiny_spec(method), ids, 30, draft, penalized) == expected, (method, text)
+    assert changed >= 4  # the penalties do change what greedy decoding picks
 
 
 def test_triforce_with_two_tiers_equals_ar(tiny_pair):

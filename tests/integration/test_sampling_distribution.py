@@ -7,7 +7,7 @@ from scipy.stats import chisquare
 from sampling_helpers import batch_sample_counts, sample_counts, sampling_pool
 from triforce.config import SamplingParams
 from triforce.decoding.full_tier import FullTier
-from triforce.decoding.sampling import probabilities
+from triforce.decoding.sampling import penalize, probabilities
 from triforce.model.loading import load_model
 
 SAMPLES = 20_000  # three tiers: a biased middle tier needs them (test_p_direct_shortcut_at_the_middle_tier...)
@@ -46,7 +46,7 @@ def target(folders):
 def exact_distribution(lm, prompt_ids, params, tokens=NEW_TOKENS):
     """p(x1, ..., x_tokens) from the target's own conditionals, by enumeration."""
     def next_probs(ids):
-        return probabilities(FullTier(lm, len(ids)).forward(ids)[-1], params)
+        return probabilities(penalize(FullTier(lm, len(ids)).forward(ids)[-1:], ids, params)[0], params)
 
     table = {}
 
@@ -107,6 +107,17 @@ def test_p_direct_shortcut_at_the_middle_tier_fails_the_same_test(pool, folders,
 def test_p_direct_shortcut_at_the_full_tier_is_caught(pool, folders, target):
     # a blatant bias here: p ~ 1e-41 from 1000 samples (the middle tier's needs the full 20k)
     assert run(pool, folders, target, "naive", "model", samples=1000, broken_level="full") < 0.001
+
+
+# strong penalties over a short window, so that a tier reading the wrong context shows
+PENALIZED = SamplingParams(temperature=1.0, seed=0, repeat_penalty=1.8, presence_penalty=0.5, frequency_penalty=0.4,
+                           penalty_last_n=8)
+
+
+@pytest.mark.parametrize("broken", [None, "stale-penalty"])
+def test_penalties_keep_every_tier_exact_and_a_stale_context_is_caught(pool, folders, target, broken):
+    p = run(pool, folders, target, "triforce", "model", params=PENALIZED, samples=ONE_TIER_SAMPLES, broken_level=broken)
+    assert p > 0.001 if broken is None else p < 0.001
 
 
 def test_lookup_drafter_is_exact(pool, folders, target):

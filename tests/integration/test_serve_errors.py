@@ -35,7 +35,7 @@ def error_of(call):
     ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ({"max_completion_tokens": -5}, "max_completion_tokens", "greater than or equal to 1"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
-    ({"presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
     ({"logprobs": True}, "logprobs", "not supported"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "needs stream"),

@@ -50,3 +50,37 @@ def test_seed_reproducible_and_matches_distribution():
 def test_invalid_sampling_params_rejected(kwargs):
     with pytest.raises(UserError):
         SamplingParams(**kwargs)
+
+
+def _penalized_by_hand(logits: list[float], context: list[int], params: SamplingParams) -> list[float]:
+    """llama.cpp's penalties, one token at a time."""
+    window = context[-params.penalty_last_n:]
+    out = []
+    for token, logit in enumerate(logits):
+        count = window.count(token)
+        if count:
+            logit = logit / params.repeat_penalty if logit > 0 else logit * params.repeat_penalty
+            logit -= count * params.frequency_penalty + params.presence_penalty
+        out.append(logit)
+    return out
+
+
+def test_each_row_is_penalized_by_its_own_context():
+    from triforce.decoding.sampling import penalize
+
+    params = SamplingParams(temperature=1.0, repeat_penalty=1.5, presence_penalty=0.25, frequency_penalty=0.5,
+                            penalty_last_n=4)
+    seq = [0, 1, 1, 2, 3, 1, 4, 2]  # a verify of 3 drafts: its 4 rows follow seq[:5] to seq[:8]
+    rows = torch.tensor([[1.0, -2.0, 0.5, 3.0, -0.5, 2.0]] * 4, dtype=torch.float64)
+    got = penalize(rows, seq, params)
+    for j in range(4):
+        context = seq[:len(seq) - 3 + j]
+        assert got[j].tolist() == pytest.approx(_penalized_by_hand(rows[j].tolist(), context, params)), j
+    assert penalize(rows, seq, SamplingParams(temperature=1.0)) is rows  # no penalty: nothing done
+
+
+def test_penalties_out_of_range_are_refused():
+    for bad in (dict(repeat_penalty=0), dict(presence_penalty=2.5), dict(frequency_penalty=-3),
+                dict(penalty_last_n=0)):
+        with pytest.raises(UserError):
+            SamplingParams(**bad)

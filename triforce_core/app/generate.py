@@ -56,8 +56,7 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     if max_new_tokens < r.max_new_tokens and speaker:
         print(f"note: generating at most {max_new_tokens} tokens to stay within the "
               f"{context}-token context", file=sys.stderr)
-    e = r.params
-    params = SamplingParams(e.temperature, e.top_p, e.top_k, e.seed, max_tokens=max_new_tokens, ignore_eos=r.ignore_eos)
+    params = SamplingParams.of(r.params, max_tokens=max_new_tokens, ignore_eos=r.ignore_eos)
     bars = []
 
     def show(piece: str) -> None:

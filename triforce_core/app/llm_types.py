@@ -2,7 +2,7 @@
 error for a bad argument. No torch here: `from triforce import SamplingParams` stays quick."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 from triforce.config import SamplingParams as _Sampling
@@ -18,6 +18,8 @@ class BadValue(UserError, ValueError):
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. temperature 0 is greedy; top_k 0 and top_p 1 turn those filters off;
+    repeat_penalty (llama.cpp's), presence_penalty and frequency_penalty (OpenAI's) act on the
+    tokens among the context's last penalty_last_n, exactly in every method (1.0, 0 and 0: off);
     max_tokens new tokens at most; stop: strings that end the answer (not included in .text)."""
     temperature: float = 0.0
     top_p: float = 1.0
@@ -26,10 +28,14 @@ class SamplingParams:
     max_tokens: int = 128
     stop: Sequence[str] = ()
     ignore_eos: bool = False
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
 
     def __post_init__(self):
         try:
-            _Sampling(self.temperature, self.top_p, self.top_k, self.seed)
+            self.engine_params()
         except UserError as e:
             raise BadValue(str(e)) from None
         if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
@@ -40,7 +46,12 @@ class SamplingParams:
         object.__setattr__(self, "stop", stop)
 
     def engine_params(self) -> _Sampling:
-        return _Sampling(self.temperature, self.top_p, self.top_k, self.seed)
+        return _Sampling(**{f.name: getattr(self, f.name) for f in fields(_Sampling)})
+
+    @classmethod
+    def of(cls, sampling: _Sampling, **rest) -> "SamplingParams":
+        """These parameters from the engine's, with max_tokens, stop and ignore_eos given here."""
+        return cls(**{f.name: getattr(sampling, f.name) for f in fields(_Sampling)}, **rest)
 
 
 @dataclass

@@ -10,7 +10,7 @@ import click
 
 from triforce.app.inputs import is_utf8
 from triforce.config import RunConfig
-from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, context_options,
+from triforce.cli.options import (INT, build_spec, check_non_negative, context_options,
                                   device_option, dtype_option, quantize_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
@@ -96,7 +96,7 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
               help="Tensor-parallel ranks (GPUs; gloo processes on a CPU). Rank 0 talks to the terminal.")
 @runtime_options(count_syncs=False)
 def chat(model, system, max_new_tokens, max_context, rope_scaling, method, draft, budget, chunk_size, gamma1, gamma2,
-         rebuild_stride, rebuild_threshold, temperature, top_p, top_k, seed, dtype, quantize, device, profile, device_budget,
+         rebuild_stride, rebuild_threshold, sampling, dtype, quantize, device, profile, device_budget,
          tp, attn, no_graphs, threads):
     """Chat with a model in the terminal.
 
@@ -111,7 +111,7 @@ def chat(model, system, max_new_tokens, max_context, rope_scaling, method, draft
                        device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
                        max_context=max_context, rope_scaling=rope_scaling, threads=threads)
     request = ChatRequest(config=config, system=system, max_new_tokens=max_new_tokens,
-                          params=build_sampling(temperature, top_p, top_k, seed))
+                          params=sampling)
     from triforce.app.parallel import run_on_ranks
     run_on_ranks(tp, chat_rank, request, model, device)
 

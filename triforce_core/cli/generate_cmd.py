@@ -5,7 +5,7 @@ import click
 
 from triforce.app.inputs import check_text_file, read_prompt
 from triforce.config import RunConfig
-from triforce.cli.options import (INT, build_sampling, build_spec, check_non_negative, check_output_path,
+from triforce.cli.options import (INT, build_spec, check_non_negative, check_output_path,
                                   context_options, device_option, dtype_option, quantize_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
@@ -50,7 +50,7 @@ from triforce.errors import UserError
 @runtime_options()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streamed text.")
 def generate(model, prompt, prompt_file, prompts_file, batch_size, method, draft, budget, chunk_size, gamma1, gamma2, rebuild_stride,
-             rebuild_threshold, max_new_tokens, max_context, rope_scaling, temperature, top_p, top_k, seed, dtype,
+             rebuild_threshold, max_new_tokens, max_context, rope_scaling, sampling, dtype,
              quantize, device, as_chat,
              ignore_eos, parse_special_tokens, profile, device_budget, no_overlap, no_hybrid, draft_ahead, record_acceptance, tp, attn, no_graphs, count_syncs,
              threads, as_json):
@@ -87,14 +87,13 @@ def generate(model, prompt, prompt_file, prompts_file, batch_size, method, draft
                        rope_scaling=rope_scaling, threads=threads, parse_special_tokens=parse_special_tokens)
     if prompts_file is not None:
         from triforce.app.generate_prompts import run_generate_batch
-        params = build_sampling(temperature, top_p, top_k, seed)
-        run_generate_batch(config, prompts_file, batch_size, as_chat, params, max_new_tokens, ignore_eos, as_json)
+        run_generate_batch(config, prompts_file, batch_size, as_chat, sampling, max_new_tokens, ignore_eos, as_json)
         return
     from triforce.app.generate import GenerateRequest, generate_rank
     from triforce.app.parallel import run_on_ranks
 
     request = GenerateRequest(config=config, text=read_prompt(prompt, prompt_file), prompt_file=prompt_file,
                               as_chat=as_chat,
-                              params=build_sampling(temperature, top_p, top_k, seed), max_new_tokens=max_new_tokens,
+                              params=sampling, max_new_tokens=max_new_tokens,
                               ignore_eos=ignore_eos, record_acceptance=record_acceptance, as_json=as_json)
     run_on_ranks(tp, generate_rank, request, model, device)

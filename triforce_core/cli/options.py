@@ -1,6 +1,7 @@
 """Flags shared by several commands, and turning them into config objects."""
 from __future__ import annotations
 
+import functools
 import math
 
 import click
@@ -76,21 +77,35 @@ threads_option = click.option("--threads", type=BoundedInt(1, 4096), default=Non
                                    "leave cores to other programs; decoding on a shared machine keeps its pace.")
 
 
-def sampling_options(default_temperature: float, default_top_p: float = 1.0):
+def sampling_options(default_temperature: float, default_top_p: float = 1.0, default_repeat_penalty: float = 1.0):
+    """The sampling flags, handed to the command as one `sampling` (a SamplingParams, checked)."""
     def decorate(f):
-        f = click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")(f)
-        f = click.option("--top-k", type=INT, default=0, show_default=True,
-                         help="Keep only the k most likely tokens (0 = off).")(f)
-        f = click.option("--top-p", type=FiniteFloat(0.0, 1.0, low_open=True), default=default_top_p,
-                         show_default=True, help="Nucleus sampling mass, in (0, 1].")(f)
-        f = click.option("--temperature", type=FiniteFloat(0.0), default=default_temperature, show_default=True,
-                         help="0 = greedy (argmax).")(f)
-        return f
+        @functools.wraps(f)
+        def command(*args, temperature, top_p, top_k, seed, repeat_penalty, presence_penalty, frequency_penalty,
+                    penalty_last_n, **kwargs):
+            sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                      repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                                      frequency_penalty=frequency_penalty, penalty_last_n=penalty_last_n)
+            return f(*args, sampling=sampling, **kwargs)
+
+        command = click.option("--penalty-last-n", type=INT, default=64, show_default=True,
+                               help="The context tokens (prompt included) the three penalties look at.")(command)
+        command = click.option("--frequency-penalty", type=FiniteFloat(-2.0, 2.0), default=0.0, show_default=True,
+                               help="Subtracted from a token's logit per occurrence (OpenAI's).")(command)
+        command = click.option("--presence-penalty", type=FiniteFloat(-2.0, 2.0), default=0.0, show_default=True,
+                               help="Subtracted once from the logit of a token that occurs (OpenAI's).")(command)
+        command = click.option("--repeat-penalty", type=FiniteFloat(0.0, 10.0, low_open=True),
+                               default=default_repeat_penalty, show_default=True,
+                               help="A token that occurs has its logit divided by this when positive, multiplied "
+                                    "when negative (llama.cpp's; 1 = off). Every method applies it exactly.")(command)
+        command = click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")(command)
+        command = click.option("--top-k", type=INT, default=0, show_default=True,
+                               help="Keep only the k most likely tokens (0 = off).")(command)
+        command = click.option("--top-p", type=FiniteFloat(0.0, 1.0, low_open=True), default=default_top_p,
+                               show_default=True, help="Nucleus sampling mass, in (0, 1].")(command)
+        return click.option("--temperature", type=FiniteFloat(0.0), default=default_temperature, show_default=True,
+                            help="0 = greedy (argmax).")(command)
     return decorate
-
-
-def build_sampling(temperature: float, top_p: float, top_k: int, seed: int | None) -> SamplingParams:
-    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
 
 
 def check_output_path(flag: str, path: str | None) -> None:

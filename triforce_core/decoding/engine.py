@@ -24,7 +24,7 @@ from triforce.decoding.full_tier import PREFILL_CHUNK, PREFILL_GROUP, FullTier, 
 from triforce.decoding.graph_runner import captures_held, runner_mode
 from triforce.decoding.hooks import EngineHooks
 from triforce.decoding.policy import SpeculationPolicy, SparseUpkeep
-from triforce.decoding.sampling import make_generator, probabilities, sample
+from triforce.decoding.sampling import make_generator, penalize, probabilities, sample
 from triforce.decoding.statistics import GenerationResult, LevelStats, summarize
 from triforce.decoding.tiers import build_levels, prepare_graphs
 from triforce.decoding.verification import Verdict, verify_greedy, verify_sampled
@@ -196,7 +196,7 @@ class Engine:
                                                                               limit - len(drafts) - 1))
             else:
                 logits, queries = tier.verify(self.seq, record_queries=bool(self.sparse_tiers))
-        rows = logits[-(len(drafts) + 1):]
+        rows = penalize(logits[-(len(drafts) + 1):], self.seq, self.params)  # each row's own context
         with self._phase(f"{tier.name} verify"):
             if self.hooks.replay is not None:
                 verdict, probs = self.hooks.replay.verdict(tier.name, drafts, rows), None
@@ -266,7 +266,7 @@ class Engine:
         for _ in range(count):
             self._passes.append((tier.kind, len(self.seq) - tier.covered()))
             with self._phase(f"{tier.name} forward"):
-                logits = tier.logits(self.seq)[-1]
+                logits = penalize(tier.logits(self.seq)[-1:], self.seq, self.params)[0]
             with self._phase(f"{tier.name} sample"):
                 if self.params.greedy:
                     token, dist = int(torch.argmax(logits)), None

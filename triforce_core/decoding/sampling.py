@@ -1,12 +1,39 @@
-"""Turning logits into tokens: temperature, top-k, top-p, greedy.
+"""Turning logits into tokens: penalties, temperature, top-k, top-p, greedy.
 
-`probabilities` is the one place logits become a distribution, so every comparison of two
-distributions (speculative verification) filters both the same way."""
+`penalize` then `probabilities` is the one way logits become a distribution (or, greedy, an
+argmax), so every comparison of two distributions (speculative verification) sees both the same
+way, each row with the penalties of its own context."""
 from __future__ import annotations
 
 import torch
 
 from triforce.config import SamplingParams
+from triforce.decoding.graph_runner import host_ids
+
+
+def penalize(rows: torch.Tensor, seq: list[int], params: SamplingParams) -> torch.Tensor:
+    """rows: [R, V] logits, the last following all of `seq` and row j following its first
+    len(seq) - R + 1 + j tokens (a verify's rows after its drafts). Each row with the penalties of
+    its own context's last params.penalty_last_n tokens; rows unchanged without penalties. The
+    windows go to the device as one non-blocking copy: no host sync."""
+    if not params.penalized:
+        return rows
+    count, vocab = rows.shape
+    first = len(seq) - count + 1
+    windows = [seq[max(0, first + j - params.penalty_last_n):first + j] for j in range(count)]
+    width = max(len(w) for w in windows)
+    if width == 0:
+        return rows
+    padded = host_ids([w + [vocab] * (width - len(w)) for w in windows], rows.device)  # vocab: a column cut below
+    ids = padded.to(rows.device, non_blocking=True)
+    calc = rows.to(torch.float64 if rows.dtype == torch.float64 else torch.float32)
+    counts = torch.zeros(count, vocab + 1, dtype=calc.dtype, device=rows.device)
+    counts = counts.scatter_add_(1, ids, torch.ones(ids.shape, dtype=calc.dtype, device=rows.device))[:, :vocab]
+    present = counts > 0
+    if params.repeat_penalty != 1:
+        calc = torch.where(present, torch.where(calc > 0, calc / params.repeat_penalty, calc * params.repeat_penalty),
+                           calc)
+    return calc - counts * params.frequency_penalty - present.to(calc.dtype) * params.presence_penalty
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -126,7 +126,9 @@ class Api:
         wanted = body.wanted_tokens()
         params = SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
                                 top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
-                                seed=body.seed)
+                                seed=body.seed, presence_penalty=body.presence_penalty or 0.0,
+                                frequency_penalty=body.frequency_penalty or 0.0,
+                                repeat_penalty=body.repeat_penalty or 1.0, penalty_last_n=body.repeat_last_n or 64)
         self.requests += 1
         kind = "chatcmpl" if chat else "cmpl"
         label = f"#{self.requests} {'chat' if chat else 'completion'}"

@@ -58,8 +58,10 @@ class _Common(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     n: int | None = 1
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repeat_penalty: float | None = Field(None, gt=0, le=10)  # llama.cpp server's names, for its clients
+    repeat_last_n: int | None = Field(None, ge=1, le=1 << 20)
     logit_bias: dict | None = None
     logprobs: bool | int | None = None
     user: str | None = None
@@ -68,9 +70,6 @@ class _Common(BaseModel):
         """What would change the answer in a way triforce cannot do: 400, the parameter named."""
         if self.n not in (None, 1):
             raise ApiError(400, f"n must be 1 (one answer per request), got {self.n}", "n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ApiError(400, f"{name} is not supported (only 0)", name)
         if self.logit_bias:
             raise ApiError(400, "logit_bias is not supported", "logit_bias")
         if self.logprobs:

@@ -19,7 +19,8 @@ def folder(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def wide_folder(tiny_model_dir):
-    return str(tiny_model_dir("llama-gqa", hidden_size=256, max_position_embeddings=512))  # whole Q4_K super-blocks
+    return str(tiny_model_dir("llama-gqa", hidden_size=256, num_layers=1,
+                               max_position_embeddings=512))  # whole Q4_K super-blocks; one layer: Triton interprets
 
 
 def generate(capsys, folder, *flags):

@@ -82,3 +82,19 @@ def test_acceptance_bad_flags(capsys, tiny_model_dir, tmp_path, args, fragment):
     code, _, err = run_cli(capsys, "eval", "acceptance", "--model", str(tiny_model_dir("llama-gqa")),
                            "--prompt-file", str(prompt), *args)
     assert code != 0 and fragment in err and len(err.strip().splitlines()) == 1
+
+
+def test_eval_loops_counts_answers_that_end_by_themselves(capsys):
+    code, out, err = run_cli(capsys, "eval", "loops", "--samples", "2", "--repeat-penalties", "1.1",
+                             "--max-new-tokens", "6", "--dtype", "float32")
+    assert code == 0, err
+    line = json.loads(out)
+    assert line["repeat_penalty"] == 1.1 and line["samples"] == 2 and len(line["lengths"]) == 2
+    assert 0 <= line["ended_by_themselves"] <= 2 and all(n <= 6 for n in line["lengths"])
+    code, _, err = run_cli(capsys, "eval", "loops", "--repeat-penalties", "1.1,x")
+    assert code != 0 and "--repeat-penalties takes numbers" in err
+
+
+def test_chat_defaults_to_a_repeat_penalty(capsys):
+    code, out, _ = run_cli(capsys, "chat", "--help")
+    assert code == 0 and "--repeat-penalty" in out and "default: 1.1" in " ".join(out.split())

@@ -188,3 +188,20 @@ def test_a_client_that_leaves_while_queued_is_never_decoded(server, monkeypatch)
     wait_for(lambda: server.scheduler.served == served + 1, "the queued request to be dropped")
     assert server.scheduler.recent[-1][3:] == (0, "interrupt") and jobs[0].tokens == 0
     assert server.scheduler._clock == assigned  # no engine was given to it: nothing prefilled
+
+
+def test_penalties_are_taken_and_equal_generate_with_the_same_flags(server, capsys, default_model_dir):
+    """OpenAI's presence and frequency penalties and llama.cpp's repeat_penalty, as a chat front
+    end sends them: the answer is `generate`'s with the same flags (greedy, so exact)."""
+    client = server.client()
+    prompt = "List the days of the week, then list them again:"
+    penalties = dict(presence_penalty=0.6, frequency_penalty=0.4)
+    whole = client.completions.create(model="any", prompt=prompt, max_tokens=16, temperature=0,
+                                      extra_body={"repeat_penalty": 1.3, "repeat_last_n": 32}, **penalties)
+    code, out, _ = run_cli(capsys, "generate", "--model", str(default_model_dir), "--prompt", prompt,
+                           "--temperature", "0", "--max-new-tokens", "16", "--dtype", "float32", "--json",
+                           "--presence-penalty", "0.6", "--frequency-penalty", "0.4", "--repeat-penalty", "1.3",
+                           "--penalty-last-n", "32")
+    assert code == 0 and whole.choices[0].text == json.loads(out)["text"]
+    plain = client.completions.create(model="any", prompt=prompt, max_tokens=16, temperature=0)
+    assert plain.choices[0].text != whole.choices[0].text  # the penalties changed the answer

@@ -17,8 +17,10 @@ from triforce.cli.options import (INT, build_spec, check_non_negative, context_o
 from triforce.errors import UserError
 
 # A small model answers best near greedy: at 0.7 the default model answered the README's own
-# question wrongly and once ran to the 512-token cap; greedy alone falls into loops more often
-CHAT_TEMPERATURE, CHAT_TOP_P = 0.2, 0.9
+# question wrongly and once ran to the 512-token cap; greedy alone falls into loops more often.
+# Without a repeat penalty 2 of 20 answers still ran to the cap; with 1.1 none of 20 did
+# (`triforce eval loops`, bench/RESULTS.md)
+CHAT_TEMPERATURE, CHAT_TOP_P, CHAT_REPEAT_PENALTY = 0.2, 0.9, 1.1
 
 HELP_TEXT = """commands:
   /load FILE   put a document into the context (prefilled now, with a progress bar)
@@ -87,7 +89,8 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 @click.option("--max-new-tokens", type=INT, default=512, show_default=True, help="Longest answer, in tokens.")
 @context_options
 @speculation_options(default_method="auto")
-@sampling_options(default_temperature=CHAT_TEMPERATURE, default_top_p=CHAT_TOP_P)
+@sampling_options(default_temperature=CHAT_TEMPERATURE, default_top_p=CHAT_TOP_P,
+                  default_repeat_penalty=CHAT_REPEAT_PENALTY)
 @dtype_option
 @quantize_option
 @device_option

@@ -1,4 +1,4 @@
-"""`triforce eval acceptance` and `triforce eval needle`."""
+"""`triforce eval acceptance`, `triforce eval needle` and `triforce eval loops`."""
 from __future__ import annotations
 
 import json
@@ -171,3 +171,35 @@ def needle(model, context, out, depth, seed, haystack):
     except OSError as e:
         raise UserError(f"cannot write {out}: {e.strerror}") from None
     print(json.dumps({"out": out, "key": prompt.key, "tokens": prompt.tokens, "depth": depth, "haystack": haystack}))
+
+
+@eval_group.command("loops")
+@model_option
+@click.option("--question", default="What is the capital of France?", show_default=True,
+              help="The user's message, sent as `triforce chat` sends a first turn.")
+@click.option("--samples", type=click.IntRange(1, 1000), default=20, show_default=True, help="Answers per setting.")
+@click.option("--repeat-penalties", default="1.0,1.1,1.2", show_default=True, help="Settings to compare.")
+@click.option("--temperature", type=FLOAT, default=0.2, show_default=True, help="As chat's default.")
+@click.option("--top-p", type=FLOAT, default=0.9, show_default=True, help="As chat's default.")
+@click.option("--max-new-tokens", type=INT, default=512, show_default=True, help="As chat's default: the cap a loop hits.")
+@click.option("--expect", default="Paris", show_default=True, help="Text a good answer contains.")
+@dtype_option
+def loops(model, question, samples, repeat_penalties, temperature, top_p, max_new_tokens, expect, dtype):
+    """How often sampled chat answers loop to the token cap, per repeat penalty: seeds 0..N-1,
+    one JSON line per setting (answers that ended by themselves, that contain --expect, lengths)."""
+    from triforce.app.llm import LLM
+    from triforce.app.llm_types import SamplingParams
+
+    try:
+        penalties = [float(x) for x in repeat_penalties.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--repeat-penalties takes numbers separated by commas, got {repeat_penalties!r}") from None
+    llm = LLM(model, dtype=dtype)
+    for penalty in penalties:
+        answers = [llm.chat([{"role": "user", "content": question}],
+                            SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed,
+                                           repeat_penalty=penalty)) for seed in range(samples)]
+        print(json.dumps({"repeat_penalty": penalty, "samples": samples,
+                          "ended_by_themselves": sum(a.finish_reason == "stop" for a in answers),
+                          "contain_expected": sum(expect in a.text for a in answers),
+                          "lengths": [len(a.token_ids) for a in answers]}), flush=True)

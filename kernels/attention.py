@@ -190,6 +190,8 @@ def select_attention(choice: str, device: torch.device) -> tuple[SdpaAttention, 
         return SdpaReference(), "attention: PyTorch SDPA for every step (--attn sdpa-reference)"
     if choice == "sdpa":
         return SDPA, "attention: PyTorch SDPA (--attn sdpa)"
+    if choice == "auto" and torch.device(device).type != "cuda":  # flash-attn is no choice here: say nothing of it
+        return SDPA, "attention: the CPU kernels (PyTorch SDPA for long passes)"
     try:
         backend = FlashAttention()
     except ImportError as e:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numba
@@ -23,28 +24,44 @@ from triforce.kernels.cpu import cpu_attention, cpu_layer, cpu_linear
 CHILD_TIMEOUT_S = 600  # the child's compile takes ~8 s on a 2-core Zen 3; a hung one must not hang a start
 
 
-def warm_up(dtype: torch.dtype, kv_shapes) -> None:
+def warm_up(dtype: torch.dtype, kv_shapes, say=None) -> None:
     """Compile (or load) every CPU decoding kernel `dtype` runs for models of these
-    (KV heads, head dim)."""
-    child = _attention_child(dtype, kv_shapes) if _worth_a_child(dtype, kv_shapes) else None
-    cpu_linear.warm_up(dtype)
-    cpu_layer.warm_up(dtype)
+    (KV heads, head dim). say(line): told of each group as it is compiled, on a first start only
+    (a start with the kernels cached loads them in about a second and says nothing)."""
+    fresh = not _attention_cached(dtype, kv_shapes)
+    tell = say if say is not None and fresh else (lambda line: None)
+    tell(f"compiling the CPU kernels for {str(dtype).removeprefix('torch.')} (once per machine and version: "
+         "later starts load them)")
+    child = _attention_child(dtype, kv_shapes) if fresh and _worth_a_child(dtype, kv_shapes) else None
+    _timed(tell, "1/3 linear", lambda: cpu_linear.warm_up(dtype))
+    _timed(tell, "2/3 layer halves", lambda: cpu_layer.warm_up(dtype))
     if child is not None:
         try:
             child.wait(timeout=CHILD_TIMEOUT_S)
         except subprocess.TimeoutExpired:  # never seen: compiled here below all the same
             child.kill()
             child.wait()
-    cpu_attention.warm_up(dtype, kv_shapes)  # loads what the child compiled (compiles what it did not)
+    # loads what the child compiled (compiles what it did not)
+    _timed(tell, "3/3 attention", lambda: cpu_attention.warm_up(dtype, kv_shapes))
+
+
+def _timed(tell, name: str, step) -> None:
+    started = time.perf_counter()
+    step()
+    tell(f"  {name}: {time.perf_counter() - started:.1f} s")
 
 
 def _worth_a_child(dtype: torch.dtype, kv_shapes) -> bool:
     """A second core is this process's (numba's threads: ranks of a tensor-parallel run share the
     cores), and some attention kernel these models take is not in numba's cache."""
-    if numba.get_num_threads() < 2:
-        return False
+    return numba.get_num_threads() >= 2 and not _attention_cached(dtype, kv_shapes)
+
+
+def _attention_cached(dtype: torch.dtype, kv_shapes) -> bool:
+    """Whether every attention kernel these models take is in numba's cache (the three groups are
+    compiled together, so this one stands for all)."""
     kernels = [cpu_attention.attend_kernel(dtype, dim) for dim in cpu_attention.taken_dims(dtype, kv_shapes)]
-    return not all(_cached(kernel) for kernel in kernels)
+    return all(_cached(kernel) for kernel in kernels)
 
 
 def _cached(kernel) -> bool:

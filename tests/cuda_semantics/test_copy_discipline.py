@@ -17,6 +17,8 @@ ALLOWED = {
     ("triforce_core/decoding/graph_runner.py", "view.slots.copy_(inputs[1], non_blocking=True)"): "a row of host_ids",
     ("triforce_core/decoding/verification.py", "tokens = host_ids([drafts], device).to(device, non_blocking=True)[0]"):
         "host_ids pins on CUDA",
+    ("triforce_core/decoding/sampling.py", "ids = host_ids(padded, rows.device).to(rows.device, non_blocking=True)"):
+        "host_ids pins on CUDA",
     ("offload/hybrid.py", "q_host.copy_(q, non_blocking=True)"): "q_host made with pin_memory=True",
     ("offload/hybrid.py", "return tuple(p.to(self.device, non_blocking=True) for p in pinned)"):
         "pinned made with pin_memory=True",

@@ -71,6 +71,16 @@ def test_offloaded_hybrid_decoding_stays_within_the_budget(capsys, card, checked
     within_budget(report, method)
 
 
+@pytest.mark.parametrize("temperature", ["0", "0.8"])
+def test_penalties_add_no_sync(capsys, card, checked, folder, profile, monkeypatch, temperature):
+    """Each row's penalty window reaches the card as one queued copy (sampling.penalize)."""
+    card.install_graphs(monkeypatch)
+    report = generate(capsys, card, folder, "--method", "triforce", "--draft", "lookup", "--dtype", "float32",
+                      "--device-budget", DEVICE_BUDGET["triforce"], "--profile", profile, "--temperature", temperature,
+                      "--seed", "3", "--repeat-penalty", "1.3", "--presence-penalty", "0.2", "--frequency-penalty", "0.1")
+    within_budget(report, "triforce")
+
+
 @pytest.mark.parametrize("method", ["ar", "retrieval"])
 def test_block_quantized_decoding_stays_within_the_budget(capsys, card, tiny_model_dir, monkeypatch, method):
     pytest.importorskip("triton")

@@ -262,3 +262,24 @@ def test_unsafe_pytorch_checkpoints_are_named_as_such(capsys, tiny_model_dir, tm
         code, _, err = run_cli(capsys, "generate", "--model", str(folder), "--prompt", "hi")
         assert_one_line_error(code, err, "is not a safe checkpoint format")
     assert not ran.exists()
+
+
+def test_a_conversion_says_each_step_as_it_goes(cache, tmp_path, monkeypatch, capsys):
+    """The slow steps of a first start are named before they run (here the read fails at the second)."""
+    import transformers
+
+    from triforce.errors import UserError
+    from triforce.model import gguf_convert
+
+    monkeypatch.setattr(gguf_convert, "_check_header", lambda path: 0)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
+
+    def stop(*args, **kwargs):
+        raise ValueError("stopped by the test")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", stop)
+    with pytest.raises(UserError, match="stopped by the test"):
+        gguf_convert.convert_gguf(tmp_path / "m.gguf", cache / "converted" / "m")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("converting m.gguf to safetensors (one time")
+    assert lines[1].strip().startswith("1/3 reading the tokenizer") and lines[2].strip().startswith("2/3 de-quantizing")

@@ -207,3 +207,15 @@ def test_fit_errors_only_give_advice_that_can_work(capsys, flags, has, lacks):
     code, _, err = run_cli(capsys, "plan", *flags)
     assert_one_line_error(code, err, *has)
     assert not any(fragment in err for fragment in lacks), err
+
+
+def test_asking_for_a_gpu_with_the_cpu_build_of_torch_says_so(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", None)  # the build this suite installs; said as it is
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--device", "cuda")
+    assert_one_line_error(code, err, "CPU-only build", "install a CUDA build")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build on a machine without a card
+    code, _, err = run_cli(capsys, "generate", "--prompt", "hi", "--device", "cuda:0")
+    assert_one_line_error(code, err, "no CUDA device is available", "driver")

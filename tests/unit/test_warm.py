@@ -55,3 +55,19 @@ def test_the_child_compiles_into_the_cache_and_this_process_loads_it(tmp_path):
     done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["True", "1", "0"]  # a child was due; the kernel came from the cache
+
+
+def test_a_first_start_says_what_it_compiles_and_a_later_one_says_nothing(monkeypatch):
+    for module in (warm.cpu_linear, warm.cpu_layer):
+        monkeypatch.setattr(module, "warm_up", lambda dtype: None)
+    monkeypatch.setattr(warm.cpu_attention, "warm_up", lambda dtype, shapes: None)
+    monkeypatch.setattr(warm, "_attention_child", lambda dtype, shapes: None)
+    told = []
+    monkeypatch.setattr(warm, "_cached", lambda kernel: False)
+    warm.warm_up(torch.float32, [(3, 64)], told.append)
+    assert told[0].startswith("compiling the CPU kernels for float32 (once per machine and version")
+    assert [line.split(":")[0].strip() for line in told[1:]] == ["1/3 linear", "2/3 layer halves", "3/3 attention"]
+    told.clear()
+    monkeypatch.setattr(warm, "_cached", lambda kernel: True)
+    warm.warm_up(torch.float32, [(3, 64)], told.append)
+    assert told == []

@@ -53,7 +53,8 @@ class Runtime:
         if self.lm.device.type == "cpu":  # compile the decode kernels before the first token, not during it
             from triforce.kernels.cpu import warm
             models = [self.lm] + ([self.draft.model] if self.draft.model is not None else [])
-            warm.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models])
+            say = (lambda line: print(line, file=sys.stderr, flush=True)) if rank == 0 else None
+            warm.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models], say)
             if self.lm.quantized is not None:
                 warm_up_blocks(self.lm)
         elif self.lm.quantized is not None and os.environ.get("TRITON_INTERPRET") != "1":

@@ -140,10 +140,16 @@ class Console:
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world
         self.interrupted = False
+        # input from a pipe or a file: stdout gets the answers only (no banner, no ">>> " prompts)
+        self.piped = rank == 0 and not sys.stdin.isatty()
 
     def say(self, *args, **kwargs) -> None:
         if self.rank == 0:
             print(*args, **kwargs)
+
+    def tell(self, text: str) -> None:
+        """What the person at the terminal reads but a script reading stdout should not."""
+        self.say(text, file=sys.stderr if self.piped else sys.stdout)
 
     def read(self) -> str | None:
         """The next line (None at end of input); shared with every rank."""
@@ -151,7 +157,7 @@ class Console:
         if self.rank == 0:
             while True:
                 try:
-                    line = input(">>> ").strip()
+                    line = input("" if self.piped else ">>> ").strip()
                 except EOFError:
                     print()
                     break
@@ -199,13 +205,13 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     plan = run.plan
     session = Chat(lm, max_len, system=r.system, engine=engine)
     if run.auto is not None:
-        console.say(run.auto.describe())
+        console.tell(run.auto.describe())
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
     weights = f", weights as {lm.quantized['weights']} blocks" if lm.quantized else ""
-    console.say(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}{weights}), "
+    console.tell(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}{weights}), "
                 f"{session.full.max_len}-token context, {session.engine.describe()}, attention {runtime.attn_name}"
                 f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}"
                 f"{', tensor-parallel over %d ranks' % world if world > 1 else ''}; "

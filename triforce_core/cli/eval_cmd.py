@@ -157,9 +157,12 @@ def _tier_table(lm, ids, drafts, temps, gen, budget, chunk_size, gamma1, gamma2,
 @click.option("--haystack", type=click.Choice(["natural", "repeated"]), default="natural", show_default=True,
               help="natural: technical prose that never repeats itself; repeated: one filler paragraph over "
                    "and over (the older test: easy to draft, a best case for speculation).")
-def needle(model, context, out, depth, seed, haystack):
+@click.option("--ask", is_flag=True,
+              help="Also ask the model (greedy, --method auto, 16 tokens) and say whether its answer names the key.")
+def needle(model, context, out, depth, seed, haystack, ask):
     """Write a needle-in-a-haystack prompt: a pass key hidden in a haystack of text, ending in
-    the question. The key goes to stdout; feed the file to `triforce generate --prompt-file`."""
+    the question. The key goes to stdout as JSON; feed the file to `triforce generate
+    --prompt-file`, or give --ask to have the model answer here and get a verdict."""
     from triforce.app.evaluation import needle_prompt
     from triforce.model.loading import load_tokenizer, resolve_model_dir
     from triforce.paths import write_atomically
@@ -170,7 +173,16 @@ def needle(model, context, out, depth, seed, haystack):
         write_atomically(out, prompt.text)
     except OSError as e:
         raise UserError(f"cannot write {out}: {e.strerror}") from None
-    print(json.dumps({"out": out, "key": prompt.key, "tokens": prompt.tokens, "depth": depth, "haystack": haystack}))
+    report = {"out": out, "key": prompt.key, "tokens": prompt.tokens, "depth": depth, "haystack": haystack}
+    if ask:
+        from triforce.app.llm import LLM
+        from triforce.app.llm_types import SamplingParams
+
+        answer = LLM(model).generate(prompt.text, SamplingParams(max_tokens=16))
+        report.update(answer=answer.text, found=prompt.key in answer.text, method=answer.stats.get("method"))
+        print(f"the key {prompt.key} at depth {depth:g} of {prompt.tokens} tokens: "
+              f"{'found' if report['found'] else 'NOT found'} in the answer {answer.text.strip()!r}", file=sys.stderr)
+    print(json.dumps(report))
 
 
 @eval_group.command("loops")

@@ -83,7 +83,7 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
     (MagicDec's analysis: see `triforce bench batch`).
     """
     from triforce.cli.options import build_spec
-    from triforce.offload.profiles import load_profile, parse_size
+    from triforce.offload.profiles import format_size, load_profile, parse_size
     from triforce.offload.speculation_choice import plan_with_choice
 
     if context < 1:
@@ -116,9 +116,13 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
     chosen = {"budget": spec.budget, "chunk_size": spec.chunk_size, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
               "gamma2_range": list(spec.gamma2_range),
               "chosen_by_cost_model": sorted({"budget", "chunk_size", "gamma1", "gamma2"} - fixed) if choice else []}
+    limits = plan_limits(result, shape.max_position_embeddings, context)
+    host_note = None if prof.measured or prof.num_gpus == 0 else (
+        f"profile {prof.name} assumes {format_size(prof.host_bytes)} of host memory, not measured here: "
+        "`triforce profile tune` writes one for this machine")
     if as_json:
         print(json.dumps({"model": name, "dtype": dtype, "method": method, "speculation": chosen,
-                          "method_choice": auto.to_json() if auto else None,
+                          "method_choice": auto.to_json() if auto else None, "limits": limits, "host_note": host_note,
                           "batch": batch.to_json() if batch else None, **result.to_json()}))
     else:
         if auto is not None:
@@ -126,8 +130,27 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
         if batch is not None:
             print_batch(batch, context)
         print_plan(result, name, dtype, method, chosen)
+        if host_note:
+            print(f"note: {host_note}")
+    if limits:
+        raise UserError("; ".join(limits) if len(limits) == 1 else
+                        " ".join(f"({i}) {limit};" for i, limit in enumerate(limits, 1)).rstrip(";"))
+
+
+def plan_limits(result, trained: int, context: int) -> list[str]:
+    """Every limit the request passes, at once: the model's own context, then the memory."""
+    import re
+
+    limits = []
+    if context > trained:
+        limits.append(f"{context} tokens is past the model's {trained}-token context: run it with --max-context "
+                      f"{context} --rope-scaling yarn (or ask for at most {trained})")
     if not result.feasible:
-        raise UserError(f"does not fit: {result.reason}")
+        # a context it suggests is never past the model's own
+        reason = re.sub(r"a context of at most about (\d+) tokens",
+                        lambda m: f"a context of at most about {min(int(m.group(1)), trained)} tokens", result.reason)
+        limits.append(f"does not fit: {reason}")
+    return limits
 
 
 def _batch(shape, prof, context: int, rows: int, spec, fixed, dtype: str, tp: int, draft):

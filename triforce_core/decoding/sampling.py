@@ -24,8 +24,8 @@ def penalize(rows: torch.Tensor, seq: list[int], params: SamplingParams) -> torc
     width = max(len(w) for w in windows)
     if width == 0:
         return rows
-    padded = host_ids([w + [vocab] * (width - len(w)) for w in windows], rows.device)  # vocab: a column cut below
-    ids = padded.to(rows.device, non_blocking=True)
+    padded = [w + [vocab] * (width - len(w)) for w in windows]  # vocab: a column cut below
+    ids = host_ids(padded, rows.device).to(rows.device, non_blocking=True)
     calc = rows.to(torch.float64 if rows.dtype == torch.float64 else torch.float32)
     counts = torch.zeros(count, vocab + 1, dtype=calc.dtype, device=rows.device)
     counts = counts.scatter_add_(1, ids, torch.ones(ids.shape, dtype=calc.dtype, device=rows.device))[:, :vocab]

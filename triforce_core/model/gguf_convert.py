@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from triforce.errors import UserError
@@ -64,12 +65,17 @@ def _convert_into(gguf_path: Path, folder: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     where, name = str(gguf_path.parent), gguf_path.name
+    started = time.perf_counter()
     try:
+        _say("  1/3 reading the tokenizer from the file")
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+        _say(f"  2/3 de-quantizing the weights to float32 (transformers; tens of seconds; "
+             f"{time.perf_counter() - started:.0f} s so far)")
         model, info = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32,
                                                            output_loading_info=True)
     except Exception as e:
         raise _unreadable(gguf_path, e) from None
+    _say(f"  3/3 writing safetensors ({time.perf_counter() - started:.0f} s so far)")
     missing = sorted(set(info.get("missing_keys", ())) - ({"lm_head.weight"} if model.config.tie_word_embeddings
                                                            else set()))
     if missing:
@@ -85,6 +91,10 @@ def _convert_into(gguf_path: Path, folder: Path) -> None:
     model.generation_config.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     save_weights(state, folder / "model.safetensors")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def save_weights(state: dict, path: Path) -> None:

@@ -62,7 +62,11 @@ def resolve_device(name: str) -> torch.device:
     if match.group(1) == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise UserError(f"--device {name} was asked for but no CUDA device is available")
+        if torch.version.cuda is None:  # the CPU build: no driver or card would help
+            raise UserError(f"--device {name}: this torch ({torch.__version__}) is the CPU-only build; install a CUDA "
+                            "build (https://pytorch.org/get-started/locally/) to use a GPU")
+        raise UserError(f"--device {name} was asked for but no CUDA device is available (torch "
+                        f"{torch.__version__}, CUDA {torch.version.cuda}: is the driver loaded and a card visible?)")
     count = torch.cuda.device_count()
     index = int(match.group(2)) if match.group(2) is not None else torch.cuda.current_device()
     if index >= count:

@@ -8,10 +8,12 @@ have its last prompt token re-run by the sparse tiers' set-up, which in bfloat16
 token's KV in the last bit); each run decodes `--new-tokens` greedy tokens (the same tokens for
 every method: checked). Goal
 (issue 15): auto never below 0.95x of ar, and clearly above it where speculation helps.
-Every method is timed `--repeats` times in turn and keeps its best, so a noisy moment costs all."""
+Every method is timed `--repeats` times in turn and keeps its best, so a noisy moment costs all;
+its spread over the repeats is reported beside it."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 
@@ -69,19 +71,23 @@ def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile
     rows = []
     for n in (int(c) for c in contexts.split(",")):
         ids = tok(prompt_text(prompt_kind, tok, n + 8), add_special_tokens=False).input_ids[:n - new_tokens]
-        best, tokens, row = {}, {}, {"context": n, "prompt_tokens": len(ids)}
+        rates, tokens, row = {}, {}, {"context": n, "prompt_tokens": len(ids)}
         for _ in range(repeats):
             for method in methods.split(","):
                 result, run, engine = decode(runtime, ids, new_tokens, method)
-                best[method] = max(best.get(method, 0.0), len(result.tokens) / result.time_s)
+                rates.setdefault(method, []).append(len(result.tokens) / result.time_s)
                 tokens[method] = result.tokens
                 if method == "auto":
                     row["auto"] = run.auto.to_json()
                     row["auto_tiers"] = engine.describe()
         first = methods.split(",")[0]
+        best = {method: max(r) for method, r in rates.items()}
         for method, rate in best.items():
             row[f"{method}_tok_s"] = round(rate, 2)
             row[f"{method}_vs_{first}"] = round(rate / best[first], 3)
+            # (fastest - slowest) / median of its repeats: how far the best can be trusted
+            spread = (max(rates[method]) - min(rates[method])) / statistics.median(rates[method])
+            row[f"{method}_spread"] = round(spread, 3)
         row["same_tokens"] = all(t == tokens[first] for t in tokens.values())
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)  # a run stopped later keeps what it measured

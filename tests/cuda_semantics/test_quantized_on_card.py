@@ -60,8 +60,9 @@ def test_block_kernels_on_a_card_decode_as_on_the_cpu(capsys, card, folder, kind
     assert ar["quantized"]["weights"] == kind and ar["tokens"] == cpu["tokens"]
     assert 1 in calls and max(calls) > 1  # decoding steps and the prefill both ran the Triton kernels
     for method in methods:  # triforce: lookup -> retrieval tier -> full tier, every tier on the kernels
-        spec, _ = on_card(capsys, card, folder, "--quantize", kind, "--method", method, "--draft", "lookup")
-        assert spec["tokens"] == ar["tokens"], method
+        spec, _ = on_card(capsys, card, folder, "--quantize", kind, "--method", method, "--draft", "lookup",
+                          "--max-new-tokens", "6")  # a verify of every tier; the interpreter's ~20 ms a kernel
+        assert spec["tokens"] == ar["tokens"][:6], method
         assert spec["method"] == method
 
 

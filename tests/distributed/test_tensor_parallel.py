@@ -104,9 +104,15 @@ def test_tp_chat_gives_the_same_answers(tiny_model_dir):
     # float32 named: the subprocesses do not see conftest's pin of --dtype auto (bf16 on this CPU)
     args = ["-m", "triforce.cli.main", "chat", "--model", folder, "--temperature", "0", "--max-new-tokens", "12",
             "--method", "triforce", "--budget", "24", "--chunk-size", "4", "--dtype", "float32"]
-    runs = [subprocess.run([sys.executable, *args, *extra], input=lines, capture_output=True, text=True, timeout=300)
-            for extra in ([], ["--tp", "2"])]
-    assert all(run.returncode == 0 for run in runs), runs[1].stderr[-2000:]
+    from click.testing import CliRunner
+
+    from triforce.cli.main import cli as triforce_cli
+
+    alone = CliRunner().invoke(triforce_cli, args[2:], input=lines)  # one process: this one
+    alone.returncode = alone.exit_code
+    runs = [alone, subprocess.run([sys.executable, *args, "--tp", "2"], input=lines, capture_output=True, text=True,
+                                  timeout=300)]
+    assert all(run.returncode == 0 for run in runs), (alone.stderr[-2000:], runs[1].stderr[-2000:])
     answers = [[line for line in run.stdout.splitlines() if "[answer cut" in line] for run in runs]  # piped: answers only
     assert len(answers[0]) == 3 and answers[0] == answers[1]
     assert "tensor-parallel over 2 ranks" in runs[1].stderr

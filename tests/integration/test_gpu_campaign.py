@@ -18,8 +18,9 @@ JOURNEY = ["user", "probe", "gpu-tests", "prefill-32k", "prefill-127k", "decode-
 SECOND_CALL = ["quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps", "decode-127k-best-case"]
 # the reduced run on a CPU: one step of each command (its twins differ in numbers only, and every
 # step's command is parsed at both scales below); each step is an interpreter of its own (~4 s).
-# The user step's logic is tested in this process (test_user_step.py): its six processes took 25 s
-REDUCED_RUN = ["probe", "gpu-tests", "prefill-127k", "decode-127k", "quant-kernels", "decode-127k-q4k",
+# The user step's logic is tested in this process (test_user_step.py): its six processes took 25 s;
+# tests/gpu, which gpu-tests runs, is collected (and skipped) by this suite on a CPU
+REDUCED_RUN = ["probe", "prefill-127k", "decode-127k", "quant-kernels", "decode-127k-q4k",
                "tier-steps-q4k", "peers-32k"]
 
 

@@ -23,6 +23,7 @@ def test_speed_by_context_same_tokens_for_each_method(capsys):
                             "--methods", "ar,triforce", "--dtype", "float32", "--format", "json"))
     row, = report["rows"]
     assert row["context"] == 160 and row["ar_tok_s"] > 0 and row["triforce_vs_ar"] > 0 and row["same_tokens"]
+    assert row["ar_spread"] == 0.0  # one repeat: no spread
     assert report["weights"] == "float" and report["provenance"]["cpu_flags"]
 
 

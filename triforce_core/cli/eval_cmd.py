@@ -14,7 +14,8 @@ from triforce.errors import UserError
 
 @click.group("eval")
 def eval_group():
-    """Measure how well sparse caches stand in for the full cache; make test prompts."""
+    """Measure what the numbers do not show: how well sparse caches stand in for the full cache,
+    where two computations of one model part, how often chat answers loop; make test prompts."""
 
 
 @eval_group.command("acceptance")

@@ -17,6 +17,7 @@ def chat_process(default_model_dir, tmp_path):
     # answer once ended by length before Ctrl-C arrived, and "[stopped]" never came
     child = pexpect.spawn(exe, ["chat", "--model", "default", "--temperature", "0", "--max-new-tokens", "1024"],
                           encoding="utf-8", timeout=120, dimensions=(40, 200))
+    child.expect_exact("repeat penalty 1.1")  # a terminal sees the banner, with chat's default penalty
     child.expect_exact(PROMPT)
     yield child
     if child.isalive():

@@ -216,7 +216,9 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
                 f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}"
                 f"{', tensor-parallel over %d ranks' % world if world > 1 else ''}; "
                 f"sampling at temperature {r.params.temperature:g}, top-p {r.params.top_p:g}"
-                f"{', top-k %d' % r.params.top_k if r.params.top_k else ''} (--temperature 0: greedy). "
+                f"{', top-k %d' % r.params.top_k if r.params.top_k else ''}"
+                f"{', repeat penalty %g' % r.params.repeat_penalty if r.params.repeat_penalty != 1 else ''}"
+                " (--temperature 0: greedy). "
                 "/help for commands, Ctrl-D to leave.")
     while True:
         line = console.read()

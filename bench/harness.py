@@ -40,8 +40,13 @@ class Timing:
 
     @property
     def spread(self) -> float:
-        """(slowest - fastest) / median: how far one sample can be trusted."""
-        return (max(self.samples_ms) - min(self.samples_ms)) / self.median_ms if self.median_ms else 0.0
+        return spread(self.samples_ms)
+
+
+def spread(samples) -> float:
+    """(largest - smallest) / median of times or rates: how far one sample can be trusted."""
+    middle = statistics.median(samples)
+    return (max(samples) - min(samples)) / middle if middle else 0.0
 
 
 def each_call(fn, device, repeats: int, warmup: int = 3) -> Timing:

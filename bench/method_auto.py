@@ -13,13 +13,12 @@ its spread over the repeats is reported beside it."""
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 
 import click
 
-from triforce.bench.harness import emit, markdown, output_option
+from triforce.bench.harness import emit, markdown, output_option, spread
 
 
 def decode(runtime, ids: list[int], new_tokens: int, method: str):
@@ -85,9 +84,7 @@ def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile
         for method, rate in best.items():
             row[f"{method}_tok_s"] = round(rate, 2)
             row[f"{method}_vs_{first}"] = round(rate / best[first], 3)
-            # (fastest - slowest) / median of its repeats: how far the best can be trusted
-            spread = (max(rates[method]) - min(rates[method])) / statistics.median(rates[method])
-            row[f"{method}_spread"] = round(spread, 3)
+            row[f"{method}_spread"] = round(spread(rates[method]), 3)  # over its repeats
         row["same_tokens"] = all(t == tokens[first] for t in tokens.values())
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)  # a run stopped later keeps what it measured

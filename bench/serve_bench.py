@@ -21,10 +21,11 @@ from triforce.app.texts import natural_ids, prompt_text
 from triforce.bench.harness import emit, markdown, output_option
 from triforce.config import RunConfig, SpecParams
 
-def ask(url: str, messages: list[dict], new_tokens: int) -> dict:
-    """One streamed chat request: time to the first text, the answer, and the usage."""
+def ask(url: str, messages: list[dict], new_tokens: int, **extra) -> dict:
+    """One streamed chat request (greedy; `extra`: more body fields): time to the first text, the
+    answer, the usage, and when it started and ended (perf_counter)."""
     body = {"messages": messages, "max_tokens": new_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, **extra}
     started = time.perf_counter()
     first, parts, usage = None, [], None
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=None) as response:
@@ -47,7 +48,7 @@ def ask(url: str, messages: list[dict], new_tokens: int) -> dict:
     return {"ttft_s": round(ttft, 3), "prompt_tokens": usage["prompt_tokens"],
             "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"], "new_tokens": tokens,
             "decode_tok_s": round((tokens - 1) / (ended - first), 2) if first and ended > first and tokens > 1 else None,
-            "text": "".join(parts)}
+            "text": "".join(parts), "started": started, "ended": ended}
 
 
 @click.command()
@@ -78,7 +79,8 @@ def ttft(model, dtype, method, document_tokens, max_context, new_tokens, fmt):
         runs["turn 2, cold"] = ask(server.url, turn2, new_tokens)
     finally:
         server.stop()
-    rows = [{"request": k, **{f: v for f, v in r.items() if f != "text"}} for k, r in runs.items()]
+    rows = [{"request": k, **{f: v for f, v in r.items() if f not in ("text", "started", "ended")}}
+            for k, r in runs.items()]
     speedup = round(runs["turn 2, cold"]["ttft_s"] / runs["turn 2"]["ttft_s"], 2)
     summary = {"model": api.model_id, "dtype": str(api.lm.dtype).removeprefix("torch."), "lines": lines,
                "turn2_speedup_vs_cold": speedup}
@@ -92,24 +94,6 @@ def ttft(model, dtype, method, document_tokens, max_context, new_tokens, fmt):
         print(f"turn 2 reaches its first token {speedup}x sooner than the same request cold")
 
     emit(fmt, summary, rows, table)
-
-
-def stream(url: str, prompt: str, new_tokens: int) -> dict:
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": new_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    started = time.perf_counter()
-    first = usage = None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=None) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                chunk = json.loads(line.removeprefix("data: "))
-                usage = chunk.get("usage") or usage
-                if first is None and any(c["delta"].get("content") for c in chunk.get("choices", [])):
-                    first = time.perf_counter()
-    ended = time.perf_counter()
-    return {"tokens": usage["completion_tokens"], "ttft_s": (first or ended) - started, "started": started,
-            "ended": ended}
 
 
 def prompts(tokenizer, clients: int, tokens: int) -> list[str]:
@@ -138,11 +122,14 @@ def load(model, dtype, method, clients, prompt_tokens, new_tokens, max_context, 
     texts = prompts(api.lm.tokenizer, 2 * clients, prompt_tokens)
     server = BackgroundServer(api)
     try:
-        stream(server.url, "Warm up.", 4)
-        one_by_one = [stream(server.url, t, new_tokens) for t in texts[:clients]]
+        def stream(text: str, tokens: int) -> dict:
+            return ask(server.url, [{"role": "user", "content": text}], tokens, ignore_eos=True)
+
+        stream("Warm up.", 4)
+        one_by_one = [stream(t, new_tokens) for t in texts[:clients]]
         together: list = [None] * clients
         threads = [threading.Thread(target=lambda i=i: together.__setitem__(
-            i, stream(server.url, texts[clients + i], new_tokens))) for i in range(clients)]
+            i, stream(texts[clients + i], new_tokens))) for i in range(clients)]
         for t in threads:
             t.start()
         for t in threads:
@@ -152,7 +139,7 @@ def load(model, dtype, method, clients, prompt_tokens, new_tokens, max_context, 
         server.stop()
 
     def summarised(name, runs):
-        tokens = sum(r["tokens"] for r in runs)
+        tokens = sum(r["new_tokens"] for r in runs)
         wall = max(r["ended"] for r in runs) - min(r["started"] for r in runs)
         return {"requests": f"{clients} {name}", "tokens": tokens, "wall_s": round(wall, 3),
                 "tok_s": round(tokens / wall, 2), "mean_ttft_s": round(sum(r["ttft_s"] for r in runs) / len(runs), 3)}

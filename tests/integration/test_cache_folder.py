@@ -9,6 +9,8 @@ import zipfile
 
 import pytest
 
+from gguf_files import copy_gguf
+
 from test_cli import assert_one_line_error, run_cli
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -84,37 +86,49 @@ def test_concurrent_first_runs_share_one_unpacking(cache):
 
 def test_a_converted_entry_is_checked_and_rebuilt_when_damaged(cache, tmp_path, monkeypatch, capsys):
     from triforce.model import gguf_convert
-    from triforce.model.cache_entry import damage
+    from triforce.model.cache_entry import damage, record_sizes
+    from triforce.model.gguf_weights import GgufSource
 
     built = []
 
-    def convert(gguf_path, folder):  # stands in for the slow transformers conversion
+    def convert(gguf_path, folder, architecture):  # stands in for reading the tokenizer and config
         built.append(folder)
         (folder / "config.json").write_text("{}")
-        (folder / "model.safetensors").write_bytes(b"w" * 4096)
+        (folder / "tokenizer.json").write_bytes(b"t" * 4096)
+        GgufSource.of(gguf_path, architecture, 4, 2).write(folder)
 
     monkeypatch.setattr(gguf_convert, "_convert_into", convert)
-    monkeypatch.setattr(gguf_convert, "_check_header", lambda path: 0)
+    monkeypatch.setattr(gguf_convert, "_check_header", lambda path: "llama")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"g" * 64)
     out = cache / "converted" / "m"
-    assert damage(gguf_convert.convert_gguf(tmp_path / "m.gguf", out)) is None and len(built) == 1
-    gguf_convert.convert_gguf(tmp_path / "m.gguf", out)
+    assert damage(gguf_convert.convert_gguf(gguf, out)) is None and len(built) == 1
+    gguf_convert.convert_gguf(gguf, out)
     assert len(built) == 1  # intact: reused
-    (out / "model.safetensors").write_bytes(b"w" * 100)
-    gguf_convert.convert_gguf(tmp_path / "m.gguf", out)
-    assert len(built) == 2 and "damaged (model.safetensors has 100 bytes" in capsys.readouterr().err
-    assert not list(out.parent.glob(".partial-*"))
+    (out / "tokenizer.json").write_bytes(b"t" * 100)
+    gguf_convert.convert_gguf(gguf, out)
+    assert len(built) == 2 and "damaged (tokenizer.json has 100 bytes" in capsys.readouterr().err
+    gguf.write_bytes(b"g" * 65)  # the file changed: its tensors may lie elsewhere now
+    gguf_convert.convert_gguf(gguf, out)
+    assert len(built) == 3 and f"was made from {gguf.resolve()} as it was then" in capsys.readouterr().err
+    (out / "gguf-source.json").unlink()  # an older triforce's entry, with a float32 copy beside
+    (out / "model.safetensors").write_bytes(b"w" * 4096)
+    record_sizes(out)
+    gguf_convert.convert_gguf(gguf, out)
+    assert len(built) == 4 and "older triforce's float32 copy" in capsys.readouterr().err
+    assert not (out / "model.safetensors").exists() and not list(out.parent.glob(".partial-*"))
 
 
 def test_a_conversion_that_fails_leaves_nothing(cache, tmp_path, monkeypatch):
     from triforce.errors import UserError
     from triforce.model import gguf_convert
 
-    def fail(gguf_path, folder):
-        (folder / "model.safetensors").write_bytes(b"half")
+    def fail(gguf_path, folder, architecture):
+        (folder / "tokenizer.json").write_bytes(b"half")
         raise UserError("conversion failed")
 
     monkeypatch.setattr(gguf_convert, "_convert_into", fail)
-    monkeypatch.setattr(gguf_convert, "_check_header", lambda path: 0)
+    monkeypatch.setattr(gguf_convert, "_check_header", lambda path: "llama")
     with pytest.raises(UserError):
         gguf_convert.convert_gguf(tmp_path / "m.gguf", cache / "converted" / "m")
     assert [p.name for p in (cache / "converted").iterdir()] == [".m.lock"]
@@ -148,56 +162,30 @@ def test_a_full_disk_while_unpacking_is_one_error_line(cache, capsys, monkeypatc
 
 
 def test_a_full_disk_while_converting_is_one_error_line(cache, capsys, monkeypatch):
-    """safetensors reports a full disk as SafetensorError, which is no OSError."""
-    import torch
-    from safetensors import SafetensorError
+    import errno
+    import os
 
     from triforce.model import gguf_convert
 
     make_wheel(cache / "wheels")
 
-    def full(*args, **kwargs):
-        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
-                              'message: "No space left on device" })')
+    def full(gguf_path, folder, architecture):  # as writing the tokenizer's files fails
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("safetensors.torch.save_file", full)
-    monkeypatch.setattr(gguf_convert, "_check_header", lambda path: 0)
-    monkeypatch.setattr(gguf_convert, "_convert_into",  # the real writer, after a (skipped) read
-                        lambda gguf_path, folder: gguf_convert.save_weights({"w": torch.ones(2)}, folder / "m"))
+    monkeypatch.setattr(gguf_convert, "_check_header", lambda path: "llama")
+    monkeypatch.setattr(gguf_convert, "_convert_into", full)
     code, _, err = run_cli(capsys, "generate", "--prompt", "hi")
-    progress, error = err.strip().splitlines()  # "converting ...", then the error
-    assert code != 0 and progress.startswith("converting") and "Traceback" not in err
+    progress, error = err.strip().splitlines()  # "reading ...", then the error
+    assert code != 0 and progress.startswith("reading") and "Traceback" not in err
     assert_one_line_error(code, error, "No space left on device", "free some space")
     assert not list((cache / "converted").glob(".partial-*"))
-
-
-def copy_gguf(source, target, drop=(), arch=None):
-    """`source` rewritten without the tensors in `drop` (and under another architecture name)."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    reader = GGUFReader(str(source))
-    writer = GGUFWriter(str(target), arch or reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        kind = field.types[0]
-        extra = {"sub_type": field.types[-1]} if kind == GGUFValueType.ARRAY else {}
-        writer.add_key_value(name, field.contents(), kind, **extra)
-    for tensor in reader.tensors:
-        if tensor.name not in drop:
-            writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
 
 
 def _no_conversion(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the conversion started before the check")
 
-    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", refuse)
+    monkeypatch.setattr("triforce.model.gguf_convert._convert_into", refuse)
 
 
 def test_an_unsupported_gguf_architecture_is_refused_before_converting(capsys, tmp_path, monkeypatch,
@@ -271,15 +259,15 @@ def test_a_conversion_says_each_step_as_it_goes(cache, tmp_path, monkeypatch, ca
     from triforce.errors import UserError
     from triforce.model import gguf_convert
 
-    monkeypatch.setattr(gguf_convert, "_check_header", lambda path: 0)
+    monkeypatch.setattr(gguf_convert, "_check_header", lambda path: "llama")
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: object())
 
     def stop(*args, **kwargs):
         raise ValueError("stopped by the test")
 
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", stop)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", stop)
     with pytest.raises(UserError, match="stopped by the test"):
         gguf_convert.convert_gguf(tmp_path / "m.gguf", cache / "converted" / "m")
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0].startswith("converting m.gguf to safetensors (one time")
-    assert lines[1].strip().startswith("1/3 reading the tokenizer") and lines[2].strip().startswith("2/3 de-quantizing")
+    assert lines[0].startswith("reading m.gguf's tokenizer and config (one time")
+    assert lines[1].strip().startswith("1/2 reading the tokenizer") and lines[2].strip().startswith("2/2 reading the config")

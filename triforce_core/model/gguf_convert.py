@@ -1,14 +1,11 @@
-"""Turn a GGUF file into a cached Hugging Face folder (config, tokenizer, float32 safetensors).
+"""Turn a GGUF file into a cached Hugging Face folder: config, tokenizer and a record naming the
+file (triforce.model.gguf_weights), which the weights are read from at each load.
 
-Dequantising through transformers takes tens of seconds; doing it once and keeping the result
-makes every later start fast. The file's header is checked first (readable, a supported
-architecture, room in the cache folder), and a conversion that would leave any tensor at its
-random initial value is refused, so nothing wrong is ever cached."""
+The file's header is checked first (readable, a supported architecture, every decoder tensor
+present), so nothing wrong is ever cached; no float copy of the weights is written."""
 from __future__ import annotations
 
-import errno
 import hashlib
-import os
 import shutil
 import sys
 import tempfile
@@ -20,37 +17,39 @@ from triforce.model.cache_entry import building, cache_error, damage, partial_pr
 from triforce.paths import cache_root
 
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")  # GGUF names of the decoders triforce runs
+_METADATA_BYTES = 64 << 20  # room for a tokenizer and config, with a margin
 
 
 def converted_dir_for(gguf_path: Path) -> Path:
     stat = gguf_path.stat()
-    key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    key = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|in-place".encode()).hexdigest()
     return cache_root() / "converted" / f"{gguf_path.stem}-{key[:12]}"
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     """The converted folder `out_dir`, built once (see triforce.model.cache_entry) and rebuilt
-    when it is found damaged."""
-    if out_dir.exists() and damage(out_dir) is None:
+    when it is found damaged or stale (an older triforce's float copy, or made from another file)."""
+    if out_dir.exists() and _stale(out_dir, gguf_path) is None:
         return out_dir
-    float_bytes = _check_header(gguf_path)
+    architecture = _check_header(gguf_path)
     try:
         with building(out_dir, f"the conversion of {gguf_path.name}"):
             if out_dir.exists():  # another process may have finished it while we waited
-                problem = damage(out_dir)
+                problem = _stale(out_dir, gguf_path)
                 if problem is None:
                     return out_dir
-                print(f"the cached model {out_dir} is damaged ({problem}); converting it again", file=sys.stderr)
+                print(f"the cached model {out_dir} {problem}; converting it again", file=sys.stderr)
                 remove(out_dir)
             free = shutil.disk_usage(out_dir.parent).free
-            if free < float_bytes:
-                raise UserError(f"converting {gguf_path.name} needs about {float_bytes / 1e9:.1f} GB in the cache "
-                                f"folder {cache_root()} but {free / 1e9:.1f} GB are free (set TRIFORCE_CACHE "
-                                "to a folder with room)")
-            print(f"converting {gguf_path.name} to safetensors (one time; cached in {out_dir})", file=sys.stderr)
+            if free < _METADATA_BYTES:
+                raise UserError(f"reading {gguf_path.name}'s tokenizer and config needs about "
+                                f"{_METADATA_BYTES / 1e9:.2f} GB in the cache folder {cache_root()} but "
+                                f"{free / 1e9:.2f} GB are free (set TRIFORCE_CACHE to a folder with room)")
+            print(f"reading {gguf_path.name}'s tokenizer and config (one time; cached in {out_dir}; the weights "
+                  "stay in the file)", file=sys.stderr)
             tmp = Path(tempfile.mkdtemp(prefix=partial_prefix(out_dir), dir=out_dir.parent))
             try:
-                _convert_into(gguf_path, tmp)
+                _convert_into(gguf_path, tmp, architecture)
                 record_sizes(tmp)
                 tmp.rename(out_dir)
             finally:
@@ -60,53 +59,49 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def _convert_into(gguf_path: Path, folder: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _convert_into(gguf_path: Path, folder: Path, architecture: str) -> None:
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from triforce.model.gguf_weights import GgufSource
 
     where, name = str(gguf_path.parent), gguf_path.name
     started = time.perf_counter()
     try:
-        _say("  1/3 reading the tokenizer from the file")
+        _say("  1/2 reading the tokenizer from the file")
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-        _say(f"  2/3 de-quantizing the weights to float32 (transformers; tens of seconds; "
-             f"{time.perf_counter() - started:.0f} s so far)")
-        model, info = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32,
-                                                           output_loading_info=True)
+        _say(f"  2/2 reading the config ({time.perf_counter() - started:.0f} s so far)")
+        config = AutoConfig.from_pretrained(where, gguf_file=name)
     except Exception as e:
         raise _unreadable(gguf_path, e) from None
-    _say(f"  3/3 writing safetensors ({time.perf_counter() - started:.0f} s so far)")
-    missing = sorted(set(info.get("missing_keys", ())) - ({"lm_head.weight"} if model.config.tie_word_embeddings
-                                                           else set()))
-    if missing:
-        raise UserError(f"GGUF file {gguf_path} lacks {len(missing)} tensor(s) the model needs, e.g. "
-                        f"'{missing[0]}' (an incomplete or edited file); nothing was converted or cached")
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    model.config.quantization_config = None  # the weights are dequantised: say so, as before
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config.save_pretrained(folder)
-    model.generation_config.save_pretrained(folder)
+    config.quantization_config = None  # weights reach the model as blocks or de-quantized floats
+    del config.quantization_config
+    config.save_pretrained(folder)
+    GenerationConfig.from_model_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    save_weights(state, folder / "model.safetensors")
+    heads = config.num_attention_heads
+    GgufSource.of(gguf_path, architecture, heads, getattr(config, "num_key_value_heads", None) or heads).write(folder)
+
+
+def _stale(folder: Path, gguf_path: Path) -> str | None:
+    """Why the converted `folder` cannot serve `gguf_path` (None: it can)."""
+    from triforce.model.gguf_weights import GgufSource
+
+    problem = damage(folder)
+    if problem is not None:
+        return f"is damaged ({problem})"
+    try:
+        source = GgufSource.read(folder)
+    except UserError as e:
+        return f"is damaged ({e})"
+    if source is None:
+        return "is an older triforce's float32 copy (the weights are now read from the file)"
+    if source.path != gguf_path.resolve() or source.changed() is not None:
+        return f"was made from {source.path} as it was then"
+    return None
 
 
 def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def save_weights(state: dict, path: Path) -> None:
-    """safetensors' save_file, its errors as OSError: a full disk is SafetensorError there."""
-    from safetensors import SafetensorError
-    from safetensors.torch import save_file
-
-    try:
-        save_file(state, str(path), metadata={"format": "pt"})
-    except SafetensorError as e:
-        full = "No space left" in str(e)
-        raise OSError(errno.ENOSPC if full else errno.EIO, os.strerror(errno.ENOSPC) if full else str(e)) from None
 
 
 def _unreadable(gguf_path: Path, error: Exception) -> UserError:
@@ -114,15 +109,14 @@ def _unreadable(gguf_path: Path, error: Exception) -> UserError:
     return UserError(f"cannot read GGUF file {gguf_path} (corrupt, truncated or unsupported?): {msg}")
 
 
-def _check_header(gguf_path: Path) -> int:
+def _check_header(gguf_path: Path) -> str:
     """Parse the header and tensor table (memory-mapped, cheap) before any slow work: the
-    architecture must be one triforce runs. Returns the bytes of the float32 conversion."""
+    architecture must be one triforce runs. Returns it."""
     from gguf import GGUFReader
     try:
         reader = GGUFReader(str(gguf_path))
         field = reader.fields.get("general.architecture")
         arch = field.contents() if field is not None else None
-        elements = sum(int(t.n_elements) for t in reader.tensors)
     except Exception as e:
         raise _unreadable(gguf_path, e) from None
     if arch not in GGUF_ARCHITECTURES:
@@ -132,7 +126,7 @@ def _check_header(gguf_path: Path) -> int:
     if missing:
         raise UserError(f"GGUF file {gguf_path} lacks {len(missing)} tensor(s) the model needs, e.g. "
                         f"'{missing[0]}' (an incomplete or edited file); nothing was converted or cached")
-    return 4 * elements + (64 << 20)  # float32 weights plus the tokenizer and config
+    return arch
 
 
 def _missing_tensors(reader, arch: str) -> list[str]:

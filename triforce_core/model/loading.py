@@ -11,6 +11,7 @@ from triforce.errors import DamagedFileError, UserError
 from triforce.kernels import SDPA, SdpaAttention
 from triforce.model.context_stretch import stretch
 from triforce.model.decoder import CausalLM
+from triforce.model.gguf_weights import GgufSource
 from triforce.model.hf_config import generation_eos, read_hf_config
 from triforce.model.rope import RotaryEmbedding
 from triforce.model.weights import load_into, weight_files
@@ -96,10 +97,13 @@ def resolve_model_dir(spec: str) -> Path:
 
 
 def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.device,
-                shard: tuple[int, int] | None = None, context: int | None = None) -> CausalLM:
+                shard: tuple[int, int] | None = None, context: int | None = None,
+                blocks: frozenset[str] = frozenset()) -> CausalLM:
     """shard (rank, world): build rank's tensor-parallel share and slice each checkpoint tensor
     on the host, so a model that needs two cards never has to fit on one. context: the model's
-    context when it differs from the config's (a stretched one, see triforce.model.context_stretch)."""
+    context when it differs from the config's (a stretched one, see triforce.model.context_stretch).
+    blocks: parameters left on the meta device for the file's blocks (triforce.model.quantized),
+    the kernels built once they are in."""
     cfg = ModelConfig.from_hf(hf_config)
     if context is not None:
         cfg = replace(cfg, max_position_embeddings=context)
@@ -117,8 +121,9 @@ def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.
         from triforce.model.host_memory import check_host_room, meta_model_bytes
         check_host_room(meta_model_bytes(model, dtype), f"the model in {str(dtype).removeprefix('torch.')}",
                         "--dtype bfloat16, or a smaller model")
-    load_into(model, files, dtype, device, slicer)
-    model.use_kernels("fused")
+    load_into(model, files, dtype, device, slicer, skip=blocks)
+    if not blocks:
+        model.use_kernels("fused")
     return model.eval()
 
 
@@ -136,10 +141,15 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
     build_on = torch.device("cpu") if quantize is not None else torch_device  # blocks are made on the CPU
     folder = resolve_model_dir(spec)
     try:
+        source = GgufSource.read(folder)  # a converted GGUF: weights read from the file
         hf_config, context = read_hf_config(folder), None
         if rope_scaling is not None:
             hf_config, context = stretch(hf_config, *rope_scaling)
-        model = build_model(hf_config, weight_files(folder), torch_dtype, build_on, shard, context)
+        blocks = frozenset()
+        if quantize == "gguf" and source is not None:  # never made float
+            from triforce.model.quantized import block_parameters
+            blocks = block_parameters(source, hf_config.num_hidden_layers)
+        model = build_model(hf_config, weight_files(folder), torch_dtype, build_on, shard, context, blocks)
         tokenizer = load_tokenizer(folder)
     except DamagedFileError as e:
         if cache_root().resolve() in folder.resolve().parents:  # damage the size check cannot see
@@ -150,7 +160,8 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
     if quantize is not None:
         from triforce.model.quantized import quantize_model
         quantized = quantize_model(model, quantize, gguf_file(spec) if quantize == "gguf" else None,
-                                   required=quantize_required, device=torch_device)
+                                   required=quantize_required, device=torch_device,
+                                   row_order=None if source is None else source.row_order)
         if quantized is None and build_on != torch_device:  # a file without blocks stays float: move it
             model.to(torch_device)
             model.use_kernels("fused")
@@ -158,7 +169,7 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
 
 
 def gguf_file(spec: str) -> Path | None:
-    """The .gguf file `--model spec` was converted from (None for a Hugging Face folder)."""
+    """The .gguf file `--model spec` names (None for a folder, a converted one included)."""
     if spec == "default":
         from triforce.model.default_model import ensure_gguf
         return ensure_gguf()

@@ -3,17 +3,18 @@ own blocks (`--quantize gguf`), or the float weights quantized at load time (`--
 q4_0 | q4_1 | q4_k`, llama.cpp's reference quantizers through the gguf package; Q4_K's is
 triforce.kernels.cpu.quant_k's). A matrix whose rows are not whole Q4_K super-blocks (256
 weights) is quantized as q4_1 instead, as llama.cpp falls back for such rows; a file's tensors in
-formats without block kernels (Q5_0, Q5_K, F16, ...) stay as the conversion de-quantized them; Q6_K
+formats without block kernels (Q5_0, Q5_K, F16, ...) stay float, de-quantized from the file; Q6_K
 tensors run as blocks too (read from files only: the gguf package cannot make them).
 
 Each nn.Linear of the decoder becomes a QuantizedLinear holding a BlockWeight (on a GPU: its
 DeviceBlocks copy); its forward is the reference (de-quantize, then F.linear), and
 `use_kernels("fused")` builds the block kernels (triforce.kernels.cpu.quant_linear; on a GPU
 triforce.kernels.cuda.quant_triton) over q/k/v and gate/up stacked, as for float weights. Norms
-stay float. A GGUF's blocks are matched to the converted model's float weights (which transformers
-de-quantized from them) by exact equality after de-quantizing, so a row order that differs (Llama
-files store q and k rows permuted for their RoPE layout) is found and undone, and anything that
-does not match is refused rather than run."""
+stay float. A converted GGUF folder never makes its blocks' weights float (they stay on the meta
+device until the blocks replace them), its rows put in order as triforce.model.gguf_weights does
+for floats (Llama files store q and k rows permuted for their RoPE layout); given float weights
+instead, the blocks are matched to them by exact equality after de-quantizing, the row order
+found, and anything that does not match is refused rather than run."""
 from __future__ import annotations
 
 import importlib.util
@@ -35,14 +36,16 @@ _PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "att
 
 
 def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bool = True,
-                   device: torch.device | None = None) -> dict | None:
+                   device: torch.device | None = None, row_order=None) -> dict | None:
     """Replace `model`'s projections (and its tied or untied embeddings and head) by block
     weights of format `kind`, or with kind 'gguf' by the file's own blocks. Returns what was
     done: {"weights": format per tensor kind, "bytes": block bytes, "file_bytes": their GGUF size,
     "block_weights": how many weights they hold}.
     required False: a file with no tensor in a block format leaves the model as it is (None).
     device: where the model runs; a GPU gets the blocks as DeviceBlocks for the Triton kernels
-    (the model is quantized on the CPU, then moved)."""
+    (the model is quantized on the CPU, then moved).
+    row_order: the GgufSource.row_order of a converted folder, for weights left on the meta
+    device (never made float: see block_parameters)."""
     if kind not in CHOICES:
         raise UserError(f"unknown --quantize '{kind}' (choose from {', '.join(CHOICES)})")
     on_gpu = device is not None and device.type != "cpu"
@@ -50,7 +53,7 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
         raise UserError("--quantize on a GPU runs Triton kernels: install triton (pip install triton)")
     if kind == "gguf" and gguf_path is None:
         raise UserError("--quantize gguf needs a model loaded from a .gguf file (the default model is one)")
-    source = _GgufBlocks(gguf_path) if kind == "gguf" else None
+    source = _GgufBlocks(gguf_path, row_order) if kind == "gguf" else None
     if source is not None and not source.any_blocks(len(model.model.layers)):
         if not required:
             return None
@@ -94,6 +97,16 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
     kinds = sorted({b.kind for b in made})
     return {"weights": "/".join(kinds), "bytes": sum(b.nbytes for b in made),
             "file_bytes": sum(b.file_nbytes for b in made), "block_weights": sum(b.rows * b.cols for b in made)}
+
+
+def block_parameters(source, layers: int) -> frozenset[str]:
+    """The decoder parameters whose tensors in the GGUF file `source` (a GgufSource) run as blocks."""
+    from triforce.model.gguf_weights import hf_name
+
+    tensors = gguf_tensors(source.path)
+    names = ["token_embd.weight", "output.weight"]
+    names += [f"blk.{i}.{short}.weight" for i in range(layers) for short in _PROJECTIONS]
+    return frozenset(hf_name(n) for n in names if n in tensors and format_of(tensors[n].tensor_type))
 
 
 def random_blocks_into(model, kind: str, device: torch.device, generator: torch.Generator) -> dict:
@@ -179,9 +192,10 @@ def _blocks_to(model, device: torch.device) -> list:
 class _GgufBlocks:
     """The block tensors of a GGUF file, each checked against the float weight it should be."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, row_order=None):
         self.path = path
         self.tensors = gguf_tensors(path)
+        self.row_order = row_order  # GgufSource.row_order, for weights never made float
 
     def any_blocks(self, layers: int) -> bool:
         """Whether a tensor a model of `layers` layers takes from the file is in FORMATS."""
@@ -190,7 +204,7 @@ class _GgufBlocks:
         return any(n in self.tensors and format_of(self.tensors[n].tensor_type) for n in names)
 
     def block(self, name: str, weight: torch.Tensor, heads: int | None, k_factors: bool = False) -> BlockWeight | None:
-        """None where the file's tensor is in another format (it stays as the conversion made it).
+        """None where the file's tensor is in another format (it stays float).
         k_factors: keep a Q4_K tensor's own factors (BlockWeight.from_raw)."""
         tensor = self.tensors.get(name)
         if tensor is None:
@@ -200,15 +214,18 @@ class _GgufBlocks:
             return None
         rows, cols = weight.shape
         block = BlockWeight.from_raw(kind, np.asarray(tensor.data), rows, cols, k_factors)
+        if weight.is_meta:  # never made float: the rows in the order the floats would take
+            order = self.row_order(name, rows)
+            return block if order is None else block.permute_rows(order)
         # compared in the loaded weight's dtype: a bfloat16 load (--dtype auto on a CPU with native
-        # bfloat16) holds the conversion's float32 values rounded once, as .to() rounds the blocks'
+        # bfloat16) holds the de-quantized float32 values rounded once, as .to() rounds the blocks'
         expected = weight.detach()
         for order in _row_orders(rows, heads):
             candidate = block if order is None else block.permute_rows(order)
             if torch.equal(candidate.dequantized().to(expected.dtype), expected):
                 return candidate
-        raise UserError(f"{self.path.name}: tensor '{name}' does not de-quantize to the converted model's weight; "
-                        "the file and its cached conversion disagree")
+        raise UserError(f"{self.path.name}: tensor '{name}' does not de-quantize to the model's float weight; "
+                        "the file and the weights given disagree")
 
 
 def _row_orders(rows: int, heads: int | None):

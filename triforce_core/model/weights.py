@@ -1,5 +1,6 @@
 """Build a model on the meta device and fill it tensor by tensor from a Hugging Face folder
-(safetensors or PyTorch .bin, single file or sharded), so no second copy is ever held."""
+(safetensors or PyTorch .bin, single file or sharded) or the GGUF file a converted folder names
+(triforce.model.gguf_weights), so no second copy is ever held."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,10 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def weight_files(folder: Path) -> list[Path]:
+    from triforce.model.gguf_weights import SOURCE
+
+    if (folder / SOURCE).exists():
+        return [folder / SOURCE]
     for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         index = folder / index_name
         if index.exists():
@@ -37,8 +42,14 @@ def weight_files(folder: Path) -> list[Path]:
     raise UserError(f"no weights in {folder} (looked for *.safetensors and pytorch_model.bin)")
 
 
-def iter_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) one at a time; a damaged file becomes a UserError."""
+def iter_tensors(path: Path, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) one at a time; a damaged file becomes a UserError. skip: names a
+    GGUF source does not read (they run as the file's blocks)."""
+    from triforce.model.gguf_weights import SOURCE, iter_gguf_tensors
+
+    if path.name == SOURCE:
+        yield from iter_gguf_tensors(path, skip)
+        return
     try:
         if path.suffix == ".safetensors":
             from safetensors import safe_open
@@ -72,14 +83,21 @@ def _load_bin(path: Path) -> dict:
         raise UserError(unsafe.format("it holds Python objects besides tensors")) from None
 
 
-def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, slicer=None) -> None:
+def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, slicer=None,
+              skip: frozenset[str] = frozenset()) -> None:
     """Assign every checkpoint tensor to the meta-built `model`, cast to dtype on `device`.
     slicer(name, tensor) -> the part this process keeps (tensor parallelism), cut on the host
-    before anything reaches the device; None drops the tensor."""
+    before anything reaches the device; None drops the tensor. skip: parameters left on the meta
+    device (in `dtype`) for the caller to replace (a GGUF's block weights)."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
+    skip = frozenset(name for name in skip if name in params)
+    for name in skip:
+        module_name, _, attr = name.rpartition(".")
+        meta = torch.empty(params[name].shape, dtype=dtype, device="meta")
+        setattr(model.get_submodule(module_name), attr, nn.Parameter(meta, requires_grad=False))
     for path in files:
-        for name, tensor in iter_tensors(path):
+        for name, tensor in iter_tensors(path, skip):
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
             if slicer is not None:
@@ -99,7 +117,7 @@ def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, s
             setattr(module, attr, nn.Parameter(value, requires_grad=False))
             loaded.add(name)
     model.tie_weights()
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    missing = [n for n, p in model.named_parameters() if p.is_meta and n not in skip]
     if missing:
         raise UserError(f"checkpoint lacks {len(missing)} tensors, e.g. '{missing[0]}' "
                         "(truncated or incomplete download?)")

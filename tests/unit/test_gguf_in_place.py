@@ -1,0 +1,120 @@
+"""A GGUF's weights read in place (triforce.model.gguf_weights) are what transformers' GGUF loader
+makes of the same file, for files whose q and k rows llama.cpp permuted (llama) and whose it did
+not (mistral, qwen2), and a model loaded from the file gives the original checkpoint's logits."""
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+from safetensors.torch import load_file
+
+from triforce.model.gguf_weights import SOURCE, GgufSource, gguf_name, hf_name, iter_gguf_tensors
+
+
+def _llama_cpp_permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to a Llama checkpoint's q and k rows."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+        weight.shape)
+
+
+def write_gguf(folder, arch: str, kind: GGMLQuantizationType):
+    """The checkpoint in `folder` written as `arch`'s GGUF file (matrices in `kind`, vectors F32)."""
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    path = folder / f"model-{arch}.gguf"
+    writer = GGUFWriter(str(path), arch)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+        values = tensor.float().numpy()
+        short = gguf_name(name)
+        if arch == "llama" and (".attn_q." in short or ".attn_k." in short):
+            values = _llama_cpp_permute(values, heads if ".attn_q." in short else kv_heads)
+        if values.ndim == 2 and kind != GGMLQuantizationType.F32:
+            packed = quantize(values, kind)
+            writer.add_tensor(short, packed, raw_shape=packed.shape, raw_dtype=kind)
+        else:
+            writer.add_tensor(short, np.ascontiguousarray(values))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, arch, heads, kv_heads
+
+
+def in_place(tmp_path, gguf_path, arch, heads, kv_heads):
+    folder = tmp_path / f"converted-{arch}"
+    folder.mkdir()
+    GgufSource.of(gguf_path, arch, heads, kv_heads).write(folder)
+    return folder
+
+
+@pytest.mark.parametrize("family, arch", [("llama-gqa", "llama"), ("mistral", "llama"), ("qwen2", "qwen2")])
+def test_weights_read_in_place_equal_transformers_loading_the_file(tiny_model_dir, tmp_path, family, arch):
+    from transformers import AutoModelForCausalLM
+
+    source = tiny_model_dir(family)
+    gguf_path, *shape = write_gguf(source, arch, GGMLQuantizationType.Q8_0)
+    theirs = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=gguf_path.name, dtype=torch.float32)
+    theirs = {name: value for name, value in theirs.state_dict().items() if hf_name(gguf_name(name))}
+    ours = dict(iter_gguf_tensors(in_place(tmp_path, gguf_path, *shape) / SOURCE))
+    if theirs["model.embed_tokens.weight"] is theirs.get("lm_head.weight") or "lm_head.weight" not in ours:
+        theirs.pop("lm_head.weight", None)  # tied: one tensor in the file
+    assert sorted(ours) == sorted(theirs)
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours), [
+        name for name in ours if not torch.equal(ours[name], theirs[name])]
+
+
+def test_a_model_loaded_from_its_file_gives_the_checkpoints_logits(tiny_model_dir, tmp_path):
+    """Float32 tensors survive the file bit for bit, so q and k rows put back in the wrong order
+    (or not at all) would change the logits."""
+    import shutil
+
+    from triforce.model.loading import load_model
+
+    source = tiny_model_dir("llama-gqa")
+    gguf_path, *shape = write_gguf(source, "llama", GGMLQuantizationType.F32)
+    folder = in_place(tmp_path, gguf_path, *shape)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, folder / name)
+    tokens = torch.tensor([[3, 9, 14, 5, 22, 7]])
+    logits = [_logits(load_model(str(f), dtype="float32", device="cpu"), tokens) for f in (source, folder)]
+    assert torch.equal(*logits)
+
+
+def _logits(lm, tokens):
+    from triforce.cache.resident import ResidentKVCache
+
+    step = ResidentKVCache(lm.config, tokens.shape[1], dtype=lm.dtype).step(tokens.shape[1])
+    return lm.model(tokens, step.positions, step)
+
+
+def test_a_changed_or_missing_file_is_named(tiny_model_dir, tmp_path):
+    from triforce.errors import DamagedFileError
+
+    source = tiny_model_dir("llama-mha")
+    gguf_path, *shape = write_gguf(source, "llama", GGMLQuantizationType.F32)
+    folder = in_place(tmp_path, gguf_path, *shape)
+    with open(gguf_path, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(DamagedFileError, match="changed since it was converted"):
+        next(iter_gguf_tensors(folder / SOURCE))
+    gguf_path.unlink()
+    with pytest.raises(DamagedFileError, match="is gone"):
+        next(iter_gguf_tensors(folder / SOURCE))
+
+
+def test_names_map_both_ways():
+    for gguf in ("token_embd.weight", "output_norm.weight", "output.weight", "blk.3.attn_q.bias",
+                 "blk.0.ffn_down.weight", "blk.11.attn_norm.weight", "blk.2.attn_output.weight"):
+        assert gguf_name(hf_name(gguf)) == gguf
+    assert hf_name("rope_freqs.weight") is None

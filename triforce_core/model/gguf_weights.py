@@ -1,0 +1,126 @@
+"""A GGUF file's tensors under the Hugging Face names the decoder takes, read from the file itself.
+
+A converted GGUF folder holds the config and tokenizer only, plus `gguf-source.json` naming the
+file: weights run as the file's blocks where kernels exist (triforce.model.quantized), and
+any float weight is de-quantized at load as transformers' GGUF loader does (the gguf package's
+de-quantizers; Llama files' q and k rows put back from llama.cpp's RoPE layout), so no float
+copy of the file is ever cached. The default model de-quantizes whole in 0.8 s (measured with
+the gguf package on this project's 2-core CI host)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from triforce.errors import DamagedFileError
+
+SOURCE = "gguf-source.json"
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+          "ffn_down": "mlp.down_proj"}
+_PERMUTING = ("llama",)  # GGUF architectures whose q/k rows llama.cpp's converter permuted (Mistral is "llama")
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    """What a converted folder reads its weights from."""
+    path: Path
+    size: int
+    mtime_ns: int
+    permute_qk: bool  # Llama files: q and k rows in llama.cpp's RoPE layout
+    heads: int
+    kv_heads: int
+
+    @classmethod
+    def of(cls, gguf_path: Path, architecture: str, heads: int, kv_heads: int) -> "GgufSource":
+        stat = gguf_path.stat()
+        return cls(gguf_path.resolve(), stat.st_size, stat.st_mtime_ns, architecture in _PERMUTING, heads, kv_heads)
+
+    def write(self, folder: Path) -> None:
+        fields = {**self.__dict__, "path": str(self.path)}
+        (folder / SOURCE).write_text(json.dumps(fields, indent=1) + "\n")
+
+    @classmethod
+    def read(cls, folder: Path) -> "GgufSource | None":
+        """None where the folder is not a converted GGUF."""
+        try:
+            fields = json.loads((folder / SOURCE).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise DamagedFileError(f"cannot read {folder / SOURCE}: {e}") from None
+        return cls(Path(fields["path"]), fields["size"], fields["mtime_ns"], fields["permute_qk"],
+                   fields["heads"], fields["kv_heads"])
+
+    def changed(self) -> str | None:
+        """Why the file is no longer the one converted (None: it is)."""
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return f"{self.path} is gone"
+        if (stat.st_size, stat.st_mtime_ns) != (self.size, self.mtime_ns):
+            return f"{self.path} changed since it was converted"
+        return None
+
+    def row_order(self, gguf_name: str, rows: int) -> np.ndarray | None:
+        """The permutation that puts a tensor's rows in the Hugging Face order (None: as stored):
+        each head's two RoPE halves interleaved back, as transformers' GGUF loader does."""
+        if not self.permute_qk or not (".attn_q." in gguf_name or ".attn_k." in gguf_name):
+            return None
+        heads = self.heads if ".attn_q." in gguf_name else self.kv_heads
+        dim = rows // heads // 2
+        return np.arange(rows).reshape(heads, dim, 2).swapaxes(1, 2).reshape(-1)
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The decoder's parameter for a GGUF tensor (None: one it recomputes, e.g. rope_freqs)."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER:
+        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
+    if len(parts) == 2 and parts[0] in _TOP:
+        return f"{_TOP[parts[0]]}.{parts[1]}"
+    return None
+
+
+def gguf_name(hf: str) -> str:
+    """The GGUF tensor that holds the decoder's parameter `hf`."""
+    for short, long in _TOP.items():
+        if hf.startswith(long + "."):
+            return f"{short}.{hf.rsplit('.', 1)[1]}"
+    _, _, index, rest = hf.split(".", 3)
+    module, _, kind = rest.rpartition(".")
+    short = next(s for s, long in _LAYER.items() if long == module)
+    return f"blk.{index}.{short}.{kind}"
+
+
+def iter_gguf_tensors(source_file: Path, skip: frozenset[str] = frozenset()) -> Iterator[tuple[str, object]]:
+    """(Hugging Face name, float32 tensor) for each tensor of the file `source_file` names,
+    de-quantized one at a time; names in `skip` (weights run as blocks) are not read."""
+    import torch
+    from gguf import dequantize
+
+    from triforce.model.gguf_index import gguf_tensors
+
+    source = GgufSource.read(source_file.parent)
+    problem = source.changed()
+    if problem is not None:
+        raise DamagedFileError(f"{problem}: the model in {source_file.parent} reads its weights from it")
+    for name, tensor in gguf_tensors(source.path).items():
+        target = hf_name(name)
+        if target is None or target in skip:
+            continue
+        try:
+            values = dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(tensor.shape[::-1])
+        except Exception as e:  # numpy's errors for a short read have no common base
+            raise DamagedFileError(f"cannot read tensor {name} of {source.path} (corrupt or truncated?): "
+                                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        order = source.row_order(name, values.shape[0])
+        if order is not None:
+            values = values[order]
+        values = np.ascontiguousarray(values)
+        yield target, torch.from_numpy(values if values.flags.writeable else values.copy())  # F32: a file view

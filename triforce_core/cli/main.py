@@ -24,6 +24,7 @@ def cli():
 def _register():
     from triforce.cli.bench_batch_cmd import batch as bench_batch
     from triforce.cli.bench_cmd import bench_group
+    from triforce.cli.cache_cmd import cache_group
     from triforce.cli.chat_cmd import chat
     from triforce.cli.eval_agreement_cmd import agreement
     from triforce.cli.eval_cmd import eval_group
@@ -37,6 +38,7 @@ def _register():
     cli.add_command(serve)
     cli.add_command(plan)
     cli.add_command(profile_group)
+    cli.add_command(cache_group)
     eval_group.add_command(agreement)
     cli.add_command(eval_group)
     bench_group.add_command(bench_batch)

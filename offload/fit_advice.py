@@ -22,7 +22,8 @@ def check_tp(tp: int, model: ModelConfig, profile: MemoryProfile) -> None:
 def too_big_reason(parts: dict, budget: int, profile: MemoryProfile, model: ModelConfig, tp: int,
                     scratch_per_token: float, gamma_bytes: int) -> str:
     """What does not fit, and only hints that can work: a --tp the profile's GPUs and the
-    model's KV heads allow, never a GPU hint on the CPU profile."""
+    model's KV heads allow, never a GPU hint on the CPU profile, never a context past the
+    model's own (max_position_embeddings: a stretched one where the run stretches it)."""
     need = sum(parts.values())
     biggest = max(parts, key=parts.get)
     hints = []
@@ -30,7 +31,8 @@ def too_big_reason(parts: dict, budget: int, profile: MemoryProfile, model: Mode
     if gamma_bytes > need // 4:  # verify logits and the sparse cache's room grow with the gammas
         hints.append(f"a smaller --gamma2 (what grows with it takes {format_size(gamma_bytes)})")
     if without_scratch < budget:  # only the context-sized prefill buffers do not fit
-        hints.append(f"a context of at most about {int((budget - without_scratch) / scratch_per_token)} tokens")
+        fits = int((budget - without_scratch) / scratch_per_token)
+        hints.append(f"a context of at most about {min(fits, model.max_position_embeddings)} tokens")
     wider = [n for n in range(tp + 1, profile.num_gpus + 1) if model.num_kv_heads % n == 0]
     if wider:
         hints.append(f"--tp {wider[-1]}")

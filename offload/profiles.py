@@ -208,6 +208,21 @@ def load_profile(spec: str) -> MemoryProfile:
     return profile_from_dict(data, source)
 
 
+def this_cpu() -> MemoryProfile:
+    """The shipped `cpu` profile with this machine's memory and cores (what a CPU run plans with
+    unless --profile names one): 80% of the memory available now, which the model, its caches
+    and an emulated host store share; the rates stay the shipped ones until `profile tune`."""
+    import os
+
+    import psutil
+
+    usable = int(psutil.virtual_memory().available * 0.8)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return replace(load_profile("cpu"), gpu_bytes=usable, host_bytes=usable, cpu_threads=cores, source="this machine",
+                   description=f"CPU only, read from this machine: {format_size(usable)} usable (80% of the memory "
+                               f"available), {cores} cores; rates as shipped")
+
+
 def profile_to_toml(profile: MemoryProfile) -> str:
     """TOML text that load_profile reads back to an equal profile (bar `source`)."""
     lines = []

@@ -10,12 +10,12 @@ from triforce.config import AUTO, ModelConfig, SpecParams
 from triforce.offload.cost_model import Acceptance, Gamma2Controller, RoundPrices
 from triforce.offload.method_choice import MethodChoice, choose_method, default_acceptance
 from triforce.offload.planner import MemoryPlan, hardware, plan_memory
-from triforce.offload.profiles import MemoryProfile, load_profile, parse_size
+from triforce.offload.profiles import MemoryProfile, load_profile, parse_size, this_cpu
 from triforce.offload.speculation_choice import Choice, plan_with_choice
 
 
 def auto_profile(device: torch.device) -> MemoryProfile:
-    """`cpu` on a CPU device; on CUDA, what the device reports now (bandwidths nominal until
+    """`cpu` with this machine's memory and cores on a CPU device (profiles.this_cpu); on CUDA, what the device reports now (bandwidths nominal until
     `triforce profile tune` measures them).
 
     Reserved is what others hold: the memory in use on the device less what this process's
@@ -23,7 +23,7 @@ def auto_profile(device: torch.device) -> MemoryProfile:
     profile comes out the same before and after the models are loaded (counting loaded weights
     as reserved once refused Llama-3-8B bf16 on a 24 GB card)."""
     if device.type != "cuda":
-        return load_profile("cpu")
+        return this_cpu()
     import psutil
 
     if device.index is None:  # torch's memory-fraction query refuses it; resolve_device never returns one

@@ -179,7 +179,8 @@ def offload_options(f):
                           "profile's gpu_bytes minus reserved_bytes; MB = 10^6, MiB = 2^20).")(f)
     f = click.option("--profile", default=None,
                      help="Memory profile: a name from `triforce profile list` or a .toml file "
-                          "(default: cpu on a CPU, the detected card on CUDA).")(f)
+                          "(default: on a CPU the cpu profile's rates with this machine's memory and cores, "
+                          "`--profile cpu` being the shipped 16 GiB reference; on CUDA the detected card).")(f)
     return f
 
 

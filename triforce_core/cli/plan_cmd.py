@@ -23,6 +23,11 @@ def _model_shape(model: str | None, arch: str | None):
     return ModelConfig.from_hf(read_hf_config(folder)), str(folder)
 
 
+def _available_memory() -> int:
+    import psutil
+    return int(psutil.virtual_memory().available)
+
+
 def _draft_shape(draft: str | None):
     if draft in (None, "lookup", "none"):
         return None
@@ -83,14 +88,14 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
     (MagicDec's analysis: see `triforce bench batch`).
     """
     from triforce.cli.options import build_spec
-    from triforce.offload.profiles import format_size, load_profile, parse_size
+    from triforce.offload.profiles import format_size, load_profile, parse_size, this_cpu
     from triforce.offload.speculation_choice import plan_with_choice
 
     if context < 1:
         raise UserError(f"--context must be >= 1, got {context}")
     shape, name = _model_shape(model, arch)
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    prof = load_profile(profile or "cpu")
+    prof = load_profile(profile) if profile else this_cpu()
     if device_budget is not None:
         prof = prof.with_device_budget(parse_size(device_budget, "--device-budget"))
     if dtype == "auto":
@@ -118,8 +123,10 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
               "chosen_by_cost_model": sorted({"budget", "chunk_size", "gamma1", "gamma2"} - fixed) if choice else []}
     limits = plan_limits(result, shape.max_position_embeddings, context)
     host_note = None if prof.measured or prof.num_gpus == 0 else (
-        f"profile {prof.name} assumes {format_size(prof.host_bytes)} of host memory, not measured here: "
-        "`triforce profile tune` writes one for this machine")
+        f"profile {prof.name} assumes {format_size(prof.host_bytes)} of host memory, not measured here (this "
+        f"machine has {format_size(_available_memory())} available): `triforce profile tune` writes one for it")
+    if prof.source == "this machine":
+        host_note = f"profile {prof.name}: {prof.description}"
     if as_json:
         print(json.dumps({"model": name, "dtype": dtype, "method": method, "speculation": chosen,
                           "method_choice": auto.to_json() if auto else None, "limits": limits, "host_note": host_note,
@@ -139,17 +146,12 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
 
 def plan_limits(result, trained: int, context: int) -> list[str]:
     """Every limit the request passes, at once: the model's own context, then the memory."""
-    import re
-
     limits = []
     if context > trained:
         limits.append(f"{context} tokens is past the model's {trained}-token context: run it with --max-context "
                       f"{context} --rope-scaling yarn (or ask for at most {trained})")
     if not result.feasible:
-        # a context it suggests is never past the model's own
-        reason = re.sub(r"a context of at most about (\d+) tokens",
-                        lambda m: f"a context of at most about {min(int(m.group(1)), trained)} tokens", result.reason)
-        limits.append(f"does not fit: {reason}")
+        limits.append(f"does not fit: {result.reason}")
     return limits
 
 

@@ -24,25 +24,32 @@ from triforce.kernels.cpu import cpu_attention, cpu_layer, cpu_linear
 CHILD_TIMEOUT_S = 600  # the child's compile takes ~8 s on a 2-core Zen 3; a hung one must not hang a start
 
 
-def warm_up(dtype: torch.dtype, kv_shapes, say=None) -> None:
+def warm_up(dtype: torch.dtype, kv_shapes, say=None, blocks=None) -> None:
     """Compile (or load) every CPU decoding kernel `dtype` runs for models of these
     (KV heads, head dim). say(line): told of each group as it is compiled, on a first start only
-    (a start with the kernels cached loads them in about a second and says nothing)."""
+    (a start with the kernels cached loads them in about a second and says nothing).
+    blocks(): a block-quantized model's kernels, compiled last (a group of their own)."""
     fresh = not _attention_cached(dtype, kv_shapes)
     tell = say if say is not None and fresh else (lambda line: None)
+    groups = 3 + (blocks is not None)
     tell(f"compiling the CPU kernels for {str(dtype).removeprefix('torch.')} (once per machine and version: "
          "later starts load them)")
     child = _attention_child(dtype, kv_shapes) if fresh and _worth_a_child(dtype, kv_shapes) else None
-    _timed(tell, "1/3 linear", lambda: cpu_linear.warm_up(dtype))
-    _timed(tell, "2/3 layer halves", lambda: cpu_layer.warm_up(dtype))
-    if child is not None:
-        try:
-            child.wait(timeout=CHILD_TIMEOUT_S)
-        except subprocess.TimeoutExpired:  # never seen: compiled here below all the same
-            child.kill()
-            child.wait()
-    # loads what the child compiled (compiles what it did not)
-    _timed(tell, "3/3 attention", lambda: cpu_attention.warm_up(dtype, kv_shapes))
+    _timed(tell, f"1/{groups} linear", lambda: cpu_linear.warm_up(dtype))
+    _timed(tell, f"2/{groups} layer halves", lambda: cpu_layer.warm_up(dtype))
+
+    def attention():
+        if child is not None:
+            try:
+                child.wait(timeout=CHILD_TIMEOUT_S)
+            except subprocess.TimeoutExpired:  # never seen: compiled here below all the same
+                child.kill()
+                child.wait()
+        cpu_attention.warm_up(dtype, kv_shapes)  # loads what the child compiled (compiles what it did not)
+
+    _timed(tell, f"3/{groups} attention{' (the rest of its compile beside)' if child else ''}", attention)
+    if blocks is not None:
+        _timed(tell, f"4/{groups} block weights", blocks)
 
 
 def _timed(tell, name: str, step) -> None:

@@ -34,6 +34,12 @@ def test_against_transformers_as_csv(capsys):
     assert float(lines[0]["decode_speedup"]) > 0 and lines[0]["commit"]
 
 
+def test_start_time_of_chat(capsys):
+    report = json.loads(run(capsys, "bench", "start", "--no-cold", "--repeats", "1", "--dtype", "float32", "--json"))
+    row, = report["rows"]
+    assert row["start"] == "later" and 0 < row["to_prompt_s"] <= row["to_exit_s"] and row["repeats"] == 1
+
+
 def test_the_server_benchmarks_as_tables(capsys):
     out = run(capsys, "bench", "serve-ttft", "--document-tokens", "200", "--max-context", "1024", "--new-tokens", "3",
               "--dtype", "float32")

@@ -68,6 +68,11 @@ def test_a_first_start_says_what_it_compiles_and_a_later_one_says_nothing(monkey
     assert told[0].startswith("compiling the CPU kernels for float32 (once per machine and version")
     assert [line.split(":")[0].strip() for line in told[1:]] == ["1/3 linear", "2/3 layer halves", "3/3 attention"]
     told.clear()
+    blocks = []
+    warm.warm_up(torch.float32, [(3, 64)], told.append, blocks=lambda: blocks.append(1))
+    assert [line.split(":")[0].strip() for line in told[1:]] == ["1/4 linear", "2/4 layer halves", "3/4 attention",
+                                                                 "4/4 block weights"] and blocks == [1]
+    told.clear()
     monkeypatch.setattr(warm, "_cached", lambda kernel: True)
-    warm.warm_up(torch.float32, [(3, 64)], told.append)
-    assert told == []
+    warm.warm_up(torch.float32, [(3, 64)], told.append, blocks=lambda: blocks.append(2))
+    assert told == [] and blocks == [1, 2]  # compiled or loaded all the same, said only when fresh

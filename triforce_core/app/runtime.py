@@ -54,9 +54,8 @@ class Runtime:
             from triforce.kernels.cpu import warm
             models = [self.lm] + ([self.draft.model] if self.draft.model is not None else [])
             say = (lambda line: print(line, file=sys.stderr, flush=True)) if rank == 0 else None
-            warm.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models], say)
-            if self.lm.quantized is not None:
-                warm_up_blocks(self.lm)
+            warm.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models], say,
+                         blocks=partial(warm_up_blocks, self.lm) if self.lm.quantized is not None else None)
         elif self.lm.quantized is not None and os.environ.get("TRITON_INTERPRET") != "1":
             warm_up_blocks(self.lm)  # the Triton kernels' specialisations (the interpreter compiles none)
         self.load_s = time.perf_counter() - started

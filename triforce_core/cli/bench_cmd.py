@@ -29,6 +29,8 @@ MODULE_BENCHES = {
                   "The server's throughput with several clients at once against one by one."),
     "kernels": ("triforce.bench.quant_kernels", "main",
                "Block-weight kernels against the float matmul and the bytes floor."),
+    "start": ("triforce.bench.start_time", "main",
+              "How long `triforce chat` takes to its prompt: a first start, then later ones."),
     "tiers": ("triforce.bench.tier_steps", "main",
              "Each tier's step time against its bytes floor, CUDA graphs on and off."),
 }

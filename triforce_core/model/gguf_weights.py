@@ -4,8 +4,7 @@ A converted GGUF folder holds the config and tokenizer only, plus `gguf-source.j
 file: weights run as the file's blocks where kernels exist (triforce.model.quantized), and
 any float weight is de-quantized at load as transformers' GGUF loader does (the gguf package's
 de-quantizers; Llama files' q and k rows put back from llama.cpp's RoPE layout), so no float
-copy of the file is ever cached. The default model de-quantizes whole in 0.8 s (measured with
-the gguf package on this project's 2-core CI host)."""
+copy of the file is ever cached."""
 from __future__ import annotations
 
 import json

@@ -28,8 +28,9 @@ def start(cache: Path | None, args: tuple[str, ...] = ()) -> dict:
     """One `triforce chat` run that quits at once: seconds to its banner and to its exit, and each
     stderr line with the second it appeared. cache: TRIFORCE_CACHE (None: the user's)."""
     env = dict(os.environ)
-    if cache is not None:
+    if cache is not None:  # its own kernels too (this process pointed numba at the user's cache)
         env["TRIFORCE_CACHE"] = str(cache)
+        env.pop("NUMBA_CACHE_DIR", None)
     started = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "triforce.cli.main", "chat", *args], stdin=subprocess.PIPE,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)

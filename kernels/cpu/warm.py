@@ -28,7 +28,8 @@ def warm_up(dtype: torch.dtype, kv_shapes, say=None, blocks=None) -> None:
     """Compile (or load) every CPU decoding kernel `dtype` runs for models of these
     (KV heads, head dim). say(line): told of each group as it is compiled, on a first start only
     (a start with the kernels cached loads them in about a second and says nothing).
-    blocks(): a block-quantized model's kernels, compiled last (a group of their own)."""
+    blocks(): a block-quantized model's kernels (a group of their own, compiled while the child
+    still compiles attention)."""
     fresh = not _attention_cached(dtype, kv_shapes)
     tell = say if say is not None and fresh else (lambda line: None)
     groups = 3 + (blocks is not None)
@@ -47,9 +48,9 @@ def warm_up(dtype: torch.dtype, kv_shapes, say=None, blocks=None) -> None:
                 child.wait()
         cpu_attention.warm_up(dtype, kv_shapes)  # loads what the child compiled (compiles what it did not)
 
-    _timed(tell, f"3/{groups} attention{' (the rest of its compile beside)' if child else ''}", attention)
     if blocks is not None:
-        _timed(tell, f"4/{groups} block weights", blocks)
+        _timed(tell, f"3/{groups} block weights", blocks)
+    _timed(tell, f"{groups}/{groups} attention{' (the rest of its compile beside)' if child else ''}", attention)
 
 
 def _timed(tell, name: str, step) -> None:

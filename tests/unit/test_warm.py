@@ -70,8 +70,8 @@ def test_a_first_start_says_what_it_compiles_and_a_later_one_says_nothing(monkey
     told.clear()
     blocks = []
     warm.warm_up(torch.float32, [(3, 64)], told.append, blocks=lambda: blocks.append(1))
-    assert [line.split(":")[0].strip() for line in told[1:]] == ["1/4 linear", "2/4 layer halves", "3/4 attention",
-                                                                 "4/4 block weights"] and blocks == [1]
+    assert [line.split(":")[0].strip() for line in told[1:]] == ["1/4 linear", "2/4 layer halves", "3/4 block weights",
+                                                                 "4/4 attention"] and blocks == [1]
     told.clear()
     monkeypatch.setattr(warm, "_cached", lambda kernel: True)
     warm.warm_up(torch.float32, [(3, 64)], told.append, blocks=lambda: blocks.append(2))

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import triforce.kernels.cpu.cpu_attention as cpu_attention
 from triforce.kernels.device_kind import on_cuda
-from triforce.kernels.partial import block_kind, fused_partial, fused_shape, partial_attention
+from triforce.kernels.partial import (block_kind, causal_pieces, fusable, fused_partial, fused_shape,
+                                      partial_attention)
 
 
 def causal_mask(num_queries: int, num_keys: int, device: torch.device,
@@ -66,6 +67,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     return out.reshape(batch, heads, num_queries, dim)
 
 
+def _fused_pieces(q, k, v, scale: float, q_start: int, k_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """partial_attention's result for a block causal_pieces splits, each piece in the fused kernel."""
+    outs, lses = [], []
+    for first, end, keys, shape in causal_pieces(q.shape[2], k.shape[2], q_start, k_start):
+        rows = q[:, :, first - q_start:end - q_start]
+        if shape is None:  # these queries see none of the block: weighed as nothing by the merge
+            outs.append(torch.zeros(rows.shape, dtype=torch.float32, device=q.device))
+            lses.append(torch.full(rows.shape[:3], float("-inf"), device=q.device))
+            continue
+        out, lse = fused_partial(rows, k[:, :, :keys], v[:, :, :keys], scale=scale, shape=shape, q_start=first,
+                                 k_start=k_start)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs, 2), torch.cat(lses, 2)
+
+
 class SdpaAttention:
     """PyTorch scaled_dot_product_attention for whole views (decoding steps on the CPU: the
     kernel of triforce.kernels.cpu.cpu_attention), the tiled torch kernel for partial attention.
@@ -82,8 +99,12 @@ class SdpaAttention:
     def partial(self, q, k, v, *, scale: float, q_start: int, k_start: int,
                 sliding_window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         shape = fused_shape(q, k.shape[2], q_start, k_start, sliding_window)
+        if shape is None and sliding_window is None and k.shape[2] and fusable(q):
+            shape = "pieces"  # keys past some queries: fused by piece, never the float32 tiles (a prefill's blocks)
         if shape is not None and self.fused_partial_failed is None:
             try:
+                if shape == "pieces":
+                    return _fused_pieces(q, k, v, scale, q_start, k_start)
                 return fused_partial(q, k, v, scale=scale, shape=shape, q_start=q_start, k_start=k_start)
             except RuntimeError as e:  # a kernel this build or device lacks: the reference from now on
                 self.fused_partial_failed = str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -111,14 +111,35 @@ def block_kind(num_queries: int, num_keys: int, q_start: int, k_start: int,
     return None
 
 
+def fusable(q: torch.Tensor) -> bool:
+    """Whether a fused kernel takes q's dtype here: half precision on any device, float32 on the CPU."""
+    return q.dtype in HALF or (q.dtype == torch.float32 and not on_cuda(q))
+
+
 def fused_shape(q: torch.Tensor, num_keys: int, q_start: int, k_start: int,
                 sliding_window: int | None) -> str | None:
     """Which fused kernel serves this block, if any (block_kind's names): half precision on any
     device, float32 on the CPU, whose flash kernel takes it too. A "diagonal" block's causal part
     is a square (as many keys as queries), where CUDA's flash kernel masks as the CPU's does."""
-    if num_keys == 0 or not (q.dtype in HALF or (q.dtype == torch.float32 and not on_cuda(q))):
+    if num_keys == 0 or not fusable(q):
         return None
     return block_kind(q.shape[2], num_keys, q_start, k_start, sliding_window)
+
+
+def causal_pieces(num_queries: int, num_keys: int, q_start: int, k_start: int) -> list[tuple[int, int, int, str | None]]:
+    """A block whose keys run past some queries (a prefill's resident head, or its new tokens
+    seen by queries before them), split by query into pieces block_kind names: queries before
+    the block's first key see none of it (shape None), those among its keys a "diagonal" (the
+    keys up to theirs), those after it the "whole" block. [(first query, end, keys, shape)]."""
+    q_end, k_end = q_start + num_queries, k_start + num_keys
+    sees = min(max(k_start, q_start), q_end)  # the first query that sees a key
+    past = min(max(k_end, q_start), q_end)    # the first query past the block
+    pieces = [(q_start, sees, 0, None)] if sees > q_start else []
+    if past > sees:
+        pieces.append((sees, past, past - k_start, "diagonal"))
+    if q_end > past:
+        pieces.append((past, q_end, num_keys, "whole"))
+    return pieces
 
 
 def fused_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,

@@ -128,3 +128,4 @@ def test_which_blocks_the_fused_kernels_serve(q, q_start, k_start, num_keys, win
     from triforce.kernels.partial import fused_shape
 
     assert fused_shape(q, num_keys, q_start, k_start, window) == expected
+

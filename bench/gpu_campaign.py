@@ -12,7 +12,7 @@ it (triforce with hybrid, residency and drafting ahead on and off, beside ar-off
 ar-hybrid), the block kernels; then, by name or --all, the quantized decode, peers, tier steps and
 the best case. Each step runs in its own process with GPU memory capped to `--cap-gb` so an H100
 stands in for a 24 GB card; a failing step is recorded and the campaign goes on. Each step's limit
-follows from its estimate (bench/campaign_plan.py), and a step whose estimate exceeds the time
+follows from its estimate (bench/campaign_steps.py), and a step whose estimate exceeds the time
 left is skipped and said so rather than cut.
 
 Writes gpu-campaign-DATE.json after every step (the commit, torch, driver and device; every step's
@@ -130,7 +130,7 @@ def choose(chosen_from: list[Step], only: str | None, run_all: bool) -> list[Ste
 
 
 def print_plan(chosen: list[Step], every: list[Step], cap_gb: float, budget_s: float, out: Path, reduced: bool) -> None:
-    from triforce.bench.campaign_plan import estimate
+    from triforce.bench.campaign_steps import estimate
 
     print(f"would run {len(chosen)} steps in {REPO} with GPU memory capped to {cap_gb:g} GB, within {budget_s:.0f} s, "
           f"writing to {out}{' (reduced shapes, on a CPU)' if reduced else ''}; estimates for an H100 (predicted):")
@@ -173,7 +173,7 @@ def last_measured(out: Path) -> dict[str, float]:
 @click.option("--commit", default=None, help="The commit measured, where the checkout has no .git (default: git's HEAD).")
 def main(out_dir, cap_gb, budget_s, only, run_all, reduced, dry_run, commit):
     """Run the GPU tests and GPU benchmarks in one command, carrying on past failures."""
-    from triforce.bench.campaign_plan import estimate
+    from triforce.bench.campaign_steps import estimate
 
     out = Path(out_dir).resolve()
     every = steps(out, REDUCED if reduced else CAMPAIGN)

@@ -11,7 +11,7 @@ import click
 import pytest
 
 from triforce.bench import gpu_campaign
-from triforce.bench.campaign_plan import LEASE_S, estimate, plan_total
+from triforce.bench.campaign_steps import LEASE_S, estimate, plan_total
 from triforce.bench.campaign_steps import CAMPAIGN, DECODE_METHODS, REDUCED, Decode, Prefill, steps
 
 JOURNEY = ["user", "probe", "gpu-tests", "prefill-32k", "prefill-127k", "decode-32k", "decode-127k", "quant-kernels"]

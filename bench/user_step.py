@@ -93,10 +93,12 @@ def transformers_tokens(folder: Path, device: str) -> list[int]:
     """NEW_TOKENS greedy tokens of transformers' own generate in float32 on `device`, past any
     EOS (as `--ignore-eos`), so the whole length is compared."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from triforce.model.loading import transformers_model
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+    model = transformers_model(Path(folder), torch.float32).to(device)
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids.to(device)
     model.generation_config.eos_token_id = None
     with torch.inference_mode():

@@ -180,8 +180,8 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
         lm = load_model(model, dtype="float32" if quantize else dtype, device="cpu", quantize=quantize)
         hf = None
         if with_hf:
-            from transformers import AutoModelForCausalLM
-            hf = AutoModelForCausalLM.from_pretrained(str(lm.path), dtype=lm.dtype).eval()
+            from triforce.model.loading import transformers_model
+            hf = transformers_model(lm.path, lm.dtype)
         tests = [("decode", int(d)) for d in depths.split(",") if d.strip()] + ([("prefill", prefill)] if prefill else [])
         for kind, n in tests:
             ids = natural_ids(lm.tokenizer, n)

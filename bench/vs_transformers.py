@@ -131,13 +131,11 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
 @output_option
 def main(model, contexts, new_tokens, repeats, fmt):
     """Against transformers' generate: AR decoding of the same model, prompt and greedy tokens, float32."""
-    from transformers import AutoModelForCausalLM
-
     from triforce.app.texts import natural_ids
-    from triforce.model.loading import load_model
+    from triforce.model.loading import load_model, transformers_model
 
     lm = load_model(model, dtype="float32", device="cpu")
-    hf = AutoModelForCausalLM.from_pretrained(str(lm.path), dtype=torch.float32).eval()
+    hf = transformers_model(lm.path, torch.float32)
     rows = []
     for n in [int(c) for c in contexts.split(",")]:
         ids = natural_ids(lm.tokenizer, n)

@@ -210,17 +210,18 @@ def load_profile(spec: str) -> MemoryProfile:
 
 def this_cpu() -> MemoryProfile:
     """The shipped `cpu` profile with this machine's memory and cores (what a CPU run plans with
-    unless --profile names one): 80% of the memory available now, which the model, its caches
-    and an emulated host store share; the rates stay the shipped ones until `profile tune`."""
+    unless --profile names one): 80% of its memory, which the model, its caches and an emulated
+    host store share (the total, so two runs plan alike; what is free is checked before the
+    caches are made: triforce.model.host_memory); the rates stay the shipped ones until `profile tune`."""
     import os
 
     import psutil
 
-    usable = int(psutil.virtual_memory().available * 0.8)
+    usable = int(psutil.virtual_memory().total * 0.8)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return replace(load_profile("cpu"), gpu_bytes=usable, host_bytes=usable, cpu_threads=cores, source="this machine",
-                   description=f"CPU only, read from this machine: {format_size(usable)} usable (80% of the memory "
-                               f"available), {cores} cores; rates as shipped")
+                   description=f"CPU only, read from this machine: {format_size(usable)} usable (80% of its "
+                               f"memory), {cores} cores; rates as shipped")
 
 
 def profile_to_toml(profile: MemoryProfile) -> str:

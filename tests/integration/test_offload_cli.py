@@ -187,20 +187,21 @@ def test_plan_names_every_limit_at_once_and_the_host_it_assumes(capsys):
     assert "note: profile rtx4090-24g assumes 96.00 GiB of host memory, not measured here" in out
 
 def test_a_cpu_plan_reads_this_machines_memory_and_cores(capsys, monkeypatch):
-    """Without --profile a CPU plans with 80% of the memory available now and the cores it may
-    use; `--profile cpu` stays the shipped 16 GiB reference."""
+    """Without --profile a CPU plans with 80% of its memory and the cores it may use (the same
+    for every run: the API and the CLI give the same plan); `--profile cpu` stays the shipped
+    16 GiB reference."""
     import os
     from collections import namedtuple
 
     import psutil
 
-    monkeypatch.setattr(psutil, "virtual_memory", lambda: namedtuple("vm", "available total")(10 * 2**30, 16 * 2**30))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: namedtuple("vm", "available total")(3 * 2**30, 10 * 2**30))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     code, out, _ = run_cli(capsys, "plan", "--arch", "smollm2-135m", "--context", "4096", "--json")
     report = json.loads(out)
     assert code == 0 and report["profile"] == "cpu" and report["gpu_budget_bytes"] == int(8 * 2**30)
-    assert report["host_note"] == ("profile cpu: CPU only, read from this machine: 8.00 GiB usable (80% of the "
-                                   "memory available), 3 cores; rates as shipped")
+    assert report["host_note"] == ("profile cpu: CPU only, read from this machine: 8.00 GiB usable (80% of its "
+                                   "memory), 3 cores; rates as shipped")
     code, out, _ = run_cli(capsys, "plan", "--arch", "smollm2-135m", "--context", "4096", "--profile", "cpu", "--json")
     report = json.loads(out)
     assert code == 0 and report["gpu_budget_bytes"] == 16 * 2**30 and report["host_note"] is None

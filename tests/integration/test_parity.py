@@ -12,8 +12,8 @@ SEQ_LEN = 72  # past the 32-token original length of the scaled-RoPE families an
 
 
 def hf_model(folder):
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    from triforce.model.loading import transformers_model
+    return transformers_model(folder, torch.float32)
 
 
 def greedy(lm, prompt, new_tokens):

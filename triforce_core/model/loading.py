@@ -14,7 +14,7 @@ from triforce.model.decoder import CausalLM
 from triforce.model.gguf_weights import GgufSource
 from triforce.model.hf_config import generation_eos, read_hf_config
 from triforce.model.rope import RotaryEmbedding
-from triforce.model.weights import load_into, weight_files
+from triforce.model.weights import iter_tensors, load_into, weight_files
 from triforce.paths import cache_root
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64,
@@ -82,10 +82,11 @@ def resolve_model_dir(spec: str) -> Path:
 
     if spec == "default":
         return default_model_dir()
-    path = Path(spec).expanduser()
+    path = _located(spec)
     if not path.exists():
-        raise UserError(f"model path '{spec}' does not exist (give a local Hugging Face folder, "
-                        "a .gguf file, or 'default'; triforce never downloads from a hub)")
+        raise UserError(f"model path '{spec}' does not exist (give a local Hugging Face folder, a .gguf file, "
+                        "ORG/NAME from the Hugging Face cache, ollama:NAME[:TAG], or 'default'; `triforce models` "
+                        "lists what runs here; triforce never downloads from a hub)")
     if path.is_dir() and (path / "config.json").exists():
         return path
     ggufs = _ggufs_at(path)
@@ -173,14 +174,23 @@ def gguf_file(spec: str) -> Path | None:
     if spec == "default":
         from triforce.model.default_model import ensure_gguf
         return ensure_gguf()
-    path = Path(spec).expanduser()
+    path = _located(spec)
     ggufs = _ggufs_at(path)
     return ggufs[0] if len(ggufs) == 1 and not (path.is_dir() and (path / "config.json").exists()) else None
 
 
+def _located(spec: str) -> Path:
+    """`--model`'s path: a name (ORG/NAME, ollama:NAME) looked up offline, else the path given."""
+    from triforce.model.model_names import locate
+
+    return locate(spec) or Path(spec).expanduser()
+
+
 def _ggufs_at(path: Path) -> list[Path]:
-    """The .gguf file `path` is, or those in the folder it is."""
-    return [path] if path.is_file() and path.suffix == ".gguf" else sorted(path.glob("*.gguf")) if path.is_dir() else []
+    """The GGUF file `path` is, or the .gguf files in the folder it is."""
+    from triforce.model.model_names import is_gguf
+
+    return [path] if path.is_file() and is_gguf(path) else sorted(path.glob("*.gguf")) if path.is_dir() else []
 
 
 def _eos_ids(*sources) -> frozenset[int]:
@@ -191,6 +201,25 @@ def _eos_ids(*sources) -> frozenset[int]:
         elif source:
             ids.update(source)
     return frozenset(ids)
+
+
+def transformers_model(folder: Path, dtype: torch.dtype):
+    """transformers' own model of a folder, for comparisons: from_pretrained, or for a converted
+    GGUF its config with the weights read from the file (what transformers' GGUF loader makes of
+    them, bit for bit: tests/unit/test_gguf_in_place.py)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if GgufSource.read(folder) is None:
+        return AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(folder)), dtype=dtype)
+    state = {name: tensor.to(dtype) for path in weight_files(folder) for name, tensor in iter_tensors(path)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    if unexpected or set(missing) - tied:
+        raise UserError(f"{folder}: weights do not fit transformers' model (missing {sorted(set(missing) - tied)[:3]}, "
+                        f"unexpected {unexpected[:3]})")
+    model.tie_weights()
+    return model.eval()
 
 
 def load_tokenizer(folder: Path):

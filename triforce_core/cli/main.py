@@ -29,6 +29,7 @@ def _register():
     from triforce.cli.eval_agreement_cmd import agreement
     from triforce.cli.eval_cmd import eval_group
     from triforce.cli.generate_cmd import generate
+    from triforce.cli.models_cmd import models
     from triforce.cli.plan_cmd import plan
     from triforce.cli.profile_cmd import profile_group
     from triforce.cli.serve_cmd import serve
@@ -39,6 +40,7 @@ def _register():
     cli.add_command(plan)
     cli.add_command(profile_group)
     cli.add_command(cache_group)
+    cli.add_command(models)
     eval_group.add_command(agreement)
     cli.add_command(eval_group)
     bench_group.add_command(bench_batch)

@@ -31,7 +31,7 @@ def error_of(call):
 @pytest.mark.parametrize("kw,param,fragment", [
     ({"temperature": 3}, "temperature", "less than or equal to 2"),
     ({"top_p": 0}, "top_p", "greater than 0"),
-    ({"n": 2}, "n", "n must be 1"),
+    ({"n": 9}, "n", "n must be between 1 and 8"),
     ({"max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
     ({"max_completion_tokens": -5}, "max_completion_tokens", "greater than or equal to 1"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import AsyncIterator
 
 from starlette.applications import Starlette
@@ -24,6 +24,7 @@ from triforce.config import SamplingParams
 from triforce.errors import UserError
 from triforce.server.guard import HostGuard, read_json_body
 from triforce.server.protocol import ApiError, ChatRequest, CompletionRequest, parse
+from triforce.server.replies import Reply
 from triforce.server.scheduler import Job, QueueFull, Scheduler
 from triforce.app.stop_text import StopText
 
@@ -132,15 +133,23 @@ class Api:
         self.requests += 1
         kind = "chatcmpl" if chat else "cmpl"
         label = f"#{self.requests} {'chat' if chat else 'completion'}"
-        job = Job(ids, min(room, wanted or room), params, None, label, ignore_eos=bool(body.ignore_eos))
-        pieces = self._decode(job, body.stop_strings())
-        await anext(pieces)  # ('queued',): QueueFull and a failed thread answer before any byte is sent
-        reply = _Reply(f"{kind}-{uuid.uuid4().hex}", int(time.time()), self.model_id, chat)
+        choices = []
+        try:
+            for index in range(body.n or 1):  # n choices: rows of their own, seeds seed, seed + 1, ...
+                seeded = replace(params, seed=None if params.seed is None else params.seed + index)
+                job = Job(ids, min(room, wanted or room), seeded, None, label, ignore_eos=bool(body.ignore_eos))
+                choices.append(self._decode(job, body.stop_strings()))
+                await anext(choices[-1])  # ('queued',): QueueFull and a failed thread answer before any byte
+        except BaseException:
+            for pieces in choices:
+                await pieces.aclose()  # the rows already queued stop
+            raise
+        reply = Reply(f"{kind}-{uuid.uuid4().hex}", int(time.time()), self.model_id, chat)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            return StreamingResponse(reply.stream(pieces, usage), media_type="text/event-stream",
+            return StreamingResponse(reply.stream(choices, usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return JSONResponse(await reply.whole(request, pieces))
+        return JSONResponse(await reply.whole(request, choices))
 
     async def _decode(self, job: Job, stops: list[str]) -> AsyncIterator[tuple]:
         """("queued",) first, then ("text", str) and ("progress", done, total) as they come, then
@@ -195,77 +204,6 @@ class Api:
                                    "prompt_tokens_details": {"cached_tokens": reused}})
         finally:
             job.stop = True  # the client went away (or the answer is complete): free the row
-
-
-class _Reply:
-    """The response objects of one answer, whole or as chunks."""
-
-    def __init__(self, rid: str, created: int, model: str, chat: bool):
-        self.head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                     "model": model}
-        self.chat = chat
-
-    def _choice(self, text: str | None, finish: str | None, delta: bool) -> dict:
-        if not self.chat:
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-        content = {"content": text} if text is not None else {}
-        key = "delta" if delta else "message"
-        return {"index": 0, key: content if delta else {"role": "assistant", **content}, "logprobs": None,
-                "finish_reason": finish}
-
-    async def whole(self, request: Request, pieces) -> dict:
-        """Every piece gathered; the row stops if the client disconnects meanwhile."""
-        gone = asyncio.ensure_future(_disconnected(request))
-        parts: list[str] = []
-        try:
-            while True:
-                step = asyncio.ensure_future(anext(pieces))
-                await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if not step.done():
-                    step.cancel()
-                    raise ApiError(499, "the client closed the connection")
-                piece = step.result()
-                if piece[0] == "text":
-                    parts.append(piece[1])
-                elif piece[0] == "end":
-                    return {**self.head, "choices": [self._choice("".join(parts), piece[1], False)],
-                            "usage": piece[2]}
-        finally:
-            gone.cancel()
-            await pieces.aclose()
-
-    async def stream(self, pieces, include_usage: bool) -> AsyncIterator[str]:
-        head = {**self.head, "object": "chat.completion.chunk" if self.chat else "text_completion"}
-        extra = {"usage": None} if include_usage else {}
-        try:
-            if self.chat:
-                opening = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                "logprobs": None, "finish_reason": None}], **extra}
-                yield _event(opening)
-            async for piece in pieces:
-                if piece[0] == "text":
-                    yield _event({**head, "choices": [self._choice(piece[1], None, True)], **extra})
-                elif piece[0] == "progress":
-                    yield f": prefill {piece[1]}/{piece[2]}\n\n"  # a comment: clients skip it
-                elif piece[0] == "end":
-                    closing = self._choice(None if self.chat else "", piece[1], True)
-                    yield _event({**head, "choices": [closing], **extra})
-                    if include_usage:
-                        yield _event({**head, "choices": [], "usage": piece[2]})
-        except ApiError as e:  # the row failed after the stream began: say so in the stream
-            yield _event(e.body())
-        finally:
-            await pieces.aclose()
-        yield "data: [DONE]\n\n"
-
-
-def _event(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _api_error(request: Request, e: ApiError) -> JSONResponse:

@@ -43,6 +43,9 @@ class Message(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
+MAX_CHOICES = 8  # n: each choice is a row, so a request takes at most this many of the server's rows
+
+
 class _Common(BaseModel):
     """Parameters of both endpoints. Unknown fields are ignored, as OpenAI's own server does."""
     model_config = ConfigDict(extra="ignore")
@@ -68,8 +71,9 @@ class _Common(BaseModel):
 
     def refuse_unsupported(self) -> None:
         """What would change the answer in a way triforce cannot do: 400, the parameter named."""
-        if self.n not in (None, 1):
-            raise ApiError(400, f"n must be 1 (one answer per request), got {self.n}", "n")
+        if self.n is not None and not 1 <= self.n <= MAX_CHOICES:
+            raise ApiError(400, f"n must be between 1 and {MAX_CHOICES} (choices decode as rows of one batch), "
+                                f"got {self.n}", "n")
         if self.logit_bias:
             raise ApiError(400, "logit_bias is not supported", "logit_bias")
         if self.logprobs:

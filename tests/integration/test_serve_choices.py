@@ -1,0 +1,62 @@
+"""`seed` and `n` through the openai client: the same sampled request with the same seed gives the
+same answer, alone or beside another request in the batch, other seeds other answers; `n` choices
+decode as rows of one batch, choice i as the same request with seed + i, streamed or whole."""
+import threading
+
+import pytest
+
+from serve_helpers import LiveServer
+
+ASK = [{"role": "user", "content": "Write one sentence about a lighthouse."}]
+
+
+@pytest.fixture(scope="module")
+def server(default_model_dir):
+    live = LiveServer(str(default_model_dir), max_context=512, batch_size=2)
+    yield live
+    live.stop()
+
+
+def _answer(client, seed, **kw):
+    reply = client.chat.completions.create(model="default", messages=ASK, temperature=1.0, max_tokens=16, seed=seed,
+                                           **kw)
+    return reply.choices[0].message.content
+
+
+def test_a_seed_gives_the_same_answer_again_and_beside_another_request(server):
+    client = server.client()
+    first = _answer(client, 1234)
+    assert _answer(client, 1234) == first
+    beside = {}
+    with server.held():  # both start together: rows of one batch
+        threads = [threading.Thread(target=lambda s=s: beside.__setitem__(s, _answer(client, s))) for s in (1234, 99)]
+        for t in threads:
+            t.start()
+        from serve_helpers import wait_for
+        wait_for(lambda: server.scheduler.queued == 2, "both requests to queue")
+    for t in threads:
+        t.join()
+    assert beside[1234] == first
+    assert len({first, beside[99], _answer(client, 5), _answer(client, 6)}) > 1
+
+
+def test_n_choices_are_the_requests_seeds_in_turn_whole_and_streamed(server):
+    client = server.client()
+    reply = client.chat.completions.create(model="default", messages=ASK, temperature=1.0, max_tokens=16, seed=40, n=3)
+    texts = [c.message.content for c in reply.choices]
+    singles = [client.chat.completions.create(model="default", messages=ASK, temperature=1.0, max_tokens=16, seed=s)
+               for s in (40, 41, 42)]
+    assert [c.index for c in reply.choices] == [0, 1, 2] and len(set(texts)) > 1
+    assert texts == [single.choices[0].message.content for single in singles]
+    assert reply.usage.prompt_tokens == singles[0].usage.prompt_tokens  # the prompt counted once
+    assert reply.usage.completion_tokens == sum(single.usage.completion_tokens for single in singles)
+    streamed = {0: "", 1: "", 2: ""}
+    finished = set()
+    for chunk in client.chat.completions.create(model="default", messages=ASK, temperature=1.0, max_tokens=16,
+                                                seed=40, n=3, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished.add(choice.index)
+    assert [streamed[i] for i in range(3)] == texts and finished == {0, 1, 2}
+    server.idle()

@@ -60,3 +60,28 @@ def test_n_choices_are_the_requests_seeds_in_turn_whole_and_streamed(server):
                 finished.add(choice.index)
     assert [streamed[i] for i in range(3)] == texts and finished == {0, 1, 2}
     server.idle()
+
+
+def test_logprobs_are_the_targets_with_their_alternatives_whole_and_streamed(server):
+    """Greedy: each token is its position's most likely one, so it heads its own top_logprobs;
+    the tokens' texts make the answer; the stream carries the same entries chunk by chunk."""
+    client = server.client()
+    ask = dict(model="default", messages=ASK, temperature=0, max_tokens=10, logprobs=True, top_logprobs=3)
+    reply = client.chat.completions.create(**ask)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens == 10
+    assert "".join(e.token for e in content) == reply.choices[0].message.content
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3 and bytes(entry.bytes).decode() == entry.token
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == entry.logprob
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+    streamed = [e for chunk in client.chat.completions.create(**ask, stream=True) for choice in chunk.choices
+                if choice.logprobs is not None for e in choice.logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    plain = client.chat.completions.create(model="default", messages=ASK, temperature=0, max_tokens=10)
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == reply.choices[0].message.content
+    legacy = client.completions.create(model="default", prompt="The capital of France is", temperature=0,
+                                       max_tokens=6, logprobs=2).choices[0].logprobs
+    assert len(legacy.tokens) == len(legacy.token_logprobs) == len(legacy.top_logprobs) == 6
+    assert all(len(top) <= 2 and max(top.values()) == lp for top, lp in zip(legacy.top_logprobs, legacy.token_logprobs))
+    assert legacy.text_offset == [sum(len(t) for t in legacy.tokens[:i]) for i in range(6)]

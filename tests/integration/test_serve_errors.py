@@ -36,7 +36,8 @@ def error_of(call):
     ({"max_completion_tokens": -5}, "max_completion_tokens", "greater than or equal to 1"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
     ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
-    ({"logprobs": True}, "logprobs", "not supported"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
+    ({"top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "needs stream"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "Input should be"),
@@ -67,6 +68,8 @@ def test_completions_parameters(server):
     assert status == 400 and error["param"] == "echo"
     status, error = error_of(lambda: client.completions.create(model="m", prompt=[99999999]))
     assert status == 400 and error["param"] == "prompt"
+    status, error = error_of(lambda: client.completions.create(model="m", prompt="a", logprobs=6))
+    assert status == 400 and error["param"] == "logprobs" and "between 0 and 5" in error["message"]
     out = client.completions.create(model="m", prompt="The sky is", max_tokens=2, temperature=0)
     assert out.usage.completion_tokens == 2 and out.choices[0].finish_reason == "length"
 

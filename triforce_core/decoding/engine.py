@@ -23,6 +23,7 @@ from triforce.decoding.draft_ahead import Ahead, AheadRunner, AheadTally, wanted
 from triforce.decoding.full_tier import PREFILL_CHUNK, PREFILL_GROUP, FullTier, Queries
 from triforce.decoding.graph_runner import captures_held, runner_mode
 from triforce.decoding.hooks import EngineHooks
+from triforce.decoding.logprobs import LogprobRecorder
 from triforce.decoding.policy import SpeculationPolicy, SparseUpkeep
 from triforce.decoding.sampling import make_generator, penalize, probabilities, sample
 from triforce.decoding.statistics import GenerationResult, LevelStats, summarize
@@ -62,7 +63,7 @@ class Engine:
         # drafts each verifying level checks per round: the full tier gamma2, a middle one gamma1
         self.gammas = [0] + [spec.gamma1] * (len(self.levels) - 2) + [spec.gamma2]
         self.seq: list[int] = []
-        self.params = SamplingParams()
+        self.params, self.logprobs = SamplingParams(), None  # logprobs: a LogprobRecorder, per generate
         self.generator: torch.Generator | None = None
         self.stats = [LevelStats() for _ in self.levels]
         self.rounds: list[tuple[str, int, int]] = []  # (tier, proposed, accepted) of each check
@@ -99,11 +100,11 @@ class Engine:
 
     # ---- decoding ----------------------------------------------------------------------
     def generate(self, max_new_tokens: int, params: SamplingParams, stop_ids: frozenset[int] = frozenset(),
-                 on_token: Callable[[int], None] | None = None,
-                 generator: torch.Generator | None = None) -> GenerationResult:
+                 on_token: Callable[[int], None] | None = None, generator: torch.Generator | None = None,
+                 logprobs: LogprobRecorder | None = None) -> GenerationResult:
         if not self.seq:
             raise RuntimeError("generate needs input: call set_sequence first")
-        self.params = params
+        self.params, self.logprobs = params, logprobs
         self.generator = generator or make_generator(params, self.lm.device)
         self.stats = [LevelStats() for _ in self.levels]
         self.rounds = []
@@ -116,7 +117,6 @@ class Engine:
         with counter.recording(self.lm.device) if counter is not None else nullcontext():
             stopped_by = self._generate_loop(out, max_new_tokens, stop_ids, on_token)
         stats = summarize(self, before)
-        stats.update(self.gate_report())
         if self.ahead is not None:
             stats.update(self.ahead_tally.report())
         if counter is not None:
@@ -153,6 +153,8 @@ class Engine:
                     self.stats[-1].emitted -= len(new) - (stop_at + 1)
                     del self.seq[base + stop_at + 1:]
                     self._truncate_all(len(self.seq) - 1)
+                if self.logprobs is not None:
+                    self.logprobs.commit(len(self.seq) - base)
                 with self._phase("cache upkeep"):
                     self.upkeep.after_full_verify(base - 1, len(self.seq) - 1, queries)
                 self.policy.next_gamma2()  # the next round reads policy.gamma2 (above)
@@ -209,6 +211,8 @@ class Engine:
                 verdict = Verdict(*self.hooks.agree([verdict.accepted, verdict.token]))
         del self.seq[base + verdict.accepted:]
         self.seq.append(verdict.token)
+        if tier is self.full and self.logprobs is not None:
+            self.logprobs.record(logits[len(logits) - len(drafts) - 1:][:verdict.accepted + 1], self.seq[base:])
         for lower in self.levels[:level + 1]:
             lower.truncate(len(self.seq) - 1)
         self.rounds.append((tier.name, len(drafts), verdict.accepted))
@@ -266,7 +270,7 @@ class Engine:
         for _ in range(count):
             self._passes.append((tier.kind, len(self.seq) - tier.covered()))
             with self._phase(f"{tier.name} forward"):
-                logits = penalize(tier.logits(self.seq)[-1:], self.seq, self.params)[0]
+                logits = penalize(raw := tier.logits(self.seq)[-1:], self.seq, self.params)[0]
             with self._phase(f"{tier.name} sample"):
                 if self.params.greedy:
                     token, dist = int(torch.argmax(logits)), None
@@ -277,6 +281,8 @@ class Engine:
                     token = self.hooks.agree([token])[0]
             self.seq.append(token)
             dists.append(dist)
+            if tier is self.full and self.logprobs is not None:
+                self.logprobs.record(raw, [token])
         if tier is self.full:
             self.stats[0].rounds += count
             self.stats[0].emitted += count
@@ -285,12 +291,6 @@ class Engine:
     def sampled_verdict(self, tier_name: str, drafts: list[int], draft_dists: list, probs: torch.Tensor) -> Verdict:
         """Exact speculative sampling of `drafts` against tier `tier_name`'s probabilities."""
         return verify_sampled(drafts, draft_dists, probs, self.generator)
-
-    def gate_report(self) -> dict:
-        """What --method auto's online check did (empty without one)."""
-        if self.gate is None:
-            return {}
-        return {"auto_fallbacks": self.gate.fallbacks, "auto_ar_tokens": self.gate.ar_tokens}
 
     # ---- cache upkeep ------------------------------------------------------------------
     def _truncate_all(self, length: int) -> None:

@@ -44,4 +44,7 @@ def summarize(engine, before: tuple[dict, int]) -> dict:
         "tier_time_s": {t.name: round(t.time_s - times_before[t.name], 4) for t in levels},
         # during this call (the rebuild at set_sequence is not counted)
         "rebuilds": sum(t.rebuilds for t in engine.sparse_tiers) - rebuilds_before,
+        # what --method auto's online check did
+        **({} if engine.gate is None else {"auto_fallbacks": engine.gate.fallbacks,
+                                           "auto_ar_tokens": engine.gate.ar_tokens}),
     }

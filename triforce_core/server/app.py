@@ -137,23 +137,33 @@ class Api:
         try:
             for index in range(body.n or 1):  # n choices: rows of their own, seeds seed, seed + 1, ...
                 seeded = replace(params, seed=None if params.seed is None else params.seed + index)
-                job = Job(ids, min(room, wanted or room), seeded, None, label, ignore_eos=bool(body.ignore_eos))
+                job = Job(ids, min(room, wanted or room), seeded, None, label, ignore_eos=bool(body.ignore_eos),
+                          logprobs=body.logprobs_top())
                 choices.append(self._decode(job, body.stop_strings()))
                 await anext(choices[-1])  # ('queued',): QueueFull and a failed thread answer before any byte
         except BaseException:
             for pieces in choices:
                 await pieces.aclose()  # the rows already queued stop
             raise
-        reply = Reply(f"{kind}-{uuid.uuid4().hex}", int(time.time()), self.model_id, chat)
+        reply = Reply(f"{kind}-{uuid.uuid4().hex}", int(time.time()), self.model_id, chat,
+                      logprobs=body.logprobs_top() is not None)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(reply.stream(choices, usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return JSONResponse(await reply.whole(request, choices))
 
+    def _logprob(self, entry) -> dict:
+        """A decoding.logprobs.TokenLogprob in OpenAI's chat form (each token as its own text)."""
+        def one(token: int, logprob: float) -> dict:
+            text = self.lm.tokenizer.decode([token])
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        return {**one(entry.token, entry.logprob), "top_logprobs": [one(t, lp) for t, lp in entry.top]}
+
     async def _decode(self, job: Job, stops: list[str]) -> AsyncIterator[tuple]:
-        """("queued",) first, then ("text", str) and ("progress", done, total) as they come, then
-        ("end", finish_reason, usage). Closing it early (the client left) stops the row."""
+        """("queued",) first, then ("text", str, logprobs) and ("progress", done, total) as they come,
+        then ("end", finish_reason, usage); logprobs: the entries (OpenAI's chat form) of the tokens
+        behind the text, where the job asked for them. Closing it early (the client left) stops the row."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -174,14 +184,17 @@ class Api:
         try:
             yield ("queued",)
             stream, stop = TextStream(self.lm.tokenizer), StopText(stops)
-            reused, tokens, done = 0, 0, 0
+            reused, tokens, done, behind = 0, 0, 0, []
             while True:
                 event = await events.get()
                 if event[0] == "token":
                     tokens += 1
+                    if event[2] is not None:
+                        behind.append(self._logprob(event[2]))
                     text = stop.feed(stream.push(event[1]))
                     if text:
-                        yield ("text", text)
+                        yield ("text", text, behind)
+                        behind = []
                     if stop.matched:
                         job.stop = True
                         finish = "stop"
@@ -193,8 +206,8 @@ class Api:
                     yield ("progress", reused + done, len(ids) - 1)
                 elif event[0] == "done":
                     rest = stop.flush()
-                    if rest:
-                        yield ("text", rest)
+                    if rest or behind:
+                        yield ("text", rest, behind)
                     finish = FINISH.get(event[1], "stop")
                     break
                 else:

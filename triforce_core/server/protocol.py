@@ -44,6 +44,7 @@ class Message(BaseModel):
 
 
 MAX_CHOICES = 8  # n: each choice is a row, so a request takes at most this many of the server's rows
+MAX_TOP = 20     # top_logprobs, OpenAI's bound
 
 
 class _Common(BaseModel):
@@ -76,8 +77,6 @@ class _Common(BaseModel):
                                 f"got {self.n}", "n")
         if self.logit_bias:
             raise ApiError(400, "logit_bias is not supported", "logit_bias")
-        if self.logprobs:
-            raise ApiError(400, "logprobs are not supported", "logprobs")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options needs stream: true", "stream_options")
         stops = self.stop_strings()
@@ -108,13 +107,19 @@ class ChatRequest(_Common):
                 raise ApiError(400, f"{name} (tool calling) is not supported", name)
         if self.tool_choice not in (None, "none", "auto"):
             raise ApiError(400, "tool_choice is not supported", "tool_choice")
-        if self.top_logprobs:
-            raise ApiError(400, "top_logprobs are not supported", "top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP:
+            raise ApiError(400, f"top_logprobs must be between 0 and {MAX_TOP}, got {self.top_logprobs}", "top_logprobs")
+        if self.top_logprobs and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
         if self.response_format not in (None, {"type": "text"}):
             raise ApiError(400, "response_format other than text is not supported", "response_format")
 
     def wanted_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def logprobs_top(self) -> int | None:
+        """None: no logprobs asked; else how many alternatives each token lists."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Common):
@@ -135,9 +140,16 @@ class CompletionRequest(_Common):
             raise ApiError(400, "suffix is not supported", "suffix")
         if self.best_of not in (None, 1):
             raise ApiError(400, "best_of must be 1", "best_of")
+        if self.logprobs is not None and not isinstance(self.logprobs, bool) and not 0 <= self.logprobs <= 5:
+            raise ApiError(400, f"logprobs must be between 0 and 5 for completions, got {self.logprobs}", "logprobs")
 
     def wanted_tokens(self) -> int | None:
         return 16 if self.max_tokens is None else self.max_tokens  # OpenAI's default for completions
+
+    def logprobs_top(self) -> int | None:
+        """None: no logprobs asked; else how many alternatives each token lists (OpenAI's legacy
+        field is that count)."""
+        return None if self.logprobs is None or self.logprobs is False else int(self.logprobs)
 
 
 _FIELDS = {"role", "content", "text", "type", "name", "include_usage"}

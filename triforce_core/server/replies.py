@@ -1,8 +1,10 @@
 """The response objects of one request, whole or as server-sent chunks, for its `n` choices.
 
-Each choice is a row of its own (its pieces: ("text", str), ("progress", done, total), then
-("end", finish, usage)); the rows decode together and their pieces are merged as they come, each
-chunk naming its choice's index. Usage counts the prompt once and every choice's tokens."""
+Each choice is a row of its own (its pieces: ("text", str, logprobs), ("progress", done, total),
+then ("end", finish, usage)); the rows decode together and their pieces are merged as they come,
+each chunk naming its choice's index. Usage counts the prompt once and every choice's tokens.
+Logprobs, where asked, go with the text of their tokens: OpenAI's chat form ({"content": [...]})
+or, for completions, its legacy one (tokens, token_logprobs, top_logprobs, text_offset)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,24 +17,38 @@ from triforce.server.protocol import ApiError
 
 
 class Reply:
-    def __init__(self, rid: str, created: int, model: str, chat: bool):
+    def __init__(self, rid: str, created: int, model: str, chat: bool, logprobs: bool = False):
         self.head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
                      "model": model}
-        self.chat = chat
+        self.chat, self.logprobs = chat, logprobs
+        self._offsets: dict[int, int] = {}  # completions' text_offset: characters so far, per choice
 
-    def _choice(self, index: int, text: str | None, finish: str | None, delta: bool) -> dict:
+    def _choice(self, index: int, text: str | None, finish: str | None, delta: bool, entries=()) -> dict:
         if not self.chat:
-            return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": index, "text": text or "", "logprobs": self._legacy(index, entries),
+                    "finish_reason": finish}
         content = {"content": text} if text is not None else {}
         key = "delta" if delta else "message"
-        return {"index": index, key: content if delta else {"role": "assistant", **content}, "logprobs": None,
-                "finish_reason": finish}
+        return {"index": index, key: content if delta else {"role": "assistant", **content},
+                "logprobs": {"content": list(entries)} if self.logprobs else None, "finish_reason": finish}
+
+    def _legacy(self, index: int, entries) -> dict | None:
+        if not self.logprobs:
+            return None
+        offsets = []
+        for entry in entries:
+            offsets.append(self._offsets.get(index, 0))
+            self._offsets[index] = offsets[-1] + len(entry["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
 
     async def whole(self, request: Request, choices: list) -> dict:
         """Every piece gathered; the rows stop if the client disconnects meanwhile."""
         gone = asyncio.ensure_future(_disconnected(request))
         merged = _merged(choices)
         parts: list[list[str]] = [[] for _ in choices]
+        entries: list[list[dict]] = [[] for _ in choices]
         ends: dict[int, tuple] = {}
         try:
             while len(ends) < len(choices):
@@ -44,9 +60,10 @@ class Reply:
                 index, piece = step.result()
                 if piece[0] == "text":
                     parts[index].append(piece[1])
+                    entries[index] += piece[2]
                 elif piece[0] == "end":
                     ends[index] = piece
-            return {**self.head, "choices": [self._choice(i, "".join(parts[i]), ends[i][1], False)
+            return {**self.head, "choices": [self._choice(i, "".join(parts[i]), ends[i][1], False, entries[i])
                                              for i in range(len(choices))],
                     "usage": _usage([ends[i][2] for i in range(len(choices))])}
         finally:
@@ -66,7 +83,7 @@ class Reply:
                     yield _event(opening)
             async for index, piece in merged:
                 if piece[0] == "text":
-                    yield _event({**head, "choices": [self._choice(index, piece[1], None, True)], **extra})
+                    yield _event({**head, "choices": [self._choice(index, piece[1], None, True, piece[2])], **extra})
                 elif piece[0] == "progress" and index == 0:
                     yield f": prefill {piece[1]}/{piece[2]}\n\n"  # a comment: clients skip it
                 elif piece[0] == "end":

@@ -22,6 +22,7 @@ from greenlet import GreenletExit
 
 from triforce.app.batch_generate import row_models
 from triforce.decoding.lockstep import Lockstep
+from triforce.decoding.logprobs import LogprobRecorder
 
 
 class QueueFull(Exception):
@@ -36,14 +37,17 @@ class Cancelled(Exception):
 class Job:
     """One request's decoding. `emit(event)` is called on the decoding thread with
     ("prefill", reused_tokens, prompt_tokens), ("progress", tokens_prefilled),
-    ("token", id), ("done", stopped_by) or ("error", message). Setting `stop` (from any thread)
-    ends the request at the next round: the client went away or a stop string matched."""
+    ("token", id, logprob), ("done", stopped_by) or ("error", message); logprob is a
+    decoding.logprobs.TokenLogprob where `logprobs` (the alternatives wanted) is set, else None.
+    Setting `stop` (from any thread) ends the request at the next round: the client went away or
+    a stop string matched."""
     ids: list[int]
     max_new: int
     params: Any  # SamplingParams
     emit: Callable[[tuple], None]
     label: str = ""
     ignore_eos: bool = False
+    logprobs: int | None = None
     stop: bool = False
     tokens: int = 0
     submitted: float = field(default_factory=time.perf_counter)
@@ -200,9 +204,11 @@ class Scheduler:
                 if job.stop and self.runtime.world == 1:  # ranks stop together, between rounds
                     raise Cancelled
 
+            recorder = None if job.logprobs is None else LogprobRecorder(top=job.logprobs)
+
             def on_token(token: int) -> None:
+                job.emit(("token", token, None if recorder is None else recorder.entries[job.tokens]))
                 job.tokens += 1
-                job.emit(("token", token))
 
             # in a batch, this engine's passes wait for the batch's (lockstep.RowModel)
             with lane.attach(*slot.models.models()) if lane is not None else nullcontext():
@@ -210,7 +216,7 @@ class Scheduler:
                 engine.set_sequence(job.ids, progress)
                 prefilled = time.perf_counter()
                 result = engine.generate(job.max_new, job.params, frozenset() if job.ignore_eos else self.stop_ids,
-                                         on_token)
+                                         on_token, logprobs=recorder)
             job.emit(("done", result.stopped_by))
             self.recent.append((job.label, len(job.ids), reused, len(result.tokens), result.stopped_by))
             self._say(job, reused, prefilled - started, result)

@@ -43,7 +43,8 @@ setup(
         "triforce.bench",
         "triforce.profiles",
     ],
-    package_data={"triforce.profiles": ["*.toml"], "triforce.app": ["*.txt.gz"]},  # the natural-text corpus
+    # the natural-text corpus, the chat page
+    package_data={"triforce.profiles": ["*.toml"], "triforce.app": ["*.txt.gz"], "triforce.server": ["*.html"]},
     install_requires=[
         "torch>=2.5",
         "transformers>=4.56",
@@ -65,7 +66,7 @@ setup(
         "flash": ["flash-attn"],
         "bench": ["matplotlib"],
         # triton runs the retrieval kernels' tests on CPU through its interpreter
-        "test": ["pytest", "scipy", "pexpect", "matplotlib", "openai", "httpx",
+        "test": ["pytest", "scipy", "pexpect", "matplotlib", "openai", "httpx", "websockets",
                  "triton; sys_platform == 'linux' and platform_machine == 'x86_64'"],
     },
     entry_points={"console_scripts": ["triforce=triforce.cli.main:main"]},

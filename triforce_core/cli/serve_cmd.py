@@ -56,7 +56,8 @@ def serve(model, host, port, api_key, model_name, origins, extra_hosts, batch_si
     """Serve the model over OpenAI's API: /v1/chat/completions, /v1/completions (streamed as
     server-sent events with "stream": true), /v1/models and /health.
 
-    Point a chat UI or the openai client at http://HOST:PORT/v1. Chat messages go through the
+    Open http://HOST:PORT/ in a browser for a chat page, or point a chat UI or the openai client
+    at http://HOST:PORT/v1. Chat messages go through the
     model's chat template exactly as `generate --chat`. Requests that arrive together decode
     together (up to --batch-size, the rest wait in the queue); each keeps its cache afterwards,
     so the next turn of a conversation prefills only what is new (usage.prompt_tokens_details.

@@ -14,7 +14,7 @@ from typing import AsyncIterator
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from triforce.app.chat import render_messages
@@ -51,7 +51,7 @@ class Api:
             yield
             await asyncio.get_running_loop().run_in_executor(None, self.scheduler.close)
 
-        routes = [Route("/health", self.health), Route("/v1/models", self.models),
+        routes = [Route("/", self.page), Route("/health", self.health), Route("/v1/models", self.models),
                   Route("/v1/chat/completions", self.chat, methods=["POST"]),
                   Route("/v1/completions", self.completions, methods=["POST"])]
         handlers = {ApiError: _api_error, HTTPException: _http_error}
@@ -67,9 +67,16 @@ class Api:
         return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=middleware)
 
     # ---- endpoints ---------------------------------------------------------------------------
+    async def page(self, request: Request) -> HTMLResponse:
+        """The chat page (self-contained: no other files, nothing fetched from elsewhere); its
+        requests go through the API, key included, like any client's."""
+        from importlib import resources
+        return HTMLResponse(resources.files("triforce.server").joinpath("chat_page.html").read_text(encoding="utf-8"))
+
     async def health(self, request: Request) -> JSONResponse:
         failure = self.scheduler.failure
-        body = {"status": "error" if failure else "ok", "model": self.model_id, **self.scheduler.status()}
+        body = {"status": "error" if failure else "ok", "model": self.model_id, "method": self.scheduler.run.spec.method,
+                **self.scheduler.status()}
         if failure:
             body["error"] = failure
         return JSONResponse(body, status_code=503 if failure else 200)

@@ -82,7 +82,8 @@ def run_server(config: RunConfig, listener: socket.socket, api_key, model_name, 
     api, lines = build_api(config, api_key, model_name, batch_size, queue_size, quiet, origins, rank, world, hosts)
     address, port = listener.getsockname()[:2]
     shown = f"[{address}]" if ":" in address else address
-    lines[-1] += f"; listening on http://{shown}:{port}/v1 (Ctrl-C or SIGTERM to stop)"
+    lines[-1] += (f"; listening on http://{shown}:{port}/v1, a chat page at http://{shown}:{port}/ "
+                  "(Ctrl-C or SIGTERM to stop)")
     print("\n".join(lines), file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(api.app(), log_level="warning", timeout_graceful_shutdown=None))
     # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with these

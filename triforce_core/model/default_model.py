@@ -118,8 +118,6 @@ def ensure_gguf() -> Path:
 
 
 def default_model_dir() -> Path:
-    """Converted Hugging Face folder of the default model, created on first use."""
-    out_dir = cache_root() / "models" / MODEL_DIR_NAME
-    if out_dir.exists() and damage(out_dir) is None:
-        return out_dir
-    return convert_gguf(ensure_gguf(), out_dir)
+    """Converted Hugging Face folder of the default model, created on first use (and again when
+    it is damaged or stale: an older triforce's float32 copy, or made from another file)."""
+    return convert_gguf(ensure_gguf(), cache_root() / "models" / MODEL_DIR_NAME)

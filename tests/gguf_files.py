@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 
-def copy_gguf(source, target, drop=(), arch=None, as_f16=()):
-    """`source` rewritten without the tensors in `drop`, under another architecture name, and with
+def copy_gguf(source, target, drop=(), arch=None, as_f16=(), fields=None, edit=None):
+    """`source` rewritten without the tensors in `drop`, under another architecture name, with
     the tensors whose names contain a string of `as_f16` de-quantized and stored as F16 (a format
-    no block kernel reads, as a Q4_K_M file's Q5_K tensors)."""
+    no block kernel reads, as a Q4_K_M file's Q5_K tensors), `fields` {name: value} replacing
+    metadata values, and `edit` {tensor name: f(raw bytes array) -> array} changing tensors."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
     from gguf.quants import dequantize
 
@@ -19,7 +20,7 @@ def copy_gguf(source, target, drop=(), arch=None, as_f16=()):
             continue
         kind = field.types[0]
         extra = {"sub_type": field.types[-1]} if kind == GGUFValueType.ARRAY else {}
-        writer.add_key_value(name, field.contents(), kind, **extra)
+        writer.add_key_value(name, (fields or {}).get(name, field.contents()), kind, **extra)
     for tensor in reader.tensors:
         if tensor.name in drop:
             continue
@@ -27,7 +28,8 @@ def copy_gguf(source, target, drop=(), arch=None, as_f16=()):
             values = dequantize(tensor.data, tensor.tensor_type).astype(np.float16)
             writer.add_tensor(tensor.name, values, raw_dtype=GGMLQuantizationType.F16)
         else:
-            writer.add_tensor(tensor.name, tensor.data, raw_shape=tensor.data.shape, raw_dtype=tensor.tensor_type)
+            data = (edit or {}).get(tensor.name, lambda raw: raw)(np.array(tensor.data))
+            writer.add_tensor(tensor.name, data, raw_shape=data.shape, raw_dtype=tensor.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -140,6 +140,10 @@ def _missing_tensors(reader, arch: str) -> list[str]:
     per_block = (MODEL_TENSOR.ATTN_NORM, MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V,
                  MODEL_TENSOR.ATTN_OUT, MODEL_TENSOR.FFN_NORM, MODEL_TENSOR.FFN_GATE, MODEL_TENSOR.FFN_UP,
                  MODEL_TENSOR.FFN_DOWN)
+    if blocks * len(per_block) > len(reader.tensors):  # refused before a name is made for each
+        raise UserError(f"GGUF file {reader.data.filename} claims {blocks:,} layers but holds only "
+                        f"{len(reader.tensors):,} tensors (a layer takes {len(per_block)}): its metadata is "
+                        "wrong; nothing was converted")
     needed = [TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD], TENSOR_NAMES[MODEL_TENSOR.OUTPUT_NORM]]
     needed += [TENSOR_NAMES[t].format(bid=b) for b in range(blocks) for t in per_block]
     present = {t.name for t in reader.tensors}

@@ -14,7 +14,7 @@ from triforce.model.decoder import CausalLM
 from triforce.model.gguf_weights import GgufSource
 from triforce.model.hf_config import generation_eos, read_hf_config
 from triforce.model.rope import RotaryEmbedding
-from triforce.model.weights import iter_tensors, load_into, weight_files
+from triforce.model.weights import check_layer_count, iter_tensors, load_into, weight_files
 from triforce.paths import cache_root
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64,
@@ -150,7 +150,9 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
         if quantize == "gguf" and source is not None:  # never made float
             from triforce.model.quantized import block_parameters
             blocks = block_parameters(source, hf_config.num_hidden_layers)
-        model = build_model(hf_config, weight_files(folder), torch_dtype, build_on, shard, context, blocks)
+        files = weight_files(folder)
+        check_layer_count(hf_config.num_hidden_layers, files)
+        model = build_model(hf_config, files, torch_dtype, build_on, shard, context, blocks)
         tokenizer = load_tokenizer(folder)
     except DamagedFileError as e:
         if cache_root().resolve() in folder.resolve().parents:  # damage the size check cannot see

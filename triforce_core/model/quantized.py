@@ -214,6 +214,10 @@ class _GgufBlocks:
             return None
         rows, cols = weight.shape
         block = BlockWeight.from_raw(kind, np.asarray(tensor.data), rows, cols, k_factors)
+        factors = [block.scales, block.offsets, *(block.k_factors or ())]
+        if not all(np.isfinite(f).all() for f in factors if f.dtype.kind == "f"):
+            raise UserError(f"tensor '{name}' in {self.path.name} has NaN or infinite block scales: the "
+                                   "weights are broken (re-download the file)")
         if weight.is_meta:  # never made float: the rows in the order the floats would take
             order = self.row_order(name, rows)
             return block if order is None else block.permute_rows(order)

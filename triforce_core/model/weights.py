@@ -83,6 +83,43 @@ def _load_bin(path: Path) -> dict:
         raise UserError(unsafe.format("it holds Python objects besides tensors")) from None
 
 
+LAYER_TENSORS = 9  # the fewest a decoder layer holds: 4 attention and 3 MLP matrices, 2 norms
+
+
+def check_layer_count(layers: int, files: list[Path]) -> None:
+    """A config claiming more layers than its weights could hold is refused before a model that
+    size is built (a million claimed layers took 30 s and 2 GB to fail)."""
+    from triforce.model.gguf_weights import SOURCE
+
+    count = 0
+    for path in files:
+        if path.name == SOURCE:
+            from triforce.model.gguf_index import gguf_tensors
+            from triforce.model.gguf_weights import GgufSource
+            count += len(gguf_tensors(GgufSource.read(path.parent).path))
+        elif path.suffix == ".safetensors":
+            from safetensors import safe_open
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    count += len(list(f.keys()))
+            except Exception:  # a damaged file: reading its tensors names it
+                return
+        else:
+            return  # a .bin lists its tensors only by loading them
+    if layers * LAYER_TENSORS > count:
+        raise UserError(f"the model's config claims {layers:,} layers but its weights hold {count:,} tensors "
+                        f"(a layer takes at least {LAYER_TENSORS}): the config is wrong")
+
+
+def check_finite(tensor: torch.Tensor, name: str, where: str) -> None:
+    """Weights holding NaN or infinity end the load with one line naming the tensor (a kernel
+    would otherwise fail deep inside, or every token would be garbage)."""
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise UserError(f"tensor '{name}' in {where} holds {bad:,} NaN or infinite value(s) of "
+                               f"{tensor.numel():,}: the weights are broken (re-download or re-convert the model)")
+
+
 def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, slicer=None,
               skip: frozenset[str] = frozenset()) -> None:
     """Assign every checkpoint tensor to the meta-built `model`, cast to dtype on `device`.
@@ -111,6 +148,7 @@ def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, s
             if tuple(tensor.shape) != tuple(target.shape):
                 raise UserError(f"tensor '{name}' in {path.name} has shape {tuple(tensor.shape)}, "
                                 f"the config implies {tuple(target.shape)}")
+            check_finite(tensor, name, path.name)
             module_name, _, attr = name.rpartition(".")
             module = model.get_submodule(module_name)
             value = tensor.to(device=device, dtype=dtype)

@@ -1,0 +1,68 @@
+"""Broken numbers and absurd files end in one line: NaN or infinity in a folder's weights, in a
+GGUF's block scales (on the blocks' path and when de-quantized to floats), and metadata claiming
+more layers than the weights hold (refused at once, before a model that size is made)."""
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file, save_file
+
+from gguf_files import copy_gguf
+from test_cli import assert_one_line_error, run_cli
+
+
+def _generate(capsys, model, *extra):
+    """(exit code, the error line): a first start of a GGUF names its steps on stderr before it."""
+    capsys.readouterr()  # what making the fixtures printed
+    code, _, err = run_cli(capsys, "generate", "--model", str(model), "--prompt", "hi", "--max-new-tokens", "2", *extra)
+    assert "Traceback" not in err
+    return code, err.strip().splitlines()[-1] + "\n"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_folder_whose_weights_hold_nan_or_inf_is_one_line(capsys, tiny_model_dir, tmp_path, value):
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir("llama-gqa"), folder)
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.layers.1.mlp.down_proj.weight"][3, 5] = value
+    save_file(state, str(folder / "model.safetensors"))
+    code, err = _generate(capsys, folder)
+    assert_one_line_error(code, err, "tensor 'model.layers.1.mlp.down_proj.weight'", "1 NaN or infinite value(s)")
+
+
+def _nan_scale(raw: np.ndarray) -> np.ndarray:
+    """A Q4_1 tensor's first block with a NaN float16 scale."""
+    raw = raw.copy()
+    raw.reshape(-1)[:2] = np.array([np.float16("nan")]).view(np.uint8)
+    return raw
+
+
+def test_a_gguf_with_nan_block_scales_is_one_line_on_both_paths(capsys, tmp_path, monkeypatch, default_model_dir):
+    from triforce.model.default_model import ensure_gguf
+
+    broken = copy_gguf(ensure_gguf(), tmp_path / "nan.gguf", edit={"blk.2.ffn_up.weight": _nan_scale})
+    monkeypatch.setenv("TRIFORCE_CACHE", str(tmp_path / "cache"))
+    code, err = _generate(capsys, broken, "--quantize", "gguf")  # the file's blocks
+    assert_one_line_error(code, err, "tensor 'blk.2.ffn_up.weight' in nan.gguf has NaN or infinite block scales")
+    code, err = _generate(capsys, broken, "--quantize", "none")  # de-quantized to floats
+    assert_one_line_error(code, err, "tensor 'model.layers.2.mlp.up_proj.weight'", "NaN or infinite value(s)")
+
+
+def test_metadata_claiming_a_million_layers_is_refused_at_once(capsys, tmp_path, monkeypatch, tiny_model_dir,
+                                                               default_model_dir):
+    from triforce.model.default_model import ensure_gguf
+
+    absurd = copy_gguf(ensure_gguf(), tmp_path / "absurd.gguf", fields={"llama.block_count": 1_000_000})
+    monkeypatch.setenv("TRIFORCE_CACHE", str(tmp_path / "cache"))
+    started = time.perf_counter()
+    code, err = _generate(capsys, absurd)
+    assert_one_line_error(code, err, "claims 1,000,000 layers but holds only 272 tensors")
+    folder = tmp_path / "absurd-folder"
+    shutil.copytree(tiny_model_dir("llama-mha"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1_000_000}))
+    code, err = _generate(capsys, folder)
+    assert_one_line_error(code, err, "claims 1,000,000 layers but its weights hold")
+    assert time.perf_counter() - started < 20  # the 1,000,000-layer GGUF alone took 30 s

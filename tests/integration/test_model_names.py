@@ -71,8 +71,9 @@ def test_a_model_is_found_by_its_hub_name_and_its_ollama_name(capsys, names):
 
 
 @pytest.mark.parametrize("name, fragments", [
-    ("triforce-test/not-here", ["'triforce-test/not-here' is not in the Hugging Face cache", "hf download"]),
-    ("triforce-test/smollm2-gguf@" + "f" * 40, ["is not in the Hugging Face cache", "--revision"]),
+    ("triforce-test/not-here", ["'triforce-test/not-here' is neither a path here nor in the Hugging Face cache",
+                                "hf download"]),
+    ("triforce-test/smollm2-gguf@" + "f" * 40, ["nor in the Hugging Face cache", "--revision"]),
     ("ollama:smollm2", ["'smollm2:latest' is not in Ollama's store", "ollama pull smollm2:latest"]),
     ("ollama:", ["needs a name"]),
 ])

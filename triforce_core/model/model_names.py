@@ -35,7 +35,8 @@ def hf_snapshot(repo: str, revision: str | None = None) -> Path:
         return Path(snapshot_download(repo, revision=revision, local_files_only=True))
     except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
         at = f"@{revision}" if revision else ""
-        raise UserError(f"model '{repo}{at}' is not in the Hugging Face cache (looked in {constants.HF_HUB_CACHE}; "
+        raise UserError(f"model '{repo}{at}' is neither a path here nor in the Hugging Face cache (looked in "
+                        f"{constants.HF_HUB_CACHE}; "
                         f"triforce never downloads: with network run `hf download {repo}"
                         f"{' --revision ' + revision if revision else ''}`, or give a folder or .gguf path)") from None
 

@@ -14,6 +14,8 @@ FAMILIES = {
     "llama-gqa": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2),
     "mistral": dict(model_type="mistral", num_attention_heads=4, num_key_value_heads=2, sliding_window=24),
     "qwen2": dict(model_type="qwen2", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    # q/k norms, no qkv bias, heads of 128 whatever hidden / heads (transformers reads no other width from a GGUF)
+    "qwen3": dict(model_type="qwen3", num_attention_heads=4, num_key_value_heads=2, head_dim=128),
     "llama-yarn": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2,
                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                         "original_max_position_embeddings": 32}),

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from triforce.errors import UserError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class ModelConfig:
     mlp_bias: bool
     tie_word_embeddings: bool
     sliding_windows: tuple[int | None, ...]  # per layer; None = full attention
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and k, before RoPE
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -68,6 +69,7 @@ class ModelConfig:
             mlp_bias=bool(getattr(hf, "mlp_bias", False)),
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
             sliding_windows=windows,
+            qk_norm=model_type == "qwen3",
         )
 
 

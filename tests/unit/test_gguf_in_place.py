@@ -1,6 +1,6 @@
 """A GGUF's weights read in place (triforce.model.gguf_weights) are what transformers' GGUF loader
 makes of the same file, for files whose q and k rows llama.cpp permuted (llama) and whose it did
-not (mistral, qwen2), and a model loaded from the file gives the original checkpoint's logits."""
+not (mistral, qwen2, qwen3), and a model loaded from the file gives the original checkpoint's logits."""
 import numpy as np
 import pytest
 import torch
@@ -34,6 +34,9 @@ def write_gguf(folder, arch: str, kind: GGMLQuantizationType):
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
+    if config.get("head_dim"):
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
     for name, tensor in load_file(str(folder / "model.safetensors")).items():
         values = tensor.float().numpy()
         short = gguf_name(name)
@@ -58,7 +61,8 @@ def in_place(tmp_path, gguf_path, arch, heads, kv_heads):
     return folder
 
 
-@pytest.mark.parametrize("family, arch", [("llama-gqa", "llama"), ("mistral", "llama"), ("qwen2", "qwen2")])
+@pytest.mark.parametrize("family, arch", [("llama-gqa", "llama"), ("mistral", "llama"), ("qwen2", "qwen2"),
+                                          ("qwen3", "qwen3")])
 def test_weights_read_in_place_equal_transformers_loading_the_file(tiny_model_dir, tmp_path, family, arch):
     from transformers import AutoModelForCausalLM
 

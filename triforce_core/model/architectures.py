@@ -34,6 +34,17 @@ ARCHITECTURES = {
                              max_position_embeddings=131072,
                              rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000000.0,
                                               "original_max_position_embeddings": 32768}),
+    # Qwen3 dense (q/k norms, no qkv bias): 32K native, 128K with YaRN x4 as its model card says
+    "qwen3-8b-128k": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                          num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                          rms_norm_eps=1e-6, max_position_embeddings=131072,
+                          rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000000.0,
+                                           "original_max_position_embeddings": 32768}),
+    "qwen3-32b-128k": dict(model_type="qwen3", vocab_size=151936, hidden_size=5120, intermediate_size=25600,
+                           num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+                           rms_norm_eps=1e-6, max_position_embeddings=131072,
+                           rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000000.0,
+                                            "original_max_position_embeddings": 32768}),
     "llama-68m": dict(vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
                       num_attention_heads=12, num_key_value_heads=12, rms_norm_eps=1e-6,
                       max_position_embeddings=2048),  # the paper's tier-0 draft
@@ -50,9 +61,9 @@ ARCHITECTURES = {
 def arch_hf_config(name: str):
     if name not in ARCHITECTURES:
         raise UserError(f"unknown architecture '{name}' (known: {', '.join(ARCHITECTURES)})")
-    from transformers import LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
     fields = dict(ARCHITECTURES[name])
-    return (Qwen2Config if fields.pop("model_type", "llama") == "qwen2" else LlamaConfig)(**fields)
+    return {"qwen2": Qwen2Config, "qwen3": Qwen3Config}.get(fields.pop("model_type", "llama"), LlamaConfig)(**fields)
 
 
 def arch_config(name: str) -> ModelConfig:

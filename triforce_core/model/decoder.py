@@ -1,4 +1,4 @@
-"""A compact Llama-family decoder (Llama 2/3/3.1, Mistral, Qwen2).
+"""A compact Llama-family decoder (Llama 2/3/3.1, Mistral, Qwen2, Qwen3).
 
 `forward(tokens, positions, cache_view) -> logits`. The model computes queries, keys and values;
 the cache view stores the keys and values and returns attention over whatever it holds, so the
@@ -62,6 +62,10 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:  # Qwen3
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
         self.fused: tuple | None = None  # (qkv, o) while fused
 
     def fuse(self, on: bool) -> None:
@@ -75,8 +79,11 @@ class Attention(nn.Module):
                                               self.num_kv_heads * self.head_dim], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)
-        k = k.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q.view(batch, length, self.num_heads, self.head_dim)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
@@ -146,7 +153,8 @@ class DecoderLayer(nn.Module):
         self.mlp.fuse(on)
         self.cpu_layer = None
         parts = (self.input_layernorm.weight, self.post_attention_layernorm.weight)
-        if on and CpuLayer.fits(*parts, *self.self_attn.fused, *self.mlp.fused):
+        # the numba halves hold no q/k norms (Qwen3's layers take the eager path)
+        if on and not self.self_attn.qk_norm and CpuLayer.fits(*parts, *self.self_attn.fused, *self.mlp.fused):
             attn = self.self_attn
             self.cpu_layer = CpuLayer(*parts, self.input_layernorm.eps, *attn.fused, *self.mlp.fused,
                                       attn.num_heads, attn.num_kv_heads, attn.head_dim)

@@ -16,7 +16,7 @@ from triforce.errors import UserError
 from triforce.model.cache_entry import building, cache_error, damage, partial_prefix, record_sizes, remove
 from triforce.paths import cache_root
 
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2")  # GGUF names of the decoders triforce runs
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # GGUF names of the decoders triforce runs
 _METADATA_BYTES = 64 << 20  # room for a tokenizer and config, with a margin
 
 

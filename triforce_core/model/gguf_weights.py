@@ -19,6 +19,7 @@ from triforce.errors import DamagedFileError
 SOURCE = "gguf-source.json"
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+          "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
           "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
           "ffn_down": "mlp.down_proj"}

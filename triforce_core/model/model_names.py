@@ -117,8 +117,10 @@ def _folder_verdict(folder: Path) -> tuple[bool, str, str]:
             model_type = json.loads((folder / "config.json").read_text()).get("model_type")
         except (OSError, ValueError):
             return False, "config.json unreadable", kind
-        runs = model_type in ("llama", "mistral", "qwen2")
-        return runs, model_type if runs else f"model_type {model_type} (runs llama, mistral, qwen2)", kind
+        from triforce.config import SUPPORTED_MODEL_TYPES
+
+        runs = model_type in SUPPORTED_MODEL_TYPES
+        return runs, model_type if runs else f"model_type {model_type} (runs {', '.join(SUPPORTED_MODEL_TYPES)})", kind
     ggufs = sorted(folder.glob("*.gguf"))
     if len(ggufs) == 1:
         arch = gguf_architecture(ggufs[0])

@@ -207,3 +207,20 @@ def test_a_cpu_plan_reads_this_machines_memory_and_cores(capsys, monkeypatch):
     assert code == 0 and report["gpu_budget_bytes"] == 16 * 2**30 and report["host_note"] is None
     code, out, _ = run_cli(capsys, "plan", "--arch", "llama2-7b-128k", "--context", "131072")
     assert code != 0  # 13.5 GB of weights and 64 GiB of KV in 8 GiB
+
+
+def test_plan_counts_what_a_run_of_the_model_holds(capsys, default_model_dir):
+    """--quantize auto (plan's default, as generate's): the default model's own Q4_1/Q8_0 blocks on
+    a CPU, byte for byte what `generate` plans once loaded; `--quantize none` counts the floats."""
+    code, out, _ = run_cli(capsys, "plan", "--model", "default", "--context", "4096", "--json")
+    planned = json.loads(out)
+    code2, out2, _ = run_cli(capsys, "generate", "--prompt", "hi", "--max-new-tokens", "2", "--json")
+    ran = json.loads(out2)["plan"]
+    from triforce.kernels.cpu.f32_dot import HAS_F32_FMA  # without FMA the run takes floats, and so does plan
+    assert code == code2 == 0 and planned["weight_format"] == ran["weight_format"] == (
+        "q4_1/q8_0" if HAS_F32_FMA else None)
+    assert planned["breakdown"]["target_weights"] == ran["breakdown"]["target_weights"]
+    code, out, _ = run_cli(capsys, "plan", "--model", "default", "--context", "4096", "--quantize", "none", "--json")
+    floats = json.loads(out)
+    assert code == 0 and floats["weight_format"] is None
+    assert floats["breakdown"]["target_weights"] > (4 if HAS_F32_FMA else 0.99) * planned["breakdown"]["target_weights"]

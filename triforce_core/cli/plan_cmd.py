@@ -23,6 +23,21 @@ def _model_shape(model: str | None, arch: str | None):
     return ModelConfig.from_hf(read_hf_config(folder)), str(folder)
 
 
+def _file_blocks(model: str, shape, dtype_bytes: int):
+    """What a CPU run of a .gguf model holds under --quantize auto (None: floats, as it runs them)."""
+    from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
+    from triforce.model.loading import gguf_file
+
+    path = gguf_file(model) if HAS_F32_FMA else None
+    if path is None:
+        return None
+    from triforce.model.quantized import held_file_blocks
+    from triforce.offload.shapes import LoadedBlocks, matrix_weights
+
+    held = held_file_blocks(path, shape, dtype_bytes)
+    return None if held is None else LoadedBlocks(held[0], held[1] / matrix_weights(shape))
+
+
 def _available_memory() -> int:
     import psutil
     return int(psutil.virtual_memory().available)
@@ -64,11 +79,12 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 @click.option("--tp", type=INT, default=1, show_default=True, help="Tensor-parallel GPUs (the KV splits by heads).")
 @click.option("--dtype", type=click.Choice(["auto", *_DTYPE_BYTES]), default="auto", show_default=True,
               help="auto = bfloat16 for GPU profiles and on CPUs with native bfloat16, else float32.")
-@click.option("--quantize", type=click.Choice(["none", "q8_0", "q4_0", "q4_1", "q4_k"]), default="none",
+@click.option("--quantize", type=click.Choice(["auto", "none", "q8_0", "q4_0", "q4_1", "q4_k"]), default="auto",
               show_default=True,
               help="Count the target's matrices as GGUF blocks of this format (norms stay in --dtype, the draft "
                    "model float), as the kernels hold them: the CPU's numba kernels on a CPU profile, the Triton "
-                   "kernels on a GPU profile (q4_k: 4.75 bits a weight there, 6 on a CPU).")
+                   "kernels on a GPU profile (q4_k: 4.75 bits a weight there, 6 on a CPU). auto: what a run holds, "
+                   "the file's own blocks for a .gguf model on a CPU (as generate's --quantize auto), else floats.")
 @click.option("--acceptance", default=None,
               help="FULL[,RETRIEVAL] acceptance rates for the prediction (default: the profile's measured ones, "
                    "else what natural text gave the default model with prompt lookup: 0.90 per token at the full "
@@ -98,11 +114,15 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
     prof = load_profile(profile) if profile else this_cpu()
     if device_budget is not None:
         prof = prof.with_device_budget(parse_size(device_budget, "--device-budget"))
+    dtype_auto = dtype == "auto"
     if dtype == "auto":
         from triforce.model.cpu_features import native_bf16
         dtype = "bfloat16" if prof.num_gpus > 0 or native_bf16() else "float32"
     auto = batch = None
-    weights = None if quantize == "none" else quantize
+    weights = None if quantize in ("none", "auto") else quantize
+    if quantize == "auto" and model is not None and dtype_auto and prof.num_gpus == 0 and tp == 1 \
+            and batch_size is None:
+        weights = _file_blocks(model, shape, _DTYPE_BYTES[dtype])
     if batch_size is not None and weights is not None:
         raise UserError("--quantize is planned for one sequence so far; leave out --batch-size or --quantize")
     if batch_size is not None:

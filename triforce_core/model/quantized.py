@@ -99,6 +99,24 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
             "file_bytes": sum(b.file_nbytes for b in made), "block_weights": sum(b.rows * b.cols for b in made)}
 
 
+def held_file_blocks(gguf_path: Path, cfg, dtype_bytes: int) -> tuple[str, float] | None:
+    """What a run of the GGUF file's own blocks holds (`--quantize auto` on a CPU), without loading
+    it: each matrix as the CPU kernels hold its format, the file's other formats as floats in the
+    run's dtype. (formats, bytes of the matrices); None where no matrix is in a block format."""
+    from triforce.kernels.cpu.quant_blocks import BLOCK, HELD_BYTES
+
+    tensors = gguf_tensors(gguf_path)
+    names = ["token_embd.weight", "output.weight"]
+    names += [f"blk.{i}.{short}.weight" for i in range(cfg.num_layers) for short in _PROJECTIONS]
+    kinds, held = set(), 0.0
+    for name in (n for n in names if n in tensors):
+        weights = int(np.prod(tensors[name].shape))
+        kind = format_of(tensors[name].tensor_type)
+        kinds |= {kind} if kind else set()
+        held += weights * HELD_BYTES[kind] / BLOCK if kind else weights * dtype_bytes
+    return ("/".join(sorted(kinds)), held) if kinds else None
+
+
 def block_parameters(source, layers: int) -> frozenset[str]:
     """The decoder parameters whose tensors in the GGUF file `source` (a GgufSource) run as blocks."""
     from triforce.model.gguf_weights import hf_name

@@ -66,3 +66,48 @@ def test_metadata_claiming_a_million_layers_is_refused_at_once(capsys, tmp_path,
     code, err = _generate(capsys, folder)
     assert_one_line_error(code, err, "claims 1,000,000 layers but its weights hold")
     assert time.perf_counter() - started < 20  # the 1,000,000-layer GGUF alone took 30 s
+
+
+@pytest.fixture
+def overflowing_layer(monkeypatch):
+    """Layer 1's output turns NaN once decoding starts (as an activation overflowing in float16
+    would), in the failing pass and in the re-run that names it. `off()` ends it."""
+    from triforce.model.decoder import DecoderLayer
+
+    real, state = DecoderLayer.forward, {"decoding": False, "on": True}
+
+    def forward(self, x, cos, sin, layer, cache_view, *args, **kwargs):
+        out = real(self, x, cos, sin, layer, cache_view, *args, **kwargs)
+        state["decoding"] |= x.shape[1] == 1
+        return out * float("nan") if state["on"] and state["decoding"] and layer == 1 else out
+
+    monkeypatch.setattr(DecoderLayer, "forward", forward)
+    state["off"] = lambda: state.update(on=False, decoding=False)
+    return state
+
+
+@pytest.mark.parametrize("method, temperature", [("ar", "0"), ("triforce", "0"), ("ar", "0.8"), ("triforce", "0.8")])
+def test_logits_that_turn_nan_while_decoding_end_in_one_line_naming_the_layer(capsys, tiny_model_dir,
+                                                                              overflowing_layer, method, temperature):
+    code, err = _generate(capsys, tiny_model_dir("llama-gqa"), "--method", method, "--temperature", temperature,
+                          "--draft", "lookup" if method == "triforce" else "none")
+    assert_one_line_error(code, err, "the model's logits became NaN or infinite at token",
+                          "first in model.layers.1", "try --dtype float32")
+
+
+def test_the_server_answers_that_request_with_the_error_and_stays_up(default_model_dir, overflowing_layer):
+    import openai
+
+    from serve_helpers import LiveServer
+
+    server = LiveServer(str(default_model_dir), max_context=256, batch_size=1)
+    try:
+        client = server.client()
+        ask = dict(model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
+        with pytest.raises(openai.APIError) as failed:
+            client.chat.completions.create(**ask)
+        assert "logits became NaN or infinite" in str(failed.value) and "model.layers.1" in str(failed.value)
+        overflowing_layer["off"]()
+        assert client.chat.completions.create(**ask).choices[0].message.content
+    finally:
+        server.stop()

@@ -9,6 +9,7 @@ from triforce.app.inputs import check_text_file, read_text_file, text_bound
 from triforce.app.threads import threads_in_use
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
+from triforce.decoding.numerics import SYMPTOMS, located
 from triforce.decoding.statistics import GenerationResult
 from triforce.errors import UserError
 from triforce.model.chat_template import chat_ids, pieces_ids
@@ -89,7 +90,10 @@ class Chat:
         candidate = self.messages + [{"role": "user", "content": question}]
         self._sync(candidate, True, progress, on_total)
         self.messages = candidate
-        result = self.engine.generate(max_new_tokens, params, self.lm.eos_ids, on_token)
+        try:
+            result = self.engine.generate(max_new_tokens, params, self.lm.eos_ids, on_token)
+        except SYMPTOMS as e:
+            raise located(e, self.lm, self.engine.seq) from None
         answer = self.lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
         self.messages.append({"role": "assistant", "content": answer})
         self.last_answer = result

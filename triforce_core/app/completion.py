@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from triforce.app.inputs import text_bound
 from triforce.app.threads import threads_in_use
+from triforce.decoding.numerics import SYMPTOMS, located
 from triforce.errors import UserError
 
 
@@ -62,7 +63,10 @@ def complete(runtime, ids: list[int], params, max_new_tokens: int, stop_ids: fro
     started = time.perf_counter()
     engine.set_sequence(ids, progress)
     prefill_s = time.perf_counter() - started
-    result = engine.generate(max_new_tokens, params, stop_ids, on_token=on_token)
+    try:
+        result = engine.generate(max_new_tokens, params, stop_ids, on_token=on_token)
+    except SYMPTOMS as e:
+        raise located(e, runtime.lm, engine.seq) from None
     return Completion(ids, result, run, engine, prefill_s, time.perf_counter() - started)
 
 

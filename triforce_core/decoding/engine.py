@@ -272,8 +272,8 @@ class Engine:
             with self._phase(f"{tier.name} forward"):
                 logits = penalize(raw := tier.logits(self.seq)[-1:], self.seq, self.params)[0]
             with self._phase(f"{tier.name} sample"):
-                if self.params.greedy:
-                    token, dist = int(torch.argmax(logits)), None
+                if self.params.greedy:  # through the verifier: its finiteness check rides on the read
+                    token, dist = verify_greedy([], logits[None]).token, None
                 else:
                     dist = probabilities(logits, self.params)
                     token = sample(dist, self.generator)

@@ -66,8 +66,15 @@ def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token from probs [V]."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """Draw one token from probs [V] (NaN or infinite ones: NonFiniteLogits, as torch checks them on
+    the CPU)."""
+    try:
+        return int(torch.multinomial(probs, 1, generator=generator))
+    except RuntimeError as e:
+        if "inf" in str(e) or "nan" in str(e):
+            from triforce.decoding.numerics import NonFiniteLogits
+            raise NonFiniteLogits() from None
+        raise
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
+
 from triforce.decoding.graph_runner import host_ids
+from triforce.decoding.numerics import NonFiniteLogits
 
 
 @dataclass
@@ -21,7 +23,10 @@ class Verdict:
 
 def verify_greedy(drafts: list[int], target_logits: torch.Tensor) -> Verdict:
     """target_logits: [len(drafts) + 1, V]; row i predicts the token after draft i - 1."""
-    best = torch.argmax(target_logits, dim=-1).tolist()
+    bad = (~torch.isfinite(target_logits)).any()
+    *best, bad = torch.cat([torch.argmax(target_logits, dim=-1), bad[None].long()]).tolist()  # one read
+    if bad:
+        raise NonFiniteLogits()
     accepted = 0
     while accepted < len(drafts) and drafts[accepted] == best[accepted]:
         accepted += 1
@@ -63,5 +68,8 @@ def verify_sampled(drafts: list[int], draft_probs: list[torch.Tensor | None], ta
     cdf = rows.to(torch.float64).cumsum(-1)
     w = torch.rand(cdf.shape[0], generator=generator, dtype=torch.float64, device=generator.device).to(device)
     drawn = torch.searchsorted(cdf, (w * cdf[:, -1])[:, None], right=True)[:, 0].clamp_max(cdf.shape[1] - 1)
-    count, *choices = torch.cat([accepted, drawn]).tolist()  # the one host sync
+    bad = (~torch.isfinite(target_probs)).any()[None].long()
+    count, bad, *choices = torch.cat([accepted, bad, drawn]).tolist()  # the one host sync
+    if bad:
+        raise NonFiniteLogits()
     return Verdict(count, choices[count])

@@ -23,6 +23,7 @@ from greenlet import GreenletExit
 from triforce.app.batch_generate import row_models
 from triforce.decoding.lockstep import Lockstep
 from triforce.decoding.logprobs import LogprobRecorder
+from triforce.decoding.numerics import SYMPTOMS, located
 
 
 class QueueFull(Exception):
@@ -215,8 +216,11 @@ class Scheduler:
                 started = time.perf_counter()
                 engine.set_sequence(job.ids, progress)
                 prefilled = time.perf_counter()
-                result = engine.generate(job.max_new, job.params, frozenset() if job.ignore_eos else self.stop_ids,
-                                         on_token, logprobs=recorder)
+                try:
+                    result = engine.generate(job.max_new, job.params,
+                                             frozenset() if job.ignore_eos else self.stop_ids, on_token, logprobs=recorder)
+                except SYMPTOMS as e:  # this request fails with the layer named; the server goes on
+                    raise located(e, self.runtime.lm, engine.seq) from None
             job.emit(("done", result.stopped_by))
             self.recent.append((job.label, len(job.ids), reused, len(result.tokens), result.stopped_by))
             self._say(job, reused, prefilled - started, result)

@@ -14,6 +14,14 @@ FAMILIES = {
     "llama-gqa": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2),
     "mistral": dict(model_type="mistral", num_attention_heads=4, num_key_value_heads=2, sliding_window=24),
     "qwen2": dict(model_type="qwen2", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    # Llama 3.2 (1B/3B): tied embeddings under Llama 3's rope scaling
+    "llama3.2": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                     rope_parameters={"rope_type": "llama3", "factor": 32.0, "rope_theta": 500000.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 32}),
+    # Mistral Small 3.x: no sliding window, heads narrower than hidden / heads
+    "mistral-small": dict(model_type="mistral", num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                          sliding_window=None),
     # q/k norms, no qkv bias, heads of 128 whatever hidden / heads (transformers reads no other width from a GGUF)
     "qwen3": dict(model_type="qwen3", num_attention_heads=4, num_key_value_heads=2, head_dim=128),
     "llama-yarn": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2,

@@ -122,3 +122,15 @@ def test_default_model_every_method_equals_ar(default_lm64, default_draft64):
             draft = default_draft64 if (method, i) in (("triforce", 0), ("naive", 1)) else "lookup"
             got = run(default_lm64, SpecParams(method=method, **spec), ids, 10, draft)
             assert got == expected, (method, i)
+
+
+@pytest.mark.parametrize("family", ["llama3.2", "mistral-small"])
+def test_newer_families_every_method_equals_ar(tiny_model_dir, family):
+    """Llama 3.2 (tied embeddings, Llama 3 rope scaling) and Mistral Small 3.x (no window, heads
+    narrower than hidden / heads): every method, prompt lookup drafting, float64."""
+    target = load_model(str(tiny_model_dir(family)), dtype="float64", device="cpu")
+    for text in TINY_PROMPTS[:4]:
+        ids = target.tokenizer(text).input_ids
+        expected = run(target, SpecParams(method="ar"), ids, 30)
+        for method in SPECULATIVE:
+            assert run(target, tiny_spec(method), ids, 30, "lookup") == expected, (family, method, text)

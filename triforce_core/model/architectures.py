@@ -34,6 +34,17 @@ ARCHITECTURES = {
                              max_position_embeddings=131072,
                              rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000000.0,
                                               "original_max_position_embeddings": 32768}),
+    "llama3.2-3b": dict(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                        num_attention_heads=24, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                        max_position_embeddings=131072, tie_word_embeddings=True,
+                        rope_parameters={"rope_type": "llama3", "factor": 32.0, "rope_theta": 500000.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 8192}),
+    # Mistral Small 3.1 (24B): full attention to 128K, rope base 1e9
+    "mistral-small-24b": dict(model_type="mistral", vocab_size=131072, hidden_size=5120, intermediate_size=32768,
+                              num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                              rms_norm_eps=1e-5, max_position_embeddings=131072, sliding_window=None,
+                              rope_parameters={"rope_type": "default", "rope_theta": 1000000000.0}),
     # Qwen3 dense (q/k norms, no qkv bias): 32K native, 128K with YaRN x4 as its model card says
     "qwen3-8b-128k": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                           num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -61,9 +72,10 @@ ARCHITECTURES = {
 def arch_hf_config(name: str):
     if name not in ARCHITECTURES:
         raise UserError(f"unknown architecture '{name}' (known: {', '.join(ARCHITECTURES)})")
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
     fields = dict(ARCHITECTURES[name])
-    return {"qwen2": Qwen2Config, "qwen3": Qwen3Config}.get(fields.pop("model_type", "llama"), LlamaConfig)(**fields)
+    kinds = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}
+    return kinds.get(fields.pop("model_type", "llama"), LlamaConfig)(**fields)
 
 
 def arch_config(name: str) -> ModelConfig:

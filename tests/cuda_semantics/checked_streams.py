@@ -235,6 +235,7 @@ class CheckedStreams:
         with self._lock:
             if event.clock is not None:
                 _merge(self.host.clock, event.clock)
+            self._visible(self.host)  # what the host waited for is in memory now, for readers torch never sees
 
     def synchronize(self, stream: FakeStream) -> None:
         card = active()
@@ -243,6 +244,7 @@ class CheckedStreams:
         with self._lock:
             if stream is not None:
                 _merge(self.host.clock, stream.clock)
+            self._visible(self.host)
 
     # ---- checking -----------------------------------------------------------------------
     def _region(self, t: torch.Tensor, kind: str) -> Region:
@@ -347,6 +349,7 @@ class CheckedStreams:
         with self._lock:
             for stream in self._streams:
                 _merge(self.host.clock, stream.clock)
+            self._visible(self.host)
 
     @contextlib.contextmanager
     def watching(self):

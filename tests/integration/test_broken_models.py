@@ -111,3 +111,16 @@ def test_the_server_answers_that_request_with_the_error_and_stays_up(default_mod
         assert client.chat.completions.create(**ask).choices[0].message.content
     finally:
         server.stop()
+
+
+def test_a_chat_turn_that_turns_nan_is_dropped_and_the_next_one_answers(tiny_model_dir, overflowing_layer):
+    from triforce import LLM, SamplingParams, UserError
+
+    llm = LLM(str(tiny_model_dir("llama-gqa")), dtype="float32", device="cpu", method="ar")
+    conversation = llm.conversation()
+    params = SamplingParams(max_tokens=4)
+    with pytest.raises(UserError, match="first in model.layers.1"):
+        conversation.send("the cat sat", params)
+    overflowing_layer["off"]()
+    assert conversation.send("the dog sat", params).token_ids
+    assert [m["content"] for m in conversation.messages if m["role"] == "user"] == ["the dog sat"]

@@ -92,8 +92,11 @@ class Chat:
         self.messages = candidate
         try:
             result = self.engine.generate(max_new_tokens, params, self.lm.eos_ids, on_token)
-        except SYMPTOMS as e:
-            raise located(e, self.lm, self.engine.seq) from None
+        except SYMPTOMS as e:  # the turn is dropped and the caches refilled from the text next turn
+            error = located(e, self.lm, self.engine.seq)
+            self.messages.pop()
+            self.full.truncate(0)
+            raise error from None
         answer = self.lm.tokenizer.decode(result.tokens, skip_special_tokens=True)
         self.messages.append({"role": "assistant", "content": answer})
         self.last_answer = result

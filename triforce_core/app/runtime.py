@@ -171,14 +171,22 @@ def weights_as(config: RunConfig, device: str, world: int) -> str | None:
     the block kernels serve (a CPU with FMA, one process) and --dtype was left to auto; None: floats."""
     if config.quantize != "auto":
         return None if config.quantize == "none" else config.quantize
-    from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
-    from triforce.model.loading import gguf_file, resolve_device
+    from triforce.model.loading import resolve_device
 
-    if config.arch is not None or config.dtype != "auto" or world > 1 or not HAS_F32_FMA:
+    if config.arch is not None or config.dtype != "auto" or resolve_device(device).type != "cpu":
         return None
-    if resolve_device(device).type != "cpu" or config.model is None:
+    return "gguf" if auto_blocks_file(config.model, world) is not None else None
+
+
+def auto_blocks_file(model: str | None, world: int = 1):
+    """The .gguf file whose own blocks --quantize auto runs on a CPU for `model` (with --dtype
+    auto): where the block kernels serve (FMA) in one process; None: floats. `plan` asks it too."""
+    from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
+    from triforce.model.loading import gguf_file
+
+    if model is None or world > 1 or not HAS_F32_FMA:
         return None
-    return "gguf" if gguf_file(config.model) is not None else None
+    return gguf_file(model)
 
 
 def build_runtime(config: RunConfig, rank: int = 0, world: int = 1) -> Runtime:

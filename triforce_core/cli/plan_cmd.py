@@ -25,10 +25,9 @@ def _model_shape(model: str | None, arch: str | None):
 
 def _file_blocks(model: str, shape, dtype_bytes: int):
     """What a CPU run of a .gguf model holds under --quantize auto (None: floats, as it runs them)."""
-    from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
-    from triforce.model.loading import gguf_file
+    from triforce.app.runtime import auto_blocks_file
 
-    path = gguf_file(model) if HAS_F32_FMA else None
+    path = auto_blocks_file(model)
     if path is None:
         return None
     from triforce.model.quantized import held_file_blocks

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +36,16 @@ class GgufTensor:
 
 
 def gguf_tensors(path: Path) -> dict[str, GgufTensor]:
-    """The file's tensors by name (from the cached index when the file is unchanged)."""
+    """The file's tensors by name (from the cached index when the file is unchanged; a load asks
+    several times, so a process reads each version of a file once)."""
     path = Path(path).resolve()
     stat = path.stat()
-    index = cache_root() / "gguf-index" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}.json"
+    return dict(_tensors(path, stat.st_size, stat.st_mtime_ns, cache_root()))
+
+
+@lru_cache(maxsize=8)
+def _tensors(path: Path, size: int, mtime_ns: int, root: Path) -> dict[str, GgufTensor]:
+    index = root / "gguf-index" / f"{path.stem}-{size}-{mtime_ns}.json"
     try:
         saved = json.loads(index.read_text())
         if saved.get("version") == VERSION:

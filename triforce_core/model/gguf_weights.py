@@ -18,11 +18,11 @@ from triforce.errors import DamagedFileError
 
 SOURCE = "gguf-source.json"
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+               "ffn_down": "mlp.down_proj"}  # a layer's matrices: GGUF name -> the decoder's module
 _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-          "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-          "ffn_down": "mlp.down_proj"}
+          "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", **PROJECTIONS}
 _PERMUTING = ("llama",)  # GGUF architectures whose q/k rows llama.cpp's converter permuted (Mistral is "llama")
 
 
@@ -75,6 +75,12 @@ class GgufSource:
         heads = self.heads if ".attn_q." in gguf_name else self.kv_heads
         dim = rows // heads // 2
         return np.arange(rows).reshape(heads, dim, 2).swapaxes(1, 2).reshape(-1)
+
+
+def matrix_names(layers: int) -> list[str]:
+    """The GGUF tensors a model of `layers` layers may hold as blocks: embeddings, head, projections."""
+    return ["token_embd.weight", "output.weight"] + [f"blk.{i}.{short}.weight" for i in range(layers)
+                                                     for short in PROJECTIONS]
 
 
 def hf_name(gguf_name: str) -> str | None:

@@ -27,12 +27,10 @@ from torch import nn
 from triforce.errors import UserError
 from triforce.kernels.cpu.quant_blocks import FORMATS, BlockWeight, format_of, whole_blocks
 from triforce.model.gguf_index import gguf_tensors
+from triforce.model.gguf_weights import PROJECTIONS as _PROJECTIONS, matrix_names
 from triforce.model.quantized_layers import QuantizedEmbedding, QuantizedLinear
 
 CHOICES = (*FORMATS, "gguf")
-_PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-                "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-                "ffn_down": "mlp.down_proj"}
 
 
 def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bool = True,
@@ -106,8 +104,7 @@ def held_file_blocks(gguf_path: Path, cfg, dtype_bytes: int) -> tuple[str, float
     from triforce.kernels.cpu.quant_blocks import BLOCK, HELD_BYTES
 
     tensors = gguf_tensors(gguf_path)
-    names = ["token_embd.weight", "output.weight"]
-    names += [f"blk.{i}.{short}.weight" for i in range(cfg.num_layers) for short in _PROJECTIONS]
+    names = matrix_names(cfg.num_layers)
     kinds, held = set(), 0.0
     for name in (n for n in names if n in tensors):
         weights = int(np.prod(tensors[name].shape))
@@ -122,8 +119,7 @@ def block_parameters(source, layers: int) -> frozenset[str]:
     from triforce.model.gguf_weights import hf_name
 
     tensors = gguf_tensors(source.path)
-    names = ["token_embd.weight", "output.weight"]
-    names += [f"blk.{i}.{short}.weight" for i in range(layers) for short in _PROJECTIONS]
+    names = matrix_names(layers)
     return frozenset(hf_name(n) for n in names if n in tensors and format_of(tensors[n].tensor_type))
 
 
@@ -217,8 +213,7 @@ class _GgufBlocks:
 
     def any_blocks(self, layers: int) -> bool:
         """Whether a tensor a model of `layers` layers takes from the file is in FORMATS."""
-        names = ["token_embd.weight", "output.weight"]
-        names += [f"blk.{i}.{short}.weight" for i in range(layers) for short in _PROJECTIONS]
+        names = matrix_names(layers)
         return any(n in self.tensors and format_of(self.tensors[n].tensor_type) for n in names)
 
     def block(self, name: str, weight: torch.Tensor, heads: int | None, k_factors: bool = False) -> BlockWeight | None:

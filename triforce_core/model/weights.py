@@ -117,7 +117,7 @@ def check_finite(tensor: torch.Tensor, name: str, where: str) -> None:
     if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
         bad = int((~torch.isfinite(tensor)).sum())
         raise UserError(f"tensor '{name}' in {where} holds {bad:,} NaN or infinite value(s) of "
-                               f"{tensor.numel():,}: the weights are broken (re-download or re-convert the model)")
+                        f"{tensor.numel():,}: the weights are broken (re-download or re-convert the model)")
 
 
 def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, slicer=None,

@@ -272,10 +272,10 @@ class Engine:
             with self._phase(f"{tier.name} forward"):
                 logits = penalize(raw := tier.logits(self.seq)[-1:], self.seq, self.params)[0]
             with self._phase(f"{tier.name} sample"):
-                if self.params.greedy:  # through the verifier: its finiteness check rides on the read
-                    token, dist = verify_greedy([], logits[None]).token, None
+                dist = None if self.params.greedy else probabilities(logits, self.params)
+                if dist is None:  # the target's via the verifier: its finiteness check rides on the read
+                    token = verify_greedy([], logits[None]).token if tier is self.full else int(logits.argmax())
                 else:
-                    dist = probabilities(logits, self.params)
                     token = sample(dist, self.generator)
                 if self.hooks.agree is not None:
                     token = self.hooks.agree([token])[0]

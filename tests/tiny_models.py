@@ -24,6 +24,16 @@ FAMILIES = {
                           sliding_window=None),
     # q/k norms, no qkv bias, heads of 128 whatever hidden / heads (transformers reads no other width from a GGUF)
     "qwen3": dict(model_type="qwen3", num_attention_heads=4, num_key_value_heads=2, head_dim=128),
+    # Phi-3: fused qkv and gate/up, LongRoPE (trained on 16 tokens here: the tests' prompts pass it in one
+    # pass, where transformers and triforce both take the long factors), a window over every layer
+    "phi3": dict(model_type="phi3", num_attention_heads=4, num_key_value_heads=2, sliding_window=24,
+                 original_max_position_embeddings=16,
+                 rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                  "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0],
+                                  "long_factor": [1.0, 1.3, 1.9, 2.8, 4.0, 6.0, 9.0, 12.0]}),
+    # Phi-4-mini: RoPE turns the first 3/4 of each head, tied embeddings
+    "phi4-mini": dict(model_type="phi3", num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75}),
     "llama-yarn": dict(model_type="llama", num_attention_heads=4, num_key_value_heads=2,
                        rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
                                         "original_max_position_embeddings": 32}),

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from triforce.errors import UserError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     sliding_windows: tuple[int | None, ...]  # per layer; None = full attention
     qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and k, before RoPE
+    rotary_dim: int | None = None  # the leading dims of each head RoPE turns (Phi-4-mini: 3/4); None = all
 
     def __post_init__(self):
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -36,6 +37,8 @@ class ModelConfig:
                             f"num_key_value_heads ({self.num_kv_heads})")
         if len(self.sliding_windows) != self.num_layers:
             raise UserError("sliding window list does not match the number of layers")
+        if self.rotary_dim is not None and not (2 <= self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            raise UserError(f"the rotary part of a head ({self.rotary_dim}) must be even and within its {self.head_dim} dims")
 
     @classmethod
     def from_hf(cls, hf) -> "ModelConfig":
@@ -49,8 +52,8 @@ class ModelConfig:
         num_layers = hf.num_hidden_layers
         window = getattr(hf, "sliding_window", None)
         layer_types = getattr(hf, "layer_types", None)
-        if model_type == "mistral" or not layer_types:
-            windows = (window,) * num_layers if model_type == "mistral" else (None,) * num_layers
+        if model_type in ("mistral", "phi3") or not layer_types:  # Phi-3: every layer or none
+            windows = (window,) * num_layers if model_type in ("mistral", "phi3") else (None,) * num_layers
         else:
             windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
         return cls(
@@ -70,7 +73,15 @@ class ModelConfig:
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
             sliding_windows=windows,
             qk_norm=model_type == "qwen3",
+            rotary_dim=_rotary_dim(hf, head_dim),
         )
+
+
+def _rotary_dim(hf, head_dim: int) -> int | None:
+    params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
+    factor = params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0))
+    dim = int(head_dim * factor)  # transformers' rounding (triforce.model.rope)
+    return None if dim == head_dim else dim
 
 
 @dataclass(frozen=True)

@@ -124,3 +124,23 @@ def test_a_chat_turn_that_turns_nan_is_dropped_and_the_next_one_answers(tiny_mod
     overflowing_layer["off"]()
     assert conversation.send("the dog sat", params).token_ids
     assert [m["content"] for m in conversation.messages if m["role"] == "user"] == ["the dog sat"]
+
+
+def test_nan_in_a_fused_phi3_projection_names_the_files_tensor(capsys, tiny_model_dir, tmp_path):
+    folder = tmp_path / "broken-phi3"
+    shutil.copytree(tiny_model_dir("phi3"), folder)
+    state = load_file(str(folder / "model.safetensors"))
+    state["model.layers.0.self_attn.qkv_proj.weight"][70, 1] = float("nan")  # a row of k
+    save_file(state, str(folder / "model.safetensors"))
+    code, err = _generate(capsys, folder)
+    assert_one_line_error(code, err, "tensor 'model.layers.0.self_attn.qkv_proj.weight'", "1 NaN or infinite value(s)")
+
+
+def test_a_phi3_config_that_does_not_match_its_fused_rows_is_one_line(capsys, tiny_model_dir, tmp_path):
+    folder = tmp_path / "wrong-heads"
+    shutil.copytree(tiny_model_dir("phi3"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["num_key_value_heads"] = 4  # the file's qkv rows were made for 2
+    (folder / "config.json").write_text(json.dumps(config))
+    code, err = _generate(capsys, folder)
+    assert_one_line_error(code, err, "model.layers.0.self_attn.qkv_proj.weight", "has 128 rows; the config implies 192 (q_proj, k_proj, v_proj)")

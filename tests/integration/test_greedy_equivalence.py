@@ -46,7 +46,7 @@ def run(lm, spec, ids, new_tokens, draft=None, params=GREEDY):
     return engine.generate(new_tokens, params).tokens
 
 
-@pytest.fixture(scope="module", params=["llama-mha", "llama-gqa", "qwen3"])
+@pytest.fixture(scope="module", params=["llama-mha", "llama-gqa", "qwen3", "phi3", "phi4-mini"])
 def tiny_pair(request, tiny_model_dir):
     target = load_model(str(tiny_model_dir(request.param)), dtype="float64", device="cpu")
     draft = load_model(str(tiny_model_dir("llama-gqa", seed=7, num_layers=1, hidden_size=32)),

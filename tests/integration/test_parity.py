@@ -80,3 +80,28 @@ def test_dynamic_rope_past_original_length_matches_transformers(tiny_model_dir):
     with torch.no_grad():
         expected = hf_model(folder)(torch.tensor([ids])).logits[0]
     assert (our_logits(lm, ids) - expected).abs().max().item() < 1e-4
+
+
+def test_longrope_takes_its_long_factors_in_every_pass_of_a_long_context_model(tiny_model_dir):
+    """transformers picks LongRoPE's factors per pass (long once a pass reaches past the trained 16
+    tokens); triforce picks them once from the model's context, so a short first pass already uses
+    the long ones: its logits are the first rows of transformers' long pass (attention is causal)."""
+    folder = tiny_model_dir("phi3")
+    lm = load_model(str(folder), dtype="float32", device="cpu")
+    ids = torch.randint(3, lm.config.vocab_size, (SEQ_LEN,), generator=torch.Generator().manual_seed(3)).tolist()
+    ref = hf_model(folder)
+    with torch.no_grad():
+        long_pass = ref(torch.tensor([ids])).logits[0]
+        short_pass = ref(torch.tensor([ids[:10]])).logits[0]
+    got = our_logits(lm, ids[:10])
+    assert (got - long_pass[:10]).abs().max().item() < 1e-4
+    assert (got - short_pass).abs().max().item() > 1e-2  # the factors differ: the check above can fail
+
+
+def test_longrope_within_the_trained_context_takes_the_short_factors(tiny_model_dir):
+    folder = tiny_model_dir("phi3", max_position_embeddings=16)  # no extension past the trained 16 tokens
+    lm = load_model(str(folder), dtype="float32", device="cpu")
+    ids = torch.randint(3, lm.config.vocab_size, (12,), generator=torch.Generator().manual_seed(4)).tolist()
+    with torch.no_grad():
+        expected = hf_model(folder)(torch.tensor([ids])).logits[0]
+    assert (our_logits(lm, ids) - expected).abs().max().item() < 1e-4

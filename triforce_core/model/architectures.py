@@ -56,6 +56,20 @@ ARCHITECTURES = {
                            rms_norm_eps=1e-6, max_position_embeddings=131072,
                            rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000000.0,
                                             "original_max_position_embeddings": 32768}),
+    # Phi-3/Phi-4 (fused qkv and gate/up in their files; shapes here). The 128K models' LongRoPE factors are
+    # weights-like data of each release, not shape: plain RoPE stands in for timing and planning
+    "phi3-mini-128k": dict(model_type="phi3", vocab_size=32064, hidden_size=3072, intermediate_size=8192,
+                           num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, rms_norm_eps=1e-5,
+                           max_position_embeddings=131072, sliding_window=None),
+    "phi4-mini-128k": dict(model_type="phi3", vocab_size=200064, hidden_size=3072, intermediate_size=8192,
+                           num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8, rms_norm_eps=1e-5,
+                           max_position_embeddings=131072, tie_word_embeddings=True, sliding_window=None,
+                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                            "partial_rotary_factor": 0.75}),
+    "phi4-14b": dict(model_type="phi3", vocab_size=100352, hidden_size=5120, intermediate_size=17920,
+                     num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=10, rms_norm_eps=1e-5,
+                     max_position_embeddings=16384, sliding_window=None,
+                     rope_parameters={"rope_type": "default", "rope_theta": 250000.0}),
     "llama-68m": dict(vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
                       num_attention_heads=12, num_key_value_heads=12, rms_norm_eps=1e-6,
                       max_position_embeddings=2048),  # the paper's tier-0 draft
@@ -72,9 +86,9 @@ ARCHITECTURES = {
 def arch_hf_config(name: str):
     if name not in ARCHITECTURES:
         raise UserError(f"unknown architecture '{name}' (known: {', '.join(ARCHITECTURES)})")
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
     fields = dict(ARCHITECTURES[name])
-    kinds = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}
+    kinds = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig, "phi3": Phi3Config}
     return kinds.get(fields.pop("model_type", "llama"), LlamaConfig)(**fields)
 
 

@@ -66,6 +66,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
+        self.whole_heads_turned = cfg.rotary_dim is None  # the numba layer turns whole heads only
         self.fused: tuple | None = None  # (qkv, o) while fused
 
     def fuse(self, on: bool) -> None:
@@ -153,8 +154,9 @@ class DecoderLayer(nn.Module):
         self.mlp.fuse(on)
         self.cpu_layer = None
         parts = (self.input_layernorm.weight, self.post_attention_layernorm.weight)
-        # the numba halves hold no q/k norms (Qwen3's layers take the eager path)
-        if on and not self.self_attn.qk_norm and CpuLayer.fits(*parts, *self.self_attn.fused, *self.mlp.fused):
+        # the numba halves hold no q/k norms and turn whole heads (Qwen3's and Phi-4-mini's layers run eagerly)
+        attn_fits = not self.self_attn.qk_norm and self.self_attn.whole_heads_turned
+        if on and attn_fits and CpuLayer.fits(*parts, *self.self_attn.fused, *self.mlp.fused):
             attn = self.self_attn
             self.cpu_layer = CpuLayer(*parts, self.input_layernorm.eps, *attn.fused, *self.mlp.fused,
                                       attn.num_heads, attn.num_kv_heads, attn.head_dim)

@@ -120,8 +120,9 @@ def _check_header(gguf_path: Path) -> str:
     except Exception as e:
         raise _unreadable(gguf_path, e) from None
     if arch not in GGUF_ARCHITECTURES:
+        folder_only = " (Phi-3 runs from its Hugging Face folder so far)" if arch == "phi3" else ""
         raise UserError(f"GGUF file {gguf_path} holds a '{arch}' model; triforce runs "
-                        f"{', '.join(GGUF_ARCHITECTURES)} (nothing was converted)")
+                        f"{', '.join(GGUF_ARCHITECTURES)} from GGUF files{folder_only} (nothing was converted)")
     missing = _missing_tensors(reader, arch)
     if missing:
         raise UserError(f"GGUF file {gguf_path} lacks {len(missing)} tensor(s) the model needs, e.g. "

@@ -20,6 +20,19 @@ def _default_inv_freq(hf_config) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
 
 
+def _longrope(hf_config) -> tuple[torch.Tensor, float]:
+    """Phi-3's LongRoPE: its long factors when the model's context passes the trained one, for every
+    position of every pass. transformers switches per pass (a pass reaching past the trained
+    context uses the long factors, an earlier one the short), which would give a cached key two
+    meanings across passes and make a verify pass differ from decoding; a context chosen once
+    (as llama.cpp chooses by the context it was given) keeps every method's tokens equal."""
+    params = _rope_params(hf_config)
+    original = params.get("original_max_position_embeddings",
+                          getattr(hf_config, "original_max_position_embeddings", None)) or hf_config.max_position_embeddings
+    long = hf_config.max_position_embeddings > original
+    return ROPE_INIT_FUNCTIONS["longrope"](hf_config, "cpu", seq_len=original + 1 if long else None)
+
+
 class RotaryEmbedding:
     """Maps positions to (cos, sin). Pure function of positions; dynamic NTK scaling, as in
     transformers, widens the frequencies once a forward pass reaches past the original length."""
@@ -30,6 +43,8 @@ class RotaryEmbedding:
         self._hf_config = hf_config
         if self.rope_type == "default":
             inv_freq, scaling = _default_inv_freq(hf_config), 1.0
+        elif self.rope_type == "longrope":
+            inv_freq, scaling = _longrope(hf_config)
         elif self.rope_type in ROPE_INIT_FUNCTIONS:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](hf_config, "cpu")
         else:
@@ -75,7 +90,11 @@ class RotaryEmbedding:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, H, T, D]."""
+    """x: [B, H, T, D]; cos and sin as wide as the rotary part of each head (its leading dims: the
+    rest passes unturned, as Phi-4-mini's partial rotary does)."""
+    if cos.shape[-1] != x.shape[-1]:
+        turned = cos.shape[-1]
+        return torch.cat((apply_rope(x[..., :turned], cos, sin), x[..., turned:]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

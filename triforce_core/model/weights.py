@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -12,6 +13,8 @@ from torch import nn
 
 from triforce.errors import DamagedFileError, UserError
 
+# Phi-3 checkpoints fuse these projections (split_fused)
+_FUSED = re.compile(r"(.*\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)(\..*)")
 # Buffers some checkpoints carry that the model recomputes.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -83,7 +86,28 @@ def _load_bin(path: Path) -> dict:
         raise UserError(unsafe.format("it holds Python objects besides tensors")) from None
 
 
-LAYER_TENSORS = 9  # the fewest a decoder layer holds: 4 attention and 3 MLP matrices, 2 norms
+LAYER_TENSORS = 6  # the fewest a decoder layer holds: Phi-3's q/k/v and gate/up in one matrix each, o, down, 2 norms
+
+
+def split_fused(name: str, tensor: torch.Tensor, cfg) -> Iterator[tuple[str, torch.Tensor]]:
+    """Phi-3's fused projections as the separate ones the decoder holds (it fuses them again
+    itself, in the order and layout that suit its kernels): qkv_proj's rows are q, k, v;
+    gate_up_proj's the gate, then up. Views, so nothing is copied."""
+    match = _FUSED.fullmatch(name)
+    if match is None:
+        yield name, tensor
+        return
+    stem, fused, suffix = match.groups()
+    if fused == "self_attn.qkv_proj":
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        parts, rows = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), [q, kv, kv]
+    else:
+        parts, rows = ("mlp.gate_proj", "mlp.up_proj"), [cfg.intermediate_size] * 2
+    if tensor.shape[0] != sum(rows):
+        raise UserError(f"tensor '{name}' has {tensor.shape[0]} rows; the config implies {sum(rows)} "
+                        f"({', '.join(p.rpartition('.')[2] for p in parts)})")
+    for part, piece in zip(parts, tensor.split(rows)):
+        yield f"{stem}{part}{suffix}", piece
 
 
 def check_layer_count(layers: int, files: list[Path]) -> None:
@@ -127,33 +151,31 @@ def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, s
     before anything reaches the device; None drops the tensor. skip: parameters left on the meta
     device (in `dtype`) for the caller to replace (a GGUF's block weights)."""
     params = dict(model.named_parameters())
-    loaded: set[str] = set()
     skip = frozenset(name for name in skip if name in params)
     for name in skip:
         module_name, _, attr = name.rpartition(".")
         meta = torch.empty(params[name].shape, dtype=dtype, device="meta")
         setattr(model.get_submodule(module_name), attr, nn.Parameter(meta, requires_grad=False))
     for path in files:
-        for name, tensor in iter_tensors(path, skip):
-            if name.endswith(_IGNORED_SUFFIXES):
-                continue
-            if slicer is not None:
-                tensor = slicer(name, tensor)
-                if tensor is None:
+        for stored, whole in iter_tensors(path, skip):
+            for name, tensor in split_fused(stored, whole, model.config):
+                if name.endswith(_IGNORED_SUFFIXES):
                     continue
-            if name not in params:
-                raise UserError(f"{path.name} holds an unexpected tensor '{name}' "
-                                "(is this a supported Llama/Mistral/Qwen2 checkpoint?)")
-            target = params[name]
-            if tuple(tensor.shape) != tuple(target.shape):
-                raise UserError(f"tensor '{name}' in {path.name} has shape {tuple(tensor.shape)}, "
-                                f"the config implies {tuple(target.shape)}")
-            check_finite(tensor, name, path.name)
-            module_name, _, attr = name.rpartition(".")
-            module = model.get_submodule(module_name)
-            value = tensor.to(device=device, dtype=dtype)
-            setattr(module, attr, nn.Parameter(value, requires_grad=False))
-            loaded.add(name)
+                if slicer is not None:
+                    tensor = slicer(name, tensor)
+                    if tensor is None:
+                        continue
+                if name not in params:
+                    raise UserError(f"{path.name} holds an unexpected tensor '{name}' "
+                                    "(is this a supported Llama/Mistral/Qwen/Phi-3 checkpoint?)")
+                target = params[name]
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise UserError(f"tensor '{name}' in {path.name} has shape {tuple(tensor.shape)}, "
+                                    f"the config implies {tuple(target.shape)}")
+                check_finite(tensor, stored, path.name)  # the file's name for it, fused or not
+                module_name, _, attr = name.rpartition(".")
+                value = tensor.to(device=device, dtype=dtype)
+                setattr(model.get_submodule(module_name), attr, nn.Parameter(value, requires_grad=False))
     model.tie_weights()
     missing = [n for n, p in model.named_parameters() if p.is_meta and n not in skip]
     if missing:

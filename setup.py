@@ -66,7 +66,7 @@ setup(
         "flash": ["flash-attn"],
         "bench": ["matplotlib"],
         # triton runs the retrieval kernels' tests on CPU through its interpreter
-        "test": ["pytest", "scipy", "pexpect", "matplotlib", "openai", "httpx", "websockets",
+        "test": ["pytest", "pytest-xdist", "scipy", "pexpect", "matplotlib", "openai", "httpx", "websockets",
                  "triton; sys_platform == 'linux' and platform_machine == 'x86_64'"],
     },
     entry_points={"console_scripts": ["triforce=triforce.cli.main:main"]},

@@ -3,15 +3,22 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Before torch loads its OpenMP runtime, as `import triforce` does for users: idle OpenMP threads
+# sleep instead of spinning (a spinning one took half a core from every later test, and the
+# other worker's core under `-n 2`).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import make_tiny_model  # noqa: E402
 
 pytest_plugins = ["interrupt_plugin"]  # Ctrl-C ends the run even where the CLI turns it into exit 130
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# `-n N` (pytest-xdist) runs N workers: each takes its share of the cores, as a user's two programs would.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 # The suite's process holds torch, transformers and many models: at Python's default thresholds the
 # cyclic collector walked that heap so often that tests/cuda_semantics took 152 s against 108 s with
 # these (2-core EPYC, 2026-11-27). What a test checks is unchanged; bounded-memory tests collect themselves.

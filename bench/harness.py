@@ -103,7 +103,7 @@ def provenance(repo: Path | None = None) -> dict:
     import torch
 
     from triforce.app.threads import available_cores
-    from triforce.kernels.cpu.cpu_flags import host_flags
+    from triforce.kernels.cpu.simd.features import host_flags
 
     model = platform.processor() or platform.machine()
     try:

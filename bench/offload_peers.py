@@ -6,7 +6,7 @@ to the host and gets the attention output back; weights stay on the device. Only
 autoregressive decoding uses it.
 
 Its attention is the project's own multi-threaded kernel over host blocks
-(triforce.kernels.cpu.host_attention, the hybrid verify's CPU half), so the baseline is the strongest
+(triforce.kernels.cpu.attention.host, the hybrid verify's CPU half), so the baseline is the strongest
 version of that design rather than a scalar loop."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import torch
 
 from triforce.cache_contract import CacheStep
 from triforce.kernels import attention
-from triforce.kernels.cpu.host_attention import host_partial
-from triforce.kernels.cpu.host_attention import takes as host_attention_takes
+from triforce.kernels.cpu.attention.host import host_partial
+from triforce.kernels.cpu.attention.host import takes as host_attention_takes
 from triforce.pinned import HostKVStore
 
 BLOCK_TOKENS = 1024

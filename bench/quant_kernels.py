@@ -39,7 +39,7 @@ def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torc
     """COPIES linears of one shape: callables x -> x W^T, and the bytes one reads."""
     g = torch.Generator(device=device).manual_seed(seed)
     if kind == "float":
-        from triforce.kernels.cpu.cpu_linear import FusedLinear
+        from triforce.kernels.cpu.linear.dense import FusedLinear
         weights = [torch.empty(rows, cols, dtype=dtype, device=device).normal_(0, 0.02, generator=g)
                    for _ in range(COPIES)]
         if device.type == "cuda":

@@ -10,7 +10,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-import triforce.kernels.cpu.cpu_attention as cpu_attention
+import triforce.kernels.cpu.attention.decode as cpu_attention
 from triforce.kernels.device_kind import on_cuda
 from triforce.kernels.partial import (block_kind, causal_pieces, fusable, fused_partial, fused_shape,
                                       partial_attention)
@@ -33,7 +33,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
               cpu_kernel: bool = True) -> torch.Tensor:
     """q: [B, H, T, D]; k, v: [B, Hkv, S, D] with H a multiple of Hkv. Returns [B, H, T, D].
     fold_masked_gqa (default: on CUDA) serves masked GQA by folding query heads into rows.
-    cpu_kernel: decoding steps on the CPU go to triforce.kernels.cpu.cpu_attention (False: SDPA)."""
+    cpu_kernel: decoding steps on the CPU go to triforce.kernels.cpu.attention.decode (False: SDPA)."""
     if cpu_kernel and cpu_attention.takes(q, k, v, sliding_window):
         return cpu_attention.attention(q, k, v, scale=scale)
     num_queries, num_keys = q.shape[-2], k.shape[-2]
@@ -85,7 +85,7 @@ def _fused_pieces(q, k, v, scale: float, q_start: int, k_start: int) -> tuple[to
 
 class SdpaAttention:
     """PyTorch scaled_dot_product_attention for whole views (decoding steps on the CPU: the
-    kernel of triforce.kernels.cpu.cpu_attention), the tiled torch kernel for partial attention.
+    kernel of triforce.kernels.cpu.attention.decode), the tiled torch kernel for partial attention.
     Works on every device and dtype."""
 
     name = "sdpa"

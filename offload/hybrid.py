@@ -1,5 +1,5 @@
 """The hybrid split of a pass's host KV: PCIe streams some blocks to the device while CPU threads
-attend over the others in place (triforce.kernels.cpu.host_attention), so the host KV is read at the
+attend over the others in place (triforce.kernels.cpu.attention.host), so the host KV is read at the
 link's rate plus the CPU's instead of the link's alone.
 
 The two halves finish together when the CPU takes share C / (P + C) of the bytes, P the pinned

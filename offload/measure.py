@@ -52,10 +52,10 @@ def memory_gbps(device: torch.device, num_bytes: int = 512 << 20) -> float:
 
 def _decode_linear(device: torch.device):
     """What a model's projections run for a few rows: F.linear on CUDA, the small-rows kernel on
-    a CPU (triforce.kernels.cpu.cpu_linear)."""
+    a CPU (triforce.kernels.cpu.linear.dense)."""
     if device.type == "cuda":
         return torch.nn.functional.linear
-    from triforce.kernels.cpu.cpu_linear import linear
+    from triforce.kernels.cpu.linear.dense import linear
     return linear
 
 
@@ -82,14 +82,14 @@ def attention_tflops(device: torch.device, dtype: torch.dtype, queries: int = 9,
                      heads: int = 9, kv_heads: int = 3, dim: int = 64, layers: int = 8) -> float:
     """Attention's arithmetic rate in a verify pass (`queries` new tokens over a long cache, the
     default model's heads), through the kernel decoding runs there: the CPU decoding kernel
-    (triforce.kernels.cpu.cpu_attention), SDPA on CUDA. A pass of a few queries is compute-bound where
+    (triforce.kernels.cpu.attention.decode), SDPA on CUDA. A pass of a few queries is compute-bound where
     one query is bound by reading the KV (attention_gbps). `layers` distinct caches in turn (100
     MB in bfloat16 at the defaults), as a pass reads them: one 12 MB cache stayed in a CPU's L3
     and measured a rate that passes over caches in memory do not reach."""
     q = torch.randn(1, heads, queries, dim, device=device, dtype=dtype)
     kv = [(torch.randn(1, kv_heads, num_keys, dim, device=device, dtype=dtype),
            torch.randn(1, kv_heads, num_keys, dim, device=device, dtype=dtype)) for _ in range(layers)]
-    from triforce.kernels.cpu import cpu_attention
+    from triforce.kernels.cpu.attention import decode as cpu_attention
     if device.type == "cpu" and cpu_attention.takes(q, *kv[0], None):
         def run():
             for k, v in kv:
@@ -107,10 +107,10 @@ def attention_tflops(device: torch.device, dtype: torch.dtype, queries: int = 9,
 def host_attention_rates(dtype: torch.dtype = torch.bfloat16, num_keys: int = 16384, kv_heads: int = 32,
                          dim: int = 128, block_tokens: int = 2048, verify_tokens: int = 9) -> tuple[float, float]:
     """(GB/s, TFLOP/s) of the CPU attending over host KV blocks in place (the hybrid verify's CPU
-    half, triforce.kernels.cpu.host_attention): KV bytes read per second with one query token per KV
+    half, triforce.kernels.cpu.attention.host): KV bytes read per second with one query token per KV
     head (bound by memory), and the arithmetic rate of a `verify_tokens` pass. Llama2-7B's heads
     (MHA, 32 x 128) in blocks as the host store lays them out, 256 MB in bfloat16."""
-    from triforce.kernels.cpu.host_attention import host_partial
+    from triforce.kernels.cpu.attention.host import host_partial
 
     blocks = num_keys // block_tokens
     data = torch.randn(blocks, block_tokens, 2, 1, kv_heads, dim, dtype=dtype)

@@ -16,7 +16,7 @@ copied into that room once (`k_ext`, `v_ext`) and no longer streamed; the host k
 a later prefill (a chat turn) frees the copies and a rollback below them only forgets them.
 
 Hybrid (`hybrid`, offload.hybrid): in a pass of a few new tokens (decoding, a verify) the CPU
-attends over the oldest share of each layer's host blocks in place (triforce.kernels.cpu.host_attention,
+attends over the oldest share of each layer's host blocks in place (triforce.kernels.cpu.attention.host,
 on a worker thread on CUDA) while the prefetcher streams the rest; the CPU's partial result merges
 with the others by log-sum-exp."""
 from __future__ import annotations
@@ -26,9 +26,9 @@ import torch
 from triforce.cache_contract import CacheStep
 from triforce.kernels import SDPA, PartialAccumulator, RetrievalKernels, block_visible
 from triforce.kernels.chunk_means import ChunkMeans
-from triforce.kernels.cpu.host_attention import host_partial
-from triforce.kernels.cpu.host_attention import takes as host_attention_takes
-from triforce.kernels.cpu.host_attention import warm_up as warm_host_attention
+from triforce.kernels.cpu.attention.host import host_partial
+from triforce.kernels.cpu.attention.host import takes as host_attention_takes
+from triforce.kernels.cpu.attention.host import warm_up as warm_host_attention
 from triforce.offload.errors import OffloadError
 from triforce.offload.hybrid import CpuWorker, HybridRates, split_blocks
 from triforce.offload.prefetcher import Prefetcher, TransferPlan

@@ -67,7 +67,7 @@ def block_bytes_per_weight(weights: "str | LoadedBlocks | None", on_gpu: bool) -
     the CPU's (quant_blocks.HELD_BYTES) or the GPU's Triton kernels' (DEVICE_BYTES)."""
     if weights is None or isinstance(weights, LoadedBlocks):
         return None if weights is None else weights.bytes_per_weight
-    from triforce.kernels.cpu.quant_blocks import BLOCK, DEVICE_BYTES, HELD_BYTES
+    from triforce.kernels.cpu.linear.block_formats import BLOCK, DEVICE_BYTES, HELD_BYTES
     if weights not in HELD_BYTES:
         raise OffloadError(f"unknown weight format '{weights}' (one of {', '.join(HELD_BYTES)})")
     return (DEVICE_BYTES if on_gpu else HELD_BYTES)[weights] / BLOCK

@@ -1,19 +1,37 @@
 """What sparse caches read from the offloaded full cache (the FullCache contract's read side):
 chunk scores from mean keys (resident chunks on the device, host chunks on the CPU), the keys of
 a layer, a gather of selected tokens, and a range of recent tokens' KV. A part of
-OffloadedKVCache, kept apart so each file stays readable; it reads the cache's buffers, store and
-prefetcher."""
+OffloadedKVCache, kept apart so each file stays readable; the state it reads is declared below and
+made by OffloadedKVCache.__init__."""
 from __future__ import annotations
 
 import torch
 
-from triforce.kernels import TORCH_KERNELS
+from triforce.kernels import TORCH_KERNELS, RetrievalKernels
 from triforce.kernels.chunk_means import ChunkMeans
 from triforce.offload.errors import OffloadError
-from triforce.pinned import allocate_host
+from triforce.offload.prefetcher import Prefetcher
+from triforce.pinned import HostKVStore, allocate_host
 
 
 class SparseReads:
+    # the offloaded cache's state this half reads (OffloadedKVCache.__init__ makes it)
+    device: torch.device
+    length: int  # tokens cached
+    resident_tokens: int  # the first ones, in k_res/v_res on the device; the rest in the host store
+    num_layers: int
+    batch: int
+    kv_heads: int
+    k_res: torch.Tensor  # [layers, batch, kv_heads, resident_tokens, head_dim]
+    v_res: torch.Tensor
+    store: HostKVStore
+    prefetcher: Prefetcher
+    kernels: RetrievalKernels
+    _resident_means: dict[int, ChunkMeans]  # by chunk size
+    _host_means: dict[int, ChunkMeans]
+    _gather_staging: list[torch.Tensor]  # flat host buffers for retrieval gathers
+    _recent: dict[int, tuple[int, torch.Tensor, torch.Tensor]]  # layer -> (start, k, v) of this pass
+
     def top_chunks(self, scores: torch.Tensor, k: int) -> torch.Tensor:
         return self.kernels.topk(scores, k)
 

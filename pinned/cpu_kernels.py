@@ -1,5 +1,5 @@
 """Parallel numba kernels over host-resident KV: gathering selected tokens into a staging
-buffer (attention over host KV in place is triforce.kernels.cpu.host_attention).
+buffer (attention over host KV in place is triforce.kernels.cpu.attention.host).
 
 numba has no bfloat16 or float16, so 16-bit tensors travel as raw bits (uint16) and are widened
 to float32 inside the kernels; float32 and float64 are read directly."""

@@ -19,7 +19,9 @@ from pathlib import Path
 import numba
 import torch
 
-from triforce.kernels.cpu import cpu_attention, cpu_layer, cpu_linear
+from triforce.kernels.cpu import layer
+from triforce.kernels.cpu.attention import decode
+from triforce.kernels.cpu.linear import dense
 
 CHILD_TIMEOUT_S = 600  # the child's compile takes ~8 s on a 2-core Zen 3; a hung one must not hang a start
 
@@ -36,8 +38,8 @@ def warm_up(dtype: torch.dtype, kv_shapes, say=None, blocks=None) -> None:
     tell(f"compiling the CPU kernels for {str(dtype).removeprefix('torch.')} (once per machine and version: "
          "later starts load them)")
     child = _attention_child(dtype, kv_shapes) if fresh and _worth_a_child(dtype, kv_shapes) else None
-    _timed(tell, f"1/{groups} linear", lambda: cpu_linear.warm_up(dtype))
-    _timed(tell, f"2/{groups} layer halves", lambda: cpu_layer.warm_up(dtype))
+    _timed(tell, f"1/{groups} linear", lambda: dense.warm_up(dtype))
+    _timed(tell, f"2/{groups} layer halves", lambda: layer.warm_up(dtype))
 
     def attention():
         if child is not None:
@@ -46,7 +48,7 @@ def warm_up(dtype: torch.dtype, kv_shapes, say=None, blocks=None) -> None:
             except subprocess.TimeoutExpired:  # never seen: compiled here below all the same
                 child.kill()
                 child.wait()
-        cpu_attention.warm_up(dtype, kv_shapes)  # loads what the child compiled (compiles what it did not)
+        decode.warm_up(dtype, kv_shapes)  # loads what the child compiled (compiles what it did not)
 
     if blocks is not None:
         _timed(tell, f"3/{groups} block weights", blocks)
@@ -68,7 +70,7 @@ def _worth_a_child(dtype: torch.dtype, kv_shapes) -> bool:
 def _attention_cached(dtype: torch.dtype, kv_shapes) -> bool:
     """Whether every attention kernel these models take is in numba's cache (the three groups are
     compiled together, so this one stands for all)."""
-    kernels = [cpu_attention.attend_kernel(dtype, dim) for dim in cpu_attention.taken_dims(dtype, kv_shapes)]
+    kernels = [decode.attend_kernel(dtype, dim) for dim in decode.taken_dims(dtype, kv_shapes)]
     return all(_cached(kernel) for kernel in kernels)
 
 
@@ -93,5 +95,5 @@ def _attention_child(dtype: torch.dtype, kv_shapes) -> subprocess.Popen | None:
 
 
 if __name__ == "__main__":
-    cpu_attention.warm_up(getattr(torch, sys.argv[1]),
+    decode.warm_up(getattr(torch, sys.argv[1]),
                           [tuple(int(n) for n in shape.split("x")) for shape in sys.argv[2:]])

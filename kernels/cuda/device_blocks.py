@@ -1,6 +1,6 @@
 """Block-quantized weights held as torch tensors on a device (a GPU), for the Triton block kernels
 (triforce.kernels.cuda.quant_triton), in the GGUF file's own bytes as far as they go: the same
-quants as triforce.kernels.cpu.quant_blocks' BlockWeight (which the CPU's numba kernels read as
+quants as triforce.kernels.cpu.linear.block_formats' BlockWeight (which the CPU's numba kernels read as
 numpy arrays), but scales kept small, since a GPU step's time is the bytes it reads:
   q8_0, q4_0, q4_1: the file's float16 scales (and Q4_1's float16 offsets), 34/18/20 bytes per 32
       weights as in the file (the CPU widens them to float32);
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from triforce.kernels.cpu.quant_blocks import BLOCK, BYTE_QUANTS, FILE_BYTES, Q4_BIAS
+from triforce.kernels.cpu.linear.block_formats import BLOCK, BYTE_QUANTS, FILE_BYTES, Q4_BIAS
 
 SUPER_BLOCKS = 8  # Q4_K: 32-weight blocks per 256-weight super-block
 

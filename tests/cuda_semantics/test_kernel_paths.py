@@ -12,7 +12,7 @@ import torch
 
 from card_tensors import CardTensors
 from cli_json import run_json
-from triforce.kernels.cpu.cpu_linear import FusedLinear
+from triforce.kernels.cpu.linear.dense import FusedLinear
 
 attention = importlib.import_module("triforce.kernels.attention")  # the package exports a function of that name
 
@@ -62,7 +62,7 @@ def test_a_bf16_head_on_the_card_gives_float32_sums():
 def test_a_torch_without_float32_sums_falls_back_once_with_a_note(monkeypatch, capsys):
     """torch.mm's out_dtype is CUDA-only and recent: where it raises, the head says so once and
     gives its bfloat16 results widened, as before, instead of failing every step."""
-    from triforce.kernels.cpu import cpu_linear
+    from triforce.kernels.cpu.linear import dense as cpu_linear
 
     calls = []
 

@@ -68,7 +68,7 @@ def test_a_diagonal_block_takes_the_fused_kernel_on_cuda(heads, kv_heads, querie
 
 def test_bf16_head_gives_float32_logits_on_cuda():
     """The head's logits are float32 sums (mm with out_dtype), not bfloat16 results widened."""
-    from triforce.kernels.cpu.cpu_linear import FusedLinear
+    from triforce.kernels.cpu.linear.dense import FusedLinear
     g = torch.Generator(device="cuda").manual_seed(3)
     w = torch.randn(32000, 4096, generator=g, device="cuda", dtype=torch.bfloat16) * 0.02
     x = torch.randn(3, 4096, generator=g, device="cuda", dtype=torch.bfloat16)

@@ -12,7 +12,7 @@ from triforce.config import RunConfig
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.errors import UserError
-from triforce.kernels.cpu import cpu_linear
+from triforce.kernels.cpu.linear import dense as cpu_linear
 
 GREEDY = SamplingParams()
 PROMPTS = ["the cat sat on the mat. the cat sat on the hat. the cat",

@@ -7,7 +7,7 @@ import torch
 
 from triforce.config import SamplingParams
 from triforce.decoding.engine import Engine
-from triforce.kernels.cpu import host_attention
+from triforce.kernels.cpu.attention import host as host_attention
 from triforce.model.loading import load_model
 from triforce.offload import offloaded_cache
 from triforce.offload.hybrid import HybridRates, split_blocks

@@ -216,7 +216,7 @@ def test_plan_counts_what_a_run_of_the_model_holds(capsys, default_model_dir):
     planned = json.loads(out)
     code2, out2, _ = run_cli(capsys, "generate", "--prompt", "hi", "--max-new-tokens", "2", "--json")
     ran = json.loads(out2)["plan"]
-    from triforce.kernels.cpu.f32_dot import HAS_F32_FMA  # without FMA the run takes floats, and so does plan
+    from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA  # without FMA the run takes floats, and so does plan
     assert code == code2 == 0 and planned["weight_format"] == ran["weight_format"] == (
         "q4_1/q8_0" if HAS_F32_FMA else None)
     assert planned["breakdown"]["target_weights"] == ran["breakdown"]["target_weights"]

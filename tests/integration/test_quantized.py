@@ -15,9 +15,9 @@ from gguf.quants import dequantize, quantize
 from triforce.cli.main import main
 from triforce.config import SamplingParams
 from triforce.decoding.engine import Engine
-from triforce.kernels.cpu.quant_blocks import FORMATS, HELD_BYTES, BlockWeight
-from triforce.kernels.cpu.quant_k import quantize_q4_k
-from triforce.kernels.cpu.quant_linear import QuantLinear
+from triforce.kernels.cpu.linear.block_formats import FORMATS, HELD_BYTES, BlockWeight
+from triforce.kernels.cpu.linear.q4_k import quantize_q4_k
+from triforce.kernels.cpu.linear.blocks import QuantLinear
 from triforce.model import quantized
 from triforce.model.loading import load_model
 from test_greedy_equivalence import TINY_PROMPTS, tiny_spec
@@ -150,7 +150,7 @@ def _generate_json(capsys, *extra):
 def test_the_default_model_runs_as_shipped_unless_told_otherwise(capsys):
     """--quantize auto: the file's blocks where the block kernels serve (a CPU with FMA) and
     --dtype is left to auto; --dtype or --quantize none give de-quantized floats."""
-    from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
+    from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA
 
     shipped = _generate_json(capsys)["quantized"]
     assert (shipped or {}).get("weights") == ("q4_1/q8_0" if HAS_F32_FMA else None)

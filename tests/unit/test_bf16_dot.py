@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from triforce.kernels.cpu import bf16_dot
-from triforce.kernels.cpu.bf16_bits import bits_of
-from triforce.kernels.cpu.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
-from triforce.kernels.cpu.bf16_values import weight_pairs
-from triforce.kernels.cpu.f32_lanes import max_of
-from triforce.kernels.cpu.cpu_linear import SMALL_ROWS, linear_widening, small_rows_linear
+from triforce.kernels.cpu.simd import bf16_dot
+from triforce.kernels.cpu.simd.bf16_bits import bits_of
+from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
+from triforce.kernels.cpu.attention.bf16_values import weight_pairs
+from triforce.kernels.cpu.simd.f32_lanes import max_of
+from triforce.kernels.cpu.linear.dense import SMALL_ROWS, linear_widening, small_rows_linear
 
 needs_instruction = pytest.mark.skipif(not HAS_BF16_DOT, reason="this CPU has no AVX512-BF16")
 
@@ -71,14 +71,15 @@ def test_other_widths_widen():
 
 
 def test_a_portable_numba_target_never_uses_the_instruction(monkeypatch):
+    from triforce.kernels.cpu.simd.features import kernels_may_use
     monkeypatch.setattr(bf16_dot.numba.config, "CPU_NAME", "generic")
-    assert not bf16_dot._host_has_bf16_dot()
+    assert not kernels_may_use("avx512_bf16")
 
 
 @needs_instruction
 @pytest.mark.parametrize("dim", [32, 64, 128])
 def test_scores_match_float64_and_keep_a_keys_bits_in_a_group_or_alone(dim):
-    from triforce.kernels.cpu.bf16_scores import scores_bf16_pairs
+    from triforce.kernels.cpu.attention.bf16_scores import scores_bf16_pairs
     g = torch.Generator().manual_seed(dim)
     q = torch.randn(9, dim, generator=g).to(torch.bfloat16)
     k = torch.randn(70, dim, generator=g).to(torch.bfloat16)
@@ -100,7 +101,7 @@ def test_scores_match_float64_and_keep_a_keys_bits_in_a_group_or_alone(dim):
 def test_turned_keys_give_the_grouped_kernels_bits_for_any_row_count(dim, rows):
     """Verify passes (many rows) take scores_turned, decoding steps scores_grouped: a token's
     scores must not depend on which, or a verify would score it unlike its own decoding step."""
-    from triforce.kernels.cpu.bf16_scores import scores_grouped, scores_turned
+    from triforce.kernels.cpu.attention.bf16_scores import scores_grouped, scores_turned
     g = torch.Generator().manual_seed(dim + rows)
     q = bits_of((torch.randn(rows, dim, generator=g) * 3).to(torch.bfloat16))
     k = bits_of(torch.randn(48, dim, generator=g).to(torch.bfloat16))
@@ -111,7 +112,7 @@ def test_turned_keys_give_the_grouped_kernels_bits_for_any_row_count(dim, rows):
 
 
 def _weighted_values(p, v, n):
-    from triforce.kernels.cpu.bf16_values import values_bf16_pairs
+    from triforce.kernels.cpu.attention.bf16_values import values_bf16_pairs
     rows, dim = p.shape[0], v.shape[1]
     acc = np.zeros((rows, dim), np.float32)
     values_bf16_pairs(p.numpy(), bits_of(v), n, acc, np.zeros((4, dim), np.uint16),

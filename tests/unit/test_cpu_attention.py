@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.kernels import SDPA, SdpaReference, attention, causal_mask
-from triforce.kernels.cpu import cpu_attention
-from triforce.kernels.cpu.cpu_attention import SMALL_QUERIES, SPLIT, takes
+from triforce.kernels.cpu.attention import decode as cpu_attention
+from triforce.kernels.cpu.attention.decode import SMALL_QUERIES, SPLIT, takes
 
 
 def _cache_views(dtype, keys, capacity, kv_heads=3, dim=64, seed=0):
@@ -109,7 +109,7 @@ def test_attn_sdpa_reference_selects_the_plain_path():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_warm_up_compiles_what_a_dtype_runs(dtype):
-    from triforce.kernels.cpu import cpu_linear
+    from triforce.kernels.cpu.linear import dense as cpu_linear
 
     cpu_attention.warm_up(dtype)  # float64 has no kernel: nothing to do
     cpu_linear.warm_up(dtype)
@@ -161,7 +161,7 @@ def test_warm_up_compiles_only_the_kernels_the_models_take():
 
     script = """
 import torch
-from triforce.kernels.cpu import cpu_attention as ca
+from triforce.kernels.cpu.attention import decode as ca
 ca.warm_up(torch.float32, [(2, 16)])
 print(sum(len(k.signatures) for k in (ca._attend_widened, ca._attend_f32_fma)))
 ca.warm_up(torch.float32, [(3, 64)])

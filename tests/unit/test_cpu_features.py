@@ -41,9 +41,33 @@ def test_the_real_check_reads_this_machine():
     (ZEN4, True, False), (SAPPHIRE + "flags\t\t: avx512_fp16 amx_fp16\n", True, True), (SKYLAKE, False, False),
     ("Features\t: fp asimd asimdhp bf16\n", True, True), (GRAVITON2, False, False)])
 def test_which_16bit_formats_a_cpu_multiplies_natively(cpuinfo, bf16, fp16):
-    """The prefill's GEMMs widen 16-bit weights where these are False (triforce.kernels.cpu.cpu_linear)."""
-    from triforce.kernels.cpu.cpu_flags import flags_in, native_matmul
+    """The prefill's GEMMs widen 16-bit weights where these are False (triforce.kernels.cpu.linear.dense)."""
+    from triforce.kernels.cpu.simd.features import flags_in, native_matmul
 
     flags = flags_in(cpuinfo)
     assert native_matmul(torch.bfloat16, flags) is bf16 and native_matmul(torch.float16, flags) is fp16
     assert native_matmul(torch.float32, flags) and native_matmul(torch.float64, flags)
+
+
+def test_without_proc_cpuinfo_llvm_names_the_same_kernel_flags(monkeypatch):
+    """The fallback reads the CPU through LLVM under /proc/cpuinfo's names: both sources agree on
+    every flag a kernel asks for."""
+    from triforce.kernels.cpu.simd import features as cpu_flags
+
+    asked = ("fma", "avx2", "avx512_bf16")
+    from_cpuinfo = cpu_flags.host_flags()
+
+    class NoCpuinfo:
+        def __init__(self, *_):
+            pass
+
+        def read_text(self):
+            raise FileNotFoundError("/proc/cpuinfo")
+
+    cpu_flags.host_flags.cache_clear()
+    monkeypatch.setattr(cpu_flags, "Path", NoCpuinfo)
+    try:
+        from_llvm = cpu_flags.host_flags()
+    finally:
+        cpu_flags.host_flags.cache_clear()
+    assert from_llvm and {f for f in asked if f in from_llvm} == {f for f in asked if f in from_cpuinfo}

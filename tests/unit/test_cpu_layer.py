@@ -1,11 +1,11 @@
-"""The numba halves of a decoder layer (triforce.kernels.cpu.cpu_layer) against the eager layer they
+"""The numba halves of a decoder layer (triforce.kernels.cpu.layer) against the eager layer they
 replace for decoding steps on the CPU, their batch invariance, and when they serve a pass."""
 import pytest
 import torch
 
-from triforce.kernels.cpu import cpu_linear
-from triforce.kernels.cpu.cpu_layer import CpuLayer
-from triforce.kernels.cpu.cpu_linear import SMALL_ROWS
+from triforce.kernels.cpu.linear import dense as cpu_linear
+from triforce.kernels.cpu.layer import CpuLayer
+from triforce.kernels.cpu.linear.dense import SMALL_ROWS
 from triforce.model.loading import load_model
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7}  # float32: sums' order; bf16: one ulp

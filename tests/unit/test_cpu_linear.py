@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from triforce.kernels.cpu import cpu_linear
-from triforce.kernels.cpu.cpu_linear import SMALL_ROWS, FusedLinear, linear
+from triforce.kernels.cpu.linear import dense as cpu_linear
+from triforce.kernels.cpu.linear.dense import SMALL_ROWS, FusedLinear, linear
 
 
 @pytest.fixture(autouse=True)

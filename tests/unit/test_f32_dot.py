@@ -1,12 +1,12 @@
-"""The float32 FMA kernels (triforce.kernels.cpu.f32_dot, f32_attention_parts) against float64 and the
+"""The float32 FMA kernels (triforce.kernels.cpu.simd.f32_dot, f32_attention_parts) against float64 and the
 widening kernels, their per-row invariance, bfloat16 bits widened as loaded, and where they are
 taken. Skipped where the CPU has no FMA/AVX2 (numba then never compiles them)."""
 import numpy as np
 import pytest
 
-from triforce.kernels.cpu import f32_dot
-from triforce.kernels.cpu.cpu_linear import SMALL_ROWS, linear_widening, small_rows_linear
-from triforce.kernels.cpu.f32_dot import HAS_F32_FMA, STEP, linear_f32_fma
+from triforce.kernels.cpu.simd import f32_dot
+from triforce.kernels.cpu.linear.dense import SMALL_ROWS, linear_widening, small_rows_linear
+from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, STEP, linear_f32_fma
 
 needs_fma = pytest.mark.skipif(not HAS_F32_FMA, reason="this CPU has no FMA/AVX2")
 
@@ -50,14 +50,15 @@ def test_small_rows_linear_takes_it_for_float32_widths_of_whole_steps():
 
 
 def test_a_portable_numba_target_never_uses_fma(monkeypatch):
+    from triforce.kernels.cpu.simd.features import kernels_may_use
     monkeypatch.setattr(f32_dot.numba.config, "CPU_NAME", "generic")
-    assert not f32_dot._host_has_fma()
+    assert not kernels_may_use("fma", "avx2")
 
 
 @needs_fma
 @pytest.mark.parametrize("dim", [64, 128])
 def test_scores_and_values_match_float64_and_keep_a_rows_bits_among_others(dim):
-    from triforce.kernels.cpu.f32_attention_parts import scores_f32_fma, values_f32_fma
+    from triforce.kernels.cpu.attention.f32_parts import scores_f32_fma, values_f32_fma
     rows, n = 27, 203  # keys: three blocks and a remainder not a multiple of four
     q, k, v = _rand(rows, dim, seed=1), _rand(n + 5, dim, seed=2), _rand(n + 5, dim, seed=3)
     scores = np.zeros((rows, 256), np.float32)
@@ -90,7 +91,7 @@ def _bf16(*shape, seed=0):
 @needs_fma
 @pytest.mark.parametrize("rows", [1, 5])
 def test_bfloat16_weights_give_the_bits_of_their_float32_copy(rows):
-    from triforce.kernels.cpu.bf16_dot import HAS_BF16_DOT
+    from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT
     wb, w32 = _bf16(37, 576, seed=5)
     x = _bf16(rows, 576, seed=rows)[1]
     by_bits, by_copy, via = (np.zeros((rows, 37), np.float32) for _ in range(3))
@@ -104,7 +105,7 @@ def test_bfloat16_weights_give_the_bits_of_their_float32_copy(rows):
 
 @needs_fma
 def test_bfloat16_keys_and_values_give_the_bits_of_their_float32_copies():
-    from triforce.kernels.cpu.f32_attention_parts import scores_f32_fma, values_f32_fma
+    from triforce.kernels.cpu.attention.f32_parts import scores_f32_fma, values_f32_fma
     rows, n = 9, 203
     q = _rand(rows, 64, seed=1)
     (kb, k32), (vb, v32) = _bf16(n, 64, seed=2), _bf16(n, 64, seed=3)

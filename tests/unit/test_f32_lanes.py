@@ -1,10 +1,10 @@
-"""The softmax's 16-lane exp (triforce.kernels.cpu.f32_lanes.exp_sum) against float64, what it
+"""The softmax's 16-lane exp (triforce.kernels.cpu.simd.f32_lanes.exp_sum) against float64, what it
 writes past the visible scores, and its sum."""
 import numpy as np
 import pytest
 
-from triforce.kernels.cpu.cpu_exp import exp_in_place
-from triforce.kernels.cpu.f32_lanes import exp_sum, max_of
+from triforce.kernels.cpu.simd.exp import exp_in_place
+from triforce.kernels.cpu.simd.f32_lanes import exp_sum, max_of
 
 WIDTH = 512  # a split of the attention kernel
 

@@ -208,3 +208,21 @@ def test_moved_blocks_are_not_streamed_and_only_filled_tokens_are():
         streamed.append(off.prefetcher.stats.h2d_bytes - before)
     per_token = CFG.num_layers * off.store.block(0, 0)[0].nbytes
     assert streamed == [21 * per_token, 5 * per_token]
+
+
+def test_the_sparse_reads_half_declares_every_attribute_it_reads_and_the_cache_makes_them():
+    import ast
+    import inspect
+    import typing
+
+    from triforce.offload import sparse_reads
+    from triforce.offload.sparse_reads import SparseReads
+
+    tree = ast.parse(inspect.getsource(sparse_reads))
+    read = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == "self"}
+    declared = set(typing.get_type_hints(SparseReads))
+    methods = {name for name, value in vars(SparseReads).items() if callable(value)}
+    assert read - methods <= declared, sorted(read - methods - declared)
+    _, offloaded = pair()
+    assert not [name for name in declared if not hasattr(offloaded, name)]

@@ -1,8 +1,8 @@
-"""Prefetch hints (triforce.kernels.cpu.prefetch) never fault and never change what a kernel reads."""
+"""Prefetch hints (triforce.kernels.cpu.simd.prefetch) never fault and never change what a kernel reads."""
 import numba
 import numpy as np
 
-from triforce.kernels.cpu.prefetch import ask_rows
+from triforce.kernels.cpu.simd.prefetch import ask_rows
 
 
 @numba.njit

@@ -8,8 +8,8 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from triforce.kernels.cpu.quant_blocks import BlockWeight, format_of
-from triforce.kernels.cpu.quant_linear import QuantLinear
+from triforce.kernels.cpu.linear.block_formats import BlockWeight, format_of
+from triforce.kernels.cpu.linear.blocks import QuantLinear
 from triforce.kernels.cuda.device_blocks import DeviceBlocks
 
 

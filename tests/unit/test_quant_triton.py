@@ -5,7 +5,7 @@ every output element written; the device copy de-quantizes to the CPU blocks' bi
 import pytest
 import torch
 
-from triforce.kernels.cpu.quant_blocks import DEVICE_BYTES, FORMATS, BlockWeight
+from triforce.kernels.cpu.linear.block_formats import DEVICE_BYTES, FORMATS, BlockWeight
 from triforce.kernels.cuda.device_blocks import DeviceBlocks
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

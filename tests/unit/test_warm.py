@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import torch
 
-from triforce.kernels.cpu import cpu_attention, warm
+from triforce.kernels.cpu.attention import decode as cpu_attention
+from triforce.kernels.cpu import warm
 
 
 def _kernel_with_index(path):
@@ -41,7 +42,10 @@ def test_a_child_only_where_a_core_and_an_uncached_kernel_are(monkeypatch):
 
 _SCRIPT = """
 import torch
-from triforce.kernels.cpu import cpu_attention, cpu_layer, cpu_linear, warm
+from triforce.kernels.cpu.attention import decode as cpu_attention
+from triforce.kernels.cpu import layer as cpu_layer
+from triforce.kernels.cpu.linear import dense as cpu_linear
+from triforce.kernels.cpu import warm
 cpu_linear.warm_up = cpu_layer.warm_up = lambda dtype: None  # the attention kernel alone: the child's part
 kernel = cpu_attention.attend_kernel(torch.float32, 64)
 print(warm._worth_a_child(torch.float32, [(3, 64)]))
@@ -58,9 +62,9 @@ def test_the_child_compiles_into_the_cache_and_this_process_loads_it(tmp_path):
 
 
 def test_a_first_start_says_what_it_compiles_and_a_later_one_says_nothing(monkeypatch):
-    for module in (warm.cpu_linear, warm.cpu_layer):
+    for module in (warm.dense, warm.layer):
         monkeypatch.setattr(module, "warm_up", lambda dtype: None)
-    monkeypatch.setattr(warm.cpu_attention, "warm_up", lambda dtype, shapes: None)
+    monkeypatch.setattr(warm.decode, "warm_up", lambda dtype, shapes: None)
     monkeypatch.setattr(warm, "_attention_child", lambda dtype, shapes: None)
     told = []
     monkeypatch.setattr(warm, "_cached", lambda kernel: False)

@@ -152,7 +152,7 @@ def warm_up_blocks(lm) -> None:
     from triforce.cache.resident import ResidentKVCache
 
     if lm.device.type == "cpu":
-        from triforce.kernels.cpu.cpu_linear import SMALL_ROWS
+        from triforce.kernels.cpu.linear.dense import SMALL_ROWS
         counts = (SMALL_ROWS + 1, 1)
     else:
         from triforce.kernels.cuda.quant_triton import WARM_ROWS
@@ -181,7 +181,7 @@ def weights_as(config: RunConfig, device: str, world: int) -> str | None:
 def auto_blocks_file(model: str | None, world: int = 1):
     """The .gguf file whose own blocks --quantize auto runs on a CPU for `model` (with --dtype
     auto): where the block kernels serve (FMA) in one process; None: floats. `plan` asks it too."""
-    from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
+    from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA
     from triforce.model.loading import gguf_file
 
     if model is None or world > 1 or not HAS_F32_FMA:

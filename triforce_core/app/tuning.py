@@ -66,7 +66,7 @@ def block_rates(device: torch.device) -> tuple[tuple, tuple]:
     bound by its arithmetic, not by memory, so the float matrix-vector rate would overstate it."""
     import importlib.util
 
-    from triforce.kernels.cpu.quant_blocks import FILE_FORMATS
+    from triforce.kernels.cpu.linear.block_formats import FILE_FORMATS
     from triforce.model.quantized import random_block
     from triforce.model.quantized_layers import block_linear
 

@@ -8,12 +8,12 @@ from functools import lru_cache
 
 import torch
 
-from triforce.kernels.cpu.cpu_flags import flags_in, native_matmul
+from triforce.kernels.cpu.simd.features import flags_in, native_matmul
 
 
 @lru_cache(maxsize=1)
 def native_bf16() -> bool:
-    """Whether /proc/cpuinfo lists a bfloat16 dot-product feature (False where it cannot be read)."""
+    """Whether the CPU has a bfloat16 dot-product instruction (triforce.kernels.cpu.simd.features)."""
     return native_matmul(torch.bfloat16)
 
 

@@ -7,12 +7,12 @@ Parameter names follow transformers' so checkpoints load without renaming.
 
 Two ways to run the projections (`CausalLM.use_kernels`): "reference", one nn.Linear per
 checkpoint matrix (transformers' math, what the tests compare with), and "fused" (the default
-once loaded): q/k/v and gate/up as one matrix each, through triforce.kernels.cpu.cpu_linear, whose
+once loaded): q/k/v and gate/up as one matrix each, through triforce.kernels.cpu.linear.dense, whose
 small-rows kernels read the weights at the memory limit on a CPU. Fusing concatenates the
 checkpoint matrices and re-points the nn.Linear weights at row slices of the result (the
 separate matrices are freed), so both ways share one copy of the weights. While fused, a layer
 whose projections all take the kernels also runs its work around attention for decoding steps
-and verify passes (<= 16 tokens of one sequence) as two numba calls (triforce.kernels.cpu.cpu_layer):
+and verify passes (<= 16 tokens of one sequence) as two numba calls (triforce.kernels.cpu.layer):
 eager PyTorch spent more time in its ~50 small operators per layer than in the weights. The fused operators
 hold the tensors they were made from: a model whose parameters are moved or replaced afterwards
 must call use_kernels("fused") again (tensor-parallel sharding does).
@@ -32,9 +32,9 @@ from torch import nn
 
 from triforce.cache_contract import CacheView
 from triforce.config import ModelConfig
-from triforce.kernels.cpu.cpu_layer import CpuLayer
-from triforce.kernels.cpu.cpu_linear import FusedLinear
-from triforce.kernels.cpu.quant_linear import QuantLinear
+from triforce.kernels.cpu.layer import CpuLayer
+from triforce.kernels.cpu.linear.dense import FusedLinear
+from triforce.kernels.cpu.linear.blocks import QuantLinear
 from triforce.model.quantized_layers import (JoinedOutputs, QuantizedLinear, block_linear, one_block_format,
                                              stacked_blocks)
 from triforce.model.rope import RotaryEmbedding, apply_rope

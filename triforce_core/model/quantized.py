@@ -1,14 +1,14 @@
 """A loaded model's projections (and tied embeddings) as block-quantized weights: the GGUF file's
 own blocks (`--quantize gguf`), or the float weights quantized at load time (`--quantize q8_0 |
 q4_0 | q4_1 | q4_k`, llama.cpp's reference quantizers through the gguf package; Q4_K's is
-triforce.kernels.cpu.quant_k's). A matrix whose rows are not whole Q4_K super-blocks (256
+triforce.kernels.cpu.linear.q4_k's). A matrix whose rows are not whole Q4_K super-blocks (256
 weights) is quantized as q4_1 instead, as llama.cpp falls back for such rows; a file's tensors in
 formats without block kernels (Q5_0, Q5_K, F16, ...) stay float, de-quantized from the file; Q6_K
 tensors run as blocks too (read from files only: the gguf package cannot make them).
 
 Each nn.Linear of the decoder becomes a QuantizedLinear holding a BlockWeight (on a GPU: its
 DeviceBlocks copy); its forward is the reference (de-quantize, then F.linear), and
-`use_kernels("fused")` builds the block kernels (triforce.kernels.cpu.quant_linear; on a GPU
+`use_kernels("fused")` builds the block kernels (triforce.kernels.cpu.linear.blocks; on a GPU
 triforce.kernels.cuda.quant_triton) over q/k/v and gate/up stacked, as for float weights. Norms
 stay float. A converted GGUF folder never makes its blocks' weights float (they stay on the meta
 device until the blocks replace them), its rows put in order as triforce.model.gguf_weights does
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from triforce.errors import UserError
-from triforce.kernels.cpu.quant_blocks import FORMATS, BlockWeight, format_of, whole_blocks
+from triforce.kernels.cpu.linear.block_formats import FORMATS, BlockWeight, format_of, whole_blocks
 from triforce.model.gguf_index import gguf_tensors
 from triforce.model.gguf_weights import PROJECTIONS as _PROJECTIONS, matrix_names
 from triforce.model.quantized_layers import QuantizedEmbedding, QuantizedLinear
@@ -101,7 +101,7 @@ def held_file_blocks(gguf_path: Path, cfg, dtype_bytes: int) -> tuple[str, float
     """What a run of the GGUF file's own blocks holds (`--quantize auto` on a CPU), without loading
     it: each matrix as the CPU kernels hold its format, the file's other formats as floats in the
     run's dtype. (formats, bytes of the matrices); None where no matrix is in a block format."""
-    from triforce.kernels.cpu.quant_blocks import BLOCK, HELD_BYTES
+    from triforce.kernels.cpu.linear.block_formats import BLOCK, HELD_BYTES
 
     tensors = gguf_tensors(gguf_path)
     names = matrix_names(cfg.num_layers)

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triforce.kernels.cpu.quant_blocks import BlockWeight
-from triforce.kernels.cpu.quant_linear import QuantLinear
+from triforce.kernels.cpu.linear.block_formats import BlockWeight
+from triforce.kernels.cpu.linear.blocks import QuantLinear
 
 
 class QuantizedLinear(nn.Module):

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from triforce.errors import UserError
-from triforce.kernels.cpu.cpu_linear import linear as cpu_linear
+from triforce.kernels.cpu.linear.dense import linear as cpu_linear
 
 def even_split(total: int, world: int) -> list[tuple[int, int]]:
     """(start, count) of each rank's share of `total` items; earlier ranks take the remainder."""

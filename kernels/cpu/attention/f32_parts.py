@@ -1,5 +1,5 @@
 """The attention kernel's scores and weighted values for float32 on CPUs with FMA (AVX2), on the
-explicit vectors of triforce.kernels.cpu.f32_dot.
+explicit vectors of triforce.kernels.cpu.simd.f32_dot.
 
 Why: with the sums left to LLVM's vectoriser, a verify job (27 query rows by 512 keys, head dim
 64) took 96 us for its scores and 65 for its values on a 2-core Zen 3, ~20 GFLOP/s: each score
@@ -18,9 +18,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from triforce.kernels.cpu.bf16_dot import splat
-from triforce.kernels.cpu.prefetch import ask_rows
-from triforce.kernels.cpu.f32_dot import (LANES8, STEP, dot, dot4, f32x8, fma_instruction, is_f32_row, is_row, load8,
+from triforce.kernels.cpu.simd.bf16_dot import splat
+from triforce.kernels.cpu.simd.prefetch import ask_rows
+from triforce.kernels.cpu.simd.f32_dot import (LANES8, STEP, dot, dot4, f32x8, fma_instruction, is_f32_row, is_row, load8,
                                      vector_pointer)
 
 VALUE_DIMS = 64  # dimensions a row keeps in registers (8 vectors): head dims must be a multiple

@@ -12,7 +12,7 @@ fixed tree. So an input row's result never depends on the other rows of the call
 computes each token as decoding it alone would), and LLVM, given no fast-math licence, keeps that
 order.
 
-A row may also be bfloat16 bits (uint16, as triforce.kernels.cpu.bf16_bits passes them): its 8
+A row may also be bfloat16 bits (uint16, as triforce.kernels.cpu.simd.bf16_bits passes them): its 8
 values are widened as loaded (zero-extend, shift left 16: exact), so bfloat16 weights, keys and
 values on such CPUs take the same steps and give the bits float32 copies of them would.
 
@@ -21,14 +21,15 @@ widening kernels (llvm.fma would become a slow library call there)."""
 from __future__ import annotations
 
 import numba
-from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from triforce.kernels.cpu.lanes import lane_tree
-from triforce.kernels.cpu.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
+from triforce.kernels.cpu.row_jobs import job_span, row_jobs
+from triforce.kernels.cpu.simd.features import kernels_may_use
+from triforce.kernels.cpu.simd.lanes import lane_tree
+from triforce.kernels.cpu.simd.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
 
 STEP = 16  # values per step of a dot (two accumulators x 8 lanes): widths must be a multiple
 LANES8 = ir.VectorType(ir.FloatType(), 8)
@@ -36,15 +37,7 @@ _BITS8 = ir.VectorType(ir.IntType(16), 8)
 _WIDE8 = ir.VectorType(ir.IntType(32), 8)
 
 
-def _host_has_fma() -> bool:
-    """Whether numba targets this CPU (its default) and the CPU has FMA and AVX2."""
-    if numba.config.CPU_NAME not in (None, "host") or numba.config.CPU_FEATURES:
-        return False  # a portable build: no host-only instructions
-    features = llvm.get_host_cpu_features()
-    return bool(features.get("fma", False) and features.get("avx2", False))
-
-
-HAS_F32_FMA = _host_has_fma()
+HAS_F32_FMA = kernels_may_use("fma", "avx2")
 
 
 class F32x8(types.Type):
@@ -180,7 +173,6 @@ def dot4(w, x0, x1, x2, x3, width):
     return sum_lanes8x4(a0, a1, b0, b1, c0, c1, d0, d1)
 
 
-_ROW_BLOCK = 16  # weight rows per parallel job (as the widening kernel)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -189,8 +181,9 @@ def linear_f32_fma(x, w, out):
     bits, width a multiple of STEP. Only on CPUs with HAS_F32_FMA."""
     rows, width = x.shape
     n = w.shape[0]
-    for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        for r in range(block * _ROW_BLOCK, min(n, (block + 1) * _ROW_BLOCK)):
+    for block in prange(row_jobs(n)):
+        start, stop = job_span(block, n)
+        for r in range(start, stop):
             if rows >= ASK_FROM_ROWS:
                 ask_rows(w, r + ASK_AHEAD, 1)
             wr = w[r]

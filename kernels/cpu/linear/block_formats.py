@@ -6,7 +6,7 @@ a float16 offset m): Q8_0 32 int8 values w = d q; Q4_0 16 bytes of nibbles w = d
 bytes of nibbles w = d q + m (byte j holds weight j in its low nibble and weight j + 16 in its
 high one). Q4_K's super-blocks of 256 become eight Q4_1 blocks with float32 scales and offsets,
 and Q6_K's (loaded from files only) int8 quants with a float32 scale per 16 weights, which the Q8_0
-kernels read as 16-weight blocks (triforce.kernels.cpu.quant_k). The kernels (triforce.kernels.cpu.quant_linear) read them as
+kernels read as 16-weight blocks (triforce.kernels.cpu.linear.q4_k). The kernels (triforce.kernels.cpu.linear.blocks) read them as
 arrays of their own: quants [n, blocks * 32] int8 or [n, blocks * 16] uint8, scales and offsets
 [n, blocks] float32 (Q4_1's and Q4_K's offsets; Q4_0, Q8_0 and Q6_K have none: [n, 0]). Quantizing a
 float matrix is the gguf package's own (Q4_K's is quant_k's), and its de-quantizers are the
@@ -20,7 +20,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from triforce.kernels.cpu.quant_k import SUPER, q4_k_blocks, q4_k_factors, q6_k_blocks, quantize_q4_k
+from triforce.kernels.cpu.linear.q4_k import SUPER, q4_k_blocks, q4_k_factors, q6_k_blocks, quantize_q4_k
 
 BLOCK = 32
 FORMATS = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1,
@@ -96,7 +96,7 @@ class BlockWeight:
     @classmethod
     def quantize(cls, kind: str, weight: torch.Tensor, k_factors: bool = False) -> "BlockWeight":
         """A float matrix [rows, cols] quantized as llama.cpp's reference quantizer does (Q4_K:
-        a plainer one, triforce.kernels.cpu.quant_k). k_factors: see from_raw."""
+        a plainer one, triforce.kernels.cpu.linear.q4_k). k_factors: see from_raw."""
         rows, cols = weight.shape
         _check(kind, cols)
         w = weight.detach().to(torch.float32).numpy()

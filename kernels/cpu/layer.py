@@ -6,7 +6,7 @@ Why: decoding one token through eager PyTorch ran ~50 small operators per layer 
 memory streams (weights, KV), each a few microseconds of dispatch, conversion and allocation:
 on the default model ~6 ms of a 23 ms bfloat16 token on this project's 2-core box. Here each
 half is one call that runs the projections through the small-rows linear kernel
-(triforce.kernels.cpu.cpu_linear) and the rest in place.
+(triforce.kernels.cpu.linear.dense) and the rest in place.
 
 Numerics follow the eager layer's (triforce.model.decoder): activations are rounded to the
 model's dtype wherever the eager layer holds a tensor of that dtype, the norms and sums are
@@ -20,11 +20,11 @@ import numba
 import numpy as np
 import torch
 
-from triforce.kernels.cpu.bf16_bits import bits_of, narrow, to_float32
-from triforce.kernels.cpu.cpu_exp import exp_in_place
-from triforce.kernels.cpu.cpu_linear import SMALL_ROWS, FusedLinear
-from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
-from triforce.kernels.cpu.quant_linear import QuantLinear, project
+from triforce.kernels.cpu.simd.bf16_bits import bits_of, narrow, to_float32
+from triforce.kernels.cpu.simd.exp import exp_in_place
+from triforce.kernels.cpu.linear.dense import SMALL_ROWS, FusedLinear
+from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA
+from triforce.kernels.cpu.linear.blocks import QuantLinear, project
 from triforce.kernels.device_kind import on_host
 
 

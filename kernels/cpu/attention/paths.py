@@ -1,5 +1,5 @@
 """How an attention job (one KV head, one split of keys) scores its keys and weighs their values,
-for triforce.kernels.cpu.cpu_attention: the arithmetic is fixed by the dtype, the CPU and the head dim
+for triforce.kernels.cpu.attention.decode: the arithmetic is fixed by the dtype, the CPU and the head dim
 (never by the rows), so a verify pass computes each token as decoding it alone would.
 
 The widened path is numba's own loops (bfloat16 bits widened as read, sums left to LLVM's
@@ -12,10 +12,10 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from triforce.kernels.cpu.bf16_bits import to_float32
-from triforce.kernels.cpu.bf16_scores import scores_bf16_pairs
-from triforce.kernels.cpu.bf16_values import values_bf16_pairs
-from triforce.kernels.cpu.f32_attention_parts import scores_f32_fma, values_f32_fma
+from triforce.kernels.cpu.simd.bf16_bits import to_float32
+from triforce.kernels.cpu.attention.bf16_scores import scores_bf16_pairs
+from triforce.kernels.cpu.attention.bf16_values import values_bf16_pairs
+from triforce.kernels.cpu.attention.f32_parts import scores_f32_fma, values_f32_fma
 
 
 @numba.njit(fastmath=True, cache=True)

@@ -1,10 +1,10 @@
-"""Linear layers over block-quantized weights (triforce.kernels.cpu.quant_blocks) on the CPU.
+"""Linear layers over block-quantized weights (triforce.kernels.cpu.linear.block_formats) on the CPU.
 
 Why: a decoding step reads every weight once, so on a CPU its time is the weight stream; a 4-bit
 block is 0.625 bytes a weight against float32's 4. Up to SMALL_ROWS input rows (decoding, verify
 passes) a numba kernel reads each weight row's blocks for every input row, split over the cores:
 per block it sums q x over the block's 32 inputs and scales once (d (q . x) + m sum(x)); float32
-inputs on CPUs with FMA take explicit vectors (triforce.kernels.cpu.quant_dot), others (float64,
+inputs on CPUs with FMA take explicit vectors (triforce.kernels.cpu.linear.block_dot), others (float64,
 in tests) plain loops. A row's result does not depend on how many rows the pass has, so every
 method's passes see the same numbers. Longer passes (prefill) de-quantize
 WIDEN_BYTES of weight rows at a time into a float GEMM."""
@@ -17,12 +17,12 @@ import torch.nn.functional as F
 from numba import prange, types
 from numba.extending import overload
 
-from triforce.kernels.cpu.cpu_linear import SMALL_ROWS, WIDEN_BYTES, small_rows_linear
-from triforce.kernels.cpu.f32_dot import HAS_F32_FMA, sum_lanes8, zeros8
-from triforce.kernels.cpu.quant_blocks import BLOCK, BYTE_QUANTS, Q4_BIAS, BlockWeight
-from triforce.kernels.cpu.quant_dot import q4_block, q4_block4, q8_block, q8_block16
+from triforce.kernels.cpu.linear.block_dot import q4_block, q4_block4, q8_block, q8_block16
+from triforce.kernels.cpu.linear.block_formats import BLOCK, BYTE_QUANTS, Q4_BIAS, BlockWeight
+from triforce.kernels.cpu.linear.dense import SMALL_ROWS, WIDEN_BYTES, small_rows_linear
+from triforce.kernels.cpu.row_jobs import job_span, row_jobs
+from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, sum_lanes8, zeros8
 
-_ROW_BLOCK = 16  # weight rows per parallel job
 
 
 @numba.njit(cache=True)
@@ -41,13 +41,14 @@ def block_sums(x):
 
 @numba.njit(parallel=True, cache=True)
 def linear_q4_fma(x, quants, scales, offsets, bias, out):
-    """linear_blocks of 4-bit blocks for float32 x on explicit vectors (triforce.kernels.cpu.quant_dot); HAS_F32_FMA only."""
+    """linear_blocks of 4-bit blocks for float32 x on explicit vectors (triforce.kernels.cpu.linear.block_dot); HAS_F32_FMA only."""
     rows = x.shape[0]
     n, blocks = scales.shape
     sums = block_sums(x)
     has_offsets = offsets.shape[1] > 0
-    for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
+    for job in prange(row_jobs(n)):
+        start, stop = job_span(job, n)
+        for r in range(start, stop):
             qr = quants[r]
             i = 0
             while i + 4 <= rows:  # four rows share each block's unpacking; each sums as alone
@@ -85,8 +86,9 @@ def linear_q8_fma(x, quants, scales, out):
     rows = x.shape[0]
     n, blocks = scales.shape
     group = quants.shape[1] // blocks
-    for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
+    for job in prange(row_jobs(n)):
+        start, stop = job_span(job, n)
+        for r in range(start, stop):
             qr = quants[r]
             for i in range(rows):
                 xi = x[i]
@@ -112,8 +114,9 @@ def linear_blocks(x, quants, scales, offsets, bias, kind4, out):
     has_offsets = offsets.shape[1] > 0
     half = BLOCK // 2
     group = x.shape[1] // blocks
-    for job in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        for r in range(job * _ROW_BLOCK, min(n, (job + 1) * _ROW_BLOCK)):
+    for job in prange(row_jobs(n)):
+        start, stop = job_span(job, n)
+        for r in range(start, stop):
             for i in range(rows):
                 acc = x[i, 0] * 0
                 for b in range(blocks):
@@ -164,7 +167,7 @@ def project(x, w, out):
 
 @overload(project)
 def _project_for(x, w, out):
-    """out = x . w.T for the fused layer (triforce.kernels.cpu.cpu_layer), chosen when numba
+    """out = x . w.T for the fused layer (triforce.kernels.cpu.layer), chosen when numba
     compiles: a float32 or bfloat16 weight array takes small_rows_linear, a QuantLinear's
     kernel_args tuple its block kernel (4-bit: quants, scales, offsets, bias; Q8_0: quants, scales)."""
     if isinstance(w, types.Array):

@@ -22,27 +22,21 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import binding as llvm
 from llvmlite import ir
 from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from triforce.kernels.cpu.bf16_bits import narrow
-from triforce.kernels.cpu.lanes import lane_tree
-from triforce.kernels.cpu.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
+from triforce.kernels.cpu.row_jobs import job_span, row_jobs
+from triforce.kernels.cpu.simd.bf16_bits import narrow
+from triforce.kernels.cpu.simd.features import kernels_may_use
+from triforce.kernels.cpu.simd.lanes import lane_tree
+from triforce.kernels.cpu.simd.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
 
 PAIR_BLOCK = 64  # values per step of a dot (two accumulators x 32): widths must be a multiple
 
 
-def _host_has_bf16_dot() -> bool:
-    """Whether numba targets this CPU (its default) and the CPU has AVX512-BF16."""
-    if numba.config.CPU_NAME not in (None, "host") or numba.config.CPU_FEATURES:
-        return False  # a portable build (NUMBA_CPU_NAME=generic ...): no host-only instructions
-    return bool(llvm.get_host_cpu_features().get("avx512bf16", False))
-
-
-HAS_BF16_DOT = _host_has_bf16_dot()
+HAS_BF16_DOT = kernels_may_use("avx512_bf16")
 
 
 class _BFloat(ir.Type):
@@ -186,7 +180,6 @@ def _dot4(w, x0, x1, x2, x3, width):
     return _sum_lanes(a0, a1), _sum_lanes(b0, b1), _sum_lanes(c0, c1), _sum_lanes(d0, d1)
 
 
-_ROW_BLOCK = 16  # weight rows per parallel job (as the widening kernel)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -195,8 +188,9 @@ def linear_bf16_pairs(x, w, out):
     of PAIR_BLOCK; float32 out. Only on CPUs with HAS_BF16_DOT."""
     rows, width = x.shape
     n = w.shape[0]
-    for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        for r in range(block * _ROW_BLOCK, min(n, (block + 1) * _ROW_BLOCK)):
+    for block in prange(row_jobs(n)):
+        start, stop = job_span(block, n)
+        for r in range(start, stop):
             if rows >= ASK_FROM_ROWS:
                 ask_rows(w, r + ASK_AHEAD, 1)
             wr = w[r]

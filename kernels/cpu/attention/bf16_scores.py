@@ -1,5 +1,5 @@
 """Attention scores of bfloat16 queries and keys on the CPU's bfloat16 dot instruction
-(AVX512-BF16, see triforce.kernels.cpu.bf16_dot), for the attention kernel's verify passes.
+(AVX512-BF16, see triforce.kernels.cpu.simd.bf16_dot), for the attention kernel's verify passes.
 
 Why: a verify pass of 9 tokens over a 32K-token cache computes 27 query rows per KV head of
 the default model against every key, and there the scores are compute-bound (the KV is read
@@ -24,10 +24,10 @@ from numba.extending import intrinsic
 
 import numpy as np
 
-from triforce.kernels.cpu.bf16_dot import (LANES, dot_instruction, dot_step, f32x16, operand_at, row_pointers,
+from triforce.kernels.cpu.simd.bf16_dot import (LANES, dot_instruction, dot_step, f32x16, operand_at, row_pointers,
                                        splat, sum16, zeros)
-from triforce.kernels.cpu.bf16_key_pairs import TURNED_BLOCKS, score_rows, turn_block
-from triforce.kernels.cpu.prefetch import ask_rows
+from triforce.kernels.cpu.attention.bf16_key_pairs import TURNED_BLOCKS, score_rows, turn_block
+from triforce.kernels.cpu.simd.prefetch import ask_rows
 
 GROUP = 16  # keys per group: one vector of scores
 # From this many query rows on, scores_turned: per 512 keys of head dim 64, 27 rows 15.2 -> 9.6 us,
@@ -35,7 +35,7 @@ GROUP = 16  # keys per group: one vector of scores
 # of 2 tokens has 6.
 TURN_ROWS = 6
 TURNED_DIMS = tuple(32 * blocks for blocks in TURNED_BLOCKS)
-# Keys asked for ahead of the group being scored (triforce.kernels.cpu.prefetch): at 32K tokens, 30
+# Keys asked for ahead of the group being scored (triforce.kernels.cpu.simd.prefetch): at 32K tokens, 30
 # layers on two threads, a decoding step's attention 36 -> 30 ms, a 9-token verify's 108 -> 96 ms
 # (32 to 256 keys ahead did the same).
 AHEAD = 64
@@ -112,7 +112,7 @@ def scores_grouped(q, k, full, scale, out):
 @numba.njit(cache=True)
 def scores_turned(q, k, full, scale, out):
     """scores_grouped's result, bit for bit, by keys turned pair by pair once per group and
-    three rows sharing each load (triforce.kernels.cpu.bf16_key_pairs): the faster for many rows.
+    three rows sharing each load (triforce.kernels.cpu.attention.bf16_key_pairs): the faster for many rows.
     Head dims 32, 64 and 128 only (see TURNED_DIMS)."""
     rows, dim = q.shape
     turned = np.empty(GROUP * dim, np.uint16)

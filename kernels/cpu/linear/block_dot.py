@@ -1,5 +1,5 @@
 """One block of quantized weights against 32 float32 inputs, on explicit 8-lane vectors (AVX2 and
-FMA, as triforce.kernels.cpu.f32_dot).
+FMA, as triforce.kernels.cpu.simd.f32_dot).
 
 Why: left to LLVM's vectoriser, unpacking nibbles and bytes and multiplying them into float sums
 ran at about 2.5 G weights/s on two Zen 3 cores (a fifth of what float32 rows stream at). Here a
@@ -14,7 +14,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from triforce.kernels.cpu.f32_dot import LANES8, f32x8, fma_instruction, is_f32_row, load8
+from triforce.kernels.cpu.simd.f32_dot import LANES8, f32x8, fma_instruction, is_f32_row, load8
 
 _I8x16 = ir.VectorType(ir.IntType(8), 16)
 _I32 = ir.IntType(32)

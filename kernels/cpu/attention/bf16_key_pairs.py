@@ -1,7 +1,7 @@
 """Attention scores of many query rows on 16 keys at once, with the keys turned pair by pair
-(AVX512-BF16's `vdpbf16ps`, see triforce.kernels.cpu.bf16_dot), for verify passes.
+(AVX512-BF16's `vdpbf16ps`, see triforce.kernels.cpu.simd.bf16_dot), for verify passes.
 
-Why: triforce.kernels.cpu.bf16_scores gives each key its own accumulator, so the 16 keys of a group
+Why: triforce.kernels.cpu.attention.bf16_scores gives each key its own accumulator, so the 16 keys of a group
 end in 16 vectors whose lanes must be summed across: 15 shuffle pairs and 15 additions per row
 and group beside 32 dot instructions (head dim 64), and a verify pass of 27 rows spent more on
 those than on the dots. Here the group's keys are turned once for all rows: operand p holds pair
@@ -18,7 +18,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from triforce.kernels.cpu.bf16_dot import LANES, OPERAND, dot_instruction, opaque, row_pointers, splat
+from triforce.kernels.cpu.simd.bf16_dot import LANES, OPERAND, dot_instruction, opaque, row_pointers, splat
 
 GROUP = 16  # keys per group: one vector of scores
 TURNED_BLOCKS = (1, 2, 4)  # 32-dim blocks score_rows unrolls: head dims 32, 64 and 128

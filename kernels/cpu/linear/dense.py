@@ -8,12 +8,12 @@ memory once and used for every input row), split the rows across the cores and a
 float32 with the reductions vectorised (fastmath: reassociated sums, no other licence needed).
 
 bfloat16 weights travel as raw bits (numba has no bfloat16): on CPUs with AVX512-BF16 the
-products run on its bfloat16 dot instruction (triforce.kernels.cpu.bf16_dot), elsewhere the bits are
+products run on its bfloat16 dot instruction (triforce.kernels.cpu.simd.bf16_dot), elsewhere the bits are
 widened to float32 as read; the result is rounded to the weight dtype once, as torch's bfloat16
 linear does. On CPUs with FMA and AVX2 (and no bfloat16 dot) weights take explicit 8-lane fused
-multiply-adds (triforce.kernels.cpu.f32_dot: a weight row read once for four input rows). More rows than SMALL_ROWS
+multiply-adds (triforce.kernels.cpu.simd.f32_dot: a weight row read once for four input rows). More rows than SMALL_ROWS
 (prefill) go to F.linear, whose blocked GEMM is compute-efficient there; on a CPU that does not
-multiply 16-bit weights natively (triforce.kernels.cpu.cpu_flags) they are widened to float32 a block
+multiply 16-bit weights natively (triforce.kernels.cpu.simd.features) they are widened to float32 a block
 of rows at a time for it, since PyTorch's emulated 16-bit GEMM runs ~7x slower than float32's."""
 from __future__ import annotations
 
@@ -28,15 +28,15 @@ from numba import prange, types
 from numba.core.errors import NumbaPerformanceWarning
 from numba.extending import overload
 
-from triforce.kernels.cpu.bf16_bits import bits_of, to_float32
-from triforce.kernels.cpu.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
-from triforce.kernels.cpu.cpu_flags import native_matmul
-from triforce.kernels.cpu.f32_dot import HAS_F32_FMA, STEP, linear_f32_fma
+from triforce.kernels.cpu.row_jobs import job_span, row_jobs
+from triforce.kernels.cpu.simd.bf16_bits import bits_of, to_float32
+from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
+from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, STEP, linear_f32_fma
+from triforce.kernels.cpu.simd.features import native_matmul
 from triforce.kernels.device_kind import on_host
 
 SMALL_ROWS = 16  # up to this many input rows the weight stream dominates: the kernels below
 MIN_WEIGHTS = 1 << 17  # smaller matrices sit in cache, where F.linear's lower call cost wins
-_ROW_BLOCK = 16  # weight rows per parallel job: a job is long enough to amortise its start
 WIDEN_BYTES = 8 << 20  # float32 weight rows widened at once for a GEMM: bounded whatever the model
 
 
@@ -45,8 +45,9 @@ def linear_widening(x, w, out):
     """out[i, r] = x[i] . w[r]; w float32 or bfloat16 bits (widened as read), x and out float32."""
     rows, width = x.shape
     n = w.shape[0]
-    for block in prange((n + _ROW_BLOCK - 1) // _ROW_BLOCK):
-        for r in range(block * _ROW_BLOCK, min(n, (block + 1) * _ROW_BLOCK)):
+    for block in prange(row_jobs(n)):
+        start, stop = job_span(block, n)
+        for r in range(start, stop):
             for i in range(rows):
                 acc = np.float32(0.0)
                 for j in range(width):
@@ -62,7 +63,7 @@ def _product(x, w, out):
 def _product_for(x, w, out):
     """Chosen when numba compiles: bfloat16 weights on a CPU with the bfloat16 dot go through it
     (x holds bfloat16 values wherever such weights are used: exact as bits), other float32 or
-    bfloat16 weights on a CPU with FMA through triforce.kernels.cpu.f32_dot, all else widens. The
+    bfloat16 weights on a CPU with FMA through triforce.kernels.cpu.simd.f32_dot, all else widens. The
     choice depends on the weight's width only, never on the rows, so a row's result is the same
     in any pass."""
     if w.dtype == types.uint16 and HAS_BF16_DOT:

@@ -11,7 +11,7 @@ row sharing that head (the group's query heads times the new tokens) and keeps (
 exponentials, weighted values) per row; the jobs of a head merge in block order. Blocks are
 token-major ([tokens, 2 (K, V), B, Hkv, D], the host store's layout), so a key row is D
 contiguous elements of the store: the FMA path (float32, or bfloat16 bits widened as loaded, on
-CPUs with FMA and head dims triforce.kernels.cpu.f32_attention_parts fits) reads them in place with
+CPUs with FMA and head dims triforce.kernels.cpu.attention.f32_parts fits) reads them in place with
 the decode kernels' explicit vectors; the plain path (float64, other CPUs and head dims) is numba
 loops. Float32 arithmetic, float64 for a float64 store."""
 from __future__ import annotations
@@ -24,11 +24,11 @@ import torch
 from numba import prange, types
 from numba.extending import overload
 
-from triforce.kernels.cpu.bf16_bits import to_float32
-from triforce.kernels.cpu.f32_attention_parts import KEY_BLOCK, VALUE_DIMS, _get, _put, _weigh
-from triforce.kernels.cpu.f32_attention_parts import fits as fma_fits
-from triforce.kernels.cpu.f32_dot import HAS_F32_FMA, dot, dot4
-from triforce.kernels.cpu.f32_lanes import exp_sum, max_of
+from triforce.kernels.cpu.simd.bf16_bits import to_float32
+from triforce.kernels.cpu.attention.f32_parts import KEY_BLOCK, VALUE_DIMS, _get, _put, _weigh
+from triforce.kernels.cpu.attention.f32_parts import fits as fma_fits
+from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, dot, dot4
+from triforce.kernels.cpu.simd.f32_lanes import exp_sum, max_of
 
 
 def as_float(x):

@@ -14,7 +14,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from triforce.kernels.cpu.bf16_dot import LANES, f32x16, splat, sum16, zeros
+from triforce.kernels.cpu.simd.bf16_dot import LANES, f32x16, splat, sum16, zeros
 
 _WIDTH = 16
 
@@ -68,7 +68,7 @@ def max_of(a, n):
     return np.float32(top)
 
 
-# exp as in triforce.kernels.cpu.cpu_exp (Cephes' expf: Cody-Waite reduction, degree-6 polynomial),
+# exp as in triforce.kernels.cpu.simd.exp (Cephes' expf: Cody-Waite reduction, degree-6 polynomial),
 # written for 16 lanes with multiply-adds that LLVM may fuse: numba's loops in exp_in_place ran
 # it in 8-lane pieces with separate multiplies and adds, and a verify job's softmax (27 rows of
 # 512 scores) spent ~4 us there.

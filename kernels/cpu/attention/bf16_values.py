@@ -1,5 +1,5 @@
 """Attention's weighted values (sum over keys s of p[r, s] * v[s]) for bfloat16 values on the
-CPU's bfloat16 dot instruction (AVX512-BF16, see triforce.kernels.cpu.bf16_dot).
+CPU's bfloat16 dot instruction (AVX512-BF16, see triforce.kernels.cpu.simd.bf16_dot).
 
 Why: a verify pass of 9 tokens over a long cache weighs every value row for 27 query rows per
 KV head of the default model, compute-bound (the values are read once for all rows). Here a
@@ -21,8 +21,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from triforce.kernels.cpu.bf16_bits import narrow
-from triforce.kernels.cpu.bf16_dot import LANES, OPERAND, dot_instruction, f32x16, splat
+from triforce.kernels.cpu.simd.bf16_bits import narrow
+from triforce.kernels.cpu.simd.bf16_dot import LANES, OPERAND, dot_instruction, f32x16, splat
 
 CHUNK = 64  # dims per pass over the keys: four accumulators of 16 lanes per row
 _HALF = ir.VectorType(ir.IntType(16), 32)  # 32 bfloat16 values as loaded

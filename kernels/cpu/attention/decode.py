@@ -14,12 +14,12 @@ linear kernels this makes a verify of T tokens compute each token exactly as dec
 would, so greedy speculative decoding matches AR token for token in bfloat16 too.
 
 bfloat16 queries, keys, values and results travel as raw bits (numba has no bfloat16), widened
-as read and rounded once when written (triforce.kernels.cpu.bf16_bits; on CPUs with AVX512-BF16 the
-scores and weighted values take the bits as they are: triforce.kernels.cpu.bf16_scores and
+as read and rounded once when written (triforce.kernels.cpu.simd.bf16_bits; on CPUs with AVX512-BF16 the
+scores and weighted values take the bits as they are: triforce.kernels.cpu.attention.bf16_scores and
 bf16_values; float32, and bfloat16 without that instruction, on CPUs with FMA and AVX2 take
-triforce.kernels.cpu.f32_attention_parts, see triforce.kernels.cpu.attention_paths);
+triforce.kernels.cpu.attention.f32_parts, see triforce.kernels.cpu.attention.paths);
 scores, softmax and sums are float32, as in PyTorch's CPU kernels for this dtype,
-exp 16 lanes at a time (triforce.kernels.cpu.f32_lanes.exp_sum). The kernels index a C-contiguous [heads, rows, dim] block laid over the
+exp 16 lanes at a time (triforce.kernels.cpu.simd.f32_lanes.exp_sum). The kernels index a C-contiguous [heads, rows, dim] block laid over the
 view's storage (a view of a cache buffer's first `keys` rows); numba vectorises only such arrays."""
 from __future__ import annotations
 
@@ -28,14 +28,14 @@ import numpy as np
 import torch
 from numba import prange
 
-from triforce.kernels.cpu.attention_paths import (BF16_FMA, BF16_PAIRS, F32_FMA, WIDEN_AS_LOADED, WIDENED, scores_of,
+from triforce.kernels.cpu.attention.paths import (BF16_FMA, BF16_PAIRS, F32_FMA, WIDEN_AS_LOADED, WIDENED, scores_of,
                                              values_of)
-from triforce.kernels.cpu.bf16_bits import bits_of, narrow, to_float32
-from triforce.kernels.cpu.bf16_dot import HAS_BF16_DOT
-from triforce.kernels.cpu.bf16_values import CHUNK
-from triforce.kernels.cpu.f32_attention_parts import fits as f32_fits
-from triforce.kernels.cpu.f32_dot import HAS_F32_FMA
-from triforce.kernels.cpu.f32_lanes import exp_sum, max_of
+from triforce.kernels.cpu.simd.bf16_bits import bits_of, narrow, to_float32
+from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT
+from triforce.kernels.cpu.attention.bf16_values import CHUNK
+from triforce.kernels.cpu.attention.f32_parts import fits as f32_fits
+from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA
+from triforce.kernels.cpu.simd.f32_lanes import exp_sum, max_of
 from triforce.kernels.device_kind import on_host
 
 SMALL_QUERIES = 16  # beyond this many new tokens (prefill) the blocked SDPA kernel is the better one
@@ -155,7 +155,7 @@ def _attend_bf16_scores(q, k, v, scale, keys, queries, out, threads):
 
 def attend_kernel(dtype: torch.dtype, dim: int):
     """The compiled attention for `dtype` and head dim `dim` on this CPU (see
-    triforce.kernels.cpu.attention_paths)."""
+    triforce.kernels.cpu.attention.paths)."""
     if dtype == torch.bfloat16 and HAS_BF16_DOT and dim % 32 == 0:
         return _attend_bf16_pairs if dim % CHUNK == 0 else _attend_bf16_scores
     if HAS_F32_FMA and f32_fits(dim):

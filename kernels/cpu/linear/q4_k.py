@@ -1,4 +1,4 @@
-"""GGUF's Q4_K as the 4-bit blocks the kernels already read (triforce.kernels.cpu.quant_blocks).
+"""GGUF's Q4_K as the 4-bit blocks the kernels already read (triforce.kernels.cpu.linear.block_formats).
 
 A Q4_K super-block holds 256 weights of a row in 144 bytes: float16 d and dmin, twelve bytes of
 eight 6-bit scales sc and mins m (one pair per 32 weights), and 128 bytes of nibbles; weight i of

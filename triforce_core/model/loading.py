@@ -122,7 +122,7 @@ def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.
         from triforce.model.host_memory import check_host_room, meta_model_bytes
         check_host_room(meta_model_bytes(model, dtype), f"the model in {str(dtype).removeprefix('torch.')}",
                         "--dtype bfloat16, or a smaller model")
-    load_into(model, files, dtype, device, slicer, skip=blocks)
+    load_into(model, files, dtype, device, slicer, skip=blocks, checkpoint=cfg)
     if not blocks:
         model.use_kernels("fused")
     return model.eval()

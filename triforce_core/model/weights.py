@@ -145,11 +145,12 @@ def check_finite(tensor: torch.Tensor, name: str, where: str) -> None:
 
 
 def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, slicer=None,
-              skip: frozenset[str] = frozenset()) -> None:
+              skip: frozenset[str] = frozenset(), checkpoint=None) -> None:
     """Assign every checkpoint tensor to the meta-built `model`, cast to dtype on `device`.
     slicer(name, tensor) -> the part this process keeps (tensor parallelism), cut on the host
     before anything reaches the device; None drops the tensor. skip: parameters left on the meta
-    device (in `dtype`) for the caller to replace (a GGUF's block weights)."""
+    device (in `dtype`) for the caller to replace (a GGUF's block weights). checkpoint: the whole
+    model's config where `model` is a rank's share (fused tensors are cut by the whole model's rows)."""
     params = dict(model.named_parameters())
     skip = frozenset(name for name in skip if name in params)
     for name in skip:
@@ -158,7 +159,7 @@ def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, s
         setattr(model.get_submodule(module_name), attr, nn.Parameter(meta, requires_grad=False))
     for path in files:
         for stored, whole in iter_tensors(path, skip):
-            for name, tensor in split_fused(stored, whole, model.config):
+            for name, tensor in split_fused(stored, whole, checkpoint or model.config):
                 if name.endswith(_IGNORED_SUFFIXES):
                     continue
                 if slicer is not None:

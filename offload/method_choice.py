@@ -8,7 +8,10 @@ model has been up to 34% optimistic on the CPU (bench/RESULTS.md), and a wrong p
 more than ar. Speculation's gain grows with the context (the KV outweighs the weights), so the
 choice also says the shortest sequence from which the margin holds at every longer length up to
 the context; below it the engine checks no drafts, one token per full-cache pass, as ar does (a
-chat that starts short switches on its own as the conversation grows)."""
+chat that starts short switches on its own as the conversation grows). This is auto's offline half;
+its online half, which falls back to ar while the text drafts worse than predicted, is
+triforce.decoding.speculation_gate; triforce.app.plan_and_cache wires both (plan_run and
+RunPlan.speculation_gate)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from triforce.config import ModelConfig, SpecParams
+from triforce.config import PREFILL_CHUNKS, PREFILL_GROUP, ModelConfig, SpecParams
 from triforce.offload.cost_model import (Acceptance, Hardware, StepCosts, full_verify_ms, tier0_ms, tier1_ms,
                                          triforce_ms_per_token)
 from triforce.offload.errors import OffloadError
@@ -21,10 +21,6 @@ from triforce.offload.shapes import (LoadedBlocks, activation_bytes_per_token, b
 
 DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): big copies, small footprint
 MAX_SCORE_ELEMENTS = 1 << 22  # of a partial-attention tile (kernels/partial.py's, kept equal by a test: no torch here)
-PREFILL_CHUNKS = (1024, 512, 256, 128, 64)  # tokens per prefill forward, largest that fits
-# queries per attention call of a layer-major (offloaded) prefill: each call streams the layer's
-# host KV once, so a 32K prompt reads it 4 times per layer instead of 32 (at 1024-token chunks)
-PREFILL_GROUP = 8192
 
 
 @dataclass(frozen=True)

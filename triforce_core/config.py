@@ -125,6 +125,10 @@ class SamplingParams:
         return self.repeat_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
+PREFILL_CHUNKS = (1024, 512, 256, 128, 64)  # tokens per prefill forward: the planner takes the largest that fits
+# queries per attention call of a layer-major (offloaded) prefill: each call streams the layer's
+# host KV once, so a 32K prompt reads it 4 times per layer instead of 32 (at 1024-token chunks)
+PREFILL_GROUP = 8192
 METHODS = ("ar", "triforce", "retrieval", "streaming", "snapkv", "naive")
 SNAPKV_WINDOW = 32  # SnapKV's observation window (tokens), as the MagicDec paper uses it
 MAX_GRAPH_TOKENS = 16  # CUDA graphs are kept for steps of 1..16 new tokens; longer steps run eagerly

@@ -10,10 +10,10 @@ import torch
 
 from triforce.cache.resident import ResidentKVCache
 from triforce.cache_contract import CacheStep, FullCache
+from triforce.config import PREFILL_CHUNKS, PREFILL_GROUP
 from triforce.decoding.graph_runner import device_tokens
 from triforce.errors import UserError
 from triforce.model.loading import LoadedModel
-from triforce.offload.planner import PREFILL_CHUNKS, PREFILL_GROUP
 
 PREFILL_CHUNK = PREFILL_CHUNKS[0]  # tokens per prefill forward: bounds activation memory, drives progress
 

@@ -1,4 +1,5 @@
-"""--method auto, online: decode as ar while speculation turns out slower than ar.
+"""--method auto, online: decode as ar while speculation turns out slower than ar (the offline
+half, the cost model's pick before the first token, is triforce.offload.method_choice).
 
 The a priori choice assumes an acceptance; the text decides the real one (prose that never
 repeats itself is drafted far worse than a document the answer quotes). So the engine keeps

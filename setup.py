@@ -4,6 +4,17 @@ from pathlib import Path
 
 from setuptools import setup
 
+# import name -> folder; every folder below one with an __init__.py is a package of it (the list
+# is read from the tree: a hand-kept one once left kernels/cpu/'s subfolders out of `pip install .`)
+ROOTS = {"triforce": "triforce_core", "triforce.offload": "offload", "triforce.pinned": "pinned",
+         "triforce.kernels": "kernels", "triforce.bench": "bench", "triforce.profiles": "profiles"}
+
+
+def packages() -> list[str]:
+    return [".".join((name, *init.parent.relative_to(folder).parts))
+            for name, folder in ROOTS.items() for init in sorted(Path(folder).rglob("__init__.py"))]
+
+
 version = re.search(r'__version__ = "([^"]+)"', Path("triforce_core/__init__.py").read_text()).group(1)
 
 setup(
@@ -13,36 +24,8 @@ setup(
     long_description=Path("README.md").read_text(),
     long_description_content_type="text/markdown",
     python_requires=">=3.11",  # tomllib reads memory profiles
-    package_dir={
-        "triforce": "triforce_core",
-        "triforce.cli": "triforce_core/cli",
-        "triforce.model": "triforce_core/model",
-        "triforce.cache": "triforce_core/cache",
-        "triforce.decoding": "triforce_core/decoding",
-        "triforce.app": "triforce_core/app",
-        "triforce.server": "triforce_core/server",
-        "triforce.offload": "offload",
-        "triforce.pinned": "pinned",
-        "triforce.kernels": "kernels",
-        "triforce.bench": "bench",
-        "triforce.profiles": "profiles",
-    },
-    packages=[
-        "triforce",
-        "triforce.cli",
-        "triforce.model",
-        "triforce.cache",
-        "triforce.decoding",
-        "triforce.app",
-        "triforce.server",
-        "triforce.offload",
-        "triforce.pinned",
-        "triforce.kernels",
-        "triforce.kernels.cpu",
-        "triforce.kernels.cuda",
-        "triforce.bench",
-        "triforce.profiles",
-    ],
+    package_dir=ROOTS,
+    packages=packages(),
     # the natural-text corpus, the chat page
     package_data={"triforce.profiles": ["*.toml"], "triforce.app": ["*.txt.gz"], "triforce.server": ["*.html"]},
     install_requires=[

@@ -63,3 +63,21 @@ def default_model_dir():
 def default_lm(default_model_dir):
     from triforce.model.loading import load_model
     return load_model(str(default_model_dir), dtype="float32", device="cpu")
+
+
+@pytest.fixture
+def overflowing_layer(monkeypatch):
+    """Layer 1's output turns NaN once decoding starts (as an activation overflowing in float16
+    would), in the failing pass and in the re-run that names it. `off()` ends it."""
+    from triforce.model.decoder import DecoderLayer
+
+    real, state = DecoderLayer.forward, {"decoding": False, "on": True}
+
+    def forward(self, x, cos, sin, layer, cache_view, *args, **kwargs):
+        out = real(self, x, cos, sin, layer, cache_view, *args, **kwargs)
+        state["decoding"] |= x.shape[1] == 1
+        return out * float("nan") if state["on"] and state["decoding"] and layer == 1 else out
+
+    monkeypatch.setattr(DecoderLayer, "forward", forward)
+    state["off"] = lambda: state.update(on=False, decoding=False)
+    return state

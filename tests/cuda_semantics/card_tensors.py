@@ -157,6 +157,10 @@ class CardTensors(TorchFunctionMode):
             return out
         if name == "is_pinned":
             return is_pinned(args[0])
+        if name == "multinomial" and card_in and not bool(torch.isfinite(args[0]).all()):
+            # CUDA checks the distribution in the kernel: a device-side assert, and the context is lost
+            raise RuntimeError("CUDA error: device-side assert triggered (multinomial of a distribution with "
+                               "non-finite entries)")
         result = func(*args, **kwargs)
         to_host = name == "cpu" or (name == "to" and target is not None and not _is_cuda(target))
         if to_host and result is args[0] and is_card(result):

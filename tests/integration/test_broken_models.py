@@ -68,24 +68,6 @@ def test_metadata_claiming_a_million_layers_is_refused_at_once(capsys, tmp_path,
     assert time.perf_counter() - started < 20  # the 1,000,000-layer GGUF alone took 30 s
 
 
-@pytest.fixture
-def overflowing_layer(monkeypatch):
-    """Layer 1's output turns NaN once decoding starts (as an activation overflowing in float16
-    would), in the failing pass and in the re-run that names it. `off()` ends it."""
-    from triforce.model.decoder import DecoderLayer
-
-    real, state = DecoderLayer.forward, {"decoding": False, "on": True}
-
-    def forward(self, x, cos, sin, layer, cache_view, *args, **kwargs):
-        out = real(self, x, cos, sin, layer, cache_view, *args, **kwargs)
-        state["decoding"] |= x.shape[1] == 1
-        return out * float("nan") if state["on"] and state["decoding"] and layer == 1 else out
-
-    monkeypatch.setattr(DecoderLayer, "forward", forward)
-    state["off"] = lambda: state.update(on=False, decoding=False)
-    return state
-
-
 @pytest.mark.parametrize("method, temperature", [("ar", "0"), ("triforce", "0"), ("ar", "0.8"), ("triforce", "0.8")])
 def test_logits_that_turn_nan_while_decoding_end_in_one_line_naming_the_layer(capsys, tiny_model_dir,
                                                                               overflowing_layer, method, temperature):

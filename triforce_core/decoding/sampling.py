@@ -9,6 +9,7 @@ import torch
 
 from triforce.config import SamplingParams
 from triforce.decoding.graph_runner import host_ids
+from triforce.kernels.device_kind import on_cuda
 
 
 def penalize(rows: torch.Tensor, seq: list[int], params: SamplingParams) -> torch.Tensor:
@@ -66,8 +67,18 @@ def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token from probs [V] (NaN or infinite ones: NonFiniteLogits, as torch checks them on
-    the CPU)."""
+    """Draw one token from probs [V]; NaN or infinite ones raise NonFiniteLogits. The CPU's
+    multinomial checks them itself; a card's would end in a device-side assert (the process's CUDA
+    context lost), so there the draw is from a sanitised distribution and the check is read with
+    the token, in the one transfer the token needs anyway."""
+    if on_cuda(probs):
+        bad = ~torch.isfinite(probs).all()
+        drawn = torch.multinomial(torch.where(bad, torch.ones_like(probs), probs), 1, generator=generator)
+        token, broken = torch.cat((drawn, bad[None].long())).tolist()
+        if broken:
+            from triforce.decoding.numerics import NonFiniteLogits
+            raise NonFiniteLogits()
+        return token
     try:
         return int(torch.multinomial(probs, 1, generator=generator))
     except RuntimeError as e:

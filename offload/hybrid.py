@@ -88,10 +88,10 @@ class CpuWorker:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="triforce-host-attention")
         future = self._pool.submit(self._run, numba.get_num_threads(), ready, fn, q_host, args, kwargs)
 
-        def result():
+        def on_device():
             pinned = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True).copy_(p) for p in future.result()]
             return tuple(p.to(self.device, non_blocking=True) for p in pinned)
-        return result
+        return on_device
 
     def _run(self, threads: int, ready, fn, q_host, args, kwargs):
         numba.set_num_threads(threads)

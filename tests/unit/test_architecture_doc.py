@@ -1,7 +1,6 @@
 """docs/ARCHITECTURE.md stays true: every file or folder it names exists, and every package the
 layering test rules over is on its map."""
 import re
-from pathlib import Path
 
 from test_layering import ALLOWED, ROOT
 

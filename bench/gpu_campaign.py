@@ -6,13 +6,13 @@ a lease (its estimate is held under 8 minutes by a test).
     python -m triforce.bench.gpu_campaign --all          # every step (a second call: --only NAMES)
     python -m triforce.bench.gpu_campaign --reduced --out-dir /tmp/c   # every step on a CPU, small shapes
 
-The steps follow a user's journey (bench/campaign_steps.py): the new user's commands, tests/gpu,
+The steps follow a user's journey (bench/campaign/steps.py): the new user's commands, tests/gpu,
 a 32K and a 127K prompt prefilled through the offloaded path (time to first token), decoding after
 it (triforce with hybrid, residency and drafting ahead on and off, beside ar-offload and
 ar-hybrid), the block kernels; then, by name or --all, the quantized decode, peers, tier steps and
 the best case. Each step runs in its own process with GPU memory capped to `--cap-gb` so an H100
 stands in for a 24 GB card; a failing step is recorded and the campaign goes on. Each step's limit
-follows from its estimate (bench/campaign_steps.py), and a step whose estimate exceeds the time
+follows from its estimate (bench/campaign/steps.py), and a step whose estimate exceeds the time
 left is skipped and said so rather than cut.
 
 Writes gpu-campaign-DATE.json after every step (the commit, torch, driver and device; every step's
@@ -32,8 +32,8 @@ from pathlib import Path
 
 import click
 
-from triforce.bench.campaign_report import results_rows
-from triforce.bench.campaign_steps import CAMPAIGN, REDUCED, Step, steps
+from triforce.bench.campaign.report import results_rows
+from triforce.bench.campaign.steps import CAMPAIGN, REDUCED, Step, steps
 from triforce.paths import write_atomically
 
 REPO = Path.cwd()  # the checkout it is run from (tests/ and bench/traces/ are read from there)
@@ -95,7 +95,7 @@ def run_step(step: Step, cap_gb: float, timeout_s: float, log_dir: Path) -> dict
     if step.streams_rows:
         rows_file.unlink(missing_ok=True)
         argv = (*argv, "--rows-file", str(rows_file))
-    cmd = [sys.executable, "-m", "triforce.bench.capped", "--gb", str(cap_gb), "--", *argv]
+    cmd = [sys.executable, "-m", "triforce.bench.campaign.capped", "--gb", str(cap_gb), "--", *argv]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     started = time.perf_counter()
     record = {"name": step.name, "what": step.what, "command": " ".join(cmd[1:]), "timeout_s": round(timeout_s)}
@@ -130,7 +130,7 @@ def choose(chosen_from: list[Step], only: str | None, run_all: bool) -> list[Ste
 
 
 def print_plan(chosen: list[Step], every: list[Step], cap_gb: float, budget_s: float, out: Path, reduced: bool) -> None:
-    from triforce.bench.campaign_steps import estimate
+    from triforce.bench.campaign.steps import estimate
 
     print(f"would run {len(chosen)} steps in {REPO} with GPU memory capped to {cap_gb:g} GB, within {budget_s:.0f} s, "
           f"writing to {out}{' (reduced shapes, on a CPU)' if reduced else ''}; estimates for an H100 (predicted):")
@@ -144,7 +144,7 @@ def print_plan(chosen: list[Step], every: list[Step], cap_gb: float, budget_s: f
         parts = ", ".join(f"{k} {v:.0f}" for k, v in e.parts.items())
         seen = f"; last run {last[s.name]} s" if s.name in last else ""
         print(f"  {mark}{s.name:22s} ~{e.seconds:4.0f} s (limit {e.limit_s} s; {parts}; {e.source}{seen})\n"
-              f"      {s.what}\n      python -m triforce.bench.capped --gb {cap_gb:g} -- {' '.join(s.argv)}")
+              f"      {s.what}\n      python -m triforce.bench.campaign.capped --gb {cap_gb:g} -- {' '.join(s.argv)}")
     print(f"estimated total of the steps to run: {total:.0f} s against a budget of {budget_s:.0f} s")
 
 
@@ -173,7 +173,7 @@ def last_measured(out: Path) -> dict[str, float]:
 @click.option("--commit", default=None, help="The commit measured, where the checkout has no .git (default: git's HEAD).")
 def main(out_dir, cap_gb, budget_s, only, run_all, reduced, dry_run, commit):
     """Run the GPU tests and GPU benchmarks in one command, carrying on past failures."""
-    from triforce.bench.campaign_steps import estimate
+    from triforce.bench.campaign.steps import estimate
 
     out = Path(out_dir).resolve()
     every = steps(out, REDUCED if reduced else CAMPAIGN)

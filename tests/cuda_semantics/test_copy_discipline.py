@@ -28,9 +28,9 @@ ALLOWED = {
     ("offload/measure.py", "seconds = best_seconds(lambda: dst.copy_(src, non_blocking=pin), syncer(device))"):
         "pin is true only for a pinned source",
     ("bench/offload_bench.py", "dst.copy_(src, non_blocking=pin)"): "pin is true only for a pinned source",
-    ("bench/gpu_probe.py", 'info["pinned_h2d_gbps"] = _gbps(lambda: dev.copy_(host, non_blocking=True), size, device)'):
+    ("bench/campaign/gpu_probe.py", 'info["pinned_h2d_gbps"] = _gbps(lambda: dev.copy_(host, non_blocking=True), size, device)'):
         "host from allocate_host (pinned)",
-    ("bench/gpu_probe.py", 'info["pinned_d2h_gbps"] = _gbps(lambda: host.copy_(dev, non_blocking=True), size, device)'):
+    ("bench/campaign/gpu_probe.py", 'info["pinned_d2h_gbps"] = _gbps(lambda: host.copy_(dev, non_blocking=True), size, device)'):
         "host from allocate_host (pinned)",
 }
 

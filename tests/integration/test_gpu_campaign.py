@@ -11,8 +11,8 @@ import click
 import pytest
 
 from triforce.bench import gpu_campaign
-from triforce.bench.campaign_steps import LEASE_S, estimate, plan_total
-from triforce.bench.campaign_steps import CAMPAIGN, DECODE_METHODS, REDUCED, Decode, Prefill, steps
+from triforce.bench.campaign.steps import LEASE_S, estimate, plan_total
+from triforce.bench.campaign.steps import CAMPAIGN, DECODE_METHODS, REDUCED, Decode, Prefill, steps
 
 JOURNEY = ["user", "probe", "gpu-tests", "prefill-32k", "prefill-127k", "decode-32k", "decode-127k", "quant-kernels"]
 SECOND_CALL = ["quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps", "decode-127k-best-case"]
@@ -54,7 +54,7 @@ def test_dry_run_prints_the_journey_with_estimates():
     listed = [line.split()[:2] for line in out.splitlines() if " ~" in line and "(limit " in line]
     assert [name for mark, name in listed if mark == "run"] == JOURNEY
     assert [words[0] for words in listed if words[0] != "run"] == SECOND_CALL
-    assert "--gb 24 -- -m triforce.bench.user_step --json" in out and "(predicted)" in out
+    assert "--gb 24 -- -m triforce.bench.campaign.user_step --json" in out and "(predicted)" in out
     total = float(out.split("estimated total of the steps to run: ")[1].split(" s")[0])
     assert 0 < total <= LEASE_S and "budget of 480 s" in out
     every = steps(Path("out"))

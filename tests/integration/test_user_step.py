@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from triforce.bench.user_step import NEW_TOKENS, PROMPT, make_model, transformers_tokens
+from triforce.bench.campaign.user_step import NEW_TOKENS, PROMPT, make_model, transformers_tokens
 from triforce.cli.main import main
 
 
@@ -39,7 +39,7 @@ def test_the_step_runs_each_command_and_checks_what_it_printed(user_model, monke
     processes; the commands themselves are tested end to end elsewhere) and the server stubbed."""
     from click.testing import CliRunner
 
-    from triforce.bench import user_step
+    from triforce.bench.campaign import user_step
     from triforce.cli.main import cli
 
     ran = []

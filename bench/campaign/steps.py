@@ -89,7 +89,7 @@ class Step:
     name: str
     what: str
     work: object                       # Fixed | Tests | Prefill | Decode
-    argv: tuple[str, ...]              # after `python -m triforce.bench.capped --gb CAP --`
+    argv: tuple[str, ...]              # after `python -m triforce.bench.campaign.capped --gb CAP --`
     default: bool = True               # in the default call (which fits a lease); else named by --only or --all
     streams_rows: bool = field(default=False)  # `bench offload`: its rows go to OUT/NAME.rows.jsonl as timed
 
@@ -135,9 +135,9 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
                   "--repeats", "2" if scale.reduced else "10", "--json")
     return [
         Step("user", "a new user's commands with default flags on a random model made here",
-             Fixed(60, "assumed: six short processes, each starting CUDA"), ("-m", "triforce.bench.user_step", "--json")),
+             Fixed(60, "assumed: six short processes, each starting CUDA"), ("-m", "triforce.bench.campaign.user_step", "--json")),
         Step("probe", "device, versions, exact pinning, copy bandwidths",
-             Fixed(13.5, "measured: H100 campaign 2026-11-23"), ("-m", "triforce.bench.gpu_probe")),
+             Fixed(13.5, "measured: H100 campaign 2026-11-23"), ("-m", "triforce.bench.campaign.gpu_probe")),
         Step("gpu-tests", "tests/gpu: graphs == eager, no graph fallback, float32 logits, Triton retrieval, sync "
                           "counts, offload with copy streams, sampling, SDPA kernels, the prefill's kernel path",
              gpu_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *gpu_tests.paths)),
@@ -230,7 +230,6 @@ def estimate(step: Step, profile: str = "h100-80g", cap_gb: float = 24.0) -> Est
 
 
 def _prefill(p: Prefill, profile: str, cap_gb: float) -> Estimate:
-    from triforce.bench.campaign_steps import TRACE
     from triforce.offload.profiles import load_profile
 
     pred = _prediction(profile, cap_gb, p.context, TRACE)

@@ -1,6 +1,6 @@
 """Run a module or a script as `python -m`, with this process's GPU memory capped first.
 
-    python -m triforce.bench.capped --gb 24 -- -m pytest -q tests/gpu
+    python -m triforce.bench.campaign.capped --gb 24 -- -m pytest -q tests/gpu
 
 The cap (torch.cuda.set_per_process_memory_fraction) makes an 80 GB card behave like a 24 GB one
 for everything the program allocates through PyTorch, so a run on an H100 shows whether a plan
@@ -28,7 +28,7 @@ def apply_cap(gb: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) < 4 or argv[0] != "--gb" or argv[2] != "--" or argv[3] not in ("-m", "-c"):
-        sys.exit("usage: python -m triforce.bench.capped --gb GB -- (-m MODULE | -c CODE) [ARGS...]")
+        sys.exit("usage: python -m triforce.bench.campaign.capped --gb GB -- (-m MODULE | -c CODE) [ARGS...]")
     print(apply_cap(float(argv[1])), file=sys.stderr, flush=True)
     kind, target, rest = argv[3], argv[4], argv[5:]
     if kind == "-c":

@@ -1,6 +1,6 @@
 """The GPU campaign's first step: what a new user types, with default flags, on this machine.
 
-    python -m triforce.bench.user_step [--json] [--keep DIR]
+    python -m triforce.bench.campaign.user_step [--json] [--keep DIR]
 
 A random-weight Llama folder is made on the spot (safetensors, and a character tokenizer with a
 ChatML chat template built here: nothing is downloaded). Then, each as its own process and each

@@ -41,6 +41,7 @@ def test_every_family_captures_its_drafting_tiers(capsys, graphs, tiny_model_dir
     assert report["tokens"] == eager["tokens"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["q8_0", "q4_k"])
 def test_block_quantized_weights_capture_their_drafting_tiers(capsys, graphs, tiny_model_dir, kind):
     """The quantized embedding de-quantizes its rows inside the graph (it once built a constant

@@ -96,6 +96,7 @@ def test_planted_bug_a_missing_stream_wait_is_caught(capsys, card, followed, fol
     assert "drafting stream" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_the_hybrid_verify_inside_the_verify_worker_keeps_the_thread_count(capsys, card, followed, tiny_model_dir,
                                                                           tmp_path, monkeypatch):
     """--draft-ahead with the hybrid verify on: the verify runs on the draft-ahead worker, which

@@ -53,6 +53,7 @@ def on_card(capsys, card, folder, *flags, device="cuda"):
 
 # q4_0 takes q4_1's path through the kernel (tests/unit/test_quant_triton.py checks each format);
 # the interpreter runs a program in ~20 ms, so the speculative run is q4_1's only
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,methods,device", [("q4_1", ["triforce"], "cuda"), ("q8_0", [], "cuda:0")])
 def test_block_kernels_on_a_card_decode_as_on_the_cpu(capsys, card, folder, kind, methods, device):
     cpu = generate(capsys, folder, "--device", "cpu", "--quantize", kind, "--method", "ar")

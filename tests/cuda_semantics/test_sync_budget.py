@@ -81,6 +81,7 @@ def test_penalties_add_no_sync(capsys, card, checked, folder, profile, monkeypat
     within_budget(report, "triforce")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ar", "retrieval"])
 def test_block_quantized_decoding_stays_within_the_budget(capsys, card, tiny_model_dir, monkeypatch, method):
     pytest.importorskip("triton")

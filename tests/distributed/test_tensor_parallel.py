@@ -86,6 +86,7 @@ ranks._join = join_then_fail
 """
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_others_with_a_clear_error(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(FAILING_RANK)
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)

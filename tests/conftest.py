@@ -28,12 +28,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def pytest_collection_modifyitems(config, items):
-    """The checks marked slow run first (in their collected order): xdist hands tests out in this
-    order, so the longest start early on every worker and none is left running alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture(autouse=True)
 def _float32_by_default(monkeypatch):
     """`--dtype auto` is bfloat16 on CPUs with native bfloat16 (this CI machine has it); the

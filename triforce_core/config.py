@@ -52,8 +52,9 @@ class ModelConfig:
         num_layers = hf.num_hidden_layers
         window = getattr(hf, "sliding_window", None)
         layer_types = getattr(hf, "layer_types", None)
-        if model_type in ("mistral", "phi3") or not layer_types:  # Phi-3: every layer or none
-            windows = (window,) * num_layers if model_type in ("mistral", "phi3") else (None,) * num_layers
+        one_window = model_type in ("mistral", "phi3")  # the same window on every layer, or none
+        if one_window or not layer_types:
+            windows = (window if one_window else None,) * num_layers
         else:
             windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
         return cls(
@@ -77,8 +78,14 @@ class ModelConfig:
         )
 
 
+def rope_parameters(hf) -> dict:
+    """A transformers config's RoPE parameters (transformers 5's `rope_parameters`, else the older
+    `rope_scaling`), as a new dict."""
+    return dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+
+
 def _rotary_dim(hf, head_dim: int) -> int | None:
-    params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
+    params = rope_parameters(hf)
     factor = params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0))
     dim = int(head_dim * factor)  # transformers' rounding (triforce.model.rope)
     return None if dim == head_dim else dim

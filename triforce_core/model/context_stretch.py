@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 
+from triforce.config import rope_parameters
 from triforce.errors import UserError
 
 KINDS = ("yarn", "linear", "dynamic")
@@ -31,7 +32,7 @@ def stretch(hf_config, context: int, kind: str):
     if context <= trained:
         raise UserError(f"--rope-scaling {kind} stretches past the model's {trained}-token context; "
                         f"--max-context {context} is within it (leave out --rope-scaling)")
-    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    params = rope_parameters(hf_config)
     current = params.get("rope_type", params.get("type", "default"))
     if current != "default":
         raise UserError(f"the model already uses '{current}' RoPE scaling (its context is {trained} tokens); "

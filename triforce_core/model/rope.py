@@ -5,18 +5,14 @@ from __future__ import annotations
 import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from triforce.config import rope_parameters
 from triforce.errors import UserError
 
 
-def _rope_params(hf_config) -> dict:
-    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
-    return dict(params)
-
-
 def _default_inv_freq(hf_config) -> torch.Tensor:
-    base = _rope_params(hf_config).get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    base = rope_parameters(hf_config).get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    dim = int(dim * _rope_params(hf_config).get("partial_rotary_factor", 1.0))
+    dim = int(dim * rope_parameters(hf_config).get("partial_rotary_factor", 1.0))
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
 
 
@@ -26,7 +22,7 @@ def _longrope(hf_config) -> tuple[torch.Tensor, float]:
     context uses the long factors, an earlier one the short), which would give a cached key two
     meanings across passes and make a verify pass differ from decoding; a context chosen once
     (as llama.cpp chooses by the context it was given) keeps every method's tokens equal."""
-    params = _rope_params(hf_config)
+    params = rope_parameters(hf_config)
     original = params.get("original_max_position_embeddings",
                           getattr(hf_config, "original_max_position_embeddings", None)) or hf_config.max_position_embeddings
     long = hf_config.max_position_embeddings > original
@@ -38,7 +34,7 @@ class RotaryEmbedding:
     transformers, widens the frequencies once a forward pass reaches past the original length."""
 
     def __init__(self, hf_config):
-        params = _rope_params(hf_config)
+        params = rope_parameters(hf_config)
         self.rope_type = params.get("rope_type", params.get("type", "default"))
         self._hf_config = hf_config
         if self.rope_type == "default":

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from triforce.bench.harness import each_call, emit, output_option
 from triforce.model.architectures import arch_hf_config
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.model.loading import resolve_device, resolve_dtype
 from triforce.offload.measure import memory_gbps
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.offload.cost_model import (GAMMA1_RANGE, GAMMA2_RANGE, Acceptance, best_gammas, full_verify_ms,
                                          tier1_ms)
 from triforce.offload.method_choice import AUTO_ASSUMED, AUTO_MARGIN

@@ -1,7 +1,7 @@
 """Why a request does not fit, and which changes could make it: only hints that can work."""
 from __future__ import annotations
 
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.offload.errors import OffloadError
 from triforce.offload.profiles import MemoryProfile, format_size
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.offload.cost_model import (Acceptance, costs_at, full_verify_ms, naive_ms_per_token,
                                          rate_from_fraction, triforce_ms_per_token)
 from triforce.offload.planner import hardware, plan_memory

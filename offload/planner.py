@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from triforce.config import PREFILL_CHUNKS, PREFILL_GROUP, ModelConfig, SpecParams
+from triforce.config import PREFILL_CHUNKS, PREFILL_GROUP, SpecParams
+
+from triforce.config.model import ModelConfig
 from triforce.offload.cost_model import (Acceptance, Hardware, StepCosts, full_verify_ms, tier0_ms, tier1_ms,
                                          triforce_ms_per_token)
 from triforce.offload.errors import OffloadError

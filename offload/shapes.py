@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.offload.errors import OffloadError
 
 

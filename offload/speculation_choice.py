@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.offload.cost_model import Acceptance, GAMMA1_RANGE, GAMMA2_RANGE, best_gammas, gamma2_bounds
 from triforce.offload.errors import OffloadError
 from triforce.offload.planner import hardware, plan_memory

@@ -31,7 +31,8 @@ def assert_all_replayed(report):
         assert runner["replays"] > 0, (tier, runner)  # prefills longer than a graph run eagerly
 
 
-@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa", "mistral", "qwen2", "qwen3", "llama3-rope", "phi4-mini"])
+@pytest.mark.parametrize("family", ["llama-mha", "llama-gqa", "mistral", "qwen2", "qwen3", "llama3-rope", "phi4-mini",
+                                    "gemma3"])
 def test_every_family_captures_its_drafting_tiers(capsys, graphs, tiny_model_dir, family):
     folder = str(tiny_model_dir(family, max_position_embeddings=512))
     draft = str(tiny_model_dir(family, seed=7, num_layers=1, hidden_size=32, max_position_embeddings=512))

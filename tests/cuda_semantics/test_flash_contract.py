@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from triforce.cache.resident import ResidentKVCache
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.kernels import SDPA, attention
 from triforce.kernels import partial as partial_module
 from triforce.kernels.partial import partial_attention

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from triforce.app.plan_and_cache import auto_profile, build_kv_cache, make_plan
-from triforce.config import ModelConfig, SamplingParams, SpecParams
+from triforce.config import SamplingParams, SpecParams
+from triforce.config.model import ModelConfig
 from triforce.decoding.engine import Engine
 from triforce.decoding.tiers import DraftModelTier, SparseTier
 from triforce.model.architectures import arch_hf_config

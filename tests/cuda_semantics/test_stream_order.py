@@ -8,7 +8,7 @@ from transformers import LlamaConfig
 
 from checked_streams import CopyDisciplineError, StreamOrderError
 from triforce.cache.resident import ResidentKVCache
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.offload.offloaded_cache import OffloadedKVCache
 from triforce.offload.prefetcher import Prefetcher
 from triforce.pinned import HostKVStore

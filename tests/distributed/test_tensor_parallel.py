@@ -33,7 +33,8 @@ def test_heads_split_as_evenly_as_possible():
         even_split(2, 3)
 
 
-@pytest.mark.parametrize("family", ["llama-gqa", "qwen2", "qwen3", "llama-mha", "phi3", "phi4-mini"])
+@pytest.mark.parametrize("family", ["llama-gqa", "qwen2", "qwen3", "llama-mha", "phi3", "phi4-mini", "gemma3",
+                                    "gemma3-multimodal"])
 def test_tiny_models_tp_logits_equal_single_process(tiny_model_dir, tmp_path, family):
     folder = str(tiny_model_dir(family))
     ids = list(range(3, 30))

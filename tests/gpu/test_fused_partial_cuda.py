@@ -6,7 +6,7 @@ import torch
 from transformers import LlamaConfig
 
 from triforce.cache.resident import ResidentKVCache
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.kernels import SDPA
 from triforce.kernels.partial import partial_attention
 from triforce.offload.offloaded_cache import OffloadedKVCache

@@ -90,3 +90,9 @@ def test_a_scaled_model_is_not_scaled_again(tiny_model_dir):
     folder = tiny_model_dir("llama-yarn")
     with pytest.raises(UserError, match="already uses 'yarn' RoPE scaling"):
         load_model(str(folder), dtype="float32", device="cpu", rope_scaling=(1024, "yarn"))
+
+
+def test_a_model_with_rope_by_layer_kind_is_not_stretched(tiny_model_dir):
+    folder = tiny_model_dir("gemma3")
+    with pytest.raises(UserError, match="RoPE of their own kinds"):
+        load_model(str(folder), dtype="float32", device="cpu", rope_scaling=(1024, "yarn"))

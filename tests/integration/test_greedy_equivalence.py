@@ -134,3 +134,21 @@ def test_newer_families_every_method_equals_ar(tiny_model_dir, family):
         expected = run(target, SpecParams(method="ar"), ids, 30)
         for method in SPECULATIVE:
             assert run(target, tiny_spec(method), ids, 30, "lookup") == expected, (family, method, text)
+
+
+def test_gemma3_every_method_equals_ar_with_a_gemma_drafter(tiny_model_dir):
+    """Gemma 3: windowed and global layers with their own RoPE, past the 12-token window in every
+    prompt; a two-layer Gemma drafter, whose StreamingLLM cache turns each kind of layer's keys
+    with that layer's RoPE when its window slides. Every method, both drafters, float64."""
+    target = load_model(str(tiny_model_dir("gemma3")), dtype="float64", device="cpu")
+    draft = load_model(str(tiny_model_dir("gemma3", seed=5, hidden_size=32)), dtype="float64", device="cpu")
+    assert len({id(r) for r in draft.model.layer_ropes}) == 2
+    distinct = 0
+    for text in TINY_PROMPTS[:6]:
+        ids = target.tokenizer(text).input_ids
+        expected = run(target, SpecParams(method="ar"), ids, 30)
+        distinct += len(set(expected))
+        for method in SPECULATIVE:
+            for drafter in ("lookup", draft):
+                assert run(target, tiny_spec(method), ids, 30, drafter) == expected, (method, text)
+    assert distinct >= 24  # continuations that vary (one token repeated would make every method agree)

@@ -50,6 +50,26 @@ def test_plan_counts_block_quantized_weights(capsys):
     assert_one_line_error(code, err, "--quantize is planned for one sequence")
 
 
+@pytest.mark.parametrize("arch", ["gemma3-4b", "gemma3-12b", "gemma3-27b"])
+def test_gemma3_plans_at_its_real_shapes(capsys, arch):
+    """Gemma 3 by name: five windowed layers to each global one, the shapes transformers' own config
+    gives; each plans for 128K on a 24 GB card as q4_k blocks (the 27B's queries scaled by 1/sqrt(168),
+    not its 128-wide heads), the 4B's KV on the card, the larger ones' streamed from the host: every
+    layer holds its whole KV so far, windowed ones included."""
+    from triforce.config.model import ModelConfig
+    from triforce.model.architectures import arch_config, arch_hf_config
+
+    cfg = arch_config(arch)
+    assert cfg == ModelConfig.from_hf(arch_hf_config(arch)) and cfg.gemma_norms and cfg.qk_norm
+    assert cfg.sliding_windows[:6] == (1024,) * 5 + (None,) and cfg.activation == "gelu_pytorch_tanh"
+    assert (cfg.query_scale is None) == (arch != "gemma3-27b")
+    code, out, err = run_cli(capsys, "plan", "--arch", arch, "--profile", "rtx4090-24g", "--context", "131072",
+                             "--quantize", "q4_k", "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["feasible"] and plan["weight_format"] == "q4_k", err
+    assert plan["offloaded"] == (arch != "gemma3-4b")
+
+
 def test_plan_reads_a_real_models_shapes(capsys, default_model_dir):
     code, out, _ = run_cli(capsys, "plan", "--model", "default", "--context", "8192", "--method", "ar", "--json")
     plan = json.loads(out)

@@ -6,7 +6,7 @@ from transformers import LlamaConfig
 from triforce.cache.resident import ResidentKVCache
 from triforce.cache.sparse import SelectionPolicy, SparseKVCache
 from triforce.cache.streaming import StreamingKVCache
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.kernels import attention
 from triforce.model.rope import RotaryEmbedding, apply_rope
 
@@ -77,25 +77,35 @@ def test_sparse_attention_equals_attention_over_the_gathered_keys():
     assert torch.allclose(got, ref, atol=1e-12)
 
 
-def test_streaming_eviction_keeps_relative_positions():
-    """After the window slides, attention equals attention over keys rotated at their new slots."""
-    rope = RotaryEmbedding(HF)
-    cache = StreamingKVCache(CFG, rope, sink_tokens=2, window=6, slack=3, dtype=torch.float64)
+def _local_rope():
+    """A second RoPE (Gemma 3's local layers turn with a base of their own)."""
+    return RotaryEmbedding(LlamaConfig(**{**HF.to_dict(), "rope_parameters": {"rope_type": "default",
+                                                                             "rope_theta": 50.0}}))
+
+
+@pytest.mark.parametrize("per_layer", [False, True], ids=["one-rope", "rope-per-layer"])
+def test_streaming_eviction_keeps_relative_positions(per_layer):
+    """After the window slides, attention equals attention over keys rotated at their new slots,
+    each layer's by its own RoPE."""
+    ropes = (RotaryEmbedding(HF), _local_rope()) if per_layer else (RotaryEmbedding(HF),) * 2
+    cache = StreamingKVCache(CFG, ropes if per_layer else ropes[0], sink_tokens=2, window=6, slack=3,
+                             dtype=torch.float64)
     g = torch.Generator().manual_seed(3)
-    raw = []  # pre-RoPE keys of every token fed, layer 0
+    raw = []  # pre-RoPE keys of every token fed, per layer
     for _ in range(14):
         step = cache.step(1)
-        cos, sin = rope.cos_sin(step.positions, torch.float64)
-        k_raw = torch.randn(1, 2, 1, D, generator=g, dtype=torch.float64)
-        raw.append(k_raw)
+        raw.append([torch.randn(1, 2, 1, D, generator=g, dtype=torch.float64) for _ in range(2)])
         for layer in range(2):
-            step.attend(layer, torch.randn(1, 4, 1, D, dtype=torch.float64), apply_rope(k_raw, cos, sin),
+            cos, sin = ropes[layer].cos_sin(step.positions, torch.float64)
+            step.attend(layer, torch.randn(1, 4, 1, D, dtype=torch.float64), apply_rope(raw[-1][layer], cos, sin),
                         torch.zeros(1, 2, 1, D, dtype=torch.float64))
     held = [0, 1] + list(range(14 - (cache.end - 2), 14))  # sinks, then the most recent tokens
     assert cache.length == 14 and cache.end == len(held) <= cache.capacity
-    for slot, token in enumerate(held):
-        cos, sin = rope.cos_sin(torch.tensor([[slot]]), torch.float64)
-        assert torch.allclose(cache.k_buf[0, :, :, slot:slot + 1], apply_rope(raw[token], cos, sin), atol=1e-10)
+    for layer in range(2):
+        for slot, token in enumerate(held):
+            cos, sin = ropes[layer].cos_sin(torch.tensor([[slot]]), torch.float64)
+            assert torch.allclose(cache.k_buf[layer, :, :, slot:slot + 1], apply_rope(raw[token][layer], cos, sin),
+                                  atol=1e-10), (layer, slot)
     cache.rollback(12)
     assert cache.end == len(held) - 2
 
@@ -105,3 +115,44 @@ def test_streaming_rollback_past_the_window_is_refused():
     fill(cache, 6)
     with pytest.raises(ValueError):
         cache.rollback(1)
+
+
+WINDOWED = ModelConfig.from_hf(LlamaConfig(**{**HF.to_dict(), "layer_types": ["sliding_attention", "full_attention"],
+                                              "sliding_window": 10}))
+
+
+@pytest.mark.parametrize("kind", ["retrieval", "streaming"])
+def test_a_windowed_layer_of_a_sparse_tier_keeps_its_latest_tokens_and_is_exact(kind):
+    """Layer 0 sees a 10-token window: with a budget of 16 it holds the latest tokens, in order,
+    and attends through its window (as the target does), so its output equals the full cache's, also
+    after tokens are appended; layer 1 (global) keeps the policy's choice."""
+    assert WINDOWED.sliding_windows == (10, None)
+    full = ResidentKVCache(WINDOWED, 100, dtype=torch.float64)
+    fill(full, 50)
+    policy = SelectionPolicy(kind, budget=16, chunk_size=4, sink_tokens=4)
+    sparse = SparseKVCache(WINDOWED, policy, 8, dtype=torch.float64)
+    queries = [torch.randn(1, 4, D, dtype=torch.float64) for _ in range(2)]
+    sparse.rebuild(full, queries)
+    n = sparse.num_selected  # as many as the policy picks for layer 1 (retrieval: whole chunks and the last part)
+    assert 10 <= n <= 16 and torch.equal(sparse.k_buf[0, :, :, :n], full.keys(0)[:, :, 50 - n:50])
+    picked = policy.select(queries[1], full.keys(1))
+    assert torch.equal(sparse.k_buf[1, :, :, :n], torch.stack([full.keys(1)[0, h, picked[0, h]] for h in range(2)])[None])
+    assert not torch.equal(picked[0, 0], torch.arange(50 - n, 50))  # the global layer's pick differs
+    for appended in range(3):
+        q, k, v = (torch.randn(1, h, 1, D, dtype=torch.float64) for h in (4, 2, 2))
+        got = sparse.step(1).attend(0, q, k, v)
+        full_step = full.step(1)
+        want = full_step.attend(0, q, k, v)
+        assert torch.allclose(got, want, atol=1e-12), appended
+        full_step.attend(1, q, k, v)
+        sparse.rollback(sparse.length - 1)
+        sparse.append_from(full, full.length - 1, full.length)
+
+
+def test_a_window_longer_than_the_context_leaves_the_layer_to_the_policy():
+    full = ResidentKVCache(WINDOWED, 100, dtype=torch.float64)
+    fill(full, 8)
+    sparse = SparseKVCache(WINDOWED, SelectionPolicy("streaming", budget=6, sink_tokens=2), 8, dtype=torch.float64)
+    sparse.rebuild(full, None)
+    assert sparse.windowed == (None, None)
+    assert torch.equal(sparse.k_buf[0, :, :, :6], torch.cat([full.keys(0)[:, :, :2], full.keys(0)[:, :, 4:8]], 2))

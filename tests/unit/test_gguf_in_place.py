@@ -1,6 +1,7 @@
 """A GGUF's weights read in place (triforce.model.gguf_weights) are what transformers' GGUF loader
 makes of the same file, for files whose q and k rows llama.cpp permuted (llama) and whose it did
 not (mistral, qwen2, qwen3), and a model loaded from the file gives the original checkpoint's logits."""
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -37,9 +38,17 @@ def write_gguf(folder, arch: str, kind: GGMLQuantizationType):
     if config.get("head_dim"):
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
+    if arch == "gemma3":  # as llama.cpp's converter writes it (conversion/gemma.py)
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_rope_freq_base(config["rope_parameters"]["full_attention"]["rope_theta"])
+        writer.add_float32("gemma3.rope.freq_base_swa", config["rope_parameters"]["sliding_attention"]["rope_theta"])
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(config["rope_parameters"]["full_attention"]["factor"])
     for name, tensor in load_file(str(folder / "model.safetensors")).items():
         values = tensor.float().numpy()
-        short = gguf_name(name)
+        short = gguf_name(name, arch)
+        if arch == "gemma3" and short.endswith("norm.weight"):
+            values = values + 1  # Gemma's norms scale by 1 + weight: llama.cpp stores the sum
         if arch == "llama" and (".attn_q." in short or ".attn_k." in short):
             values = _llama_cpp_permute(values, heads if ".attn_q." in short else kv_heads)
         if values.ndim == 2 and kind != GGMLQuantizationType.F32:
@@ -95,6 +104,24 @@ def test_a_model_loaded_from_its_file_gives_the_checkpoints_logits(tiny_model_di
     assert torch.equal(*logits)
 
 
+def test_gemma3_from_its_file_gives_the_checkpoints_logits(tiny_model_dir, tmp_path):
+    """Gemma 3's norms come back from llama.cpp's 1 + weight, and its post-attention, pre- and
+    post-MLP norms from their GGUF names; a file written from a six-layer model (five windowed
+    layers, one global) read in place gives the folder's logits over a prompt past the window."""
+    import shutil
+
+    from triforce.model.loading import load_model
+
+    source = tiny_model_dir("gemma3-gguf", num_layers=6)
+    gguf_path, *shape = write_gguf(source, "gemma3", GGMLQuantizationType.F32)
+    folder = in_place(tmp_path, gguf_path, *shape)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, folder / name)
+    tokens = torch.randint(3, 40, (1, 40), generator=torch.Generator().manual_seed(5))
+    theirs, ours = (_logits(load_model(str(f), dtype="float32", device="cpu"), tokens) for f in (source, folder))
+    assert (theirs - ours).abs().max() < 1e-5 and theirs.std() > 0.02  # logits that vary
+
+
 def _logits(lm, tokens):
     from triforce.cache.resident import ResidentKVCache
 
@@ -118,7 +145,11 @@ def test_a_changed_or_missing_file_is_named(tiny_model_dir, tmp_path):
 
 
 def test_names_map_both_ways():
-    for gguf in ("token_embd.weight", "output_norm.weight", "output.weight", "blk.3.attn_q.bias",
+    for name in ("token_embd.weight", "output_norm.weight", "output.weight", "blk.3.attn_q.bias",
                  "blk.0.ffn_down.weight", "blk.11.attn_norm.weight", "blk.2.attn_output.weight"):
-        assert gguf_name(hf_name(gguf)) == gguf
+        assert gguf_name(hf_name(name)) == name
     assert hf_name("rope_freqs.weight") is None
+    assert hf_name("blk.1.ffn_norm.weight") == "model.layers.1.post_attention_layernorm.weight"
+    assert hf_name("blk.1.ffn_norm.weight", "gemma3") == "model.layers.1.pre_feedforward_layernorm.weight"
+    for name in ("blk.1.ffn_norm.weight", "blk.1.post_attention_norm.weight", "blk.1.post_ffw_norm.weight"):
+        assert gguf_name(hf_name(name, "gemma3"), "gemma3") == name

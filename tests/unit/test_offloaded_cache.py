@@ -8,7 +8,7 @@ from transformers import LlamaConfig
 
 from triforce.cache.resident import ResidentKVCache
 from triforce.cache.sparse import SelectionPolicy, SparseKVCache
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.offload.offloaded_cache import OffloadedKVCache
 
 HF = LlamaConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -7,7 +7,7 @@ from transformers import LlamaConfig
 
 from triforce.cache.resident import ResidentKVCache
 from triforce.cache.sparse import SelectionPolicy, SparseKVCache
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.kernels import RetrievalKernels, chunk_mean_keys, gather_into, grouped_scores, topk_sorted
 from triforce.kernels.chunk_means import ChunkMeans
 

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from triforce.config import AUTO, ModelConfig, SpecParams
+from triforce.config import AUTO, SpecParams
+
+from triforce.config.model import ModelConfig
 from triforce.offload.cost_model import Acceptance, Gamma2Controller, RoundPrices
 from triforce.offload.method_choice import MethodChoice, choose_method, default_acceptance
 from triforce.offload.planner import MemoryPlan, hardware, plan_memory

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from triforce.cache_contract import BufferStep
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.errors import UserError
 from triforce.kernels import SDPA, RetrievalKernels
 from triforce.kernels.chunk_means import ChunkMeans

@@ -1,6 +1,11 @@
 """Sparse KV cache for a drafting tier of the target model: entries selected from the full
 cache by a policy (retrieval chunks, StreamingLLM sink + window, oracle top-k), followed by the
-KV of tokens appended since the last selection."""
+KV of tokens appended since the last selection.
+
+A sliding-window layer (Gemma 3's local ones, Mistral's) whose window is shorter than the context
+sees only its latest tokens in the target, so no policy's pick elsewhere can help it: it keeps the
+latest tokens instead (as many as the others select), in order, and attends through its window
+as the target does; with a budget of at least its window, the layer is exact in the draft."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,7 +15,8 @@ import torch
 from triforce.cache.selection import (select_by_chunk_scores, select_retrieval, select_snapkv, select_streaming,
                                       select_topk)
 from triforce.cache_contract import BufferStep, FullCache
-from triforce.config import SNAPKV_WINDOW, ModelConfig
+from triforce.config import SNAPKV_WINDOW
+from triforce.config.model import ModelConfig
 from triforce.kernels import SDPA
 
 
@@ -119,6 +125,8 @@ class SparseKVCache:
         self.k_buf = torch.zeros(shape, dtype=dtype, device=device)
         self.v_buf = torch.zeros(shape, dtype=dtype, device=device)
         self.scale = cfg.head_dim ** -0.5
+        self.sliding_windows = cfg.sliding_windows
+        self.windowed: tuple[int | None, ...] = (None,) * cfg.num_layers  # the layers holding their latest tokens
         self.num_selected = 0
         self.build_point = 0  # logical length covered by the selection
         self.length = 0       # logical length covered in all
@@ -140,14 +148,19 @@ class SparseKVCache:
     def rebuild(self, full: FullCache, queries: list[torch.Tensor] | None) -> None:
         """Select from the whole full cache. queries: per layer [B, H, D] (None for streaming, and
         for an empty full cache: a one-token prompt leaves nothing to select from)."""
-        n = 0
         if full.length == 0:
             self.num_selected = self.build_point = self.length = 0
             return
-        for layer in range(self.k_buf.shape[0]):
+        self.windowed = tuple(w if w is not None and w < full.length else None for w in self.sliding_windows)
+        n = min(self.policy.budget, full.length)  # what a policy selects when every layer is windowed
+        for layer in (i for i, w in enumerate(self.windowed) if w is None):
             index = self.policy.select_from(full, layer, None if queries is None else queries[layer])
             n = index.shape[-1]
             full.gather_into(layer, index, self.k_buf[layer, :, :, :n], self.v_buf[layer, :, :, :n])
+        for layer in (i for i, w in enumerate(self.windowed) if w is not None):
+            shape = (self.k_buf.shape[1], self.k_buf.shape[2], n)
+            latest = torch.arange(full.length - n, full.length, device=self.k_buf.device).expand(shape).contiguous()
+            full.gather_into(layer, latest, self.k_buf[layer, :, :, :n], self.v_buf[layer, :, :, :n])
         self.num_selected = n
         self.build_point = self.length = full.length
 
@@ -168,7 +181,8 @@ class SparseKVCache:
         start = self.end
         positions = torch.arange(self.length, self.length + num_new, device=self.k_buf.device)[None]
         self.length += num_new
-        return BufferStep(self, start, start + num_new, positions)
+        # a windowed layer's slots are its latest tokens in order: the window masks by slot as by position
+        return BufferStep(self, start, start + num_new, positions, sliding_windows=self.windowed)
 
     def rollback(self, length: int) -> None:
         if not self.build_point <= length <= self.length:

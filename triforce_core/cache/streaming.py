@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from triforce.cache_contract import BufferStep
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.kernels import SDPA
 from triforce.model.rope import RotaryEmbedding, apply_rope
 
@@ -17,7 +17,8 @@ class StreamingKVCache:
 
     `length` counts the sequence tokens the cache stands for; `end` the physical entries held."""
 
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, sink_tokens: int, window: int,
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | tuple[RotaryEmbedding, ...], sink_tokens: int,
+                 window: int,
                  slack: int, *, batch: int = 1, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu", attn=SDPA):
         self.attn = attn
@@ -29,7 +30,14 @@ class StreamingKVCache:
         self.k_buf = torch.zeros(shape, dtype=dtype, device=device)
         self.v_buf = torch.zeros(shape, dtype=dtype, device=device)
         self.scale = cfg.head_dim ** -0.5
-        self.rope = rope
+        ropes = rope if isinstance(rope, tuple) else (rope,) * cfg.num_layers
+        # the layers each RoPE turns (Gemma 3's local and global layers differ): slices where all share one
+        groups: dict[int, list[int]] = {}
+        for layer, r in enumerate(ropes):
+            groups.setdefault(id(r), []).append(layer)
+        self._rope_groups = [(ropes[layers[0]], slice(None) if len(groups) == 1 else layers)
+                             for layers in groups.values()]
+        self.sliding_windows = cfg.sliding_windows
         self.length = 0
         self.end = 0
 
@@ -49,11 +57,12 @@ class StreamingKVCache:
         if shift <= 0 or self.sink_tokens + keep + needed > self.capacity:
             raise ValueError(f"cannot fit {needed} new tokens in the streaming cache")
         # torch.full fills on the device: no host-to-device copy (and no sync) in the draft phase
-        cos, sin = self.rope.cos_sin(torch.full((1, 1), -shift, dtype=torch.long, device=self.k_buf.device),
-                                     self.k_buf.dtype, unscaled=True)
+        shifted = torch.full((1, 1), -shift, dtype=torch.long, device=self.k_buf.device)
         dst = slice(self.sink_tokens, self.sink_tokens + keep)
-        # clone: source and destination ranges may overlap
-        self.k_buf[:, :, :, dst] = apply_rope(self.k_buf[:, :, :, source:self.end].clone(), cos, sin)
+        for rope, layers in self._rope_groups:
+            cos, sin = rope.cos_sin(shifted, self.k_buf.dtype, unscaled=True)
+            # indexing copies (and clone does where it slices): source and destination may overlap
+            self.k_buf[layers, :, :, dst] = apply_rope(self.k_buf[layers, :, :, source:self.end].clone(), cos, sin)
         self.v_buf[:, :, :, dst] = self.v_buf[:, :, :, source:self.end].clone()
         self.end = self.sink_tokens + keep
 
@@ -64,7 +73,7 @@ class StreamingKVCache:
         self.end += num_new
         self.length += num_new
         positions = torch.arange(start, self.end, device=self.k_buf.device)[None]
-        return BufferStep(self, start, self.end, positions)
+        return BufferStep(self, start, self.end, positions, sliding_windows=self.sliding_windows)
 
     def rollback(self, length: int) -> None:
         drop = self.length - length

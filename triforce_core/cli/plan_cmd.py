@@ -15,7 +15,7 @@ def _model_shape(model: str | None, arch: str | None):
     if arch is not None:
         from triforce.model.architectures import arch_config
         return arch_config(arch), f"{arch} (shapes only)"
-    from triforce.config import ModelConfig
+    from triforce.config.model import ModelConfig
     from triforce.model.hf_config import read_hf_config
     from triforce.model.loading import resolve_model_dir
 

@@ -107,7 +107,7 @@ class DraftModelTier(ModelTier):
     def __init__(self, draft: LoadedModel, target: LoadedModel, sink_tokens: int, window: int, slack: int,
                  runner_mode: str = "eager", agree=None):
         check_same_tokenizer(draft, target)
-        cache = StreamingKVCache(draft.config, draft.model.rope, sink_tokens, window, slack,
+        cache = StreamingKVCache(draft.config, draft.model.layer_ropes, sink_tokens, window, slack,
                                  dtype=draft.dtype, device=draft.device, attn=draft.attn)
         super().__init__("draft", draft, cache, target.config.vocab_size, runner_mode, agree)
         self.tokens: list[int] = []  # the sequence prefix the cache stands for

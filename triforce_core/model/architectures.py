@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.errors import UserError
 
 _LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                   num_attention_heads=32, num_key_value_heads=32, rms_norm_eps=1e-5)
+
+
+def _gemma3(layers: int, **fields) -> dict:
+    """Gemma 3 (4B and up): five local layers (a 1024-token window, RoPE base 1e4) to each global one
+    (base 1e6, linear scaling x8 to 128K), GELU, q/k norms, norms around attention and MLP."""
+    kinds = ["sliding_attention"] * 5 + ["full_attention"]
+    return dict(model_type="gemma3_text", vocab_size=262208, rms_norm_eps=1e-6, max_position_embeddings=131072,
+                num_hidden_layers=layers, layer_types=[kinds[i % 6] for i in range(layers)], sliding_window=1024,
+                hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}},
+                **fields)
+
 
 # transformers config fields of each architecture (Llama family; model_type names another)
 ARCHITECTURES = {
@@ -70,6 +83,12 @@ ARCHITECTURES = {
                      num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=10, rms_norm_eps=1e-5,
                      max_position_embeddings=16384, sliding_window=None,
                      rope_parameters={"rope_type": "default", "rope_theta": 250000.0}),
+    "gemma3-4b": _gemma3(34, hidden_size=2560, intermediate_size=10240, num_attention_heads=8,
+                         num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256),
+    "gemma3-12b": _gemma3(48, hidden_size=3840, intermediate_size=15360, num_attention_heads=16,
+                          num_key_value_heads=8, head_dim=256, query_pre_attn_scalar=256),
+    "gemma3-27b": _gemma3(62, hidden_size=5376, intermediate_size=21504, num_attention_heads=32,
+                          num_key_value_heads=16, head_dim=128, query_pre_attn_scalar=168),
     "llama-68m": dict(vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
                       num_attention_heads=12, num_key_value_heads=12, rms_norm_eps=1e-6,
                       max_position_embeddings=2048),  # the paper's tier-0 draft
@@ -86,9 +105,10 @@ ARCHITECTURES = {
 def arch_hf_config(name: str):
     if name not in ARCHITECTURES:
         raise UserError(f"unknown architecture '{name}' (known: {', '.join(ARCHITECTURES)})")
-    from transformers import LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
     fields = dict(ARCHITECTURES[name])
-    kinds = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig, "phi3": Phi3Config}
+    kinds = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig, "phi3": Phi3Config,
+             "gemma3_text": Gemma3TextConfig}
     return kinds.get(fields.pop("model_type", "llama"), LlamaConfig)(**fields)
 
 
@@ -112,7 +132,7 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
 
     from triforce.model.loading import LoadedModel, resolve_device, resolve_dtype
     from triforce.model.decoder import CausalLM
-    from triforce.model.rope import RotaryEmbedding
+    from triforce.model.rope import layer_ropes
 
     hf = arch_hf_config(name)
     torch_device = resolve_device(device)
@@ -124,9 +144,9 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
         from triforce.model.context_stretch import stretch
         hf, context = stretch(hf, *rope_scaling)
         cfg = replace(cfg, max_position_embeddings=context)
-    rope = RotaryEmbedding(hf)
+    ropes = layer_ropes(hf, cfg.num_layers)
     with torch.device("meta"):
-        model = CausalLM(cfg, rope).to(torch_dtype)
+        model = CausalLM(cfg, ropes).to(torch_dtype)
     if shard is not None:  # a rank's tensor-parallel share only: the whole model may not fit one card
         from triforce.model.tensor_parallel import shard_meta_model
         shard_meta_model(model, *shard)
@@ -148,7 +168,7 @@ def build_random_model(name: str, dtype: str = "auto", device: str = "auto", see
     with torch.no_grad():
         for param_name, p in model.named_parameters():
             if param_name.endswith("norm.weight"):
-                p.fill_(1.0)
+                p.fill_(0.0 if cfg.gemma_norms else 1.0)  # Gemma's norms scale by 1 + weight
             elif p.dim() == 2:
                 p.normal_(0, 0.02, generator=generator)
             else:

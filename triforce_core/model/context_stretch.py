@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from triforce.config import rope_parameters
+from triforce.config.model import layer_rope_parameters, rope_parameters
 from triforce.errors import UserError
 
 KINDS = ("yarn", "linear", "dynamic")
@@ -32,6 +32,9 @@ def stretch(hf_config, context: int, kind: str):
     if context <= trained:
         raise UserError(f"--rope-scaling {kind} stretches past the model's {trained}-token context; "
                         f"--max-context {context} is within it (leave out --rope-scaling)")
+    if layer_rope_parameters(hf_config) is not None:
+        raise UserError(f"--rope-scaling {kind}: this model's layers turn by RoPE of their own kinds (Gemma 3's local "
+                        f"and global); its {trained}-token context is what it runs")
     params = rope_parameters(hf_config)
     current = params.get("rope_type", params.get("type", "default"))
     if current != "default":

@@ -1,4 +1,4 @@
-"""A compact Llama-family decoder (Llama 2/3/3.1, Mistral, Qwen2, Qwen3).
+"""A compact Llama-family decoder (Llama 2/3/3.1, Mistral, Qwen2, Qwen3, Phi-3/4, Gemma 3).
 
 `forward(tokens, positions, cache_view) -> logits`. The model computes queries, keys and values;
 the cache view stores the keys and values and returns attention over whatever it holds, so the
@@ -31,13 +31,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from triforce.cache_contract import CacheView
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.kernels.cpu.layer import CpuLayer
 from triforce.kernels.cpu.linear.dense import FusedLinear
 from triforce.kernels.cpu.linear.blocks import QuantLinear
 from triforce.model.quantized_layers import (JoinedOutputs, QuantizedLinear, block_linear, one_block_format,
                                              stacked_blocks)
 from triforce.model.rope import RotaryEmbedding, apply_rope
+
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 class RMSNorm(nn.Module):
@@ -54,6 +56,19 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(calc, (calc.shape[-1],), eps=self.eps).to(x.dtype)
 
 
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's: scales by 1 + weight (stored as zeros for identity), in float32 before the cast."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        calc = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+        normed = F.rms_norm(calc, (calc.shape[-1],), eps=self.eps)
+        return (normed * (1.0 + self.weight.to(calc.dtype))).to(x.dtype)
+
+
+def make_norm(cfg: ModelConfig, size: int) -> RMSNorm:
+    return (GemmaRMSNorm if cfg.gemma_norms else RMSNorm)(size, cfg.rms_norm_eps)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -62,10 +77,12 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=cfg.o_bias)
-        if cfg.qk_norm:  # Qwen3
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        if cfg.qk_norm:  # Qwen3, Gemma 3
+            self.q_norm = make_norm(cfg, cfg.head_dim)
+            self.k_norm = make_norm(cfg, cfg.head_dim)
         self.qk_norm = cfg.qk_norm
+        # the caches scale scores by 1/sqrt(head_dim); a model that scales otherwise scales its queries
+        self.query_factor = None if cfg.query_scale is None else cfg.query_scale * cfg.head_dim ** 0.5
         self.whole_heads_turned = cfg.rotary_dim is None  # the numba layer turns whole heads only
         self.fused: tuple | None = None  # (qkv, o) while fused
 
@@ -84,6 +101,8 @@ class Attention(nn.Module):
         k = k.view(batch, length, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.query_factor is not None:
+            q = q * self.query_factor
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = v.view(batch, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
@@ -101,6 +120,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = ACTIVATIONS[cfg.activation]
         self.fused: tuple | None = None  # (gate_up, down) while fused
 
     def fuse(self, on: bool) -> None:
@@ -108,9 +128,9 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if self.fused is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
         gate, up = self.fused[0](x).chunk(2, dim=-1)
-        return self.fused[1](F.silu(gate) * up)
+        return self.fused[1](self.act(gate) * up)
 
 
 def _single(module: nn.Module):
@@ -145,8 +165,12 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg)
         self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = make_norm(cfg, cfg.hidden_size)
+        self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
+        self.sandwich = cfg.gemma_norms  # Gemma: post_attention_layernorm norms the attention's output
+        if self.sandwich:
+            self.pre_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
+            self.post_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
         self.cpu_layer: CpuLayer | None = None  # the numba halves, while fused and they fit
 
     def fuse(self, on: bool) -> None:
@@ -154,9 +178,11 @@ class DecoderLayer(nn.Module):
         self.mlp.fuse(on)
         self.cpu_layer = None
         parts = (self.input_layernorm.weight, self.post_attention_layernorm.weight)
-        # the numba halves hold no q/k norms and turn whole heads (Qwen3's and Phi-4-mini's layers run eagerly)
-        attn_fits = not self.self_attn.qk_norm and self.self_attn.whole_heads_turned
-        if on and attn_fits and CpuLayer.fits(*parts, *self.self_attn.fused, *self.mlp.fused):
+        # the numba halves hold no q/k norms and turn whole heads (Qwen3's, Gemma 3's and Phi-4-mini's
+        # layers run eagerly), with SiLU and Llama's two norms
+        fits = (not self.self_attn.qk_norm and self.self_attn.whole_heads_turned and self.mlp.act is F.silu
+                and not self.sandwich)
+        if on and fits and CpuLayer.fits(*parts, *self.self_attn.fused, *self.mlp.fused):
             attn = self.self_attn
             self.cpu_layer = CpuLayer(*parts, self.input_layernorm.eps, *attn.fused, *self.mlp.fused,
                                       attn.num_heads, attn.num_kv_heads, attn.head_dim)
@@ -169,9 +195,8 @@ class DecoderLayer(nn.Module):
         if self.cpu_layer is not None and self.cpu_layer.takes(x):  # a decoding step on the CPU
             return self.cpu_layer.post(x, cache_view.attend(layer, *self.cpu_layer.pre(x, cos, sin)))
         if (chunk is None or chunk >= length) and (group is None or group >= length):
-            x = x + self.self_attn.output(cache_view.attend(layer, *self.self_attn.project(
-                self.input_layernorm(x), cos, sin)))
-            return x + self.mlp(self.post_attention_layernorm(x))
+            return self.feed_forward(self.after_attention(x, cache_view.attend(layer, *self.self_attn.project(
+                self.input_layernorm(x), cos, sin))))
         chunk = min(chunk or length, length)
         group = max(chunk, group or length) // chunk * chunk
         for g0 in range(0, length, group):
@@ -184,9 +209,18 @@ class DecoderLayer(nn.Module):
             del q, k, v
             first = pieces[0].start
             for p in pieces:
-                h = x[:, p] + self.self_attn.output(out[:, :, p.start - first:p.stop - first])
-                x[:, p] = h + self.mlp(self.post_attention_layernorm(h))
+                x[:, p] = self.feed_forward(self.after_attention(x[:, p], out[:, :, p.start - first:p.stop - first]))
         return x
+
+    def after_attention(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The residual stream after attention's output [B, H, T, D] joins it."""
+        out = self.self_attn.output(out)
+        return x + (self.post_attention_layernorm(out) if self.sandwich else out)
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.sandwich:
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Backbone(nn.Module):
@@ -194,14 +228,17 @@ class Backbone(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = make_norm(cfg, cfg.hidden_size)
 
 
 class CausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding | tuple[RotaryEmbedding, ...]):
+        """rope: the model's, or each layer's (triforce.model.rope.layer_ropes)."""
         super().__init__()
         self.config = cfg
-        self.rope = rope
+        self.layer_ropes = rope if isinstance(rope, tuple) else (rope,) * cfg.num_layers
+        global_layers = [i for i, w in enumerate(cfg.sliding_windows) if w is None]
+        self.rope = self.layer_ropes[global_layers[0] if global_layers else 0]  # where one must stand for all
         self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
@@ -236,9 +273,14 @@ class CausalLM(nn.Module):
         """tokens, positions: [B, T] int64. Returns logits [B, T', V] for the last T' = num_logits
         positions (all T when None). chunk_tokens, group_tokens: see the module's docstring."""
         x = self.model.embed_tokens(tokens)
-        cos, sin = self.rope.cos_sin(positions, x.dtype)
+        if self.config.embed_scale is not None:  # rounded to the weights' precision first, as transformers does
+            x = x * float(torch.tensor(self.config.embed_scale).to(x.dtype))
+        angles: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # one (cos, sin) per distinct RoPE
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, index, cache_view, chunk_tokens, group_tokens)
+            rope = self.layer_ropes[index]
+            if id(rope) not in angles:
+                angles[id(rope)] = rope.cos_sin(positions, x.dtype)
+            x = layer(x, *angles[id(rope)], index, cache_view, chunk_tokens, group_tokens)
         if num_logits is not None:
             x = x[:, -num_logits:]
         return (self._head or self.lm_head)(self.model.norm(x))

@@ -16,7 +16,7 @@ from triforce.errors import UserError
 from triforce.model.cache_entry import building, cache_error, damage, partial_prefix, record_sizes, remove
 from triforce.paths import cache_root
 
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")  # GGUF names of the decoders triforce runs
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")  # GGUF names of the decoders triforce runs
 _METADATA_BYTES = 64 << 20  # room for a tokenizer and config, with a margin
 
 
@@ -75,11 +75,43 @@ def _convert_into(gguf_path: Path, folder: Path, architecture: str) -> None:
         raise _unreadable(gguf_path, e) from None
     config.quantization_config = None  # weights reach the model as blocks or de-quantized floats
     del config.quantization_config
+    if architecture == "gemma3":
+        _gemma3_as_llama_cpp_reads_it(config, gguf_path)
     config.save_pretrained(folder)
     GenerationConfig.from_model_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     heads = config.num_attention_heads
     GgufSource.of(gguf_path, architecture, heads, getattr(config, "num_key_value_heads", None) or heads).write(folder)
+
+
+def _gemma3_as_llama_cpp_reads_it(config, gguf_path: Path) -> None:
+    """What transformers' GGUF reader leaves out of a Gemma 3 config, read as llama.cpp reads the
+    file (src/models/gemma3.cpp): which layers are windowed (the file's pattern, else every sixth
+    global), the global layers' linear RoPE scaling and the local ones' base, and the query scale
+    (1/sqrt(hidden / heads) for its 62-layer 27B, else 1/sqrt(head_dim): the file does not say)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+
+    def value(key, default=None):
+        field = fields.get(f"gemma3.{key}")
+        return default if field is None else field.contents()
+
+    layers, window = config.num_hidden_layers, value("attention.sliding_window")
+    pattern = value("attention.sliding_window_pattern", 6)
+    windowed = (list(pattern) if isinstance(pattern, list) else [i % pattern < pattern - 1 for i in range(layers)]) \
+        if window else [False] * layers
+    config.sliding_window = window
+    config.layer_types = ["sliding_attention" if w else "full_attention" for w in windowed]
+    full = {"rope_type": "default", "rope_theta": float(value("rope.freq_base", 1_000_000.0))}
+    if value("rope.scaling.type") == "linear":
+        full.update(rope_type="linear", factor=float(value("rope.scaling.factor")))
+    config.rope_parameters = {"full_attention": full, "sliding_attention": {
+        "rope_type": "default", "rope_theta": float(value("rope.freq_base_swa", 10_000.0))}}
+    head_dim = value("attention.key_length") or config.hidden_size // config.num_attention_heads
+    config.head_dim = head_dim
+    config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads if layers == 62 else head_dim
+    config.final_logit_softcapping = value("final_logit_softcapping")
 
 
 def _stale(folder: Path, gguf_path: Path) -> str | None:

@@ -23,7 +23,13 @@ PROJECTIONS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn
                "ffn_down": "mlp.down_proj"}  # a layer's matrices: GGUF name -> the decoder's module
 _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
           "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", **PROJECTIONS}
+# Gemma 3 norms the attention's and the MLP's outputs too: its "ffn_norm" is the MLP's input norm
+_GEMMA3_LAYER = {**_LAYER, "ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                 "post_ffw_norm": "post_feedforward_layernorm"}
+_LAYERS = {"gemma3": _GEMMA3_LAYER}
 _PERMUTING = ("llama",)  # GGUF architectures whose q/k rows llama.cpp's converter permuted (Mistral is "llama")
+# architectures whose norms llama.cpp's converter stored as 1 + weight (what Gemma's norms scale by)
+_NORMS_PLUS_ONE = ("gemma3",)
 
 
 @dataclass(frozen=True)
@@ -35,11 +41,13 @@ class GgufSource:
     permute_qk: bool  # Llama files: q and k rows in llama.cpp's RoPE layout
     heads: int
     kv_heads: int
+    architecture: str = "llama"  # the file's (records written before it was kept name no Gemma)
 
     @classmethod
     def of(cls, gguf_path: Path, architecture: str, heads: int, kv_heads: int) -> "GgufSource":
         stat = gguf_path.stat()
-        return cls(gguf_path.resolve(), stat.st_size, stat.st_mtime_ns, architecture in _PERMUTING, heads, kv_heads)
+        return cls(gguf_path.resolve(), stat.st_size, stat.st_mtime_ns, architecture in _PERMUTING, heads, kv_heads,
+                   architecture)
 
     def write(self, folder: Path) -> None:
         fields = {**self.__dict__, "path": str(self.path)}
@@ -55,7 +63,7 @@ class GgufSource:
         except (OSError, ValueError) as e:
             raise DamagedFileError(f"cannot read {folder / SOURCE}: {e}") from None
         return cls(Path(fields["path"]), fields["size"], fields["mtime_ns"], fields["permute_qk"],
-                   fields["heads"], fields["kv_heads"])
+                   fields["heads"], fields["kv_heads"], fields.get("architecture", "llama"))
 
     def changed(self) -> str | None:
         """Why the file is no longer the one converted (None: it is)."""
@@ -83,24 +91,24 @@ def matrix_names(layers: int) -> list[str]:
                                                      for short in PROJECTIONS]
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
     """The decoder's parameter for a GGUF tensor (None: one it recomputes, e.g. rope_freqs)."""
-    parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _LAYER:
-        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{parts[3]}"
+    parts, layer = gguf_name.split("."), _LAYERS.get(architecture, _LAYER)
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in layer:
+        return f"model.layers.{parts[1]}.{layer[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _TOP:
         return f"{_TOP[parts[0]]}.{parts[1]}"
     return None
 
 
-def gguf_name(hf: str) -> str:
+def gguf_name(hf: str, architecture: str = "llama") -> str:
     """The GGUF tensor that holds the decoder's parameter `hf`."""
     for short, long in _TOP.items():
         if hf.startswith(long + "."):
             return f"{short}.{hf.rsplit('.', 1)[1]}"
     _, _, index, rest = hf.split(".", 3)
     module, _, kind = rest.rpartition(".")
-    short = next(s for s, long in _LAYER.items() if long == module)
+    short = next(s for s, long in _LAYERS.get(architecture, _LAYER).items() if long == module)
     return f"blk.{index}.{short}.{kind}"
 
 
@@ -117,7 +125,7 @@ def iter_gguf_tensors(source_file: Path, skip: frozenset[str] = frozenset()) -> 
     if problem is not None:
         raise DamagedFileError(f"{problem}: the model in {source_file.parent} reads its weights from it")
     for name, tensor in gguf_tensors(source.path).items():
-        target = hf_name(name)
+        target = hf_name(name, source.architecture)
         if target is None or target in skip:
             continue
         try:
@@ -128,5 +136,7 @@ def iter_gguf_tensors(source_file: Path, skip: frozenset[str] = frozenset()) -> 
         order = source.row_order(name, values.shape[0])
         if order is not None:
             values = values[order]
+        if source.architecture in _NORMS_PLUS_ONE and name.endswith("norm.weight"):
+            values = values - np.float32(1)
         values = np.ascontiguousarray(values)
         yield target, torch.from_numpy(values if values.flags.writeable else values.copy())  # F32: a file view

@@ -9,7 +9,7 @@ import math
 import sys
 from pathlib import Path
 
-from triforce.config import SUPPORTED_MODEL_TYPES
+from triforce.config.model import SUPPORTED_MODEL_TYPES, TEXT_OF_MULTIMODAL
 from triforce.errors import UserError
 
 REQUIRED_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -34,6 +34,11 @@ def check_config_fields(raw: dict, where: Path) -> None:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserError(f"unsupported architecture {model_type!r} in {where} "
                         f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    if model_type in TEXT_OF_MULTIMODAL:  # a multimodal folder: its text model's fields
+        text = raw.get("text_config")
+        if not isinstance(text, dict):
+            raise UserError(f"{where}: a {model_type} model's 'text_config' must be a JSON object, got {text!r}")
+        return check_config_fields({**text, "model_type": TEXT_OF_MULTIMODAL[model_type]}, where)
 
     def bad(name: str, rule: str):
         return UserError(f"{where}: '{name}' must be {rule}, got {raw[name]!r}")
@@ -64,10 +69,11 @@ def read_hf_config(folder: Path):
     path = folder / "config.json"
     check_config_fields(read_json_object(path, "the model's configuration"), path)
     try:
-        return AutoConfig.from_pretrained(str(folder))
+        config = AutoConfig.from_pretrained(str(folder))
     except Exception as e:  # transformers' validators raise many kinds; each means a bad file
         message = str(e).strip().splitlines()[-1].strip() if str(e).strip() else type(e).__name__
         raise UserError(f"invalid {path}: {message[:200]}") from None
+    return config.text_config if config.model_type in TEXT_OF_MULTIMODAL else config
 
 
 def generation_eos(folder: Path, hf_config):

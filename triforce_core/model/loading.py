@@ -6,14 +6,14 @@ from pathlib import Path
 
 import torch
 
-from triforce.config import ModelConfig
+from triforce.config.model import ModelConfig
 from triforce.errors import DamagedFileError, UserError
 from triforce.kernels import SDPA, SdpaAttention
 from triforce.model.context_stretch import stretch
 from triforce.model.decoder import CausalLM
 from triforce.model.gguf_weights import GgufSource
 from triforce.model.hf_config import generation_eos, read_hf_config
-from triforce.model.rope import RotaryEmbedding
+from triforce.model.rope import layer_ropes
 from triforce.model.weights import check_layer_count, iter_tensors, load_into, weight_files
 from triforce.paths import cache_root
 
@@ -108,9 +108,9 @@ def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.
     cfg = ModelConfig.from_hf(hf_config)
     if context is not None:
         cfg = replace(cfg, max_position_embeddings=context)
-    rope = RotaryEmbedding(hf_config)  # outside the meta context: it holds real frequencies
+    ropes = layer_ropes(hf_config, cfg.num_layers)  # outside the meta context: they hold real frequencies
     with torch.device("meta"):
-        model = CausalLM(cfg, rope)
+        model = CausalLM(cfg, ropes)
     slicer = None
     if shard is not None:
         from triforce.model.tensor_parallel import shard_slicer

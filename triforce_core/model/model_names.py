@@ -117,7 +117,7 @@ def _folder_verdict(folder: Path) -> tuple[bool, str, str]:
             model_type = json.loads((folder / "config.json").read_text()).get("model_type")
         except (OSError, ValueError):
             return False, "config.json unreadable", kind
-        from triforce.config import SUPPORTED_MODEL_TYPES
+        from triforce.config.model import SUPPORTED_MODEL_TYPES
 
         runs = model_type in SUPPORTED_MODEL_TYPES
         return runs, model_type if runs else f"model_type {model_type} (runs {', '.join(SUPPORTED_MODEL_TYPES)})", kind

@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from triforce.config import rope_parameters
+from triforce.config.model import layer_rope_parameters, rope_parameters
 from triforce.errors import UserError
 
 
-def _default_inv_freq(hf_config) -> torch.Tensor:
-    base = rope_parameters(hf_config).get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+def _default_inv_freq(hf_config, params: dict) -> torch.Tensor:
+    base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    dim = int(dim * rope_parameters(hf_config).get("partial_rotary_factor", 1.0))
+    dim = int(dim * params.get("partial_rotary_factor", 1.0))
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
 
 
@@ -29,20 +29,32 @@ def _longrope(hf_config) -> tuple[torch.Tensor, float]:
     return ROPE_INIT_FUNCTIONS["longrope"](hf_config, "cpu", seq_len=original + 1 if long else None)
 
 
+def layer_ropes(hf_config, num_layers: int) -> tuple["RotaryEmbedding", ...]:
+    """Each layer's RoPE: one object shared by every layer, or (Gemma 3) one per layer type,
+    local layers with their own base and global ones with the model's scaling."""
+    by_type = layer_rope_parameters(hf_config)
+    if by_type is None:
+        return (RotaryEmbedding(hf_config),) * num_layers
+    ropes = {t: RotaryEmbedding(hf_config, layer_type=t) for t in sorted(by_type)}
+    return tuple(ropes[t] for t in hf_config.layer_types)
+
+
 class RotaryEmbedding:
     """Maps positions to (cos, sin). Pure function of positions; dynamic NTK scaling, as in
-    transformers, widens the frequencies once a forward pass reaches past the original length."""
+    transformers, widens the frequencies once a forward pass reaches past the original length.
+    layer_type: which of a model's per-type parameter sets (Gemma 3's) this one computes."""
 
-    def __init__(self, hf_config):
-        params = rope_parameters(hf_config)
+    def __init__(self, hf_config, layer_type: str | None = None):
+        params = rope_parameters(hf_config) if layer_type is None else layer_rope_parameters(hf_config)[layer_type]
         self.rope_type = params.get("rope_type", params.get("type", "default"))
         self._hf_config = hf_config
+        self._by_type = {} if layer_type is None else {"layer_type": layer_type}
         if self.rope_type == "default":
-            inv_freq, scaling = _default_inv_freq(hf_config), 1.0
-        elif self.rope_type == "longrope":
+            inv_freq, scaling = _default_inv_freq(hf_config, params), 1.0
+        elif self.rope_type == "longrope" and layer_type is None:
             inv_freq, scaling = _longrope(hf_config)
-        elif self.rope_type in ROPE_INIT_FUNCTIONS:
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](hf_config, "cpu")
+        elif self.rope_type in ROPE_INIT_FUNCTIONS and self.rope_type != "longrope":
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](hf_config, "cpu", **self._by_type)
         else:
             raise UserError(f"unsupported RoPE scaling type '{self.rope_type}'")
         self.original_max = hf_config.max_position_embeddings
@@ -56,7 +68,8 @@ class RotaryEmbedding:
             return self.inv_freq, self.attention_scaling
         seq_len = max_position + 1
         if seq_len not in self._dynamic_cache:
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS["dynamic"](self._hf_config, "cpu", seq_len=seq_len)
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS["dynamic"](self._hf_config, "cpu", seq_len=seq_len,
+                                                              **self._by_type)
             self._dynamic_cache = {seq_len: (inv_freq.float(), float(scaling))}
             self._placed.clear()
         return self._dynamic_cache[seq_len]

@@ -17,6 +17,21 @@ from triforce.errors import DamagedFileError, UserError
 _FUSED = re.compile(r"(.*\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)(\..*)")
 # Buffers some checkpoints carry that the model recomputes.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Multimodal checkpoints (Gemma 3 4B and up) hold the language model under a prefix (the hub's, then
+# transformers 5's), beside a vision tower and projector that a text run leaves unread
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                  ("model.language_model.", "model."))
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def text_model_name(name: str) -> str | None:
+    """The decoder's name for a checkpoint tensor; None for a multimodal model's vision parts."""
+    if name.startswith(_VISION_PREFIXES):
+        return None
+    for prefix, ours in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return ours + name[len(prefix):]
+    return name
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -159,7 +174,10 @@ def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, s
         setattr(model.get_submodule(module_name), attr, nn.Parameter(meta, requires_grad=False))
     for path in files:
         for stored, whole in iter_tensors(path, skip):
-            for name, tensor in split_fused(stored, whole, checkpoint or model.config):
+            text_name = text_model_name(stored)
+            if text_name is None:
+                continue
+            for name, tensor in split_fused(text_name, whole, checkpoint or model.config):
                 if name.endswith(_IGNORED_SUFFIXES):
                     continue
                 if slicer is not None:
@@ -168,7 +186,7 @@ def load_into(model: nn.Module, files: list[Path], dtype: torch.dtype, device, s
                         continue
                 if name not in params:
                     raise UserError(f"{path.name} holds an unexpected tensor '{name}' "
-                                    "(is this a supported Llama/Mistral/Qwen/Phi-3 checkpoint?)")
+                                    "(is this a supported Llama/Mistral/Qwen/Phi-3/Gemma 3 checkpoint?)")
                 target = params[name]
                 if tuple(tensor.shape) != tuple(target.shape):
                     raise UserError(f"tensor '{name}' in {path.name} has shape {tuple(tensor.shape)}, "

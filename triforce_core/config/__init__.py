@@ -1,95 +1,10 @@
-"""Small frozen configuration objects, validated when built."""
+"""Small frozen configuration objects of a run (sampling, speculation, the run), validated when built;
+the model's shape is triforce.config.model's."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from triforce.errors import UserError
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position_embeddings: int
-    qkv_bias: bool  # Qwen2 has q/k/v biases but no o_proj bias
-    o_bias: bool
-    mlp_bias: bool
-    tie_word_embeddings: bool
-    sliding_windows: tuple[int | None, ...]  # per layer; None = full attention
-    qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and k, before RoPE
-    rotary_dim: int | None = None  # the leading dims of each head RoPE turns (Phi-4-mini: 3/4); None = all
-
-    def __post_init__(self):
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
-            raise UserError(f"unsupported architecture '{self.model_type}' "
-                            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-        if self.num_heads % self.num_kv_heads:
-            raise UserError(f"num_attention_heads ({self.num_heads}) is not a multiple of "
-                            f"num_key_value_heads ({self.num_kv_heads})")
-        if len(self.sliding_windows) != self.num_layers:
-            raise UserError("sliding window list does not match the number of layers")
-        if self.rotary_dim is not None and not (2 <= self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
-            raise UserError(f"the rotary part of a head ({self.rotary_dim}) must be even and within its {self.head_dim} dims")
-
-    @classmethod
-    def from_hf(cls, hf) -> "ModelConfig":
-        """Build from a transformers PretrainedConfig."""
-        model_type = getattr(hf, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise UserError(f"unsupported architecture '{model_type}' "
-                            f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-        num_heads = hf.num_attention_heads
-        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
-        num_layers = hf.num_hidden_layers
-        window = getattr(hf, "sliding_window", None)
-        layer_types = getattr(hf, "layer_types", None)
-        one_window = model_type in ("mistral", "phi3")  # the same window on every layer, or none
-        if one_window or not layer_types:
-            windows = (window if one_window else None,) * num_layers
-        else:
-            windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
-        return cls(
-            model_type=model_type,
-            vocab_size=hf.vocab_size,
-            hidden_size=hf.hidden_size,
-            intermediate_size=hf.intermediate_size,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=getattr(hf, "num_key_value_heads", None) or num_heads,
-            head_dim=head_dim,
-            rms_norm_eps=hf.rms_norm_eps,
-            max_position_embeddings=hf.max_position_embeddings,
-            qkv_bias=model_type == "qwen2" or bool(getattr(hf, "attention_bias", False)),
-            o_bias=model_type != "qwen2" and bool(getattr(hf, "attention_bias", False)),
-            mlp_bias=bool(getattr(hf, "mlp_bias", False)),
-            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-            sliding_windows=windows,
-            qk_norm=model_type == "qwen3",
-            rotary_dim=_rotary_dim(hf, head_dim),
-        )
-
-
-def rope_parameters(hf) -> dict:
-    """A transformers config's RoPE parameters (transformers 5's `rope_parameters`, else the older
-    `rope_scaling`), as a new dict."""
-    return dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
-
-
-def _rotary_dim(hf, head_dim: int) -> int | None:
-    params = rope_parameters(hf)
-    factor = params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", 1.0))
-    dim = int(head_dim * factor)  # transformers' rounding (triforce.model.rope)
-    return None if dim == head_dim else dim
-
 
 @dataclass(frozen=True)
 class SamplingParams:

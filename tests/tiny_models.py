@@ -92,6 +92,10 @@ def make_tiny_model(folder: Path, family: str, *, seed: int = 0, hidden_size: in
     """Write a random tiny model of `family` to `folder` and return it. `tokenizer` (a folder or
     tokenizer object) replaces the character tokenizer, e.g. to make a draft for a real model."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    # its "Writing model shards" bar would land in the stderr of whichever test first asks for the model
+    transformers_logging.disable_progress_bar()
 
     spec = dict(FAMILIES[family])
     model_type = spec.pop("model_type")

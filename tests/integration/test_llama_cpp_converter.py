@@ -5,10 +5,10 @@ what llama.cpp reads from a Gemma 3 file's metadata that transformers' GGUF read
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 
 from triforce.model.loading import load_model
 from triforce.decoding.full_tier import FullTier
@@ -40,6 +40,38 @@ def test_a_file_from_llama_cpps_converter_gives_the_folders_logits(family, defau
     ids = list(range(100, 160))  # past the 12-token window
     theirs, ours = (FullTier(lm, len(ids)).forward(ids) for lm in
                     (load_model(str(p), dtype="float32", device="cpu") for p in (folder, gguf)))
+    assert (theirs - ours).abs().max() < 1e-4 and theirs.std() > 0.02
+
+
+def sentencepiece_model(folder: Path) -> None:
+    """A character-level SentencePiece tokenizer.model in `folder` (llama.cpp's Phi-3 converter
+    reads only that kind), no larger than the model's vocabulary."""
+    import sentencepiece
+
+    text = folder / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog\n" * 20)
+    sentencepiece.SentencePieceTrainer.train(input=str(text), model_prefix=str(folder / "tokenizer"), vocab_size=30,
+                                             model_type="char", hard_vocab_limit=False, minloglevel=2)
+
+
+@pytest.mark.skipif(converter() is None, reason="llama.cpp's convert_hf_to_gguf.py not found (set LLAMACPP_CONVERT)")
+@pytest.mark.parametrize("family", ["phi3", "phi4-mini"])
+def test_a_phi3_file_from_llama_cpps_converter_gives_the_folders_logits(family, tmp_path, monkeypatch):
+    """Fused q/k/v and gate/up read from their file matrices, LongRoPE's factors from the file's
+    rope_factors tensors, Phi-4-mini's partial rotary from its dimension count."""
+    from tiny_models import make_tiny_model
+
+    folder = make_tiny_model(tmp_path / family, family, max_position_embeddings=128, seed=3)
+    sentencepiece_model(folder)
+    gguf = tmp_path / f"{family}.gguf"
+    done = subprocess.run([sys.executable, str(converter()), str(folder), "--outtype", "f32", "--outfile", str(gguf)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    monkeypatch.setenv("TRIFORCE_CACHE", str(tmp_path / "cache"))
+    ids = list(range(3, 28)) * 2  # past the 24-token window and the 16 trained tokens
+    models = [load_model(str(p), dtype="float32", device="cpu") for p in (folder, gguf)]
+    assert models[0].config == replace(models[1].config, rms_norm_eps=models[0].config.rms_norm_eps)  # float32 in files
+    theirs, ours = (FullTier(lm, len(ids)).forward(ids) for lm in models)
     assert (theirs - ours).abs().max() < 1e-4 and theirs.std() > 0.02
 
 

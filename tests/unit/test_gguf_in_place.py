@@ -122,6 +122,33 @@ def test_gemma3_from_its_file_gives_the_checkpoints_logits(tiny_model_dir, tmp_p
     assert (theirs - ours).abs().max() < 1e-5 and theirs.std() > 0.02  # logits that vary
 
 
+def test_phi3_fused_matrices_run_as_the_files_blocks_cut_by_rows(tiny_model_dir, tmp_path):
+    """A Phi-3 file keeps q/k/v and gate/up fused: each decoder matrix takes its rows of the file's
+    Q8_0 blocks (checked against the floats the same file de-quantizes to), none made float when
+    loaded as blocks, and the logits stay the floats'."""
+    import shutil
+
+    from triforce.model.loading import load_model
+    from triforce.model.quantized import block_parameters, quantize_model
+
+    source = tiny_model_dir("phi3")
+    gguf_path, *shape = write_gguf(source, "phi3", GGMLQuantizationType.Q8_0)
+    folder = in_place(tmp_path, gguf_path, *shape)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, folder / name)
+    lm = load_model(str(folder), dtype="float32", device="cpu")
+    tokens = torch.randint(3, 40, (1, 30), generator=torch.Generator().manual_seed(6))
+    floats = _logits(lm, tokens)
+    projections = sum(p.numel() for n, p in lm.model.named_parameters() if n.endswith("proj.weight"))
+    made = quantize_model(lm.model, "gguf", gguf_path, architecture="phi3")
+    assert made["weights"] == "q8_0" and made["block_weights"] >= projections > 0
+    assert (_logits(lm, tokens) - floats).abs().max() < 1e-4
+    skipped = block_parameters(GgufSource.read(folder), lm.config.num_layers)
+    assert {f"model.layers.1.{m}.weight" for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj",
+                                                   "mlp.up_proj", "mlp.down_proj")} <= skipped
+    assert not any(name.endswith(("qkv_proj.weight", "gate_up_proj.weight")) for name in skipped)
+
+
 def _logits(lm, tokens):
     from triforce.cache.resident import ResidentKVCache
 

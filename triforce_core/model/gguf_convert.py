@@ -16,7 +16,7 @@ from triforce.errors import UserError
 from triforce.model.cache_entry import building, cache_error, damage, partial_prefix, record_sizes, remove
 from triforce.paths import cache_root
 
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")  # GGUF names of the decoders triforce runs
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")  # GGUF names of the decoders triforce runs
 _METADATA_BYTES = 64 << 20  # room for a tokenizer and config, with a margin
 
 
@@ -77,6 +77,8 @@ def _convert_into(gguf_path: Path, folder: Path, architecture: str) -> None:
     del config.quantization_config
     if architecture == "gemma3":
         _gemma3_as_llama_cpp_reads_it(config, gguf_path)
+    if architecture == "phi3":
+        _phi3_as_llama_cpp_reads_it(config, gguf_path)
     config.save_pretrained(folder)
     GenerationConfig.from_model_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -112,6 +114,34 @@ def _gemma3_as_llama_cpp_reads_it(config, gguf_path: Path) -> None:
     config.head_dim = head_dim
     config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads if layers == 62 else head_dim
     config.final_logit_softcapping = value("final_logit_softcapping")
+
+
+def _phi3_as_llama_cpp_reads_it(config, gguf_path: Path) -> None:
+    """What transformers' GGUF reader leaves out of a Phi-3 config: the window (0: none, as
+    Phi-4's files say), partial rotary (the rotary dims against the head's), and LongRoPE, whose
+    factors the file holds as the tensors rope_factors_long and rope_factors_short."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+
+    def value(key, default=None):
+        field = reader.fields.get(f"phi3.{key}")
+        return default if field is None else field.contents()
+
+    head_dim = config.hidden_size // config.num_attention_heads
+    params = {"rope_type": "default", "rope_theta": float(value("rope.freq_base", 10_000.0)),
+              "partial_rotary_factor": value("rope.dimension_count", head_dim) / head_dim}
+    factors = {t.name: [float(x) for x in np.asarray(t.data)] for t in reader.tensors if t.name.startswith("rope_factors_")}
+    if factors:
+        params.update(rope_type="longrope", long_factor=factors["rope_factors_long.weight"],
+                      short_factor=factors["rope_factors_short.weight"],
+                      original_max_position_embeddings=int(value("rope.scaling.original_context_length")))
+        if value("rope.scaling.attn_factor") is not None:
+            params["attention_factor"] = float(value("rope.scaling.attn_factor"))
+        config.original_max_position_embeddings = params["original_max_position_embeddings"]  # transformers reads it here
+    config.rope_parameters = params
+    config.sliding_window = value("attention.sliding_window") or None
 
 
 def _stale(folder: Path, gguf_path: Path) -> str | None:
@@ -152,9 +182,8 @@ def _check_header(gguf_path: Path) -> str:
     except Exception as e:
         raise _unreadable(gguf_path, e) from None
     if arch not in GGUF_ARCHITECTURES:
-        folder_only = " (Phi-3 runs from its Hugging Face folder so far)" if arch == "phi3" else ""
         raise UserError(f"GGUF file {gguf_path} holds a '{arch}' model; triforce runs "
-                        f"{', '.join(GGUF_ARCHITECTURES)} from GGUF files{folder_only} (nothing was converted)")
+                        f"{', '.join(GGUF_ARCHITECTURES)} from GGUF files (nothing was converted)")
     missing = _missing_tensors(reader, arch)
     if missing:
         raise UserError(f"GGUF file {gguf_path} lacks {len(missing)} tensor(s) the model needs, e.g. "
@@ -173,6 +202,9 @@ def _missing_tensors(reader, arch: str) -> list[str]:
     per_block = (MODEL_TENSOR.ATTN_NORM, MODEL_TENSOR.ATTN_Q, MODEL_TENSOR.ATTN_K, MODEL_TENSOR.ATTN_V,
                  MODEL_TENSOR.ATTN_OUT, MODEL_TENSOR.FFN_NORM, MODEL_TENSOR.FFN_GATE, MODEL_TENSOR.FFN_UP,
                  MODEL_TENSOR.FFN_DOWN)
+    if arch == "phi3":  # q, k, v in one matrix, gate and up in another
+        per_block = (MODEL_TENSOR.ATTN_NORM, MODEL_TENSOR.ATTN_QKV, MODEL_TENSOR.ATTN_OUT, MODEL_TENSOR.FFN_NORM,
+                     MODEL_TENSOR.FFN_UP, MODEL_TENSOR.FFN_DOWN)
     if blocks * len(per_block) > len(reader.tensors):  # refused before a name is made for each
         raise UserError(f"GGUF file {reader.data.filename} claims {blocks:,} layers but holds only "
                         f"{len(reader.tensors):,} tensors (a layer takes {len(per_block)}): its metadata is "

@@ -26,7 +26,12 @@ _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"
 # Gemma 3 norms the attention's and the MLP's outputs too: its "ffn_norm" is the MLP's input norm
 _GEMMA3_LAYER = {**_LAYER, "ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                  "post_ffw_norm": "post_feedforward_layernorm"}
-_LAYERS = {"gemma3": _GEMMA3_LAYER}
+# Phi-3 files keep Hugging Face's fused projections (split at load: triforce.model.weights.split_fused)
+_PHI3_LAYER = {**_LAYER, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_LAYERS = {"gemma3": _GEMMA3_LAYER, "phi3": _PHI3_LAYER}
+# a decoder matrix that such a file fuses with others: (the file's matrix, which part of its rows, of how many)
+FUSED_ROWS = {"phi3": {"attn_q": ("attn_qkv", 0, 3), "attn_k": ("attn_qkv", 1, 3), "attn_v": ("attn_qkv", 2, 3),
+                       "ffn_gate": ("ffn_up", 0, 2), "ffn_up": ("ffn_up", 1, 2)}}
 _PERMUTING = ("llama",)  # GGUF architectures whose q/k rows llama.cpp's converter permuted (Mistral is "llama")
 # architectures whose norms llama.cpp's converter stored as 1 + weight (what Gemma's norms scale by)
 _NORMS_PLUS_ONE = ("gemma3",)
@@ -85,6 +90,30 @@ class GgufSource:
         return np.arange(rows).reshape(heads, dim, 2).swapaxes(1, 2).reshape(-1)
 
 
+def file_matrix(name: str, architecture: str) -> tuple[str, int, int]:
+    """The file's tensor that holds the decoder's matrix `name` (a matrix_names entry), which part
+    of its rows, and of how many parts: (name, 0, 1) where the file keeps the matrix alone."""
+    parts = name.split(".")
+    fused = FUSED_ROWS.get(architecture, {}).get(parts[2]) if parts[0] == "blk" and len(parts) == 4 else None
+    return (name, 0, 1) if fused is None else (f"blk.{parts[1]}.{fused[0]}.{parts[3]}", fused[1], fused[2])
+
+
+def part_rows(index: int, parts: int, rows: int, total: int) -> np.ndarray:
+    """Rows of part `index` (`rows` long) of a fused matrix of `total` rows: the first part starts
+    at 0, the others end where the later ones begin (q, then k and v of equal size; gate, up)."""
+    start = 0 if index == 0 else total - rows * (parts - index)
+    return np.arange(start, start + rows)
+
+
+def _fused_parameters(name: str, architecture: str) -> list[str]:
+    """The decoder parameters a fused file matrix holds ([] for any other tensor)."""
+    parts = name.split(".")
+    if parts[0] != "blk" or len(parts) != 4:
+        return []
+    return [f"model.layers.{parts[1]}.{PROJECTIONS[short]}.{parts[3]}"
+            for short, (fused, _, _) in FUSED_ROWS.get(architecture, {}).items() if fused == parts[2]]
+
+
 def matrix_names(layers: int) -> list[str]:
     """The GGUF tensors a model of `layers` layers may hold as blocks: embeddings, head, projections."""
     return ["token_embd.weight", "output.weight"] + [f"blk.{i}.{short}.weight" for i in range(layers)
@@ -125,8 +154,8 @@ def iter_gguf_tensors(source_file: Path, skip: frozenset[str] = frozenset()) -> 
     if problem is not None:
         raise DamagedFileError(f"{problem}: the model in {source_file.parent} reads its weights from it")
     for name, tensor in gguf_tensors(source.path).items():
-        target = hf_name(name, source.architecture)
-        if target is None or target in skip:
+        target, parts = hf_name(name, source.architecture), _fused_parameters(name, source.architecture)
+        if target is None or target in skip or (parts and all(p in skip for p in parts)):
             continue
         try:
             values = dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(tensor.shape[::-1])

@@ -164,7 +164,8 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
         from triforce.model.quantized import quantize_model
         quantized = quantize_model(model, quantize, gguf_file(spec) if quantize == "gguf" else None,
                                    required=quantize_required, device=torch_device,
-                                   row_order=None if source is None else source.row_order)
+                                   row_order=None if source is None else source.row_order,
+                                   architecture="llama" if source is None else source.architecture)
         if quantized is None and build_on != torch_device:  # a file without blocks stays float: move it
             model.to(torch_device)
             model.use_kernels("fused")

@@ -27,14 +27,14 @@ from torch import nn
 from triforce.errors import UserError
 from triforce.kernels.cpu.linear.block_formats import FORMATS, BlockWeight, format_of, whole_blocks
 from triforce.model.gguf_index import gguf_tensors
-from triforce.model.gguf_weights import PROJECTIONS as _PROJECTIONS, matrix_names
+from triforce.model.gguf_weights import PROJECTIONS as _PROJECTIONS, file_matrix, hf_name, matrix_names, part_rows
 from triforce.model.quantized_layers import QuantizedEmbedding, QuantizedLinear
 
 CHOICES = (*FORMATS, "gguf")
 
 
 def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bool = True,
-                   device: torch.device | None = None, row_order=None) -> dict | None:
+                   device: torch.device | None = None, row_order=None, architecture: str = "llama") -> dict | None:
     """Replace `model`'s projections (and its tied or untied embeddings and head) by block
     weights of format `kind`, or with kind 'gguf' by the file's own blocks. Returns what was
     done: {"weights": format per tensor kind, "bytes": block bytes, "file_bytes": their GGUF size,
@@ -43,7 +43,7 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
     device: where the model runs; a GPU gets the blocks as DeviceBlocks for the Triton kernels
     (the model is quantized on the CPU, then moved).
     row_order: the GgufSource.row_order of a converted folder, for weights left on the meta
-    device (never made float: see block_parameters)."""
+    device (never made float: see block_parameters); architecture: the file's (Phi-3 fuses matrices)."""
     if kind not in CHOICES:
         raise UserError(f"unknown --quantize '{kind}' (choose from {', '.join(CHOICES)})")
     on_gpu = device is not None and device.type != "cpu"
@@ -51,7 +51,7 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
         raise UserError("--quantize on a GPU runs Triton kernels: install triton (pip install triton)")
     if kind == "gguf" and gguf_path is None:
         raise UserError("--quantize gguf needs a model loaded from a .gguf file (the default model is one)")
-    source = _GgufBlocks(gguf_path, row_order) if kind == "gguf" else None
+    source = _GgufBlocks(gguf_path, row_order, architecture) if kind == "gguf" else None
     if source is not None and not source.any_blocks(len(model.model.layers)):
         if not required:
             return None
@@ -104,7 +104,7 @@ def held_file_blocks(gguf_path: Path, cfg, dtype_bytes: int) -> tuple[str, float
     from triforce.kernels.cpu.linear.block_formats import BLOCK, HELD_BYTES
 
     tensors = gguf_tensors(gguf_path)
-    names = matrix_names(cfg.num_layers)
+    names = {file_matrix(n, cfg.model_type)[0]: None for n in matrix_names(cfg.num_layers)}  # a fused one once
     kinds, held = set(), 0.0
     for name in (n for n in names if n in tensors):
         weights = int(np.prod(tensors[name].shape))
@@ -116,11 +116,9 @@ def held_file_blocks(gguf_path: Path, cfg, dtype_bytes: int) -> tuple[str, float
 
 def block_parameters(source, layers: int) -> frozenset[str]:
     """The decoder parameters whose tensors in the GGUF file `source` (a GgufSource) run as blocks."""
-    from triforce.model.gguf_weights import hf_name
-
     tensors = gguf_tensors(source.path)
-    names = matrix_names(layers)
-    return frozenset(hf_name(n) for n in names if n in tensors and format_of(tensors[n].tensor_type))
+    held = [(n, file_matrix(n, source.architecture)[0]) for n in matrix_names(layers)]
+    return frozenset(hf_name(n) for n, f in held if f in tensors and format_of(tensors[f].tensor_type))
 
 
 def random_blocks_into(model, kind: str, device: torch.device, generator: torch.Generator) -> dict:
@@ -206,27 +204,32 @@ def _blocks_to(model, device: torch.device) -> list:
 class _GgufBlocks:
     """The block tensors of a GGUF file, each checked against the float weight it should be."""
 
-    def __init__(self, path: Path, row_order=None):
+    def __init__(self, path: Path, row_order=None, architecture: str = "llama"):
         self.path = path
         self.tensors = gguf_tensors(path)
         self.row_order = row_order  # GgufSource.row_order, for weights never made float
+        self.architecture = architecture
 
     def any_blocks(self, layers: int) -> bool:
         """Whether a tensor a model of `layers` layers takes from the file is in FORMATS."""
-        names = matrix_names(layers)
+        names = {file_matrix(n, self.architecture)[0] for n in matrix_names(layers)}
         return any(n in self.tensors and format_of(self.tensors[n].tensor_type) for n in names)
 
     def block(self, name: str, weight: torch.Tensor, heads: int | None, k_factors: bool = False) -> BlockWeight | None:
         """None where the file's tensor is in another format (it stays float).
         k_factors: keep a Q4_K tensor's own factors (BlockWeight.from_raw)."""
-        tensor = self.tensors.get(name)
+        stored, part, parts = file_matrix(name, self.architecture)
+        tensor = self.tensors.get(stored)
         if tensor is None:
-            raise UserError(f"{self.path.name} has no tensor '{name}' for --quantize gguf")
+            raise UserError(f"{self.path.name} has no tensor '{stored}' for --quantize gguf")
         kind = format_of(tensor.tensor_type)
         if kind is None:
             return None
         rows, cols = weight.shape
-        block = BlockWeight.from_raw(kind, np.asarray(tensor.data), rows, cols, k_factors)
+        total = int(np.prod(tensor.shape)) // cols  # a fused matrix's rows (GGUF shapes list columns first)
+        block = BlockWeight.from_raw(kind, np.asarray(tensor.data), total, cols, k_factors)
+        if parts > 1:  # this matrix's rows of the file's fused one
+            block = block.permute_rows(part_rows(part, parts, rows, total))
         factors = [block.scales, block.offsets, *(block.k_factors or ())]
         if not all(np.isfinite(f).all() for f in factors if f.dtype.kind == "f"):
             raise UserError(f"tensor '{name}' in {self.path.name} has NaN or infinite block scales: the "

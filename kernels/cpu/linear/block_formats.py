@@ -159,7 +159,8 @@ class BlockWeight:
                            None if self.k_factors is None else tuple(f[rows] for f in self.k_factors))
 
     def permute_rows(self, order: np.ndarray) -> "BlockWeight":
-        return BlockWeight(self.kind, self.rows, self.cols, self.quants[order].copy(), self.scales[order].copy(),
+        """The rows `order` names, in that order (all of them, or a fused matrix's part)."""
+        return BlockWeight(self.kind, len(order), self.cols, self.quants[order].copy(), self.scales[order].copy(),
                            self.offsets[order].copy(),
                            None if self.k_factors is None else tuple(f[order].copy() for f in self.k_factors))
 

@@ -6,7 +6,8 @@ import torch
 
 from triforce.kernels.cpu.simd import bf16_dot
 from triforce.kernels.cpu.simd.bf16_bits import bits_of
-from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
+from triforce.kernels.cpu.linear.dense import rows_times_weights
+from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows
 from triforce.kernels.cpu.attention.bf16_values import weight_pairs
 from triforce.kernels.cpu.simd.f32_lanes import max_of
 from triforce.kernels.cpu.linear.dense import SMALL_ROWS, linear_widening, small_rows_linear
@@ -27,7 +28,7 @@ def _case(rows, width, n=40, seed=0):
 def test_matches_float64(rows, width):
     x, w = _case(rows, width, seed=rows)
     out = np.zeros((rows, w.shape[0]), np.float32)
-    linear_bf16_pairs(bits_of(x), bits_of(w), out)
+    rows_times_weights(bits_of(x), bits_of(w), out)
     ref = (x.double() @ w.double().T).numpy()
     # exact products, float32 sums: the error of a float32 sum of `width` terms
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(x.double()).sum(1).max() * np.abs(w.double()).max()
@@ -38,10 +39,10 @@ def test_a_row_alone_equals_the_row_among_sixteen():
     """Four rows share a weight load; each must still take its own steps, bit for bit."""
     x, w = _case(SMALL_ROWS, 576, n=33)
     together = np.zeros((SMALL_ROWS, 33), np.float32)
-    linear_bf16_pairs(bits_of(x), bits_of(w), together)
+    rows_times_weights(bits_of(x), bits_of(w), together)
     for i in range(SMALL_ROWS):
         alone = np.zeros((1, 33), np.float32)
-        linear_bf16_pairs(bits_of(x[i:i + 1].contiguous()), bits_of(w), alone)
+        rows_times_weights(bits_of(x[i:i + 1].contiguous()), bits_of(w), alone)
         assert np.array_equal(alone[0], together[i]), i
 
 
@@ -56,7 +57,7 @@ def test_small_rows_linear_takes_the_instruction_for_bfloat16_widths_in_blocks()
     x, w = _case(3, 128)
     via, pairs, widened = (np.zeros((3, 40), np.float32) for _ in range(3))
     small_rows_linear(x.float().numpy(), bits_of(w), via)
-    linear_bf16_pairs(bits_of(x), bits_of(w), pairs)
+    rows_times_weights(bits_of(x), bits_of(w), pairs)
     linear_widening(x.float().numpy(), bits_of(w), widened)
     assert np.array_equal(via, pairs)
     assert not np.array_equal(via, widened)  # the two really are different summations

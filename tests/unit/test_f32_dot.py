@@ -6,7 +6,8 @@ import pytest
 
 from triforce.kernels.cpu.simd import f32_dot
 from triforce.kernels.cpu.linear.dense import SMALL_ROWS, linear_widening, small_rows_linear
-from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, STEP, linear_f32_fma
+from triforce.kernels.cpu.linear.dense import rows_times_weights
+from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, STEP
 
 needs_fma = pytest.mark.skipif(not HAS_F32_FMA, reason="this CPU has no FMA/AVX2")
 
@@ -26,11 +27,11 @@ def _sum_bound(x, w):
 def test_linear_matches_float64_and_a_row_is_the_same_alone(rows, width):
     x, w = _rand(rows, width, seed=rows), _rand(37, width, seed=width)
     out = np.zeros((rows, 37), np.float32)
-    linear_f32_fma(x, w, out)
+    rows_times_weights(x, w, out)
     assert np.abs(out - x.astype(np.float64) @ w.astype(np.float64).T).max() <= _sum_bound(x, w)
     for i in range(rows):  # in a group of four, or in the remainder: the same bits as alone
         alone = np.zeros((1, 37), np.float32)
-        linear_f32_fma(x[i:i + 1].copy(), w, alone)
+        rows_times_weights(x[i:i + 1].copy(), w, alone)
         assert np.array_equal(alone[0], out[i]), i
 
 
@@ -39,7 +40,7 @@ def test_small_rows_linear_takes_it_for_float32_widths_of_whole_steps():
     x, w = _rand(3, 128), _rand(40, 128, seed=1)
     via, fma, widened = (np.zeros((3, 40), np.float32) for _ in range(3))
     small_rows_linear(x, w, via)
-    linear_f32_fma(x, w, fma)
+    rows_times_weights(x, w, fma)
     linear_widening(x, w, widened)
     assert np.array_equal(via, fma)
     assert not np.array_equal(fma, widened)  # the two really are different summations
@@ -95,8 +96,8 @@ def test_bfloat16_weights_give_the_bits_of_their_float32_copy(rows):
     wb, w32 = _bf16(37, 576, seed=5)
     x = _bf16(rows, 576, seed=rows)[1]
     by_bits, by_copy, via = (np.zeros((rows, 37), np.float32) for _ in range(3))
-    linear_f32_fma(x, wb, by_bits)
-    linear_f32_fma(x, w32, by_copy)
+    rows_times_weights(x, wb, by_bits)
+    rows_times_weights(x, w32, by_copy)
     assert np.array_equal(by_bits, by_copy)
     if not HAS_BF16_DOT:  # then bfloat16 weights take this kernel
         small_rows_linear(x, wb, via)

@@ -11,9 +11,9 @@ row sharing that head (the group's query heads times the new tokens) and keeps (
 exponentials, weighted values) per row; the jobs of a head merge in block order. Blocks are
 token-major ([tokens, 2 (K, V), B, Hkv, D], the host store's layout), so a key row is D
 contiguous elements of the store: the FMA path (float32, or bfloat16 bits widened as loaded, on
-CPUs with FMA and head dims triforce.kernels.cpu.attention.f32_parts fits) reads them in place with
-the decode kernels' explicit vectors; the plain path (float64, other CPUs and head dims) is numba
-loops. Float32 arithmetic, float64 for a float64 store."""
+CPUs with FMA and head dims triforce.kernels.cpu.attention.f32_parts fits) runs the decode
+kernels' scores and weighted values on them in place (f32_parts.key_row); the plain path (float64,
+other CPUs and head dims) is numba loops. Float32 arithmetic, float64 for a float64 store."""
 from __future__ import annotations
 
 import math
@@ -25,9 +25,9 @@ from numba import prange, types
 from numba.extending import overload
 
 from triforce.kernels.cpu.simd.bf16_bits import to_float32
-from triforce.kernels.cpu.attention.f32_parts import KEY_BLOCK, VALUE_DIMS, _get, _put, _weigh
 from triforce.kernels.cpu.attention.f32_parts import fits as fma_fits
-from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, dot, dot4
+from triforce.kernels.cpu.attention.f32_parts import scores_f32_fma, values_f32_fma
+from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA
 from triforce.kernels.cpu.simd.f32_lanes import exp_sum, max_of
 
 
@@ -51,7 +51,8 @@ def _as_float(x):
 def _partials_fma(q, data, b, blocks, counts, m, l, acc, threads):
     """q [Hkv, R, D] float32 (scaled); data [num_blocks, bt, 2, B, Hkv, D] float32 or bfloat16
     bits; job (h, j): m, l [Hkv, J, R] and acc [Hkv, J, R, D] of block blocks[j]'s first
-    counts[j] keys."""
+    counts[j] keys, by the decode kernels' scores and weighted values (the same bits as a
+    decoding step's job over those keys)."""
     heads, rows, dim = q.shape
     jobs = blocks.shape[0]
     scratch = np.empty((threads, rows, data.shape[1]), np.float32)
@@ -60,30 +61,11 @@ def _partials_fma(q, data, b, blocks, counts, m, l, acc, threads):
         j = job - h * jobs
         block, n = blocks[j], counts[j]
         sc = scratch[numba.get_thread_id()]
-        s = 0
-        while s + 4 <= n:
-            k0, k1, k2, k3 = data[block, s, 0, b, h], data[block, s + 1, 0, b, h], \
-                data[block, s + 2, 0, b, h], data[block, s + 3, 0, b, h]
-            for r in range(rows):
-                sc[r, s], sc[r, s + 1], sc[r, s + 2], sc[r, s + 3] = dot4(q[h, r], k0, k1, k2, k3, dim)
-            s += 4
-        while s < n:
-            for r in range(rows):
-                sc[r, s] = dot(q[h, r], data[block, s, 0, b, h], dim)
-            s += 1
+        scores_f32_fma(q[h], (data[block], 0, b, h), n, sc)
         for r in range(rows):
             m[h, j, r] = max_of(sc[r], n)
             l[h, j, r] = exp_sum(sc[r], n, m[h, j, r])
-        out = acc[h, j]
-        out[:, :] = 0.0
-        for lo in range(0, n, KEY_BLOCK):
-            hi = min(n, lo + KEY_BLOCK)
-            for r in range(rows):
-                for c in range(0, dim, VALUE_DIMS):
-                    a = _get(out[r], c)
-                    for s in range(lo, hi):
-                        a = _weigh(a, sc[r, s], data[block, s, 1, b, h], c)
-                    _put(out[r], c, a)
+        values_f32_fma(sc, (data[block], 1, b, h), n, acc[h, j])
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)

@@ -30,14 +30,62 @@ from numba.extending import overload
 
 from triforce.kernels.cpu.row_jobs import job_span, row_jobs
 from triforce.kernels.cpu.simd.bf16_bits import bits_of, to_float32
-from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows, linear_bf16_pairs
-from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, STEP, linear_f32_fma
+from triforce.kernels.cpu.simd import bf16_dot, f32_dot
+from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT, PAIR_BLOCK, bf16_rows
+from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, STEP
+from triforce.kernels.cpu.simd.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
 from triforce.kernels.cpu.simd.features import native_matmul
 from triforce.kernels.device_kind import on_host
 
 SMALL_ROWS = 16  # up to this many input rows the weight stream dominates: the kernels below
 MIN_WEIGHTS = 1 << 17  # smaller matrices sit in cache, where F.linear's lower call cost wins
 WIDEN_BYTES = 8 << 20  # float32 weight rows widened at once for a GEMM: bounded whatever the model
+
+
+def _dot(w, x, width):
+    raise NotImplementedError("numba only: see the overload")
+
+
+@overload(_dot, inline="always")
+def _dot_for(w, x, width):
+    """A weight row's dot with an input row: bfloat16 pairs for bits, float32 FMA steps else."""
+    return (lambda w, x, width: bf16_dot.dot(w, x, width)) if x.dtype == types.uint16 else \
+        (lambda w, x, width: f32_dot.dot(w, x, width))
+
+
+def _dot4(w, x0, x1, x2, x3, width):
+    raise NotImplementedError("numba only: see the overload")
+
+
+@overload(_dot4, inline="always")
+def _dot4_for(w, x0, x1, x2, x3, width):
+    """_dot with four input rows, each through the same steps as alone (w loaded once)."""
+    return (lambda w, x0, x1, x2, x3, width: bf16_dot.dot4(w, x0, x1, x2, x3, width)) if x0.dtype == types.uint16 \
+        else (lambda w, x0, x1, x2, x3, width: f32_dot.dot4(w, x0, x1, x2, x3, width))
+
+
+@numba.njit(parallel=True, cache=True)
+def rows_times_weights(x, w, out):
+    """out[i, r] = x[i] . w[r] on the explicit-vector dots: x bfloat16 bits with w bfloat16 bits
+    (AVX512-BF16 pairs, width a multiple of PAIR_BLOCK; only where HAS_BF16_DOT), or x float32
+    with w float32 or bfloat16 bits (FMA, width a multiple of STEP; only where HAS_F32_FMA).
+    A weight row is read once for every input row, four rows at a time, each summed as alone."""
+    rows, width = x.shape
+    n = w.shape[0]
+    for block in prange(row_jobs(n)):
+        start, stop = job_span(block, n)
+        for r in range(start, stop):
+            if rows >= ASK_FROM_ROWS:
+                ask_rows(w, r + ASK_AHEAD, 1)
+            wr = w[r]
+            i = 0
+            while i + 4 <= rows:
+                out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = _dot4(
+                    wr, x[i], x[i + 1], x[i + 2], x[i + 3], width)
+                i += 4
+            while i < rows:
+                out[i, r] = _dot(wr, x[i], width)
+                i += 1
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
@@ -69,14 +117,14 @@ def _product_for(x, w, out):
     if w.dtype == types.uint16 and HAS_BF16_DOT:
         def by_pairs(x, w, out):
             if x.shape[1] % PAIR_BLOCK == 0:
-                linear_bf16_pairs(bf16_rows(x), w, out)
+                rows_times_weights(bf16_rows(x), w, out)
             else:
                 linear_widening(x, w, out)
         return by_pairs
     if HAS_F32_FMA:  # float32, or bfloat16 bits widened as loaded (a weight row is read once)
         def by_fma(x, w, out):
             if x.shape[1] % STEP == 0:
-                linear_f32_fma(x, w, out)
+                rows_times_weights(x, w, out)
             else:
                 linear_widening(x, w, out)
         return by_fma

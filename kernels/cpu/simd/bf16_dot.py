@@ -1,5 +1,6 @@
-"""bfloat16 matrix products by the CPU's bfloat16 dot-product instruction (AVX512-BF16's
-`vdpbf16ps`: 32 products of bfloat16 pairs summed into 16 float32 lanes per instruction).
+"""bfloat16 dot products by the CPU's bfloat16 dot-product instruction (AVX512-BF16's
+`vdpbf16ps`: 32 products of bfloat16 pairs summed into 16 float32 lanes per instruction), for
+the linear kernels (triforce.kernels.cpu.linear.dense) and the attention's bfloat16 paths.
 
 Why: widening bfloat16 weights to float32 (a zero-extend and a shift per 16 values) and then
 multiplying in float32 makes a decoding step's bfloat16 products compute-bound on this project's
@@ -23,15 +24,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from triforce.kernels.cpu.row_jobs import job_span, row_jobs
 from triforce.kernels.cpu.simd.bf16_bits import narrow
 from triforce.kernels.cpu.simd.features import kernels_may_use
 from triforce.kernels.cpu.simd.lanes import lane_tree
-from triforce.kernels.cpu.simd.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
 
 PAIR_BLOCK = 64  # values per step of a dot (two accumulators x 32): widths must be a multiple
 
@@ -159,7 +158,8 @@ def dot_instruction(builder):
 
 
 @numba.njit(inline="always")
-def _dot(w, x, width):
+def dot(w, x, width):
+    """w . x for bfloat16 bits, width a multiple of PAIR_BLOCK: pairs of products, float32 sums."""
     a0, a1 = zeros(), zeros()
     for k in range(0, width, PAIR_BLOCK):
         a0 = dot_step(a0, w, x, k)
@@ -168,8 +168,8 @@ def _dot(w, x, width):
 
 
 @numba.njit(inline="always")
-def _dot4(w, x0, x1, x2, x3, width):
-    """_dot of w with four rows, each through the same steps as alone; w is loaded once."""
+def dot4(w, x0, x1, x2, x3, width):
+    """dot of w with four rows, each through the same steps as alone; w is loaded once."""
     a0, a1, b0, b1 = zeros(), zeros(), zeros(), zeros()
     c0, c1, d0, d1 = zeros(), zeros(), zeros(), zeros()
     for k in range(0, width, PAIR_BLOCK):
@@ -180,28 +180,6 @@ def _dot4(w, x0, x1, x2, x3, width):
     return _sum_lanes(a0, a1), _sum_lanes(b0, b1), _sum_lanes(c0, c1), _sum_lanes(d0, d1)
 
 
-
-
-@numba.njit(parallel=True, cache=True)
-def linear_bf16_pairs(x, w, out):
-    """out[i, r] = x[i] . w[r] for bfloat16 bits x [rows, width] and w [n, width], width a multiple
-    of PAIR_BLOCK; float32 out. Only on CPUs with HAS_BF16_DOT."""
-    rows, width = x.shape
-    n = w.shape[0]
-    for block in prange(row_jobs(n)):
-        start, stop = job_span(block, n)
-        for r in range(start, stop):
-            if rows >= ASK_FROM_ROWS:
-                ask_rows(w, r + ASK_AHEAD, 1)
-            wr = w[r]
-            i = 0
-            while i + 4 <= rows:
-                out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = _dot4(
-                    wr, x[i], x[i + 1], x[i + 2], x[i + 3], width)
-                i += 4
-            while i < rows:
-                out[i, r] = _dot(wr, x[i], width)
-                i += 1
 
 
 @numba.njit(cache=True)

@@ -1,5 +1,6 @@
 """float32 dot products on explicit 8-lane vectors and fused multiply-adds, for CPUs without the
-bfloat16 dot instruction (AVX2 and FMA: most x86 CPUs in use).
+bfloat16 dot instruction (AVX2 and FMA: most x86 CPUs in use): the linear kernels'
+(triforce.kernels.cpu.linear.dense) and the attention's.
 
 Why: the widening kernels leave the sums to LLVM's vectoriser, which sums each dot across a
 vector's lanes on its own; with several input rows (a verify pass of 9 tokens, a batch's rows)
@@ -22,14 +23,12 @@ from __future__ import annotations
 
 import numba
 from llvmlite import ir
-from numba import prange, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic, models, register_model
 
-from triforce.kernels.cpu.row_jobs import job_span, row_jobs
 from triforce.kernels.cpu.simd.features import kernels_may_use
 from triforce.kernels.cpu.simd.lanes import lane_tree
-from triforce.kernels.cpu.simd.prefetch import ASK_AHEAD, ASK_FROM_ROWS, ask_rows
 
 STEP = 16  # values per step of a dot (two accumulators x 8 lanes): widths must be a multiple
 LANES8 = ir.VectorType(ir.FloatType(), 8)
@@ -171,27 +170,3 @@ def dot4(w, x0, x1, x2, x3, width):
         c0, c1 = fma_step(c0, w, x2, k), fma_step(c1, w, x2, k + 8)
         d0, d1 = fma_step(d0, w, x3, k), fma_step(d1, w, x3, k + 8)
     return sum_lanes8x4(a0, a1, b0, b1, c0, c1, d0, d1)
-
-
-
-
-@numba.njit(parallel=True, cache=True)
-def linear_f32_fma(x, w, out):
-    """out[i, r] = x[i] . w[r] for float32 x [rows, width] and w [n, width] float32 or bfloat16
-    bits, width a multiple of STEP. Only on CPUs with HAS_F32_FMA."""
-    rows, width = x.shape
-    n = w.shape[0]
-    for block in prange(row_jobs(n)):
-        start, stop = job_span(block, n)
-        for r in range(start, stop):
-            if rows >= ASK_FROM_ROWS:
-                ask_rows(w, r + ASK_AHEAD, 1)
-            wr = w[r]
-            i = 0
-            while i + 4 <= rows:
-                out[i, r], out[i + 1, r], out[i + 2, r], out[i + 3, r] = dot4(
-                    wr, x[i], x[i + 1], x[i + 2], x[i + 3], width)
-                i += 4
-            while i < rows:
-                out[i, r] = dot(wr, x[i], width)
-                i += 1

@@ -18,6 +18,7 @@ import time
 
 import click
 
+from triforce.app.texts import PROMPT_KINDS
 from triforce.bench.harness import emit, markdown, output_option, spread
 
 
@@ -51,9 +52,11 @@ def decode(runtime, ids: list[int], new_tokens: int, method: str):
 @click.option("--profile", default=None, help="Memory profile (default: cpu).")
 @click.option("--max-context", type=int, default=None, help="With --rope-scaling: stretch the model this far.")
 @click.option("--rope-scaling", default=None)
-@click.option("--prompt", "prompt_kind", type=click.Choice(["natural", "repeated"]), default="natural",
-              show_default=True, help="natural: text that never repeats itself (what users bring); repeated: "
-                                      "the corpus doubled to length, a stated best case for speculation.")
+@click.option("--prompt", "prompt_kind", type=click.Choice(PROMPT_KINDS), default="natural",
+              show_default=True, help="natural: text that never repeats itself (what users bring); held-out: "
+                                      "docstrings of transformers, click and numba, in no shipped file (auto's "
+                                      "check on text it has not seen); repeated: a passage repeated, a stated best "
+                                      "case for speculation.")
 @output_option
 def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile, max_context, rope_scaling, prompt_kind,
          fmt):

@@ -45,6 +45,16 @@ def test_the_repeated_text_does_repeat_and_the_natural_text_refuses_past_its_end
     assert rows[0] != rows[1] and len(prompt_text("natural", tokenizer, 1000)) > 3000
 
 
+def test_the_held_out_text_is_in_no_shipped_file_and_refuses_past_its_end(tokenizer):
+    """auto's check on text it has not seen: no 64-token span of it is in the shipped corpus."""
+    held_out = tokenizer(prompt_text("held-out", tokenizer, 20000), add_special_tokens=False).input_ids
+    corpus = natural_ids(tokenizer, natural_size(tokenizer))
+    spans = {tuple(corpus[i:i + 64]) for i in range(0, len(corpus) - 64)}
+    assert len(held_out) > 19000 and not any(tuple(held_out[i:i + 64]) in spans for i in range(0, len(held_out) - 64))
+    with pytest.raises(UserError, match="held-out text holds"):
+        prompt_text("held-out", tokenizer, 10 ** 6)
+
+
 def test_a_needle_in_natural_text(tokenizer):
     prompt = needle_prompt(tokenizer, 3000, depth=0.5, seed=2)
     assert abs(prompt.tokens - 3000) < 60 and NEEDLE_FILLER.split(".")[0] not in prompt.text

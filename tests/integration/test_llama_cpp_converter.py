@@ -15,14 +15,19 @@ from triforce.decoding.full_tier import FullTier
 
 
 def converter() -> Path | None:
+    """The converter, where it and the sentencepiece package it imports are here."""
+    import importlib.util
+
     named = os.environ.get("LLAMACPP_CONVERT")
-    if named:
-        return Path(named)
-    found = sorted(Path.home().glob(".cache/llamacpp/src/*/vendor/llama.cpp/convert_hf_to_gguf.py"))
-    return found[-1] if found else None
+    found = [Path(named)] if named else sorted(
+        Path.home().glob(".cache/llamacpp/src/*/vendor/llama.cpp/convert_hf_to_gguf.py"))
+    return found[-1] if found and importlib.util.find_spec("sentencepiece") else None
 
 
-@pytest.mark.skipif(converter() is None, reason="llama.cpp's convert_hf_to_gguf.py not found (set LLAMACPP_CONVERT)")
+NO_CONVERTER = "llama.cpp's convert_hf_to_gguf.py (LLAMACPP_CONVERT) or sentencepiece missing"
+
+
+@pytest.mark.skipif(converter() is None, reason=NO_CONVERTER)
 @pytest.mark.parametrize("family", ["llama-gqa", "qwen3", "gemma3-gguf"])
 def test_a_file_from_llama_cpps_converter_gives_the_folders_logits(family, default_model_dir, tmp_path, monkeypatch):
     """SmolLM2's tokenizer, which the converter knows (under a Qwen2 config transformers hands it a
@@ -54,7 +59,7 @@ def sentencepiece_model(folder: Path) -> None:
                                              model_type="char", hard_vocab_limit=False, minloglevel=2)
 
 
-@pytest.mark.skipif(converter() is None, reason="llama.cpp's convert_hf_to_gguf.py not found (set LLAMACPP_CONVERT)")
+@pytest.mark.skipif(converter() is None, reason=NO_CONVERTER)
 @pytest.mark.parametrize("family", ["phi3", "phi4-mini"])
 def test_a_phi3_file_from_llama_cpps_converter_gives_the_folders_logits(family, tmp_path, monkeypatch):
     """Fused q/k/v and gate/up read from their file matrices, LongRoPE's factors from the file's

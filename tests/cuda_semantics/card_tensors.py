@@ -199,6 +199,8 @@ class CardTensors(TorchFunctionMode):
                            + " host memory" + ("" if nonblocking else " (blocking)"))
         elif name in INDEXING and card_in:
             index = args[1] if len(args) > 1 else None
+            if any(isinstance(part, list) for part in (index if isinstance(index, tuple) else (index,))):
+                self._sync(f"Tensor.{name} with a Python list index")  # made a host tensor, then copied over
             for t in tree_flatten(index)[0]:
                 if isinstance(t, torch.Tensor) and t.dtype == torch.bool and t.dim() > 0:
                     self._sync(f"Tensor.{name} with a boolean mask")  # value-dependent shape

@@ -112,3 +112,34 @@ def test_bench_offload_rows_report_syncs_and_graph_fallbacks_on_the_card(capsys,
     assert 0 < rows["ar-offload"]["syncs_per_token"] <= 3  # one token and its counted window's edges
     assert 0 < rows["triforce"]["syncs_per_token"] and "graph" in rows["triforce"]["graph_modes"]
     assert rows["triforce-ahead"]["syncs_per_token"] is None  # its worker's syncs are not counted by chance
+
+
+DRAFTER_TOKENS = 48  # the drafter's window (its sinks, 256 tokens and a slack) slides within them
+
+
+def test_a_gemma_drafter_turns_its_kept_keys_without_a_sync(capsys, card, tiny_model_dir, monkeypatch):
+    """A Gemma 3 drafter's StreamingLLM cache turns its local and global layers' keys by their own
+    RoPE when its window slides: the layer groups live on the card (a Python list index would be
+    made on the host and copied over at every slide), within the run's budget."""
+    from triforce.cache import streaming
+
+    target = str(tiny_model_dir("gemma3", max_position_embeddings=1024, num_layers=LAYERS))
+    draft = str(tiny_model_dir("gemma3", seed=7, hidden_size=32, max_position_embeddings=1024))
+    slides = []
+    real = streaming.StreamingKVCache._evict
+
+    def evict(self, needed):
+        slides.append(len(self._rope_groups))
+        return real(self, needed)
+
+    monkeypatch.setattr(streaming.StreamingKVCache, "_evict", evict)
+    card.install_graphs(monkeypatch)
+    with card.placement() as tensors:
+        report = run_json(capsys, "generate", "--model", target, "--prompt", PROMPT, "--device", "cuda",
+                          "--max-new-tokens", DRAFTER_TOKENS, "--ignore-eos", "--count-syncs", "--json", "--budget",
+                          "48", "--chunk-size", "4", "--method", "triforce", "--draft", draft, "--dtype", "float32",
+                          "--temperature", "0")
+    assert slides and set(slides) == {2}, slides  # the window slid, over two kinds of layer
+    assert not [s for s in tensors.syncs if "list index" in s], tensors.syncs
+    report["sync_sites"] = tensors.sites.most_common(8)
+    within_budget(report, "triforce", new_tokens=DRAFTER_TOKENS)

@@ -35,8 +35,9 @@ class StreamingKVCache:
         groups: dict[int, list[int]] = {}
         for layer, r in enumerate(ropes):
             groups.setdefault(id(r), []).append(layer)
-        self._rope_groups = [(ropes[layers[0]], slice(None) if len(groups) == 1 else layers)
-                             for layers in groups.values()]
+        # layer indices on the device, made once: a Python list would be copied over at every eviction
+        self._rope_groups = [(ropes[layers[0]], slice(None) if len(groups) == 1
+                              else torch.tensor(layers, device=self.k_buf.device)) for layers in groups.values()]
         self.sliding_windows = cfg.sliding_windows
         self.length = 0
         self.end = 0

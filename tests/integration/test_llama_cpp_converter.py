@@ -80,8 +80,9 @@ def test_a_phi3_file_from_llama_cpps_converter_gives_the_folders_logits(family, 
     assert (theirs - ours).abs().max() < 1e-4 and theirs.std() > 0.02
 
 
-def metadata_only_gguf(path: Path, layers: int, **fields) -> Path:
-    from gguf import GGUFWriter
+def metadata_only_gguf(path: Path, layers: int, **fields):
+    """A GGUF file holding only these fields (no tensors), opened for reading."""
+    from gguf import GGUFReader, GGUFWriter
 
     writer = GGUFWriter(str(path), "gemma3")
     writer.add_block_count(layers)
@@ -90,7 +91,7 @@ def metadata_only_gguf(path: Path, layers: int, **fields) -> Path:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.close()
-    return path
+    return GGUFReader(str(path))
 
 
 def test_gemma3_config_is_what_llama_cpp_reads_from_the_file(tmp_path):

@@ -25,7 +25,7 @@ def _inputs(lm, length: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(1, length, lm.config.hidden_size, generator=g).to(lm.dtype)
     positions = torch.arange(40, 40 + length)[None]
-    cos, sin = lm.model.rope.cos_sin(positions, lm.dtype)
+    cos, sin = lm.model.layer_ropes[0].cos_sin(positions, lm.dtype)
     attn = torch.randn(1, lm.config.num_heads, length, lm.config.head_dim, generator=g).to(lm.dtype)
     return x, cos, sin, attn
 
@@ -87,7 +87,7 @@ def test_a_batch_of_sequences_gets_each_sequences_own_bits(kernel_model, dtype):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(batch, length, lm.config.hidden_size, generator=g).to(lm.dtype)
     positions = torch.stack([torch.arange(start, start + length) for start in (0, 17, 40, 9)])
-    cos, sin = lm.model.rope.cos_sin(positions, lm.dtype)
+    cos, sin = lm.model.layer_ropes[0].cos_sin(positions, lm.dtype)
     attn = torch.randn(batch, lm.config.num_heads, length, lm.config.head_dim, generator=g).to(lm.dtype)
     together_qkv, together_out = cpu.pre(x, cos, sin), cpu.post(x, attn)
     for row in range(batch):

@@ -157,9 +157,11 @@ class SparseKVCache:
             index = self.policy.select_from(full, layer, None if queries is None else queries[layer])
             n = index.shape[-1]
             full.gather_into(layer, index, self.k_buf[layer, :, :, :n], self.v_buf[layer, :, :, :n])
-        for layer in (i for i, w in enumerate(self.windowed) if w is not None):
+        windowed = [i for i, w in enumerate(self.windowed) if w is not None]
+        if windowed:
             shape = (self.k_buf.shape[1], self.k_buf.shape[2], n)
             latest = torch.arange(full.length - n, full.length, device=self.k_buf.device).expand(shape).contiguous()
+        for layer in windowed:
             full.gather_into(layer, latest, self.k_buf[layer, :, :, :n], self.v_buf[layer, :, :, :n])
         self.num_selected = n
         self.build_point = self.length = full.length

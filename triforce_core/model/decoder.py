@@ -237,8 +237,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.layer_ropes = rope if isinstance(rope, tuple) else (rope,) * cfg.num_layers
-        global_layers = [i for i, w in enumerate(cfg.sliding_windows) if w is None]
-        self.rope = self.layer_ropes[global_layers[0] if global_layers else 0]  # where one must stand for all
+        self._embed_scales: dict[torch.dtype, float] = {}  # Gemma's sqrt(hidden), as each dtype rounds it
         self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
@@ -274,7 +273,9 @@ class CausalLM(nn.Module):
         positions (all T when None). chunk_tokens, group_tokens: see the module's docstring."""
         x = self.model.embed_tokens(tokens)
         if self.config.embed_scale is not None:  # rounded to the weights' precision first, as transformers does
-            x = x * float(torch.tensor(self.config.embed_scale).to(x.dtype))
+            if x.dtype not in self._embed_scales:
+                self._embed_scales[x.dtype] = float(torch.tensor(self.config.embed_scale).to(x.dtype))
+            x = x * self._embed_scales[x.dtype]
         angles: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # one (cos, sin) per distinct RoPE
         for index, layer in enumerate(self.model.layers):
             rope = self.layer_ropes[index]

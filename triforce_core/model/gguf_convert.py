@@ -60,6 +60,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
 
 
 def _convert_into(gguf_path: Path, folder: Path, architecture: str) -> None:
+    from gguf import GGUFReader
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from triforce.model.gguf_weights import GgufSource
@@ -75,10 +76,8 @@ def _convert_into(gguf_path: Path, folder: Path, architecture: str) -> None:
         raise _unreadable(gguf_path, e) from None
     config.quantization_config = None  # weights reach the model as blocks or de-quantized floats
     del config.quantization_config
-    if architecture == "gemma3":
-        _gemma3_as_llama_cpp_reads_it(config, gguf_path)
-    if architecture == "phi3":
-        _phi3_as_llama_cpp_reads_it(config, gguf_path)
+    if architecture in _AS_LLAMA_CPP_READS:
+        _AS_LLAMA_CPP_READS[architecture](config, GGUFReader(str(gguf_path)))
     config.save_pretrained(folder)
     GenerationConfig.from_model_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -86,19 +85,20 @@ def _convert_into(gguf_path: Path, folder: Path, architecture: str) -> None:
     GgufSource.of(gguf_path, architecture, heads, getattr(config, "num_key_value_heads", None) or heads).write(folder)
 
 
-def _gemma3_as_llama_cpp_reads_it(config, gguf_path: Path) -> None:
+def _metadata(reader, architecture: str):
+    """value(key, default): the file's `architecture.key` field, or the default where it has none."""
+    def value(key, default=None):
+        field = reader.fields.get(f"{architecture}.{key}")
+        return default if field is None else field.contents()
+    return value
+
+
+def _gemma3_as_llama_cpp_reads_it(config, reader) -> None:
     """What transformers' GGUF reader leaves out of a Gemma 3 config, read as llama.cpp reads the
     file (src/models/gemma3.cpp): which layers are windowed (the file's pattern, else every sixth
     global), the global layers' linear RoPE scaling and the local ones' base, and the query scale
     (1/sqrt(hidden / heads) for its 62-layer 27B, else 1/sqrt(head_dim): the file does not say)."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(str(gguf_path)).fields
-
-    def value(key, default=None):
-        field = fields.get(f"gemma3.{key}")
-        return default if field is None else field.contents()
-
+    value = _metadata(reader, "gemma3")
     layers, window = config.num_hidden_layers, value("attention.sliding_window")
     pattern = value("attention.sliding_window_pattern", 6)
     windowed = (list(pattern) if isinstance(pattern, list) else [i % pattern < pattern - 1 for i in range(layers)]) \
@@ -116,19 +116,13 @@ def _gemma3_as_llama_cpp_reads_it(config, gguf_path: Path) -> None:
     config.final_logit_softcapping = value("final_logit_softcapping")
 
 
-def _phi3_as_llama_cpp_reads_it(config, gguf_path: Path) -> None:
+def _phi3_as_llama_cpp_reads_it(config, reader) -> None:
     """What transformers' GGUF reader leaves out of a Phi-3 config: the window (0: none, as
     Phi-4's files say), partial rotary (the rotary dims against the head's), and LongRoPE, whose
     factors the file holds as the tensors rope_factors_long and rope_factors_short."""
     import numpy as np
-    from gguf import GGUFReader
 
-    reader = GGUFReader(str(gguf_path))
-
-    def value(key, default=None):
-        field = reader.fields.get(f"phi3.{key}")
-        return default if field is None else field.contents()
-
+    value = _metadata(reader, "phi3")
     head_dim = config.hidden_size // config.num_attention_heads
     params = {"rope_type": "default", "rope_theta": float(value("rope.freq_base", 10_000.0)),
               "partial_rotary_factor": value("rope.dimension_count", head_dim) / head_dim}
@@ -142,6 +136,10 @@ def _phi3_as_llama_cpp_reads_it(config, gguf_path: Path) -> None:
         config.original_max_position_embeddings = params["original_max_position_embeddings"]  # transformers reads it here
     config.rope_parameters = params
     config.sliding_window = value("attention.sliding_window") or None
+
+
+# architectures whose config transformers' GGUF reader leaves incomplete
+_AS_LLAMA_CPP_READS = {"gemma3": _gemma3_as_llama_cpp_reads_it, "phi3": _phi3_as_llama_cpp_reads_it}
 
 
 def _stale(folder: Path, gguf_path: Path) -> str | None:

@@ -42,8 +42,12 @@ def test_start_time_of_chat(capsys):
 
 def test_the_server_benchmarks_as_tables(capsys):
     out = run(capsys, "bench", "serve-ttft", "--document-tokens", "200", "--max-context", "1024", "--new-tokens", "3",
-              "--dtype", "float32")
+              "--dtype", "float32", "--rows", "1")
     assert "| turn 2, cold |" in out and "sooner than the same request cold" in out
+    report = json.loads(run(capsys, "bench", "serve-ttft", "--document-tokens", "200", "--max-context", "1024",
+                            "--new-tokens", "3", "--dtype", "float32", "--prompt", "held-out", "--json"))
+    assert report["server_rows"] == 4 and [r["request"] for r in report["rows"]] == ["turn 1", "turn 2"]
+    assert report["rows"][1]["cached_tokens"] > 200 and report["rows"][0]["prefill_tok_s"] > 0
     out = run(capsys, "bench", "serve-load", "--clients", "2", "--prompt-tokens", "40", "--new-tokens", "3",
               "--max-context", "512", "--dtype", "float32")
     assert "| 2 together |" in out and "the throughput of one by one" in out

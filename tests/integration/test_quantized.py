@@ -67,6 +67,29 @@ def test_kernels_equal_dequantize_then_matmul(kind, dtype):
         assert torch.equal(linear(x[i:i + 1])[0], nine[i])
 
 
+@pytest.mark.parametrize("bf16_gemm", [True, False])
+def test_a_bfloat16_prefill_takes_the_bfloat16_gemm_where_the_cpu_has_one(monkeypatch, bf16_gemm):
+    """Past SMALL_ROWS, bfloat16 rows meet bfloat16 tiles (the CPU's BF16 dot products) or float32
+    ones; decoding rows and a float32 head never change."""
+    from triforce.kernels.cpu.linear import blocks
+
+    monkeypatch.setattr(blocks, "BF16_GEMM", bf16_gemm)
+    g = torch.Generator().manual_seed(3)
+    block = BlockWeight.quantize("q4_1", torch.randn(96, 128, generator=g) * 0.1)
+    bias = torch.randn(96, generator=g)
+    x = torch.randn(40, 128, generator=g).to(torch.bfloat16)
+    weight = block.dequantized()
+    tiles = []
+    monkeypatch.setattr(blocks.F, "linear", lambda a, w, *b: tiles.append(w.dtype) or a @ w.T)
+    got = QuantLinear(block, bias)(x)
+    assert got.dtype == torch.bfloat16 and set(tiles) == {torch.bfloat16 if bf16_gemm else torch.float32}
+    as_none = x.float() @ weight.to(torch.bfloat16).float().T + bias  # what --quantize none computes
+    torch.testing.assert_close(got.float(), as_none, rtol=2e-2, atol=2e-2)
+    tiles.clear()
+    head = QuantLinear(block, keep_float32=True)(x)
+    assert head.dtype == torch.float32 and set(tiles) == {torch.float32}
+
+
 @pytest.fixture(scope="module", params=["q4_1", "q8_0", "q4_k"])
 def quantized_pair(request, tiny_model_dir):
     wide = {"hidden_size": 256} if request.param == "q4_k" else {}  # whole Q4_K super-blocks

@@ -105,6 +105,58 @@ def test_low_acceptance_falls_back_to_ar_with_the_same_tokens(tiny_model_dir, te
     assert checked.count(0) >= gate.ar_tokens  # one token per ar pass (and rounds lookup had nothing for)
 
 
+class DraftHeavyPrices(VerifyHeavyPrices):
+    """A pass over a sparse tier costs as much as an ar step: self-speculation loses."""
+
+    def pass_ms(self, kind, tokens, length):
+        return super().pass_ms(kind, tokens, length) if kind == "full" else 10.0
+
+
+def test_ar_steps_leave_the_sparse_tiers_until_speculation_resumes(tiny_model_dir):
+    """While the online check decodes as ar, the sparse tier is neither fed nor rebuilt (a low
+    acceptance asked for a rebuild every few ar steps); it catches up before the next speculative
+    round, and the tokens stay ar's."""
+    from triforce.decoding.hooks import EngineHooks
+    from triforce.decoding.speculation_gate import SpeculationGate
+    from triforce.model.loading import load_model
+
+    lm = load_model(str(tiny_model_dir("llama-gqa", max_position_embeddings=512, seed=1)), dtype="float64",
+                    device="cpu")
+    ids = lm.tokenizer("the tide came in over the flats while the gulls argued " * 6).input_ids
+    ar = Engine(lm, SpecParams(method="ar"), len(ids) + 160)
+    ar.set_sequence(ids)
+    expected = ar.generate(160, SamplingParams()).tokens
+    prices = DraftHeavyPrices()
+    priced = lambda passes, seconds, length: sum(prices.pass_ms(k, n, length) for k, n in passes)  # noqa: E731
+    gate = SpeculationGate(prices, cost=priced)
+    spec = SpecParams(method="snapkv", budget=48, gamma2=4, rebuild_threshold=1.0, snapkv_window=8)
+    engine = Engine(lm, spec, len(ids) + 160, hooks=EngineHooks(speculation_gate=gate))
+    engine.set_sequence(ids)
+    tier = engine.upkeep.tiers[0]
+    rebuilt_while_ar = []
+    decide = gate.speculate
+
+    def speculate(length):
+        before = tier.rebuilds
+        verdict = decide(length)
+        if not verdict:  # the previous round's upkeep ran already; this one's runs after the pass
+            engine.upkeep.after_full_verify = watch(engine.upkeep.after_full_verify, before)
+        return verdict
+
+    def watch(call, before):
+        def once(*args, **kwargs):
+            engine.upkeep.after_full_verify = call
+            call(*args, **kwargs)
+            rebuilt_while_ar.append(tier.rebuilds - before)
+        return once
+
+    gate.speculate = speculate
+    result = engine.generate(160, SamplingParams())
+    assert result.tokens == expected
+    assert gate.fallbacks >= 1 and gate.ar_tokens >= 32 and len(rebuilt_while_ar) == gate.ar_tokens
+    assert not any(rebuilt_while_ar)
+
+
 @pytest.mark.parametrize("method", ["ar", "retrieval", "snapkv"])
 def test_the_prefill_count_is_known_before_the_prefill(tiny_model_dir, method):
     """The server's streamed progress says `reused + done / total`: tokens_to_prefill must be what

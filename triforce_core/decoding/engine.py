@@ -138,12 +138,12 @@ class Engine:
                 if self.hooks.stop_requested is not None and self.hooks.stop_requested():
                     return "interrupt"
                 round_started = time.perf_counter()  # the round's time for the gate: upkeep included
-                with self._phase("cache upkeep"):
-                    self.upkeep.make_room()
-                    self.full.prepare_verify()  # offloaded KV starts streaming while tiers below draft
                 speculate = len(self.seq) >= self.speculate_from and (self.gate is None or self.gate.speculate(base))
                 if self.gate is not None and self.hooks.agree is not None:  # rank 0's timings decide for every rank
                     speculate = bool(self.hooks.agree([int(speculate)])[0])
+                with self._phase("cache upkeep"):
+                    self.upkeep.make_room(catch_up=base - 1 if speculate else None)
+                    self.full.prepare_verify()  # offloaded KV starts streaming while tiers below draft
                 self.gammas[-1] = self.policy.gamma2 if speculate else 0
                 self._passes = []
                 queries = self._round(len(self.levels) - 1, limit)[1]
@@ -156,7 +156,7 @@ class Engine:
                 if self.logprobs is not None:
                     self.logprobs.commit(len(self.seq) - base)
                 with self._phase("cache upkeep"):
-                    self.upkeep.after_full_verify(base - 1, len(self.seq) - 1, queries)
+                    self.upkeep.after_full_verify(base - 1, len(self.seq) - 1, queries, drafted=speculate)
                 self.policy.next_gamma2()  # the next round reads policy.gamma2 (above)
                 if self.gate is not None:
                     self.gate.round_done(base, self._passes, len(self.seq) - base, speculate and len(self.levels) > 1,

@@ -66,20 +66,27 @@ class SparseUpkeep:
     def __init__(self, tiers: list, full, policy: SpeculationPolicy, window: int = 1):
         self.tiers, self.full, self.policy, self.window = tiers, full, policy, window
         self.latest_queries = None  # per layer [B, H, <= window, D], of the last committed tokens
+        self.behind: int | None = None  # committed tokens from here on are not in the tiers yet
 
     def start(self, queries) -> None:
         """A new sequence: select from the whole full cache with its last tokens' queries."""
-        self.latest_queries = queries
+        self.latest_queries, self.behind = queries, None
         for tier in self.tiers:
             self._rebuild(tier)
 
-    def make_room(self) -> None:
+    def make_room(self, catch_up: int | None = None) -> None:
+        """Before a round; catch_up: the committed length, where the round drafts through the tiers."""
+        if catch_up is not None:
+            self.catch_up(catch_up)
         for tier in self.tiers:
             if tier.cache.room < self.policy.room_needed():
                 self._rebuild(tier)
 
-    def after_full_verify(self, committed_before: int, committed: int, queries) -> None:
-        """queries: the verify pass's, one row per token it fed from committed_before on."""
+    def after_full_verify(self, committed_before: int, committed: int, queries, drafted: bool = True) -> None:
+        """queries: the verify pass's, one row per token it fed from committed_before on.
+        drafted: whether the round drafted through the tiers. An ar step (--method auto's check
+        found speculation slower) leaves them as they are until catch_up: kept in step, a low
+        acceptance rebuilt a 6K selection every few ar steps (~350 ms each, 19 ms a step)."""
         if not self.tiers:
             return
         rows = committed - committed_before  # the committed tokens' rows in the verify pass
@@ -87,8 +94,24 @@ class SparseUpkeep:
             fresh = [q[:, :, :rows] for q in queries]
             self.latest_queries = fresh if self.latest_queries is None else \
                 [latest(old, new, self.window) for old, new in zip(self.latest_queries, fresh)]
-        for tier in self.tiers:
-            tier.commit(self.full.cache, committed_before, committed)
+        if not drafted:
+            self.behind = committed_before if self.behind is None else self.behind
+            return
+        self._commit(committed_before, committed)
+
+    def catch_up(self, committed: int) -> None:
+        """Before a round that drafts through the tiers: what ar steps committed meanwhile (a
+        rebuild, which selects from the whole full cache, where the tier lacks the room)."""
+        if self.behind is not None:
+            start, self.behind = self.behind, None
+            short = [t for t in self.tiers if t.cache.room < committed - start + self.policy.room_needed()]
+            for tier in short:
+                self._rebuild(tier)
+            self._commit(start, committed, [t for t in self.tiers if t not in short])
+
+    def _commit(self, start: int, end: int, tiers=None) -> None:
+        for tier in self.tiers if tiers is None else tiers:
+            tier.commit(self.full.cache, start, end)
             if self.policy.should_rebuild(tier.cache.appended):
                 self._rebuild(tier)
                 self.policy.rebuilt()

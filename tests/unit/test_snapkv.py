@@ -30,9 +30,11 @@ def dense_snapkv(window_queries, keys, budget, kernel=5):
     return torch.tensor(out)
 
 
+@pytest.mark.parametrize("kept_bytes", [0, 64 << 20])  # the slices' logits made again, or kept
 @pytest.mark.parametrize("slice_keys", [16, 8192])  # the softmax over several key slices, and in one
-def test_snapkv_matches_the_dense_reference_with_gqa(monkeypatch, slice_keys):
+def test_snapkv_matches_the_dense_reference_with_gqa(monkeypatch, slice_keys, kept_bytes):
     monkeypatch.setattr(selection, "_SNAPKV_KEYS", slice_keys)
+    monkeypatch.setattr(selection, "SNAPKV_KEPT_BYTES", kept_bytes)
     g = torch.Generator().manual_seed(0)
     keys = torch.randn(2, 2, 90, 16, generator=g)
     window = torch.randn(2, 6, 8, 16, generator=g) * 2  # 3 query heads per KV head, 8-token window
@@ -41,12 +43,13 @@ def test_snapkv_matches_the_dense_reference_with_gqa(monkeypatch, slice_keys):
     assert got.shape == (2, 2, 40) and torch.all(got[..., 1:] > got[..., :-1])  # ascending, distinct
 
 
-def test_snapkv_finds_what_the_window_looks_at_and_its_neighbours():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_snapkv_finds_what_the_window_looks_at_and_its_neighbours(dtype):
     keys = torch.randn(1, 1, 300, 8, generator=torch.Generator().manual_seed(1)) * 0.1
     target = torch.ones(8)
     keys[0, 0, 120] = target * 3  # the one token every window query points at
     window = target.expand(1, 1, 32, 8).clone()
-    got = select_snapkv(window, keys, budget=37)[0, 0].tolist()
+    got = select_snapkv(window.to(dtype), keys.to(dtype), budget=37)[0, 0].tolist()
     assert got[-32:] == list(range(268, 300))  # the window itself
     assert set(range(118, 123)) == set(got[:5])  # the token, and the pooling kernel's neighbours
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from triforce.kernels import chunk_mean_keys, grouped_scores, topk_sorted
 
 SNAPKV_KERNEL = 5  # SnapKV's pooling kernel, as the MagicDec paper uses it
+SNAPKV_KEPT_BYTES = 64 << 20  # a layer's window logits up to this size are made once, not twice
 _SNAPKV_KEYS = 8192  # keys scored at once: bounds the [B, H, W, keys] scores to ~10 MB per head group
 
 
@@ -82,17 +83,33 @@ def select_snapkv(window_queries: torch.Tensor, keys: torch.Tensor, budget: int,
     group = window_queries.shape[1] // kv_heads
     q = window_queries.float().reshape(batch, kv_heads, group * window, dim) * dim ** -0.5
     prefix = length - window
-    # the window's queries see every earlier token and the window causally; softmax over slices
-    # of keys (running max and sum, then the weights), so no [B, H, W, S] tensor is ever whole
+    # the window's queries see every earlier token and the window causally: a softmax over slices of keys (the max first, then each slice's weights), so no [B, H, W, S]
+    # tensor is ever whole; the slices' logits are kept where they fit SNAPKV_KEPT_BYTES, else
+    # made again. Each token's vote: its weights summed over the rows, as one matrix-vector product.
+    slices = range(0, length, _SNAPKV_KEYS)
+    kept = [] if q.numel() * length * 4 <= SNAPKV_KEPT_BYTES else None
     top = torch.full(q.shape[:3], -torch.inf, device=q.device)
-    total = torch.zeros_like(top)
-    for lo in range(0, length, _SNAPKV_KEYS):
+    for lo in slices:
         logits = _window_logits(q, keys, lo, window, prefix)
-        new_top = torch.maximum(top, logits.amax(-1))
-        total = total * torch.exp(top - new_top) + torch.exp(logits - new_top[..., None]).sum(-1)
-        top = new_top
-    vote = torch.cat([(torch.exp(_window_logits(q, keys, lo, window, prefix) - top[..., None])
-                       / total[..., None]).sum(2) for lo in range(0, prefix, _SNAPKV_KEYS)], -1)[..., :prefix]
+        top = torch.maximum(top, logits.amax(-1))
+        if kept is not None:
+            kept.append(logits)
+
+    def weights(i: int, lo: int) -> torch.Tensor:  # exp(logits - top), the row's unnormalised weights
+        logits = kept[i] if kept is not None else _window_logits(q, keys, lo, window, prefix)
+        return logits.sub_(top[..., None]).exp_()
+
+    total = torch.zeros_like(top)
+    if kept is not None:
+        kept = [weights(i, lo) for i, lo in enumerate(slices)]
+        for part in kept:
+            total += part.sum(-1)
+    else:
+        for i, lo in enumerate(slices):
+            total += weights(i, lo).sum(-1)
+    rows = total.reciprocal()[..., None, :]  # [B, Hkv, 1, rows]
+    vote = torch.cat([(rows @ (kept[i] if kept is not None else weights(i, lo)))[..., 0, :]
+                      for i, lo in enumerate(slices) if lo < prefix], -1)[..., :prefix]
     pooled = F.avg_pool1d(vote, kernel, stride=1, padding=kernel // 2) if kernel > 1 else vote
     chosen = torch.sort(torch.topk(pooled, budget - window, dim=-1).indices, dim=-1).values
     tail = torch.arange(prefix, length, device=keys.device).expand(batch, kv_heads, window)
@@ -105,9 +122,12 @@ def _window_logits(q: torch.Tensor, keys: torch.Tensor, lo: int, window: int, pr
     see the key."""
     k = keys[:, :, lo:lo + _SNAPKV_KEYS].float()
     logits = q @ k.transpose(-1, -2)
-    token = torch.arange(q.shape[2], device=q.device) % window  # the window token of each row
-    seen = torch.arange(lo, lo + k.shape[2], device=q.device)[None, :] <= prefix + token[:, None]
-    return logits.masked_fill(~seen, -torch.inf)
+    first = max(prefix + 1 - lo, 0)  # every row sees the keys before prefix + 1: only the window's masked
+    if first < k.shape[2]:
+        token = torch.arange(q.shape[2], device=q.device) % window  # the window token of each row
+        seen = torch.arange(lo + first, lo + k.shape[2], device=q.device)[None, :] <= prefix + token[:, None]
+        logits[..., first:].masked_fill_(~seen, -torch.inf)
+    return logits
 
 
 def _all(batch: int, kv_heads: int, length: int, device) -> torch.Tensor:

@@ -85,3 +85,22 @@ def test_logprobs_are_the_targets_with_their_alternatives_whole_and_streamed(ser
     assert len(legacy.tokens) == len(legacy.token_logprobs) == len(legacy.top_logprobs) == 6
     assert all(len(top) <= 2 and max(top.values()) == lp for top, lp in zip(legacy.top_logprobs, legacy.token_logprobs))
     assert legacy.text_offset == [sum(len(t) for t in legacy.tokens[:i]) for i in range(6)]
+
+
+def test_server_rows_decode_as_generate_would(default_model_dir):
+    """One row plans as `generate` (its method choice and online check); several rows take the
+    batch's method and each row still checks its rounds against ar steps, so a row the batch's
+    method slows (alone on the server, or on text it drafts badly) decodes as ar."""
+    from triforce.app.batch_generate import row_models
+    from triforce.config import RunConfig, SpecParams
+    from triforce.server.assembly import build_api
+
+    config = RunConfig(model=str(default_model_dir), dtype="float32", spec=SpecParams(method="auto"))
+    alone, lines = build_api(config, batch_size=1, quiet=True)
+    runtime = alone.scheduler.runtime
+    assert alone.scheduler.run.method_line() == runtime.plan(runtime.context).method_line() == lines[1]
+    assert lines[1].startswith("method auto: ")
+    several, lines = build_api(config, batch_size=2, quiet=True)
+    assert lines[1].startswith("method auto for a batch of 2: ") and several.scheduler.run.spec.method != "ar"
+    engine = several.scheduler.build_engine(lambda: False, row_models(several.scheduler.runtime))
+    assert engine.gate is not None and engine.gate.speculate_from == 0

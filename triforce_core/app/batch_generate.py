@@ -25,9 +25,11 @@ def row_plan(runtime, max_len: int, rows: int, spec=None, fixed: frozenset | Non
     spec, fixed: instead of the runtime's (a benchmark running several methods)."""
     from triforce.offload.batch_choice import choose_for_batch, predict_batch, row_profile, spec_for
 
-    lm, choice = runtime.lm, None
+    lm, choice, online = runtime.lm, None, None
     spec = spec or runtime.config.spec
     fixed = runtime.config.fixed if fixed is None else fixed
+    if spec.method == AUTO and rows == 1:  # one row alone: what `generate` would run
+        return runtime.plan(max_len, spec=spec, fixed=fixed)
     if spec.method == AUTO:
         predictions = predict_batch(lm.config, runtime.profile, max_len, rows, spec, dtype_bytes=lm.dtype.itemsize,
                                     fixed=fixed)
@@ -36,10 +38,23 @@ def row_plan(runtime, max_len: int, rows: int, spec=None, fixed: frozenset | Non
                             f"{runtime.profile.name}")
         choice = choose_for_batch(predictions)
         spec, fixed = spec_for(choice.chosen, spec, fixed)
+        # each row then checks its own rounds against ar steps (the single run's online check), so
+        # a row the batch's method slows (text it drafts badly, or alone on the server) decodes as ar
+        online = row_check(choice, max_len)
     draft = runtime.draft.model if runtime.draft.kind == "model" else None
     profile = row_profile(lm.config, runtime.profile, rows, lm.dtype.itemsize, draft=draft and draft.config,
                           draft_dtype_bytes=draft and draft.dtype.itemsize)
-    return replace(runtime.plan(max_len, spec=spec, fixed=fixed, profile=profile), batch=choice)
+    return replace(runtime.plan(max_len, spec=spec, fixed=fixed, profile=profile), batch=choice, auto=online)
+
+
+def row_check(choice, max_len: int):
+    """A row's online check under a batch's --method auto: a MethodChoice that speculates from the
+    start (None where the batch chose ar)."""
+    from triforce.offload.method_choice import MethodChoice
+
+    if choice.chosen.method == "ar":
+        return None
+    return MethodChoice(choice.chosen.method, 0, max_len, {p.method: p.ms_per_token for p in choice.predictions})
 
 
 # the default batch size stops here: past a few dozen rows a step's weights are already shared

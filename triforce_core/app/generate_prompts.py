@@ -53,8 +53,8 @@ def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_cha
     rows, run = fit_batch(runtime, max_len, count, batch_size)
     if not as_json:
         runtime.say_attention()
-        if run.batch is not None:
-            print(run.batch.describe(), file=sys.stderr)
+        if run.method_line() is not None:
+            print(run.method_line(), file=sys.stderr)
         print(f"{count} prompts, {rows} at a time, method {run.spec.method}", file=sys.stderr)
     printer = _InOrder(lm.tokenizer, lengths, run.spec.method, as_json)
     stop_ids = frozenset() if ignore_eos else lm.eos_ids
@@ -78,7 +78,7 @@ def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_cha
     summary.update(method=run.spec.method, model=str(lm.path), dtype=str(lm.dtype).removeprefix("torch."),
                    threads=threads_in_use(),
                    device=str(lm.device), attention=runtime.attn_name,
-                   method_choice=run.batch.to_json() if run.batch is not None else None, plan=run.plan.to_json())
+                   method_choice=run.method_json(), plan=run.plan.to_json())
     if as_json:
         print(f'], "batch": {json.dumps(summary)}}}', flush=True)
         return

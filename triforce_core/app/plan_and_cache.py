@@ -67,6 +67,15 @@ class RunPlan:
     batch: object = None             # a batch's --method auto: its BatchChoice (triforce.offload.batch_choice)
     dtype_bytes: int | None = None   # the run's element size: the profile's rates scale with it
 
+    def method_line(self) -> str | None:
+        """What --method auto chose and why (None: the user named the method)."""
+        choice = self.batch or self.auto
+        return choice.describe() if choice is not None else None
+
+    def method_json(self) -> dict | None:
+        choice = self.batch or self.auto
+        return choice.to_json() if choice is not None else None
+
     @property
     def speculate_from(self) -> int:
         """Sequence length below which the engine decodes as ar (auto only; 0: from the start)."""

@@ -103,7 +103,7 @@ class Runtime:
             kv_cache = build_kv_cache(lm, max_len, run.plan, overlap=self.config.overlap, hybrid=self.config.hybrid)
         hooks = EngineHooks(replay=replay, stop_requested=stop_requested,
                             gamma2_controller=run.gamma2_controller(self.draft.has_tier0),
-                            speculation_gate=run.speculation_gate() if lm is self.lm else None,
+                            speculation_gate=run.speculation_gate(),
                             sync_counter=SyncCounter() if self.config.count_syncs else None,
                             **self._rank_agreement())
         draft = (draft or self.draft) if run.spec.uses_draft else None

@@ -65,7 +65,7 @@ def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None,
     runtime.check_host_room(run, context, rows)
     scheduler = Scheduler(runtime, run, context, rows, queue_size, log=not quiet)
     model_id = model_name or Path(str(runtime.lm.path)).name
-    lines = [runtime.attn_line] + ([run.batch.describe()] if run.batch is not None else [])
+    lines = [runtime.attn_line] + ([run.method_line()] if run.method_line() is not None else [])
     parallel = f", tensor-parallel over {world} ranks" if world > 1 else ""
     from triforce.app.threads import threads_in_use
 

@@ -13,6 +13,7 @@ makes a small architecture offload for a reduced run."""
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import click
 import torch
@@ -21,8 +22,25 @@ from triforce.bench.harness import emit, output_option
 from triforce.config import SamplingParams
 
 
-def measure(runtime, context: int, new_tokens: int, seed: int = 0) -> dict:
-    """Prefill `context` random ids through runtime's engine, then decode `new_tokens`."""
+# where a CPU prefill's time goes, by the profiler's operator names (self time, summed)
+ATTENTION_OPS = ("scaled_dot_product", "flash_attention", "_efficient_attention")
+PROJECTION_OPS = ("aten::mm", "aten::addmm", "aten::linear", "aten::bmm")
+
+
+def op_seconds(events) -> dict:
+    """The profiler's self CPU seconds split into attention, projections (GEMMs) and the rest
+    (norms, RoPE, copies, and numba kernels, which the profiler does not see: the wall time's rest)."""
+    parts = {"attention_s": 0.0, "projections_s": 0.0, "other_ops_s": 0.0}
+    for e in events:
+        part = ("attention_s" if any(n in e.key for n in ATTENTION_OPS)
+                else "projections_s" if e.key in PROJECTION_OPS else "other_ops_s")
+        parts[part] += e.self_cpu_time_total / 1e6
+    return {k: round(v, 4) for k, v in parts.items()}
+
+
+def measure(runtime, context: int, new_tokens: int, seed: int = 0, breakdown: bool = False) -> dict:
+    """Prefill `context` random ids through runtime's engine, then decode `new_tokens`.
+    breakdown: the prefill under torch's profiler, its time split by op_seconds."""
     lm = runtime.lm
     cuda = lm.device.type == "cuda"
     run = runtime.plan(context + new_tokens + 1)
@@ -33,11 +51,14 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0) -> dict:
     if cuda:
         torch.cuda.synchronize(lm.device)
         torch.cuda.reset_peak_memory_stats(lm.device)
+    profiler = torch.profiler.profile() if breakdown else nullcontext()
     started = time.perf_counter()
-    engine.set_sequence(ids)
-    if cuda:
-        torch.cuda.synchronize(lm.device)
+    with profiler:
+        engine.set_sequence(ids)
+        if cuda:
+            torch.cuda.synchronize(lm.device)
     prefill_s = time.perf_counter() - started
+    parts = op_seconds(profiler.key_averages()) if breakdown else {}
     first = engine.generate(1, SamplingParams())
     ttft_s = time.perf_counter() - started
     rest = engine.generate(new_tokens, SamplingParams()) if new_tokens else None
@@ -52,12 +73,17 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0) -> dict:
         "offloaded": plan.offloaded, "resident_tokens": plan.resident_tokens,
         "peak_gpu_bytes": torch.cuda.max_memory_allocated(lm.device) if cuda else None,
         "plan_gpu_bytes": plan.gpu_bytes_total, "prefill_chunk": plan.prefill_chunk,
-        "prefill_group": plan.prefill_group,
+        "prefill_group": plan.prefill_group, **parts,
     }
 
 
 @click.command()
 @click.option("--arch", default="llama2-7b-128k", show_default=True, help="A named architecture (random weights).")
+@click.option("--model", default=None, help="A model to load instead of --arch ('default': the default model).")
+@click.option("--max-context", type=int, default=None, help="With --rope-scaling: stretch the model this far.")
+@click.option("--rope-scaling", default=None)
+@click.option("--breakdown", is_flag=True, help="Split the prefill's time into attention and projections "
+              "(torch's profiler: slows it a little).")
 @click.option("--context", type=int, required=True, help="Prompt tokens to prefill.")
 @click.option("--new-tokens", type=int, default=8, show_default=True, help="Tokens decoded after the first.")
 @click.option("--method", default="triforce", show_default=True, help="What decodes after the prefill (draft: lookup).")
@@ -66,7 +92,8 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0) -> dict:
 @click.option("--dtype", default="auto", show_default=True)
 @click.option("--device", default="auto", show_default=True)
 @output_option
-def main(arch, context, new_tokens, method, profile, device_budget, dtype, device, fmt):
+def main(arch, model, max_context, rope_scaling, breakdown, context, new_tokens, method, profile, device_budget,
+         dtype, device, fmt):
     """Time to first token of a long prompt prefilled through the offloaded path."""
     from triforce.app.runtime import build_runtime
     from triforce.config import RunConfig, SpecParams
@@ -74,14 +101,16 @@ def main(arch, context, new_tokens, method, profile, device_budget, dtype, devic
 
     if context < 2 or new_tokens < 0:
         raise click.UsageError("--context must be >= 2 and --new-tokens >= 0")
-    config = RunConfig(model=None, arch=arch, draft="lookup", spec=SpecParams(method=method), dtype=dtype,
-                       device=device, profile=profile, device_budget=device_budget)
+    arch = None if model is not None else arch
+    config = RunConfig(model=model, arch=arch, draft="lookup", spec=SpecParams(method=method), dtype=dtype,
+                       device=device, profile=profile, device_budget=device_budget, max_context=max_context,
+                       rope_scaling=rope_scaling)
     try:
         runtime = build_runtime(config)
-        measured = measure(runtime, context, new_tokens)
+        measured = measure(runtime, context, new_tokens, breakdown=breakdown)
     except UserError as e:
         raise click.ClickException(str(e)) from None
-    result = {"arch": arch, "device": str(runtime.lm.device), "dtype": str(runtime.lm.dtype).removeprefix("torch."),
+    result = {"arch": arch or runtime.lm.config.model_type, "model": model, "device": str(runtime.lm.device), "dtype": str(runtime.lm.dtype).removeprefix("torch."),
               "profile": runtime.profile.name, "method": method, "load_s": round(runtime.load_s, 2),
               "prompt": "random token ids", **measured}
 
@@ -90,6 +119,9 @@ def main(arch, context, new_tokens, method, profile, device_budget, dtype, devic
               f"{result['prefill_s']} s ({result['prefill_tokens_per_s']} tok/s), first token after "
               f"{result['ttft_s']} s; host KV moved {result['h2d_bytes'] / 1e9:.2f} GB in, "
               f"{result['d2h_bytes'] / 1e9:.2f} GB out")
+        if breakdown:
+            print(f"prefill by op (profiler self time): attention {measured['attention_s']} s, projections "
+                  f"{measured['projections_s']} s, other torch ops {measured['other_ops_s']} s")
 
     emit(fmt, result, [measured], table)  # the row also stands at the top, where the campaign's report reads it
 

@@ -1,5 +1,5 @@
 """The user benchmarks `triforce bench --help` lists, each run on a CPU at a small size through the
-strings a user types, in each output form. (offload, batch, prefill, kernels and tiers run in their
+strings a user types, in each output form. (offload, batch, kernels and tiers run in their
 own tests and in the reduced GPU campaign; llamacpp needs llama.cpp's binary: tests/unit/test_vs_llamacpp.py.)"""
 import csv
 import io
@@ -64,3 +64,15 @@ def test_agreement_with_llamacpp_needs_its_binary(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "agreement", "--against", "llamacpp"])
     assert exit_info.value.code != 0 and "--llama-completion" in capsys.readouterr().err
+
+
+def test_a_prefill_of_a_model_split_into_attention_and_projections(capsys, tiny_model_dir):
+    report = json.loads(run(capsys, "bench", "prefill", "--model", tiny_model_dir("llama-gqa"), "--context", "300",
+                            "--new-tokens", "2", "--dtype", "float32", "--breakdown", "--json"))
+    assert report["arch"] == "llama" and report["prompt"] == "random token ids"
+    row, = report["rows"]
+    assert row["prefill_s"] > 0 and row["attention_s"] > 0 and row["projections_s"] > 0
+    assert row["attention_s"] + row["projections_s"] + row["other_ops_s"] <= 1.5 * row["prefill_s"]
+    out = run(capsys, "bench", "prefill", "--model", tiny_model_dir("llama-gqa"), "--context", "40", "--new-tokens", "1",
+              "--dtype", "float32", "--breakdown")
+    assert "prefill by op (profiler self time): attention" in out

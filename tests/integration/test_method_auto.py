@@ -173,3 +173,36 @@ def test_the_prefill_count_is_known_before_the_prefill(tiny_model_dir, method):
         counted = []
         assert engine.set_sequence(ids, counted.append) == expected == sum(counted)
         assert expected <= len(ids) - 1
+
+
+def test_a_seeded_sample_repeats_whatever_the_clock_says(tiny_model_dir, monkeypatch):
+    """Which rounds speculate decides which random numbers each token draws: under a seed the
+    online check prices its rounds instead of timing them, so two runs whose clocks disagree give
+    the same answer; unseeded (and greedy) runs keep timing them."""
+    import triforce.decoding.engine as engine_module
+    from triforce.decoding.hooks import EngineHooks
+    from triforce.decoding.speculation_gate import SpeculationGate, wall_ms
+    from triforce.model.loading import load_model
+
+    lm = load_model(str(tiny_model_dir("llama-gqa", max_position_embeddings=512, seed=1)), dtype="float64",
+                    device="cpu")
+    ids = lm.tokenizer("abc abd abe abf abg abh " * 4).input_ids
+    answers, gates = [], []
+    for tick in (0.0, 1.0):  # a clock that stands still (speculation never loses), one that races
+        now = [0.0]
+
+        def clock():  # a speculative round reads it more often than an ar step
+            now[0] += tick
+            return now[0]
+
+        monkeypatch.setattr(engine_module.time, "perf_counter", clock)
+        gate = SpeculationGate(VerifyHeavyPrices())
+        engine = Engine(lm, SpecParams(method="naive", gamma2=4), len(ids) + 80, "lookup",
+                        hooks=EngineHooks(speculation_gate=gate))
+        engine.set_sequence(ids)
+        answers.append(engine.generate(80, SamplingParams(temperature=0.9, seed=11)).tokens)
+        gates.append(gate)
+        engine.set_sequence(ids)
+        engine.generate(4, SamplingParams(temperature=0.9))
+        assert gate.cost is wall_ms  # unseeded: timed again
+    assert answers[0] == answers[1] and gates[0].fallbacks == gates[1].fallbacks

@@ -89,8 +89,7 @@ class Engine:
             raise UserError("empty input")
         if len(ids) > self.max_len:
             raise UserError(f"input of {len(ids)} tokens does not fit the {self.max_len}-token context")
-        self.seq = list(ids)
-        self._carried = None
+        self.seq, self._carried = list(ids), None
         window = self.spec.selection_window if self.sparse_tiers else 0
         prefilled, queries = self.full.cover(ids[:-1], progress, record_queries=window)
         self.upkeep.start(queries)
@@ -106,9 +105,10 @@ class Engine:
             raise RuntimeError("generate needs input: call set_sequence first")
         self.params, self.logprobs = params, logprobs
         self.generator = generator or make_generator(params, self.lm.device)
-        self.stats = [LevelStats() for _ in self.levels]
-        self.rounds = []
+        self.stats, self.rounds = [LevelStats() for _ in self.levels], []
         self.ahead_tally, self._carried = AheadTally(), None
+        if self.gate is not None:  # a seeded sample repeats: rounds priced, not timed
+            self.gate.price_rounds(params.seed is not None and not params.greedy)
         prepare_graphs(self.levels, self.spec)
         before = {t.name: t.time_s for t in self.levels}, sum(t.rebuilds for t in self.sparse_tiers)
         started = time.perf_counter()

@@ -42,6 +42,7 @@ class SpeculationGate:
         decides alone (where the cost model expects ar to win, speculation is only tried: text
         that repeats itself, a quoted document, still gets its speed-up)."""
         self.prices, self.speculate_from, self.cost = prices, speculate_from, cost
+        self._default_cost, self._pricing = cost, False
         self.first_hold, self.max_hold = hold
         self._hold = self.first_hold
         self._rounds: deque[tuple[float, int]] = deque(maxlen=window)  # (ms, tokens emitted)
@@ -52,6 +53,20 @@ class SpeculationGate:
         self._ar_first = ar_first     # set against the first length seen
         self.fallbacks = 0     # times speculation was found slower and ar took over
         self.ar_tokens = 0     # tokens emitted by ar steps from speculate_from on
+
+    def price_rounds(self, on: bool) -> None:
+        """on: decide by the cost model's prices of the passes, not wall time, so a seeded sampled
+        answer repeats (which rounds speculate decides which random numbers each token draws).
+        Switching clears what was scored the other way."""
+        on = on and self.prices is not None
+        if on != self._pricing:
+            self._rounds.clear()
+            self._ar.clear()
+            self._pricing = on
+        self.cost = self._priced if on else self._default_cost
+
+    def _priced(self, passes: Passes, seconds: float, length: int) -> float:
+        return sum(self.prices.pass_ms(kind, tokens, length) for kind, tokens in passes)
 
     def speculate(self, length: int) -> bool:
         if self._ar_first:

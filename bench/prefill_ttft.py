@@ -115,7 +115,7 @@ def main(arch, model, max_context, rope_scaling, breakdown, context, new_tokens,
               "prompt": "random token ids", **measured}
 
     def table():
-        print(f"{arch} on {result['device']} ({result['profile']}): {context} tokens prefilled in "
+        print(f"{model or arch} on {result['device']} ({result['profile']}): {context} tokens prefilled in "
               f"{result['prefill_s']} s ({result['prefill_tokens_per_s']} tok/s), first token after "
               f"{result['ttft_s']} s; host KV moved {result['h2d_bytes'] / 1e9:.2f} GB in, "
               f"{result['d2h_bytes'] / 1e9:.2f} GB out")

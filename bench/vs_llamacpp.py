@@ -176,8 +176,9 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
     rows = []
     for item in ggufs:
         dtype, _, gguf = item.partition("=")
-        quantize = dtype if dtype in QUANTIZED else None  # blocks: activations and KV in float32
-        lm = load_model(model, dtype="float32" if quantize else dtype, device="cpu", quantize=quantize)
+        quantize = dtype if dtype in QUANTIZED else None
+        # blocks: activations and KV in the dtype --dtype auto picks here, as the default run holds them
+        lm = load_model(model, dtype=long_dtype if quantize else dtype, device="cpu", quantize=quantize)
         hf = None
         if with_hf:
             from triforce.model.loading import transformers_model
@@ -197,7 +198,8 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
                 else:
                     theirs = max(theirs, llama_bench(binary, gguf, threads, prompt=n))
                     ours = max(ours, ours_prefill(lm, ids))
-            row = {"dtype": dtype, "test": kind, "tokens": n, "triforce_tok_s": round(ours, 2),
+            row = {"dtype": dtype, "activations": str(lm.dtype).removeprefix("torch."), "test": kind, "tokens": n,
+                   "triforce_tok_s": round(ours, 2),
                    "llamacpp_tok_s": round(theirs, 2), "ratio": round(ours / theirs, 3)}
             if kind == "decode":
                 row["reference_tok_s"] = round(reference, 2)

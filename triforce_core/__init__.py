@@ -10,13 +10,11 @@ __all__ = ["LLM", "SamplingParams", "Result", "Conversation", "UserError", "BadV
 
 import os as _os
 
-# Idle kernel threads sleep instead of spinning (read by both OpenMP runtimes, torch's and numba's,
-# when they load, so before torch is imported): on a 2-core machine with one other busy program,
-# spinning threads left decoding at 0.22-0.31x of its quiet speed, sleeping ones at 0.68-0.80x,
-# for 8-14% of quiet speed (bench/history/2026-11-26-natural-text.md). TRIFORCE_THREAD_WAIT=spin keeps
-# spinning, for a machine that runs nothing else.
-if _os.environ.get("TRIFORCE_THREAD_WAIT", "sleep") != "spin":
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Idle kernel threads spin where this process's cores were idle at import, else sleep: decided
+# before torch or numba loads OpenMP (triforce.thread_wait; TRIFORCE_THREAD_WAIT=sleep|spin decides).
+from triforce.thread_wait import decide as _decide_thread_wait  # noqa: E402
+
+THREAD_WAIT = _decide_thread_wait(_os.environ)
 
 from triforce.numba_cache import use_versioned_cache  # noqa: E402  (before any kernel is compiled)
 

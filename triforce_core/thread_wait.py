@@ -1,0 +1,41 @@
+"""How idle kernel threads wait, decided before torch and numba load their OpenMP runtimes (they
+read OMP_WAIT_POLICY once, when they load).
+
+Waking sleeping threads for each of a token's parallel kernels costs about half the decoding speed
+on a machine that runs nothing else (67 against 123 tok/s, 1K context, Zen 4); spinning ones take
+the cores another busy program needs (44 against 77 tok/s beside a one-core busy loop; with an
+explicit GOMP_SPINCOUNT of 1e5, 2.9). So TRIFORCE_THREAD_WAIT=auto (the default) lets them spin
+(libgomp's own spin-then-sleep) only where the cores this process may use were idle when it
+started, and sleep otherwise; `sleep` and `spin` decide alone; an OMP_WAIT_POLICY already set wins."""
+from __future__ import annotations
+
+import os
+
+QUIET_CORES = 0.25   # other programs' use of our cores (in cores) below which they count as idle
+SAMPLE_S = 0.1       # how long the cores are watched (once, at import)
+
+
+def cores_used_by_others(seconds: float = SAMPLE_S) -> float:
+    """Cores' worth of CPU time the cores this process may use spent busy over `seconds`, while
+    this process sleeps (so all of it is other programs')."""
+    import psutil
+
+    busy = psutil.cpu_percent(interval=seconds, percpu=True)
+    try:
+        mine = os.sched_getaffinity(0)
+    except AttributeError:  # not on Linux
+        mine = range(len(busy))
+    return sum(busy[i] for i in mine if i < len(busy)) / 100
+
+
+def decide(environ, others=cores_used_by_others) -> str:
+    """Set OMP_WAIT_POLICY in `environ` as TRIFORCE_THREAD_WAIT says; returns 'sleep' or 'spin'."""
+    if "OMP_WAIT_POLICY" in environ:
+        return "spin" if environ["OMP_WAIT_POLICY"].upper() == "ACTIVE" else "sleep"
+    wait = environ.get("TRIFORCE_THREAD_WAIT", "auto")
+    if wait == "auto":
+        wait = "spin" if others() < QUIET_CORES else "sleep"
+    if wait != "spin":
+        environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        return "sleep"
+    return "spin"

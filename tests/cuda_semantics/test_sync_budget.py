@@ -71,6 +71,16 @@ def test_offloaded_hybrid_decoding_stays_within_the_budget(capsys, card, checked
     within_budget(report, method)
 
 
+def test_snapkv_rebuilds_stay_within_the_budget(capsys, card, checked, folder, monkeypatch):
+    """SnapKV's selection (one pass of the window's logits, only the window's columns masked)
+    rebuilt on the card every few tokens: no sync per slice or layer."""
+    card.install_graphs(monkeypatch)
+    report = generate(capsys, card, folder, "--method", "snapkv", "--dtype", "float32", "--temperature", "0.8",
+                      "--seed", "3", "--rebuild-stride", "4")
+    assert report["rebuilds"] >= 2
+    within_budget(report, "snapkv")
+
+
 @pytest.mark.parametrize("temperature", ["0", "0.8"])
 def test_penalties_add_no_sync(capsys, card, checked, folder, profile, monkeypatch, temperature):
     """Each row's penalty window reaches the card as one queued copy (sampling.penalize)."""

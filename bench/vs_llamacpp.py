@@ -169,16 +169,16 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
     from triforce.model.loading import load_model, resolve_dtype
 
     threads = torch.get_num_threads()
-    long_dtype = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
-    if long_depth and long_dtype not in [item.partition("=")[0] for item in ggufs]:
-        raise click.UsageError(f"--long runs in {long_dtype} on this CPU: give --gguf {long_dtype}=FILE")
+    auto_dtype = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
+    if long_depth and auto_dtype not in [item.partition("=")[0] for item in ggufs]:
+        raise click.UsageError(f"--long runs in {auto_dtype} on this CPU: give --gguf {auto_dtype}=FILE")
     bandwidth = memory_bandwidth()
     rows = []
     for item in ggufs:
         dtype, _, gguf = item.partition("=")
         quantize = dtype if dtype in QUANTIZED else None
         # blocks: activations and KV in the dtype --dtype auto picks here, as the default run holds them
-        lm = load_model(model, dtype=long_dtype if quantize else dtype, device="cpu", quantize=quantize)
+        lm = load_model(model, dtype=auto_dtype if quantize else dtype, device="cpu", quantize=quantize)
         hf = None
         if with_hf:
             from triforce.model.loading import transformers_model
@@ -209,7 +209,7 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
         del lm, hf
-        if long_depth and dtype == long_dtype:
+        if long_depth and dtype == auto_dtype:
             rows.append(long_row(model, dtype, binary, gguf, threads, long_depth, long_new_tokens, long_budget,
                                  repeats))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

@@ -83,9 +83,10 @@ def select_snapkv(window_queries: torch.Tensor, keys: torch.Tensor, budget: int,
     group = window_queries.shape[1] // kv_heads
     q = window_queries.float().reshape(batch, kv_heads, group * window, dim) * dim ** -0.5
     prefix = length - window
-    # the window's queries see every earlier token and the window causally: a softmax over slices of keys (the max first, then each slice's weights), so no [B, H, W, S]
-    # tensor is ever whole; the slices' logits are kept where they fit SNAPKV_KEPT_BYTES, else
-    # made again. Each token's vote: its weights summed over the rows, as one matrix-vector product.
+    # the window's queries see every earlier token and the window causally: a softmax over slices
+    # of keys (the max first, then each slice's weights), so no [B, H, W, S] tensor is ever whole;
+    # the slices' weights are kept where they fit SNAPKV_KEPT_BYTES, else made again. A token's
+    # vote: its weights summed over the rows, as one matrix-vector product.
     slices = range(0, length, _SNAPKV_KEYS)
     kept = [] if q.numel() * length * 4 <= SNAPKV_KEPT_BYTES else None
     top = torch.full(q.shape[:3], -torch.inf, device=q.device)
@@ -94,22 +95,17 @@ def select_snapkv(window_queries: torch.Tensor, keys: torch.Tensor, budget: int,
         top = torch.maximum(top, logits.amax(-1))
         if kept is not None:
             kept.append(logits)
+    for logits in kept or ():
+        logits.sub_(top[..., None]).exp_()
 
-    def weights(i: int, lo: int) -> torch.Tensor:  # exp(logits - top), the row's unnormalised weights
-        logits = kept[i] if kept is not None else _window_logits(q, keys, lo, window, prefix)
-        return logits.sub_(top[..., None]).exp_()
+    def weights(i: int, lo: int) -> torch.Tensor:  # exp(logits - top): slice i's unnormalised weights
+        if kept is not None:
+            return kept[i]
+        return _window_logits(q, keys, lo, window, prefix).sub_(top[..., None]).exp_()
 
-    total = torch.zeros_like(top)
-    if kept is not None:
-        kept = [weights(i, lo) for i, lo in enumerate(slices)]
-        for part in kept:
-            total += part.sum(-1)
-    else:
-        for i, lo in enumerate(slices):
-            total += weights(i, lo).sum(-1)
-    rows = total.reciprocal()[..., None, :]  # [B, Hkv, 1, rows]
-    vote = torch.cat([(rows @ (kept[i] if kept is not None else weights(i, lo)))[..., 0, :]
-                      for i, lo in enumerate(slices) if lo < prefix], -1)[..., :prefix]
+    rows = sum(weights(i, lo).sum(-1) for i, lo in enumerate(slices)).reciprocal()[..., None, :]  # [B, Hkv, 1, R]
+    vote = torch.cat([(rows @ weights(i, lo))[..., 0, :] for i, lo in enumerate(slices) if lo < prefix],
+                     -1)[..., :prefix]
     pooled = F.avg_pool1d(vote, kernel, stride=1, padding=kernel // 2) if kernel > 1 else vote
     chosen = torch.sort(torch.topk(pooled, budget - window, dim=-1).indices, dim=-1).values
     tail = torch.arange(prefix, length, device=keys.device).expand(batch, kv_heads, window)

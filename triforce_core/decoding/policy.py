@@ -97,24 +97,25 @@ class SparseUpkeep:
         if not drafted:
             self.behind = committed_before if self.behind is None else self.behind
             return
-        self._commit(committed_before, committed)
+        for tier in self.tiers:
+            self._commit(tier, committed_before, committed)
 
     def catch_up(self, committed: int) -> None:
         """Before a round that drafts through the tiers: what ar steps committed meanwhile (a
-        rebuild, which selects from the whole full cache, where the tier lacks the room)."""
+        rebuild, which selects from the whole full cache, where a tier lacks the room)."""
         if self.behind is not None:
             start, self.behind = self.behind, None
-            short = [t for t in self.tiers if t.cache.room < committed - start + self.policy.room_needed()]
-            for tier in short:
-                self._rebuild(tier)
-            self._commit(start, committed, [t for t in self.tiers if t not in short])
+            for tier in self.tiers:
+                if tier.cache.room < committed - start + self.policy.room_needed():
+                    self._rebuild(tier)
+                else:
+                    self._commit(tier, start, committed)
 
-    def _commit(self, start: int, end: int, tiers=None) -> None:
-        for tier in self.tiers if tiers is None else tiers:
-            tier.commit(self.full.cache, start, end)
-            if self.policy.should_rebuild(tier.cache.appended):
-                self._rebuild(tier)
-                self.policy.rebuilt()
+    def _commit(self, tier, start: int, end: int) -> None:
+        tier.commit(self.full.cache, start, end)
+        if self.policy.should_rebuild(tier.cache.appended):
+            self._rebuild(tier)
+            self.policy.rebuilt()
 
     def _rebuild(self, tier) -> None:
         queries = self.latest_queries

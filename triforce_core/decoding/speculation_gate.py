@@ -42,7 +42,7 @@ class SpeculationGate:
         decides alone (where the cost model expects ar to win, speculation is only tried: text
         that repeats itself, a quoted document, still gets its speed-up)."""
         self.prices, self.speculate_from, self.cost = prices, speculate_from, cost
-        self._default_cost, self._pricing = cost, False
+        self._timed = cost  # how rounds are scored unless price_rounds says otherwise
         self.first_hold, self.max_hold = hold
         self._hold = self.first_hold
         self._rounds: deque[tuple[float, int]] = deque(maxlen=window)  # (ms, tokens emitted)
@@ -58,12 +58,11 @@ class SpeculationGate:
         """on: decide by the cost model's prices of the passes, not wall time, so a seeded sampled
         answer repeats (which rounds speculate decides which random numbers each token draws).
         Switching clears what was scored the other way."""
-        on = on and self.prices is not None
-        if on != self._pricing:
+        cost = self._priced if on and self.prices is not None else self._timed
+        if cost != self.cost:
             self._rounds.clear()
             self._ar.clear()
-            self._pricing = on
-        self.cost = self._priced if on else self._default_cost
+        self.cost = cost
 
     def _priced(self, passes: Passes, seconds: float, length: int) -> float:
         return sum(self.prices.pass_ms(kind, tokens, length) for kind, tokens in passes)

@@ -106,6 +106,8 @@ class SdpaAttention:
                 if shape == "pieces":
                     return _fused_pieces(q, k, v, scale, q_start, k_start)
                 return fused_partial(q, k, v, scale=scale, shape=shape, q_start=q_start, k_start=k_start)
+            except torch.OutOfMemoryError:
+                raise  # memory, not a missing kernel: the tiled reference would need more
             except RuntimeError as e:  # a kernel this build or device lacks: the reference from now on
                 self.fused_partial_failed = str(e).splitlines()[0] if str(e) else type(e).__name__
                 print(f"note: fused partial attention unavailable ({self.fused_partial_failed}); "

@@ -192,14 +192,14 @@ class PartialAccumulator:
         self.lse: torch.Tensor | None = None   # [B, H, T]
 
     def add(self, out: torch.Tensor, lse: torch.Tensor) -> None:
-        if self.out is None:
-            self.out, self.lse = out.to(lse.dtype), lse
+        if self.out is None:  # its own copy, merged into in place: no temporaries of the output's size
+            self.out, self.lse = out.to(lse.dtype, copy=True), lse  # (three of them ran a 24 GB card out, 2026-11-28)
             return
         total = torch.logaddexp(self.lse, lse)
         finite = torch.isfinite(total)
         keep = torch.where(finite, torch.exp(self.lse - total), torch.zeros_like(total))
         take = torch.where(finite, torch.exp(lse - total), torch.zeros_like(total))
-        self.out = keep[..., None] * self.out + take[..., None] * out.to(lse.dtype)
+        self.out.mul_(keep[..., None]).addcmul_(out, take[..., None])
         self.lse = total
 
     def result(self, dtype: torch.dtype) -> torch.Tensor:

@@ -180,15 +180,15 @@ class Prefetcher:
         for b in range(first, last + 1):
             self._versions[(layer, b)] = self._versions.get((layer, b), 0) + 1
         self._writes_pending = True
-        packed = self.store.pack(k, v)  # one contiguous device buffer: one copy per block touched
         if self.overlap:
             self.streams.wait_stream(self.copy_stream, self.streams.current())  # k, v are computed
             with self.streams.on(self.copy_stream):
-                self.store.write_packed(layer, start, packed, copy=self.streams.copy)
-            self.streams.keep_alive(packed, self.copy_stream)
+                self.store.write(layer, start, k, v, copy=self.streams.copy)
+            self.streams.keep_alive(k, self.copy_stream)
+            self.streams.keep_alive(v, self.copy_stream)
         else:
-            self.store.write_packed(layer, start, packed)
-        self.stats.d2h_bytes += packed.nbytes
+            self.store.write(layer, start, k, v)
+        self.stats.d2h_bytes += k.nbytes + v.nbytes
 
     def synchronize(self) -> None:
         """Wait for every write to the host (before the CPU reads host KV that one may still be

@@ -3,8 +3,8 @@
 Layout: data [num_layers, num_blocks, block_tokens, 2 (K, V), B, Hkv, D]. Blocks are the unit
 of transfer: one block of one layer is one contiguous copy over PCIe. Inside a block tokens come
 first, so the new tokens of a pass, written at consecutive positions, are one contiguous host
-range too: a write is one copy from a packed device buffer (`pack`), never a strided copy that
-PyTorch would stage through pageable memory. Slot i of the store holds the token at position
+range too: each block a write touches is one copy from a packed device buffer (`pack`), never a
+strided copy that PyTorch would stage through pageable memory. Slot i of the store holds the token at position
 `first_position + i`. The store only holds data; the prefetcher decides when copies run and on
 which stream."""
 from __future__ import annotations
@@ -78,23 +78,19 @@ class HostKVStore:
 
     @staticmethod
     def pack(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """k, v [B, Hkv, n, D] -> one contiguous [n, 2, B, Hkv, D] buffer on their device."""
-        return torch.stack((k, v)).permute(3, 0, 1, 2, 4).contiguous()
+        """k, v [B, Hkv, n, D] -> one contiguous [n, 2, B, Hkv, D] buffer on their device (one copy)."""
+        return torch.stack((k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)), dim=1)
 
-    def write_packed(self, layer: int, start: int, packed: torch.Tensor, copy=None) -> None:
-        """Store packed KV ([n, 2, B, Hkv, D], from `pack`) at positions [start, start + n) of
-        `layer`: one contiguous copy per block touched. `copy(dst, src)` runs each copy (the
-        prefetcher's, on its copy stream); a plain copy_ when None."""
-        for b, s0, s1, at in self._pieces(start, start + packed.shape[0]):
-            dst, src = self.data[layer, b, s0:s1], packed[at:at + s1 - s0]
-            if copy is None:
-                dst.copy_(src)
-            else:
-                copy(dst, src)
-
-    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v ([B, Hkv, n, D], any device) at positions [start, start + n) of `layer`."""
-        self.write_packed(layer, start, self.pack(k, v))
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, copy=None) -> None:
+        """Store k, v ([B, Hkv, n, D], any device) at positions [start, start + n) of `layer`:
+        each block touched packed on k's device, then one contiguous copy. A block at a time keeps
+        the device's extra memory to one block's KV (a whole layer's, packed at once, ran a 24 GB
+        card out of memory at 32K: bench/history/2026-11-28-gpu-campaign-h200.md). `copy(dst, src)`
+        runs each copy (the prefetcher's, on its copy stream, where each packed block is freed
+        for the next in stream order); a plain copy_ when None."""
+        copy = copy or torch.Tensor.copy_
+        for b, s0, s1, at in self._pieces(start, start + k.shape[2]):  # each packed block freed before the next
+            copy(self.data[layer, b, s0:s1], self.pack(k[:, :, at:at + s1 - s0], v[:, :, at:at + s1 - s0]))
 
     def read(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies [L, B, Hkv, end - start, D] of positions [start, end) in every layer."""

@@ -23,6 +23,7 @@ import contextlib
 import sys
 import threading
 import warnings
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -33,6 +34,7 @@ from triforce.pinned.host_memory import is_registered
 
 SYNC_MESSAGE = "called a synchronizing CUDA operation"  # torch's own words (c10/cuda warn_or_error_on_sync)
 PINNED = "_triforce_simulated_pinned"
+COUNTED = "_triforce_simulated_counted"  # its storage is in CardMemory
 
 # methods whose result the host must wait for when their tensor is on the card
 WAITS_FOR_VALUE = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__complex__", "numpy",
@@ -99,6 +101,46 @@ def _to_target(args, kwargs):
     return None
 
 
+class CardMemory:
+    """The card's bytes in use as torch.cuda.memory_allocated counts them: each storage a card
+    tensor holds, from the first tensor made on it until the last tensor object on it is gone
+    (views and aliases share it), and the peak since the last reset."""
+
+    def __init__(self):
+        self._storages: dict[int, list[int]] = {}  # data_ptr -> [bytes, tensor objects on it]
+        self.in_use = 0
+        self.peak = 0
+
+    def track(self, t: torch.Tensor) -> None:
+        if getattr(t, COUNTED, False):
+            return
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # no storage (meta, sparse): nothing on the card
+            return
+        ptr, size = storage.data_ptr(), storage.nbytes()
+        if size == 0:
+            return
+        entry = self._storages.get(ptr)
+        if entry is None:
+            entry = self._storages[ptr] = [size, 0]
+            self.in_use += size
+            self.peak = max(self.peak, self.in_use)
+        entry[1] += 1
+        setattr(t, COUNTED, True)
+        weakref.finalize(t, self._release, ptr)
+
+    def _release(self, ptr: int) -> None:
+        entry = self._storages[ptr]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._storages[ptr]
+            self.in_use -= entry[0]
+
+    def reset_peak(self) -> None:
+        self.peak = self.in_use
+
+
 class CardTensors(TorchFunctionMode):
     """The simulated card's torch function mode (see the module's docstring). `sync_level()` gives
     torch's sync debug level (0 off, 1 warn, 2 error), read from the fake card."""
@@ -109,6 +151,7 @@ class CardTensors(TorchFunctionMode):
         self.capturing = 0
         self.syncs: list[str] = []  # every sync seen, by operation name (whatever the debug level)
         self.sites: collections.Counter = collections.Counter()  # (operation, the triforce line that made it)
+        self.memory = CardMemory()
 
     @contextlib.contextmanager
     def capture_guard(self):
@@ -170,10 +213,14 @@ class CardTensors(TorchFunctionMode):
             setattr(args[0], SIMULATED_CARD, True)
         elif _is_cuda(target) or isinstance(generator, CardGenerator) or name == "cuda":
             _mark(result, SIMULATED_CARD)
-        elif card_in and target is None and name not in WAITS_FOR_VALUE:
+        elif card_in and target is None and name not in WAITS_FOR_VALUE and not (
+                args and result is args[0] and not is_card(result)):  # written in place: where it was
             _mark(result, SIMULATED_CARD)
         if pin:
             _mark(result, PINNED)
+        for t in tree_flatten(result)[0]:
+            if is_card(t):
+                self.memory.track(t)
         return result
 
     def _check_syncs(self, name, args, kwargs, target, card_in) -> None:

@@ -89,24 +89,30 @@ class FakeCard:
     def set_device(self, device: torch.device | str | int | None) -> None:
         self.current = self._index("set_device", device, optional=False)
 
+    # PyTorch's bytes on the card: `ours_bytes` plus what the placement's tensors hold (CardMemory)
+    def _placed(self) -> int:
+        return self.tensors.memory.in_use if self.tensors is not None else 0
+
     def mem_get_info(self, device=None) -> tuple[int, int]:
         self._index("mem_get_info", device, optional=True)
-        return self.total_bytes - self.ours_bytes - self.others_bytes, self.total_bytes
+        return self.total_bytes - self.ours_bytes - self._placed() - self.others_bytes, self.total_bytes
 
     def memory_reserved(self, device=None) -> int:
         self._index("memory_reserved", device, optional=True)
-        return self.ours_bytes
+        return self.ours_bytes + self._placed()
 
     def memory_allocated(self, device=None) -> int:
         self._index("memory_allocated", device, optional=True)
-        return self.ours_bytes
+        return self.ours_bytes + self._placed()
 
     def max_memory_allocated(self, device=None) -> int:
         self._index("max_memory_allocated", device, optional=True)
-        return self.ours_bytes
+        return self.ours_bytes + (self.tensors.memory.peak if self.tensors is not None else 0)
 
     def reset_peak_memory_stats(self, device=None) -> None:
         self._index("reset_peak_memory_stats", device, optional=True)
+        if self.tensors is not None:
+            self.tensors.memory.reset_peak()
 
     def get_device_properties(self, device: torch.device | str | int | None = None):
         self._index("get_device_properties", device, optional=True, assertion=True)

@@ -119,12 +119,11 @@ def test_pageable_host_store_breaks_copy_discipline(checked):
 
 def test_strided_host_write_breaks_copy_discipline(checked, monkeypatch):
     """The old block-major layout wrote new tokens into a strided slice of each block."""
-    def strided_write(self, layer, start, packed, copy=None):
-        k = packed[:, 0].permute(1, 2, 0, 3)
+    def strided_write(self, layer, start, k, v, copy=None):
         block = self.data[layer, 0].permute(2, 3, 1, 0, 4)[:, :, 0]  # [B, Hkv, tokens, D]: strided
         (copy or torch.Tensor.copy_)(block[:, :, :k.shape[2]], k)
 
-    monkeypatch.setattr(HostKVStore, "write_packed", strided_write)
+    monkeypatch.setattr(HostKVStore, "write", strided_write)
     with pytest.raises(CopyDisciplineError, match="non-contiguous host view"):
         session((ResidentKVCache(CFG, 96, dtype=torch.float64), offloaded()))
 

@@ -162,7 +162,7 @@ def last_measured(out: Path) -> dict[str, float]:
 
 @click.command()
 @click.option("--out-dir", default="bench/results", show_default=True, help="Where the JSON, logs and plots go.")
-@click.option("--cap-gb", type=click.FloatRange(min=1), default=24.0, show_default=True, help="GPU memory per process (a 24 GB card).")
+@click.option("--cap-gb", type=click.FloatRange(min=1), default=24.0, show_default=True, help="The card each step stands for, in GiB as cards are sold (24: an RTX 4090): PyTorch gets that less the CUDA context.")
 @click.option("--budget-s", type=click.FloatRange(min=1), default=480.0, show_default=True,
               help="Wall-clock budget for all steps: a step runs when its estimate fits what is left, with at most "
                    "its own limit (a decode step, which keeps its rows, when a third of its estimate is left).")

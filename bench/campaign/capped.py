@@ -4,11 +4,17 @@
 
 The cap (torch.cuda.set_per_process_memory_fraction) makes an 80 GB card behave like a 24 GB one
 for everything the program allocates through PyTorch, so a run on an H100 shows whether a plan
-for a consumer card really fits. Without CUDA the cap is skipped and said so."""
+for a consumer card really fits. A card sold as 24 GB has 24 GiB (an RTX 4090: 24564 MiB), of
+which the CUDA context takes its share outside PyTorch: the cap leaves PyTorch the GiB asked for
+less this process's context, as that card would (the 2026-11-28 campaign capped at 24 * 10^9
+bytes, 0.15 GiB under what the rtx4090-24g profile plans). Without CUDA the cap is skipped and
+said so."""
 from __future__ import annotations
 
 import runpy
 import sys
+
+GIB = 1 << 30
 
 
 def apply_cap(gb: float) -> str:
@@ -18,10 +24,14 @@ def apply_cap(gb: float) -> str:
         return "no CUDA device: memory cap not applied"
     lines = []
     for index in range(torch.cuda.device_count()):
-        total = torch.cuda.get_device_properties(index).total_memory
-        fraction = min(1.0, gb * 1e9 / total)
+        torch.zeros(1, device=f"cuda:{index}")  # the context exists: what it takes is counted below
+        free, total = torch.cuda.mem_get_info(index)
+        context = max(0, total - free - torch.cuda.memory_reserved(index))
+        allowed = max(0, gb * GIB - context)
+        fraction = min(1.0, allowed / total)
         torch.cuda.set_per_process_memory_fraction(fraction, index)
-        lines.append(f"cuda:{index} capped to {gb:g} GB ({fraction:.3f} of {total / 1e9:.1f} GB)")
+        lines.append(f"cuda:{index} capped to a {gb:g} GiB card: {allowed / GIB:.2f} GiB for PyTorch, the CUDA "
+                     f"context holding {context / GIB:.2f} GiB ({fraction:.3f} of {total / GIB:.1f} GiB)")
     return "; ".join(lines)
 
 

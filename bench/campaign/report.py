@@ -122,11 +122,12 @@ def goals_rows(report: dict) -> list[str]:
         add("q4_k kernel, one row", "not measured (quant-kernels did not run)", "within 1.5x", None)
     counted = {f"{m} {r['syncs_per_token']}" for step in ("decode-32k", "decode-127k")
                for m, r in _rows(report, step).items() if r.get("syncs_per_token") is not None}
-    ar_syncs = [r["syncs_per_token"] for step in ("decode-32k", "decode-127k") for m, r in _rows(report, step).items()
-                if m.startswith("ar-") and r.get("syncs_per_token") is not None]
+    # ar's allowance: its token, and with the hybrid verify one wait for the host's share (tests/sync_budget.py)
+    ar_over = [r["syncs_per_token"] - (2 if m == "ar-hybrid" else 1) for step in ("decode-32k", "decode-127k")
+               for m, r in _rows(report, step).items() if m.startswith("ar-") and r.get("syncs_per_token") is not None]
     add("host syncs per token", ", ".join(sorted(counted)) or "not counted (no CUDA decode rows)",
-        "ar: one per token; a speculative cycle: a few, never per layer or per draft (tests/sync_budget.py)",
-        max(ar_syncs) <= 1.5 if ar_syncs else None)
+        "ar: one per token (ar-hybrid two: its wait for the host's share); a speculative cycle: a few, never per "
+        "layer or per draft (tests/sync_budget.py)", max(ar_over) <= 0.5 if ar_over else None)
     fallbacks = [r.get("graph_fallbacks", 0) for step in ("decode-32k", "decode-127k") for r in _rows(report, step).values()
                  if "graph_fallbacks" in r]
     add("CUDA graph fallbacks", str(sum(fallbacks)) if fallbacks else "not seen (no decode rows)", "0",

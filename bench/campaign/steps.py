@@ -35,6 +35,8 @@ BEST_CASE_TRACE = "bench/traces/smollm2-needle8k-repeated-filler-triforce-lookup
 DECODE_METHODS = ("ar-offload", "ar-hybrid", "triforce", "triforce-ahead", "triforce-no-hybrid",
                   "triforce-no-residency")
 PEER_METHODS = ("ar-offload", "triforce", "zero-inference", "transformers-offloaded")  # ratios within one run
+# at 127K in the default call: the hybrid verify on and off (it lost at 32K on 2026-11-28 and won for ar at 127K)
+DECODE_METHODS_127K = ("ar-offload", "ar-hybrid", "triforce", "triforce-no-hybrid")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Fixed:
 @dataclass(frozen=True)
 class Tests:
     paths: tuple[str, ...]
+    seconds_per_test: float  # measured on the last GPU (see where each Tests is made)
 
 
 @dataclass(frozen=True)
@@ -115,8 +118,8 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
     short, long = scale.contexts
     quant = "q8_0" if scale.reduced else "q4_k"  # tiny-test's rows (64) are too short for q4_k's 256
     tier_contexts = "512" if scale.reduced else "4096,8192"
-    gpu_tests = Tests(("tests/gpu",))
-    quant_tests = Tests(("tests/unit/test_quant_triton.py",))
+    gpu_tests = Tests(("tests/gpu",), 3.44)  # 38 tests in 130.6 s on the H200, 2026-11-28
+    quant_tests = Tests(("tests/unit/test_quant_triton.py",), 1.57)  # 28 in 44 s, the same run
 
     def decode(name, what, d: Decode, default=True):
         return Step(name, what, d, decode_argv(scale, d, str(out_dir / f"{name}.png")), default, streams_rows=True)
@@ -135,35 +138,36 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
                   "--repeats", "2" if scale.reduced else "10", "--json")
     return [
         Step("user", "a new user's commands with default flags on a random model made here",
-             Fixed(60, "assumed: six short processes, each starting CUDA"), ("-m", "triforce.bench.campaign.user_step", "--json")),
+             Fixed(89, "measured: H200 campaign 2026-11-28"), ("-m", "triforce.bench.campaign.user_step", "--json")),
         Step("probe", "device, versions, exact pinning, copy bandwidths",
-             Fixed(13.5, "measured: H100 campaign 2026-11-23"), ("-m", "triforce.bench.campaign.gpu_probe")),
+             Fixed(9.5, "measured: H200 campaign 2026-11-28"), ("-m", "triforce.bench.campaign.gpu_probe")),
         Step("gpu-tests", "tests/gpu: graphs == eager, no graph fallback, float32 logits, Triton retrieval, sync "
                           "counts, offload with copy streams, sampling, SDPA kernels, the prefill's kernel path",
              gpu_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *gpu_tests.paths)),
         prefill("prefill-32k", short),
         prefill("prefill-127k", long),
+        decode("decode-127k", "decoding at 127K: triforce with the hybrid verify on and off, beside ar-offload and "
+                              "ar-hybrid (natural-text trace; few tokens a row: each ar token moves ~60 GB)",
+               Decode(long, DECODE_METHODS_127K, new_tokens=8, speculative_tokens=32)),
+        # what the default call leaves for a second one (--only NAMES, or --all); measured on 2026-11-28
         decode("decode-32k", "decoding at 32K: triforce with hybrid, residency and drafting ahead on and off, "
                              "ar-offload and ar-hybrid beside it (natural-text trace)",
-               Decode(short, DECODE_METHODS, new_tokens=8, speculative_tokens=32)),
-        decode("decode-127k", "the same at 127K (fewer tokens per row: each ar token moves ~60 GB)",
-               Decode(long, DECODE_METHODS, new_tokens=8, speculative_tokens=32)),
+               Decode(short, DECODE_METHODS, new_tokens=8, speculative_tokens=32), default=False),
         Step("quant-kernels", "the Triton block kernels against bf16 F.linear and the bytes floor, 1 and 16 rows",
-             Fixed(35, "assumed: ~16 Triton compiles"), kernels),
-        # what the default call leaves for a second one (--only NAMES, or --all)
+             Fixed(15, "measured: H200 campaign 2026-11-28"), kernels, default=False),
         Step("quant-tests", "Triton block kernels against the reference on the card",
              quant_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *quant_tests.paths), default=False),
         decode("decode-127k-q4k", f"decoding at 127K with {quant} projections: more of the KV resident",
                Decode(long, ("ar-offload", "ar-hybrid", "triforce"), new_tokens=8, speculative_tokens=32,
                       quantize=quant), default=False),
         Step("tier-steps-q4k", f"tier step times with {quant} projections against their bytes floor",
-             Fixed(40, "assumed: as tier-steps, with Triton compiles"), (*tier_steps[:-1], "--attn", "sdpa",
+             Fixed(22.2, "measured: H200 campaign 2026-11-28"), (*tier_steps[:-1], "--attn", "sdpa",
                                                                            "--quantize", quant, "--json"),
              default=False),
         decode("peers-32k", "peers at 32K beside ours in one run: ZeRO-Inference-style CPU attention, "
                             "transformers' offloaded cache", Decode(short, PEER_METHODS), default=False),
         Step("tier-steps", "tier step times against their bytes floor, graphs on/off, SDPA and flash-attn",
-             Fixed(18.9, "measured: H100 campaign 2026-11-23"), (*tier_steps[:-1], "--attn", "sdpa,flash", "--json"),
+             Fixed(17.8, "measured: H200 campaign 2026-11-28"), (*tier_steps[:-1], "--attn", "sdpa,flash", "--json"),
              default=False),
         decode("decode-127k-best-case", "triforce at 127K replaying the repeated-filler needle trace (a best case)",
                Decode(long, ("triforce",), trace=BEST_CASE_TRACE, new_tokens=8, speculative_tokens=32),
@@ -174,7 +178,6 @@ LEASE_S = 480          # the default call's wall time: a lease's 15 minutes less
 PROCESS_S = 8.0        # a step's process: Python, torch and the CUDA context (assumed)
 WEIGHTS_S = 6.0        # random 7B weights built on the card (assumed)
 METHOD_S = 3.0         # per decode row: plan, cache, warm-up, graph captures (assumed)
-TEST_S = 1.8           # per GPU test (measured: 22 tests in 39.7 s, H100 campaign 2026-11-23)
 HOST_STORE_GBPS = 3.0  # host KV allocated, pinned and filled (measured: the offload steps of 2026-11-23 less decoding)
 PREFILL_EFFICIENCY = 0.4  # share of the nominal tensor-core rate a long flash prefill reaches (assumed)
 # triforce measured over predicted without the hybrid split (2026-11-23: 37.6 and 232 ms/token against 29
@@ -182,6 +185,9 @@ PREFILL_EFFICIENCY = 0.4  # share of the nominal tensor-core rate a long flash p
 SPECULATIVE_FACTOR = 1.35
 PEER_FACTOR = {"zero-inference": 2.2, "transformers-offloaded": 1.5}  # of ar-offload (2026-11-23: 653/182, 2753/1141; assumed)
 LIMIT_FACTOR, LIMIT_FLOOR_S = 2.0, 60  # a step's own limit: twice its estimate, at least a minute
+# decode steps measured over estimated (H200, 2026-11-28): decode-32k 60.5 s against 52, decode-127k's
+# first four rows ~140 s against 115 (peers-32k ran under its estimate: 58.9 against 71)
+DECODE_FACTOR = 1.25
 
 
 @dataclass(frozen=True)
@@ -220,8 +226,8 @@ def estimate(step: Step, profile: str = "h100-80g", cap_gb: float = 24.0) -> Est
         return Estimate(work.seconds, {"job": work.seconds}, work.source)
     if isinstance(work, Tests):
         n = _test_count(work.paths)
-        return Estimate(PROCESS_S + n * TEST_S, {"start": PROCESS_S, f"{n} tests": n * TEST_S},
-                        "measured per-test time of 2026-11-23 x the tests collected now")
+        return Estimate(PROCESS_S + n * work.seconds_per_test, {"start": PROCESS_S, f"{n} tests": n * work.seconds_per_test},
+                        "measured per-test time of 2026-11-28 x the tests collected now")
     if isinstance(work, Prefill):
         return _prefill(work, profile, cap_gb)
     if isinstance(work, Decode):
@@ -258,8 +264,9 @@ def _decode(d: Decode, profile: str, cap_gb: float) -> Estimate:
             ms = by["ar-offload"] * PEER_FACTOR.get(method, 1.0)
             tokens = 2 + d.new_tokens * d.repeats + 1
         parts[method] = METHOD_S + tokens * ms / 1000
-    return Estimate(sum(parts.values()), parts,
-                    f"cost model, {profile} capped to {cap_gb:g} GB, triforce x{SPECULATIVE_FACTOR} as measured")
+    parts = {k: v * DECODE_FACTOR for k, v in parts.items()}
+    return Estimate(sum(parts.values()), parts, f"cost model, {profile} capped to {cap_gb:g} GB, triforce "
+                    f"x{SPECULATIVE_FACTOR}, the step x{DECODE_FACTOR} as measured")
 
 
 def plan_total(chosen: list[Step], profile: str = "h100-80g", cap_gb: float = 24.0) -> float:

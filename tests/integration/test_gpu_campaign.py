@@ -12,15 +12,16 @@ import pytest
 
 from triforce.bench import gpu_campaign
 from triforce.bench.campaign.steps import LEASE_S, estimate, plan_total
-from triforce.bench.campaign.steps import CAMPAIGN, DECODE_METHODS, REDUCED, Decode, Prefill, steps
+from triforce.bench.campaign.steps import CAMPAIGN, DECODE_METHODS, DECODE_METHODS_127K, REDUCED, Decode, Prefill, steps
 
-JOURNEY = ["user", "probe", "gpu-tests", "prefill-32k", "prefill-127k", "decode-32k", "decode-127k", "quant-kernels"]
-SECOND_CALL = ["quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps", "decode-127k-best-case"]
+JOURNEY = ["user", "probe", "gpu-tests", "prefill-32k", "prefill-127k", "decode-127k"]
+SECOND_CALL = ["decode-32k", "quant-kernels", "quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps",
+               "decode-127k-best-case"]
 # the reduced run on a CPU: one step of each command (its twins differ in numbers only, and every
 # step's command is parsed at both scales below); each step is an interpreter of its own (~4 s).
 # The user step's logic is tested in this process (test_user_step.py): its six processes took 25 s;
 # tests/gpu, which gpu-tests runs, is collected (and skipped) by this suite on a CPU
-REDUCED_RUN = ["probe", "prefill-127k", "decode-127k", "quant-kernels", "decode-127k-q4k",
+REDUCED_RUN = ["probe", "prefill-127k", "decode-32k", "quant-kernels", "decode-127k-q4k",
                "tier-steps-q4k", "peers-32k"]
 
 
@@ -44,7 +45,8 @@ def test_the_default_call_fits_a_lease_on_an_h100():
             assert s.argv[s.argv.index("--context") + 1] == str(s.work.context)
         if isinstance(s.work, Decode):  # its plot goes with its rows, never into the checkout
             assert s.argv[s.argv.index("--plot") + 1] == str(Path("out") / f"{s.name}.png")
-    assert by["decode-127k"].argv[by["decode-127k"].argv.index("--methods") + 1] == ",".join(DECODE_METHODS)
+    assert by["decode-127k"].argv[by["decode-127k"].argv.index("--methods") + 1] == ",".join(DECODE_METHODS_127K)
+    assert by["decode-32k"].argv[by["decode-32k"].argv.index("--methods") + 1] == ",".join(DECODE_METHODS)
     assert estimate(by["decode-127k"]).seconds > estimate(by["decode-32k"]).seconds  # 4x the host KV per ar token
     assert estimate(by["prefill-127k"]).parts["prefill compute"] > 4 * estimate(by["prefill-32k"]).parts["prefill compute"]
 
@@ -108,7 +110,7 @@ def test_a_reduced_run_of_each_kind_of_step_on_a_cpu(reduced):
     assert [s["name"] for s in report["steps"]] == REDUCED_RUN
     assert all(s["ok"] and s["estimate_s"] > 0 for s in report["steps"]), [(s["name"], s["stderr_tail"][-500:])
                                                                           for s in report["steps"] if not s["ok"]]
-    for name in ("prefill-127k", "decode-127k", "quant-kernels", "tier-steps-q4k", "peers-32k"):  # what each ran on
+    for name in ("prefill-127k", "decode-32k", "quant-kernels", "tier-steps-q4k", "peers-32k"):  # what each ran on
         assert {"commit", "date", "machine", "cpu_flags", "torch"} <= set(by[name]["result"]["provenance"]), name
     for name in ("prefill-127k",):  # the prompt's KV went to the host, then decoding followed
         r = by[name]["result"]
@@ -120,7 +122,7 @@ def test_a_reduced_run_of_each_kind_of_step_on_a_cpu(reduced):
 @pytest.mark.slow
 def test_decode_steps_stream_their_rows_and_share_one_host_store(reduced):
     out_dir, report, by, stdout = reduced
-    for name in ("decode-127k",):
+    for name in ("decode-32k",):
         result = by[name]["result"]
         streamed = [json.loads(line) for line in (out_dir / f"{name}.rows.jsonl").read_text().splitlines()]
         assert [line["row"] for line in streamed[1:]] == result["rows"]

@@ -18,7 +18,7 @@ a later prefill (a chat turn) frees the copies and a rollback below them only fo
 Hybrid (`hybrid`, offload.hybrid): in a pass of a few new tokens (decoding, a verify) the CPU
 attends over the oldest share of each layer's host blocks in place (triforce.kernels.cpu.attention.host,
 on a worker thread on CUDA) while the prefetcher streams the rest; the CPU's partial result merges
-with the others by log-sum-exp."""
+with the others by log-sum-exp; on a GPU the share follows the halves' measured times."""
 from __future__ import annotations
 
 import torch
@@ -26,11 +26,10 @@ import torch
 from triforce.cache_contract import CacheStep
 from triforce.kernels import SDPA, PartialAccumulator, RetrievalKernels, block_visible
 from triforce.kernels.chunk_means import ChunkMeans
-from triforce.kernels.cpu.attention.host import host_partial
-from triforce.kernels.cpu.attention.host import takes as host_attention_takes
-from triforce.kernels.cpu.attention.host import warm_up as warm_host_attention
+from triforce.kernels.cpu.attention.host import host_partial, takes as host_attention_takes, \
+    warm_up as warm_host_attention
 from triforce.offload.errors import OffloadError
-from triforce.offload.hybrid import CpuWorker, HybridRates, split_blocks
+from triforce.offload.hybrid import CpuWorker, HybridRates, ShareTuner, split_blocks
 from triforce.offload.prefetcher import Prefetcher, TransferPlan
 from triforce.offload.sparse_reads import SparseReads
 from triforce.pinned import HostKVStore
@@ -82,6 +81,7 @@ class OffloadedKVCache(SparseReads):
             warm_host_attention(dtype, cfg.num_kv_heads, cfg.head_dim)
         self._last_tokens = 1  # the last short pass's new tokens: the next prefetch's split
         self.cpu_worker = CpuWorker(self.device, self.prefetcher.streams)
+        self.tuner = ShareTuner(hybrid, self.prefetcher.streams) if isinstance(self.hybrid, HybridRates) else None
         self.cpu_bytes = 0     # host KV bytes attended in place (not streamed)
         # device copies of host positions [resident_tokens, resident_tokens + ext_tokens), whole blocks
         self.ext_capacity = max(0, decode_resident_tokens - resident_tokens) // block_tokens * block_tokens
@@ -180,7 +180,7 @@ class OffloadedKVCache(SparseReads):
         """The share of a pass's host blocks the CPU attends in place."""
         if self.hybrid is None or prefill or num_new > MAX_HYBRID_TOKENS:
             return 0.0
-        return self.hybrid if isinstance(self.hybrid, float) else self.hybrid.cpu_share(num_new)
+        return self.hybrid if isinstance(self.hybrid, float) else self.tuner.share(num_new)
 
     def _split(self, start: int, num_new: int, prefill: bool) -> tuple[tuple[tuple[int, ...], ...], TransferPlan]:
         """(the blocks the CPU attends in place per layer, the plan of the streamed ones)."""
@@ -199,8 +199,9 @@ class OffloadedKVCache(SparseReads):
         if first:
             self.prefetcher.synchronize()
         counts = [min(self.store.block_tokens, start - self.store.block_start(b)) for b in blocks]
-        self.cpu_bytes += sum(counts) * self.store.data[layer, 0, 0].nbytes
-        return self.cpu_worker.start(host_partial, q, self.store.data[layer], list(blocks), counts, scale=self.scale)
+        self.cpu_bytes += (cpu_bytes := sum(counts) * self.store.data[layer, 0, 0].nbytes)
+        return self.cpu_worker.start(host_partial, q, self.store.data[layer], list(blocks), counts, scale=self.scale,
+                                     tuner=self.tuner, cpu_bytes=cpu_bytes)
 
     def _host_blocks(self, layer: int, start: int) -> range:
         first_visible = self.device_tokens
@@ -260,13 +261,15 @@ class OffloadedCacheStep(CacheStep):
         if c.ext_tokens and block_visible(q_start, q.shape[2], resident, c.device_tokens, window):
             acc.add(*c.attn.partial(q, c.k_ext[layer, :, :, :c.ext_tokens], c.v_ext[layer, :, :, :c.ext_tokens],
                                     scale=c.scale, q_start=q_start, k_start=resident, sliding_window=window))
+        streamed = 0  # host KV bytes the device attends (the CPU's part is timed against them)
         for block, staged in c.prefetcher.read(self.plan, layer, again=not self.layer_done(layer)):
             first = c.store.block_start(block)
             k_old, v_old = c.store.block_kv(staged, min(c.store.block_tokens, self.start - first))
+            streamed += k_old.nbytes + v_old.nbytes
             acc.add(*c.attn.partial(q, k_old, v_old, scale=c.scale, q_start=q_start, k_start=first,
                                     sliding_window=window))
         if cpu_part is not None:
-            acc.add(*cpu_part())
+            acc.add(*cpu_part(streamed))
         if q_end > host_new_start:
             scratch_k, scratch_v = self._scratch
             count = q_end - host_new_start

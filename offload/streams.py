@@ -57,6 +57,14 @@ class SyncStreams:
         """The calling thread waits until `event` has happened (a worker thread's wait: the
         thread that launches the device's work never calls it)."""
 
+    def timing_event(self):
+        """An event that can be timed against another (None: this device keeps no times)."""
+        return None
+
+    def seconds_between(self, start, end) -> float | None:
+        """Device seconds from `start` to `end`, once `end` has happened; None before (never waits)."""
+        return None
+
 
 class CudaStreams(SyncStreams):
     """CUDA streams and events of one device."""
@@ -101,6 +109,12 @@ class CudaStreams(SyncStreams):
 
     def host_wait(self, event) -> None:
         event.synchronize()
+
+    def timing_event(self):
+        return torch.cuda.Event(enable_timing=True)
+
+    def seconds_between(self, start, end) -> float | None:
+        return start.elapsed_time(end) / 1000 if end.query() else None
 
 
 def streams_for(device: torch.device) -> SyncStreams:

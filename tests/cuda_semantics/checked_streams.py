@@ -29,6 +29,7 @@ import linecache
 import os
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -61,8 +62,10 @@ class FakeStream:
 
 
 class FakeEvent:
-    def __init__(self):
+    def __init__(self, timing: bool = False):
         self.clock: dict[int, int] | None = None  # None until recorded: waiting on it is a no-op
+        self.timing = timing
+        self.at: float | None = None  # the host's clock when recorded (work here runs as it is issued)
 
 
 @dataclass
@@ -161,6 +164,17 @@ class CheckedStreams:
         with self._lock:
             self._issue(stream)
             event.clock = dict(stream.clock)
+            event.at = time.perf_counter()
+
+    def timing_event(self) -> FakeEvent:
+        return FakeEvent(timing=True)
+
+    def seconds_between(self, start: FakeEvent, end: FakeEvent) -> float | None:
+        if not (start.timing and end.timing):  # CUDA refuses to time events made without timing
+            raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
+        if start.at is None or end.at is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return end.at - start.at
 
     def wait_event(self, stream: FakeStream, event: FakeEvent) -> None:
         with self._lock:

@@ -212,8 +212,11 @@ def linear_float32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     rows = x.reshape(-1, x.shape[-1])
     if rows.is_cuda:
         out = torch.mm(rows, weight.t(), out_dtype=torch.float32)
-    else:
-        out = rows.to(torch.float32) @ weight.to(torch.float32).t()
+    else:  # WIDEN_BYTES of weight rows widened at a time: a card's mm holds no float32 copy of the weight
+        x32, step = rows.to(torch.float32), max(1, WIDEN_BYTES // (4 * weight.shape[1]))
+        out = torch.empty(rows.shape[0], weight.shape[0], dtype=torch.float32, device=rows.device)
+        for first in range(0, weight.shape[0], step):
+            torch.mm(x32, weight[first:first + step].to(torch.float32).t(), out=out[:, first:first + step])
     if bias is not None:
         out += bias.to(torch.float32)
     return out.view(*x.shape[:-1], weight.shape[0])

@@ -6,8 +6,11 @@ and each pass size in `--rows` (1: a decoding step; 16: a verify pass), times
   BLOCKS: each format in --formats (the Triton kernels on a GPU, the numba kernels on a CPU),
 and reports ms, the weight bytes each reads, the GB/s that makes and the ratio to the floor
 (weight bytes over the device memory bandwidth measured in the same run by a large copy).
-Weights are random (blocks: random quants and scales); COPIES of each matrix are cycled so a
-repeat does not find the previous one in the cache.
+Weights are random (blocks: random quants and scales); copies of each matrix are cycled so a
+repeat does not find the previous one in the cache (on a GPU enough to fill its L2 three times).
+On a GPU the calls are captured in a CUDA graph and its replays timed by events: a call timed
+on its own from the host (as the H200 campaign of 2026-11-28 did) adds Python's dispatch, the
+launch and a sync, tens of microseconds against a projection's few; on a CPU each call is timed.
 
     triforce bench kernels --arch llama2-7b-128k --rows 1,16 --json
 """
@@ -19,13 +22,46 @@ import click
 import torch
 import torch.nn.functional as F
 
-from triforce.bench.harness import each_call, emit, output_option
+from triforce.bench.harness import Timing, each_call, emit, output_option
 from triforce.model.architectures import arch_hf_config
 from triforce.config.model import ModelConfig
 from triforce.model.loading import resolve_device, resolve_dtype
 from triforce.offload.measure import memory_gbps
 
 COPIES = 3
+GRAPHED_CALLS = 60  # calls per captured graph (each replay's time over this is one call's)
+
+
+def copies_for(nbytes: int, device: torch.device) -> int:
+    """Copies of a matrix to cycle: COPIES, or on a GPU enough to hold three times its L2."""
+    if device.type != "cuda":
+        return COPIES
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+    return max(COPIES, -(-3 * l2 // nbytes))
+
+
+def graphed_ms(call, repeats: int) -> Timing:
+    """One call's device time: GRAPHED_CALLS calls captured in a CUDA graph, replays timed by events."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compiled and allocated before the capture
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPHED_CALLS):
+            call()
+    graph.replay()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / GRAPHED_CALLS)
+    return Timing(tuple(samples))
 
 
 def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
@@ -36,18 +72,20 @@ def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 
 
 def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device, seed: int):
-    """COPIES linears of one shape: callables x -> x W^T, and the bytes one reads."""
+    """Linears of one shape (copies_for of them): callables x -> x W^T, and the bytes one reads."""
     g = torch.Generator(device=device).manual_seed(seed)
     if kind == "float":
         from triforce.kernels.cpu.linear.dense import FusedLinear
+        copies = copies_for(rows * cols * dtype.itemsize, device)
         weights = [torch.empty(rows, cols, dtype=dtype, device=device).normal_(0, 0.02, generator=g)
-                   for _ in range(COPIES)]
+                   for _ in range(copies)]
         if device.type == "cuda":
             return [lambda x, w=w: F.linear(x, w) for w in weights], weights[0].numel() * weights[0].element_size()
         return [FusedLinear(w) for w in weights], weights[0].numel() * weights[0].element_size()
     from triforce.model.quantized import random_block
     from triforce.model.quantized_layers import block_linear
-    blocks = [random_block(kind, rows, cols, device, g) for _ in range(COPIES)]
+    first = random_block(kind, rows, cols, device, g)
+    blocks = [first, *(random_block(kind, rows, cols, device, g) for _ in range(copies_for(first.nbytes, device) - 1))]
     return [block_linear(b) for b in blocks], blocks[0].nbytes
 
 
@@ -72,14 +110,14 @@ def main(arch, row_counts, formats, dtype, device, repeats, fmt):
             print(f"{name} [{n} x {k}] {kind} ...", file=sys.stderr)
             linears, nbytes = layers_for(kind, n, k, torch_dtype, device, seed=len(rows_out))
             for m in (int(r) for r in row_counts.split(",")):
-                xs = [torch.randn(m, k, dtype=torch_dtype, device=device) for _ in range(COPIES)]
+                xs = [torch.randn(m, k, dtype=torch_dtype, device=device) for _ in range(len(linears))]
                 turn = iter(range(1 << 30))
 
                 def call():
-                    i = next(turn) % COPIES
+                    i = next(turn) % len(linears)
                     return linears[i](xs[i])
 
-                timing = each_call(call, device, repeats)
+                timing = graphed_ms(call, repeats) if device.type == "cuda" else each_call(call, device, repeats)
                 ms = timing.median_ms
                 floor_ms = nbytes / (gbps * 1e9) * 1e3
                 rows_out.append({"matrix": name, "shape": [n, k], "weights": kind, "rows": m, "ms": round(ms, 4),
@@ -87,7 +125,9 @@ def main(arch, row_counts, formats, dtype, device, repeats, fmt):
                                  "x_floor": round(ms / floor_ms, 2), "spread": round(timing.spread, 3)})
     out = {"arch": arch, "device": str(device), "dtype": str(torch_dtype).removeprefix("torch."),
            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "memory_gbps_measured": round(gbps, 1), "repeats": repeats}
+           "memory_gbps_measured": round(gbps, 1), "repeats": repeats,
+           "timing": f"CUDA graph of {GRAPHED_CALLS} calls, replays timed by events" if device.type == "cuda"
+           else "each call on the host's clock"}
     emit(fmt, out, rows_out, lambda: table(out, rows_out))
 
 

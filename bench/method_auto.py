@@ -6,7 +6,8 @@ machine, through the same runtime the CLI uses (profile, cost model, plan):
 For each context a prose prompt is prefilled by every run (a cache handed from run to run would
 have its last prompt token re-run by the sparse tiers' set-up, which in bfloat16 changes that
 token's KV in the last bit); each run decodes `--new-tokens` greedy tokens (the same tokens for
-every method: checked). Goal
+every method: checked), or with `--sampling chat` samples them as chat does (temperature 0.2,
+top-p 0.9, repeat penalty 1.1, seed 0: each method's draws differ, so its answer does). Goal
 (issue 15): auto never below 0.95x of ar, and clearly above it where speculation helps.
 Every method is timed `--repeats` times in turn and keeps its best, so a noisy moment costs all;
 its spread over the repeats is reported beside it."""
@@ -22,8 +23,9 @@ from triforce.app.texts import PROMPT_KINDS
 from triforce.bench.harness import emit, markdown, output_option, spread
 
 
-def decode(runtime, ids: list[int], new_tokens: int, method: str):
-    """(GenerationResult, RunPlan, Engine) of one run of `method` after `ids` ('auto': the config's)."""
+def decode(runtime, ids: list[int], new_tokens: int, method: str, sampling=None):
+    """(GenerationResult, RunPlan, Engine) of one run of `method` after `ids` ('auto': the config's),
+    greedy or as `sampling` says."""
     from dataclasses import replace
 
     from triforce.config import SamplingParams
@@ -35,7 +37,7 @@ def decode(runtime, ids: list[int], new_tokens: int, method: str):
     started = time.perf_counter()
     engine.set_sequence(ids)
     print(f"{method}: {len(ids)} tokens prefilled in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    result = engine.generate(new_tokens, SamplingParams(), frozenset())
+    result = engine.generate(new_tokens, sampling or SamplingParams(), frozenset())
     return result, run, engine
 
 
@@ -57,12 +59,16 @@ def decode(runtime, ids: list[int], new_tokens: int, method: str):
                                       "docstrings of transformers, click and numba, in no shipped file (auto's "
                                       "check on text it has not seen); repeated: a passage repeated, a stated best "
                                       "case for speculation.")
+@click.option("--sampling", type=click.Choice(["greedy", "chat"]), default="greedy", show_default=True,
+              help="greedy: the same tokens from every method (checked); chat: chat's sampling defaults, seeded.")
 @output_option
 def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile, max_context, rope_scaling, prompt_kind,
-         fmt):
-    """Speed by context on natural text: ar, auto and the methods, same greedy tokens."""
+         sampling, fmt):
+    """Speed by context on natural text: ar, auto and the methods, greedy or sampled as chat does."""
+    from dataclasses import replace
+
     from triforce.app.runtime import build_runtime
-    from triforce.config import RunConfig
+    from triforce.config import CHAT_SAMPLING, RunConfig
     from triforce.app.texts import prompt_text
     from triforce.config import SpecParams
 
@@ -76,7 +82,8 @@ def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile
         rates, tokens, row = {}, {}, {"context": n, "prompt_tokens": len(ids)}
         for _ in range(repeats):
             for method in methods.split(","):
-                result, run, engine = decode(runtime, ids, new_tokens, method)
+                drawn = replace(CHAT_SAMPLING, seed=0) if sampling == "chat" else None
+                result, run, engine = decode(runtime, ids, new_tokens, method, drawn)
                 rates.setdefault(method, []).append(len(result.tokens) / result.time_s)
                 tokens[method] = result.tokens
                 if method == "auto":
@@ -88,12 +95,12 @@ def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile
             row[f"{method}_tok_s"] = round(rate, 2)
             row[f"{method}_vs_{first}"] = round(rate / best[first], 3)
             row[f"{method}_spread"] = round(spread(rates[method]), 3)  # over its repeats
-        row["same_tokens"] = all(t == tokens[first] for t in tokens.values())
+        row["same_tokens"] = all(t == tokens[first] for t in tokens.values())  # sampled: equal only by chance
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)  # a run stopped later keeps what it measured
     summary = {"model": str(runtime.lm.path), "weights": runtime.lm.quantized["weights"] if runtime.lm.quantized else "float",
                "dtype": str(runtime.lm.dtype).removeprefix("torch."), "profile": runtime.profile.name,
-               "text": prompt_kind, "new_tokens": new_tokens}
+               "text": prompt_kind, "new_tokens": new_tokens, "sampling": sampling}
     shown = [{k: v for k, v in r.items() if k not in ("auto", "auto_tiers")} for r in rows]
     emit(fmt, summary, rows, lambda: print(markdown(shown)))
 

@@ -9,18 +9,15 @@ from pathlib import Path
 import click
 
 from triforce.app.inputs import is_utf8
-from triforce.config import RunConfig
+from triforce.config import CHAT_SAMPLING, RunConfig
 from triforce.cli.options import (INT, build_spec, check_non_negative, context_options,
                                   device_option, dtype_option, quantize_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
 from triforce.errors import UserError
 
-# A small model answers best near greedy: at 0.7 the default model answered the README's own
-# question wrongly and once ran to the 512-token cap; greedy alone falls into loops more often.
-# Without a repeat penalty 2 of 20 answers still ran to the cap; with 1.1 none of 20 did
-# (`triforce eval loops`, bench/RESULTS.md)
-CHAT_TEMPERATURE, CHAT_TOP_P, CHAT_REPEAT_PENALTY = 0.2, 0.9, 1.1
+CHAT_TEMPERATURE, CHAT_TOP_P, CHAT_REPEAT_PENALTY = (CHAT_SAMPLING.temperature, CHAT_SAMPLING.top_p,
+                                                     CHAT_SAMPLING.repeat_penalty)  # triforce.config says why
 
 HELP_TEXT = """commands:
   /load FILE   put a document into the context (prefilled now, with a progress bar)

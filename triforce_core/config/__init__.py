@@ -47,6 +47,13 @@ class SamplingParams:
         return self.repeat_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
+# chat's defaults. A small model answers best near greedy: at 0.7 the default model answered the
+# README's own question wrongly and once ran to the 512-token cap; greedy alone falls into loops
+# more often. Without a repeat penalty 2 of 20 answers still ran to the cap; with 1.1 none of 20
+# did (`triforce eval loops`, bench/RESULTS.md)
+CHAT_SAMPLING = SamplingParams(temperature=0.2, top_p=0.9, repeat_penalty=1.1)
+
+
 PREFILL_CHUNKS = (1024, 512, 256, 128, 64)  # tokens per prefill forward: the planner takes the largest that fits
 # queries per attention call of a layer-major (offloaded) prefill: each call streams the layer's
 # host KV once, so a 32K prompt reads it 4 times per layer instead of 32 (at 1024-token chunks)

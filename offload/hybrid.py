@@ -139,8 +139,7 @@ class CpuWorker:
             return lambda device_bytes=0: result
         q_host = torch.empty(q.shape, dtype=q.dtype, pin_memory=True)
         q_host.copy_(q, non_blocking=True)
-        ready = self.streams.timing_event() if tuner is not None else None
-        ready = ready or self.streams.event()
+        ready = (self.streams.timing_event() if tuner is not None else None) or self.streams.event()
         self.streams.record(ready, self.streams.current())
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor

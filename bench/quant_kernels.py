@@ -13,6 +13,10 @@ on its own from the host (as the H200 campaign of 2026-11-28 did) adds Python's 
 launch and a sync, tens of microseconds against a projection's few; on a CPU each call is timed.
 
     triforce bench kernels --arch llama2-7b-128k --rows 1,16 --json
+    triforce bench kernels --formats q4_k --tiles 32:8:4:2:1,32:8:4:2:4,64:4:8:3:2   # a GPU's sweep
+
+`--tiles` times the Triton kernels (a GPU's) at each BLOCK_N:STEP:WARPS:STAGES:SPLIT given
+(triforce.kernels.cuda.quant_triton.Tiles) instead of the shipped ones, a row each.
 """
 from __future__ import annotations
 
@@ -71,8 +75,9 @@ def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
             "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size), "down": (cfg.hidden_size, cfg.intermediate_size)}
 
 
-def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device, seed: int):
-    """Linears of one shape (copies_for of them): callables x -> x W^T, and the bytes one reads."""
+def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device, seed: int, tiles=None):
+    """Linears of one shape (copies_for of them): callables x -> x W^T, and the bytes one reads.
+    tiles: the Triton kernels' (blocks on a GPU) instead of the shipped ones."""
     g = torch.Generator(device=device).manual_seed(seed)
     if kind == "float":
         from triforce.kernels.cpu.linear.dense import FusedLinear
@@ -86,6 +91,9 @@ def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torc
     from triforce.model.quantized_layers import block_linear
     first = random_block(kind, rows, cols, device, g)
     blocks = [first, *(random_block(kind, rows, cols, device, g) for _ in range(copies_for(first.nbytes, device) - 1))]
+    if tiles is not None:
+        from triforce.kernels.cuda.quant_triton import blocks_linear
+        return [lambda x, b=b: blocks_linear(x, b, tiles=tiles) for b in blocks], blocks[0].nbytes
     return [block_linear(b) for b in blocks], blocks[0].nbytes
 
 
@@ -96,19 +104,31 @@ def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torc
 @click.option("--dtype", default="auto", show_default=True, help="Activations (and the float weights).")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--repeats", type=int, default=30, show_default=True)
+@click.option("--tiles", "tile_list", default=None,
+              help="Comma-separated BLOCK_N:STEP:WARPS:STAGES:SPLIT of the Triton kernels to time (a GPU's).")
 @output_option
-def main(arch, row_counts, formats, dtype, device, repeats, fmt):
+def main(arch, row_counts, formats, dtype, device, repeats, tile_list, fmt):
     """Block-weight kernels against the float matmul and the bytes floor, at a model's projection shapes."""
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
+    sweep = [None]
+    if tile_list:
+        if device.type != "cuda":
+            raise click.UsageError("--tiles sets the Triton kernels' tiles: a GPU's (on a CPU the numba kernels run)")
+        from triforce.kernels.cuda.quant_triton import Tiles
+        try:
+            sweep = [Tiles.parse(text.strip()) for text in tile_list.split(",")]
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--tiles") from None
     cfg = ModelConfig.from_hf(arch_hf_config(arch))
     gbps = memory_gbps(device)
     kinds = ["float", *(f.strip() for f in formats.split(",") if f.strip())]
     rows_out = []
+    runs = [(kind, tiles) for kind in kinds for tiles in (sweep if kind != "float" else [None])]
     for name, (n, k) in shapes(cfg).items():
-        for kind in kinds:
-            print(f"{name} [{n} x {k}] {kind} ...", file=sys.stderr)
-            linears, nbytes = layers_for(kind, n, k, torch_dtype, device, seed=len(rows_out))
+        for kind, tiles in runs:
+            print(f"{name} [{n} x {k}] {kind}{f' tiles {tiles}' if tiles else ''} ...", file=sys.stderr)
+            linears, nbytes = layers_for(kind, n, k, torch_dtype, device, seed=len(rows_out), tiles=tiles)
             for m in (int(r) for r in row_counts.split(",")):
                 xs = [torch.randn(m, k, dtype=torch_dtype, device=device) for _ in range(len(linears))]
                 turn = iter(range(1 << 30))
@@ -121,6 +141,7 @@ def main(arch, row_counts, formats, dtype, device, repeats, fmt):
                 ms = timing.median_ms
                 floor_ms = nbytes / (gbps * 1e9) * 1e3
                 rows_out.append({"matrix": name, "shape": [n, k], "weights": kind, "rows": m, "ms": round(ms, 4),
+                                 **({"tiles": str(tiles)} if tiles else {}),
                                  "weight_bytes": nbytes, "gbps": round(nbytes / ms / 1e6, 1),
                                  "x_floor": round(ms / floor_ms, 2), "spread": round(timing.spread, 3)})
     out = {"arch": arch, "device": str(device), "dtype": str(torch_dtype).removeprefix("torch."),
@@ -136,7 +157,7 @@ def table(out: dict, rows_out: list[dict]) -> None:
           f"device memory bandwidth measured now: {out['memory_gbps_measured']} GB/s")
     print(f"{'matrix':8s} {'weights':8s} {'rows':>4s} {'ms':>9s} {'MB read':>8s} {'GB/s':>7s} {'x floor':>8s} {'spread':>7s}")
     for r in rows_out:
-        print(f"{r['matrix']:8s} {r['weights']:8s} {r['rows']:4d} {r['ms']:9.4f} {r['weight_bytes'] / 1e6:8.1f} "
+        print(f"{r['matrix']:8s} {r['weights'] + (' ' + r['tiles'] if 'tiles' in r else ''):8s} {r['rows']:4d} {r['ms']:9.4f} {r['weight_bytes'] / 1e6:8.1f} "
               f"{r['gbps']:7.1f} {r['x_floor']:8.2f} {r['spread']:7.3f}")
 
 

@@ -37,6 +37,9 @@ DECODE_METHODS = ("ar-offload", "ar-hybrid", "triforce", "triforce-ahead", "trif
 PEER_METHODS = ("ar-offload", "triforce", "zero-inference", "transformers-offloaded")  # ratios within one run
 # at 127K in the default call: the hybrid verify on and off (it lost at 32K on 2026-11-28 and won for ar at 127K)
 DECODE_METHODS_127K = ("ar-offload", "ar-hybrid", "triforce", "triforce-no-hybrid")
+# BLOCK_N:STEP:WARPS:STAGES:SPLIT of the block kernels to try: the shipped one first, then more
+# programs (narrower tiles, column splits for one row's 128 programs), deeper pipelines, wider steps
+TILE_SWEEP = "32:8:4:2:1,32:8:4:2:4,16:8:4:3:4,16:4:4:3:8,64:8:8:3:2,32:16:8:3:2"
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,9 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
                Decode(short, DECODE_METHODS, new_tokens=8, speculative_tokens=32), default=False),
         Step("quant-kernels", "the Triton block kernels against bf16 F.linear and the bytes floor, 1 and 16 rows",
              Fixed(15, "measured: H200 campaign 2026-11-28"), kernels, default=False),
+        Step("quant-tiles", "the Triton block kernels' tiles and column splits swept (the shipped ones untuned)",
+             Fixed(60, "assumed: quant-kernels' 15 s, six tiles of two formats compiled and timed"),
+             kernels if scale.reduced else (*kernels[:-1], "--tiles", TILE_SWEEP, "--json"), default=False),
         Step("quant-tests", "Triton block kernels against the reference on the card",
              quant_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *quant_tests.paths), default=False),
         decode("decode-127k-q4k", f"decoding at 127K with {quant} projections: more of the KV resident",

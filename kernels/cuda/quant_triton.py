@@ -13,10 +13,16 @@ activations take IEEE products (no TF32).
 
 The tile shapes do not depend on the number of rows, so a row's result is the same in a
 decoding step and in a verify pass (up to 64 rows; longer passes, prefill, take taller tiles).
+`Tiles` sets the weight rows per program, the blocks per step, the warps, the pipeline stages and
+a split of the columns (SPLIT programs per tile, each over a range of steps, their float32 sums
+added in a fixed order after): untuned until a GPU measures them (`triforce bench kernels
+--tiles`); the defaults are the first guess's.
 On CPU tensors the tests run the same kernel through Triton's interpreter (TRITON_INTERPRET=1).
 float64 activations (exactness tests) take the reference path: de-quantize, then F.linear.
 Importing this module needs `triton`."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +41,31 @@ SHORT_PASS = 64         # up to this many rows the short tiles serve (decoding, 
 WARM_ROWS = (1, 3, 16, SHORT_PASS + 1, 2 * SHORT_PASS)
 
 
+@dataclass(frozen=True)
+class Tiles:
+    block_n: int = BLOCK_N          # weight rows per program (at least 16: tl.dot's width)
+    step: int = BLOCKS_PER_STEP     # 32-weight blocks per step of the column loop
+    warps: int = 4
+    stages: int = 2                 # software pipelining of the column loop
+    split: int = 1                  # programs per tile along the columns
+
+    @classmethod
+    def parse(cls, text: str) -> "Tiles":
+        """'BLOCK_N:STEP:WARPS:STAGES:SPLIT' (trailing fields may be left out)."""
+        values = [int(v) for v in text.split(":")]
+        if not 1 <= len(values) <= 5 or min(values) < 1 or values[0] < 16 or values[0] & (values[0] - 1) \
+                or values[1:2] and values[1] & (values[1] - 1):
+            raise ValueError(f"tiles '{text}': BLOCK_N:STEP:WARPS:STAGES:SPLIT, BLOCK_N a power of two >= 16 and "
+                             "STEP a power of two")
+        return cls(*values)
+
+    def __str__(self) -> str:
+        return f"{self.block_n}:{self.step}:{self.warps}:{self.stages}:{self.split}"
+
+
+TILES = Tiles()
+
+
 @triton.jit
 def _spread(factors, BLOCK_N: tl.constexpr, COUNT: tl.constexpr, WIDTH: tl.constexpr):
     """[BLOCK_N, COUNT] factors (one per block or scale group) -> [BLOCK_N, COUNT * WIDTH], each
@@ -46,17 +77,21 @@ def _spread(factors, BLOCK_N: tl.constexpr, COUNT: tl.constexpr, WIDTH: tl.const
 def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, N, K, sx, so,
                           Q4: tl.constexpr, SHIFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, KQUANT: tl.constexpr,
                           HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr, STEP: tl.constexpr):
+                          BLOCK_N: tl.constexpr, STEP: tl.constexpr, SPLIT: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = offs_m < M
     n_ok = offs_n < N
     blocks = K // 32
+    # this program's steps of the columns (all of them unless SPLIT > 1)
+    per = tl.cdiv(tl.cdiv(blocks, STEP), SPLIT) * STEP
+    begin = tl.program_id(2) * per
+    end = tl.minimum(begin + per, blocks)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if Q4:
         j = tl.arange(0, STEP * 16)                  # the step's bytes of a row
         b = tl.arange(0, STEP)                       # the step's blocks
-        for first in range(0, blocks, STEP):
+        for first in range(begin, end, STEP):
             blk = first + j // 16
             k_ok = blk < blocks
             w_ok = n_ok[:, None] & k_ok[None, :]
@@ -89,7 +124,7 @@ def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, 
                 acc += tl.dot(x_hi, tl.trans(hi.to(x_hi.dtype)))
     else:  # signed bytes: Q8_0's scale per 32, Q6_K's per GROUP = 16
         c = tl.arange(0, STEP * 32)                   # the step's columns
-        for first in range(0, blocks, STEP):
+        for first in range(begin, end, STEP):
             col = first * 32 + c
             k_ok = col < K
             w_ok = n_ok[:, None] & k_ok[None, :]
@@ -106,14 +141,18 @@ def _blocks_linear_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, 
                 acc += tl.dot(xs, tl.trans(w.to(xs.dtype)))
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    out_ptr += tl.program_id(2) * M * so             # a split's own [M, N] of the float32 sums
     tl.store(out_ptr + offs_m[:, None] * so + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
 
 
 def blocks_linear(x: torch.Tensor, w: DeviceBlocks, bias: torch.Tensor | None = None,
-                  out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                  out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+                  tiles: Tiles | None = None) -> torch.Tensor:
     """x [..., cols] (float32, bfloat16 or float16) -> [..., rows] in out_dtype (x's by default);
-    bias float32 [rows] or None; out: a contiguous [x's rows, rows] buffer to write (else new)."""
+    bias float32 [rows] or None; out: a contiguous [x's rows, rows] buffer to write (else new);
+    tiles: instead of TILES (a benchmark's sweep)."""
+    tiles = tiles or TILES
     rows = x.reshape(-1, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -122,18 +161,28 @@ def blocks_linear(x: torch.Tensor, w: DeviceBlocks, bias: torch.Tensor | None = 
         out = torch.empty(m, w.rows, dtype=out_dtype or x.dtype, device=x.device)
     if m:
         block_m = SHORT_M if m <= SHORT_PASS else TALL_M
-        block_n = BLOCK_N if x.is_cuda else INTERPRETED_BLOCK_N  # the real device: compiled or interpreted
-        grid = (triton.cdiv(m, block_m), triton.cdiv(w.rows, block_n))
+        block_n = tiles.block_n if x.is_cuda else INTERPRETED_BLOCK_N  # the real device: compiled or interpreted
+        split = min(tiles.split, triton.cdiv(w.cols // BLOCK, tiles.step))
+        grid = (triton.cdiv(m, block_m), triton.cdiv(w.rows, block_n), split)
         unused = w.scales  # a real buffer behind pointers the kernel does not read (empty ones may be null)
         offsets = w.offsets if w.offsets.shape[1] else unused
         supers = w.supers if w.kind == "q4_k" else unused
+        sums = out if split == 1 else torch.empty(split, m, w.rows, dtype=torch.float32, device=x.device)
         _blocks_linear_kernel[grid](rows, w.quants, w.scales, offsets, supers,
-                                    bias if bias is not None else unused, out, m, w.rows, w.cols,
-                                    rows.stride(0), out.stride(0), Q4=w.q4, SHIFT=w.bias,
+                                    bias if bias is not None else unused, sums, m, w.rows, w.cols,
+                                    rows.stride(0), sums.stride(-2), Q4=w.q4, SHIFT=w.bias,
                                     HAS_OFFSETS=w.offsets.shape[1] > 0, KQUANT=w.kind == "q4_k",
-                                    HAS_BIAS=bias is not None, IEEE=rows.dtype == torch.float32,
+                                    HAS_BIAS=bias is not None and split == 1, IEEE=rows.dtype == torch.float32,
                                     GROUP=w.cols // w.scales.shape[1] if not w.q4 else BLOCK,
-                                    BLOCK_M=block_m, BLOCK_N=block_n, STEP=BLOCKS_PER_STEP)
+                                    BLOCK_M=block_m, BLOCK_N=block_n, STEP=tiles.step, SPLIT=split,
+                                    num_warps=tiles.warps, num_stages=tiles.stages)
+        if split > 1:  # the splits' sums added in a fixed order: a row's result does not depend on its pass
+            total = sums[0]
+            for part in sums[1:]:
+                total += part
+            if bias is not None:
+                total += bias
+            out.copy_(total)
     return out.view(*x.shape[:-1], w.rows)
 
 

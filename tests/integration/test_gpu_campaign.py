@@ -15,7 +15,7 @@ from triforce.bench.campaign.steps import LEASE_S, estimate, plan_total
 from triforce.bench.campaign.steps import CAMPAIGN, DECODE_METHODS, DECODE_METHODS_127K, REDUCED, Decode, Prefill, steps
 
 JOURNEY = ["user", "probe", "gpu-tests", "prefill-32k", "prefill-127k", "decode-127k"]
-SECOND_CALL = ["decode-32k", "quant-kernels", "quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps",
+SECOND_CALL = ["decode-32k", "quant-kernels", "quant-tiles", "quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps",
                "decode-127k-best-case"]
 # the reduced run on a CPU: one step of each command (its twins differ in numbers only, and every
 # step's command is parsed at both scales below); each step is an interpreter of its own (~4 s).

@@ -87,3 +87,26 @@ def test_float64_activations_take_the_reference_arithmetic(qt):
     x = torch.randn(2, 256, generator=g, dtype=torch.float64).to(DEVICE)
     torch.testing.assert_close(qt.TritonQuantLinear(dev)(x).cpu(), x.cpu() @ cpu.dequantized().double().T,
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["q4_k", "q4_1", "q8_0"])
+@pytest.mark.parametrize("tiles", ["16:4:4:1:3", "32:2:8:3:2"])
+def test_other_tiles_and_a_split_of_the_columns_compute_the_same(qt, kind, tiles):
+    """What `triforce bench kernels --tiles` sweeps on a GPU: each split sums its range of steps,
+    the splits added after in a fixed order; the result is the reference's, and a row's result
+    is the same in a pass of one row and of seventeen."""
+    cpu, dev, g = blocks(kind, 48, 1280, 11)   # 40 blocks: splits of unequal length (8 + 8 + 8 ... or 4 + 4 ...)
+    x = torch.randn(17, 1280, generator=g).to(DEVICE)
+    bias = torch.randn(48, generator=g).to(DEVICE)
+    chosen = qt.Tiles.parse(tiles)
+    got = qt.blocks_linear(x, dev, bias, tiles=chosen)
+    expected = x.double().cpu() @ cpu.dequantized().double().T + bias.double().cpu()
+    torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-4)
+    assert torch.equal(qt.blocks_linear(x[5:6], dev, bias, tiles=chosen), got[5:6])
+
+
+def test_tiles_are_parsed_as_a_user_types_them(qt):
+    assert str(qt.Tiles.parse("64:4")) == "64:4:4:2:1"
+    for bad in ("8:4", "48:4", "32:3", "32:4:4:2:0", "32:4:4:2:1:1", "x"):
+        with pytest.raises(ValueError):
+            qt.Tiles.parse(bad)

@@ -93,3 +93,11 @@ def test_a_module_benchmark_runs_as_a_triforce_bench_command(capsys):
     report = run_json(capsys, "bench", "kernels", "--arch", "llama-68m", "--rows", "1", "--formats", "q8_0",
                       "--dtype", "float32", "--repeats", "1", "--json")
     assert {r["weights"] for r in report["rows"]} == {"float", "q8_0"} and report["provenance"]["commit"]
+
+
+def test_a_tile_sweep_is_a_gpus_and_says_so(capsys):
+    from triforce.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "kernels", "--arch", "llama-68m", "--tiles", "32:8:4:2:4", "--device", "cpu"])
+    assert exit_info.value.code == 2 and "a GPU's" in capsys.readouterr().err

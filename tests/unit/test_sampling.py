@@ -84,3 +84,24 @@ def test_penalties_out_of_range_are_refused():
                 dict(penalty_last_n=0)):
         with pytest.raises(UserError):
             SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("temperature", [0.2, 0.7, 5.0])
+def test_top_p_from_candidates_keeps_what_sorting_the_vocabulary_keeps(temperature, monkeypatch):
+    """A CPU's nucleus from its most likely candidates, when it lies among them, against the
+    vocabulary sorted; a wider one takes the sort itself."""
+    from triforce.decoding import sampling
+
+    g = torch.Generator().manual_seed(int(temperature * 10))
+    logits = torch.randn(5, 49152, generator=g) * 4
+    params = SamplingParams(temperature=temperature, top_p=0.9)
+    with monkeypatch.context() as patched:
+        patched.setattr(sampling, "NUCLEUS_CANDIDATES", 1 << 20)  # more than the vocabulary: always sorted
+        sorted_ = probabilities(logits, params)
+    sorts, real_sort = [], torch.sort
+    monkeypatch.setattr(torch, "sort", lambda *a, **k: sorts.append(1) or real_sort(*a, **k))
+    fast = probabilities(logits, params)
+    widest = int((sorted_ > 0).sum(-1).max())
+    assert bool(sorts) == (widest >= sampling.NUCLEUS_CANDIDATES) and (temperature != 0.2 or not sorts)
+    assert torch.equal(fast > 0, sorted_ > 0)
+    torch.testing.assert_close(fast, sorted_, rtol=1e-6, atol=1e-7)

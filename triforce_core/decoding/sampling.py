@@ -48,13 +48,34 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         kth = torch.topk(calc, params.top_k, dim=-1).values[..., -1:]
         calc = calc.masked_fill(calc < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(calc, dim=-1)  # ascending
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cumulative <= 1 - params.top_p
-        drop_sorted[..., -1] = False  # always keep the most likely token
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        calc = calc.masked_fill(drop, float("-inf"))
+        calc = _nucleus(calc, params.top_p)
     return calc.softmax(-1)
+
+
+# candidates for top-p's nucleus on a CPU: sorting a 49K vocabulary took 4.4 ms a token at chat's
+# defaults on 2 cores (83 tok/s against 134 greedy); a peaked distribution's nucleus is a few tokens
+NUCLEUS_CANDIDATES = 64
+
+
+def _nucleus(calc: torch.Tensor, top_p: float) -> torch.Tensor:
+    """calc with -inf where top-p drops: each token is kept whose more likely tokens hold less than
+    top_p of the mass (the most likely always). On a CPU, when every row's nucleus lies among its
+    NUCLEUS_CANDIDATES most likely tokens (their mass without the last reaches top_p), from those
+    alone; else, and on a card (where the check would make the host wait), by sorting every row."""
+    if not on_cuda(calc) and calc.shape[-1] > NUCLEUS_CANDIDATES:
+        values, index = torch.topk(calc, NUCLEUS_CANDIDATES, dim=-1)  # descending
+        probs = (values - torch.logsumexp(calc, -1, keepdim=True)).exp()
+        above = probs.cumsum(-1) - probs  # the mass of each candidate's more likely ones
+        if bool((above[..., -1] >= top_p).all()):
+            keep = above < top_p
+            keep[..., 0] = True
+            return torch.full_like(calc, float("-inf")).scatter(-1, index, values.masked_fill(~keep, float("-inf")))
+    sorted_logits, order = torch.sort(calc, dim=-1)  # ascending
+    cumulative = sorted_logits.softmax(-1).cumsum(-1)
+    drop_sorted = cumulative <= 1 - top_p
+    drop_sorted[..., -1] = False  # always keep the most likely token
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return calc.masked_fill(drop, float("-inf"))
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:

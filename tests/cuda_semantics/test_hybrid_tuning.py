@@ -33,5 +33,7 @@ def test_the_split_follows_the_timed_passes_and_keeps_the_tokens(capsys, card, c
         streamed = run_json(capsys, *flags, "--no-hybrid")
     assert tuned["plan"]["offloaded"] and tuned["plan"]["hybrid"] and len(moves) == timed  # none timed streaming
     assert tuned["tokens"] == streamed["tokens"]
-    assert len(moves) >= 5 and all(tokens == 1 and layers == 4 for tokens, layers, _, _ in moves)
-    assert all(0 <= after <= 1 for *_, after in moves) and any(before != after for *_, before, after in moves)
+    assert len(moves) >= 3 and all(tokens == 1 and layers == 4 for tokens, layers, _, _ in moves)
+    # here the host's half of a tiny model's few KB takes far longer than the profile's link would
+    # for all of it: the CPU's share falls every pass (by a quarter), until it takes no block
+    assert all(after == pytest.approx(0.75 * before) for *_, before, after in moves)

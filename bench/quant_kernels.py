@@ -13,7 +13,7 @@ on its own from the host (as the H200 campaign of 2026-11-28 did) adds Python's 
 launch and a sync, tens of microseconds against a projection's few; on a CPU each call is timed.
 
     triforce bench kernels --arch llama2-7b-128k --rows 1,16 --json
-    triforce bench kernels --formats q4_k --tiles 32:8:4:2:1,32:8:4:2:4,64:4:8:3:2   # a GPU's sweep
+    triforce bench kernels --formats q4_k --tiles 32:8:4:3:1,32:8:4:3:4,64:4:8:3:2   # a GPU's sweep
 
 `--tiles` times the Triton kernels (a GPU's) at each BLOCK_N:STEP:WARPS:STAGES:SPLIT given
 (triforce.kernels.cuda.quant_triton.Tiles) instead of the shipped ones, a row each.

@@ -39,7 +39,7 @@ PEER_METHODS = ("ar-offload", "triforce", "zero-inference", "transformers-offloa
 DECODE_METHODS_127K = ("ar-offload", "ar-hybrid", "triforce", "triforce-no-hybrid")
 # BLOCK_N:STEP:WARPS:STAGES:SPLIT of the block kernels to try: the shipped one first, then more
 # programs (narrower tiles, column splits for one row's 128 programs), deeper pipelines, wider steps
-TILE_SWEEP = "32:8:4:2:1,32:8:4:2:4,16:8:4:3:4,16:4:4:3:8,64:8:8:3:2,32:16:8:3:2"
+TILE_SWEEP = "32:8:4:3:1,32:8:4:3:4,16:8:4:3:4,16:4:4:4:8,64:8:8:3:2,32:16:8:2:2"
 
 
 @dataclass(frozen=True)

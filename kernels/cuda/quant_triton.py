@@ -45,8 +45,8 @@ WARM_ROWS = (1, 3, 16, SHORT_PASS + 1, 2 * SHORT_PASS)
 class Tiles:
     block_n: int = BLOCK_N          # weight rows per program (at least 16: tl.dot's width)
     step: int = BLOCKS_PER_STEP     # 32-weight blocks per step of the column loop
-    warps: int = 4
-    stages: int = 2                 # software pipelining of the column loop
+    warps: int = 4                  # (4 and 3: Triton's defaults, which the kernel ran with before)
+    stages: int = 3                 # software pipelining of the column loop
     split: int = 1                  # programs per tile along the columns
 
     @classmethod

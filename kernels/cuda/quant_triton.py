@@ -53,10 +53,10 @@ class Tiles:
     def parse(cls, text: str) -> "Tiles":
         """'BLOCK_N:STEP:WARPS:STAGES:SPLIT' (trailing fields may be left out)."""
         values = [int(v) for v in text.split(":")]
-        if not 1 <= len(values) <= 5 or min(values) < 1 or values[0] < 16 or values[0] & (values[0] - 1) \
-                or values[1:2] and values[1] & (values[1] - 1):
-            raise ValueError(f"tiles '{text}': BLOCK_N:STEP:WARPS:STAGES:SPLIT, BLOCK_N a power of two >= 16 and "
-                             "STEP a power of two")
+        powers = values[:3]  # BLOCK_N, STEP and WARPS: Triton's shapes and warps are powers of two
+        if not 1 <= len(values) <= 5 or min(values) < 1 or values[0] < 16 or any(v & (v - 1) for v in powers):
+            raise ValueError(f"tiles '{text}': BLOCK_N:STEP:WARPS:STAGES:SPLIT, BLOCK_N a power of two >= 16, "
+                             "STEP and WARPS powers of two")
         return cls(*values)
 
     def __str__(self) -> str:

@@ -107,6 +107,6 @@ def test_other_tiles_and_a_split_of_the_columns_compute_the_same(qt, kind, tiles
 
 def test_tiles_are_parsed_as_a_user_types_them(qt):
     assert str(qt.Tiles.parse("64:4")) == "64:4:4:3:1" and qt.TILES == qt.Tiles(32, 8, 4, 3, 1)  # as shipped before
-    for bad in ("8:4", "48:4", "32:3", "32:4:4:2:0", "32:4:4:2:1:1", "x"):
+    for bad in ("8:4", "48:4", "32:3", "32:4:3", "32:4:4:2:0", "32:4:4:2:1:1", "x"):
         with pytest.raises(ValueError):
             qt.Tiles.parse(bad)

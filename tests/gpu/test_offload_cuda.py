@@ -65,3 +65,18 @@ def test_host_syncs_stay_within_the_budget_on_cuda(capsys, tiny_model_dir, tmp_p
     assert report["plan"]["offloaded"] and report["plan"]["hybrid"]
     assert all(r["graph_failed"] is None for r in report["graphs"].values()), report["graphs"]
     assert report["host_syncs"]["total"] <= allowed_syncs(report, 4), report["host_syncs"]
+
+
+def test_the_hybrid_share_follows_the_timed_passes_on_cuda(lm):
+    """The hybrid split's tuner on real events (timing events read once done, never waited for):
+    passes are timed, the share moves, and the tokens stay the resident cache's."""
+    from triforce.offload.hybrid import HybridRates
+
+    ids = lm.tokenizer(PROMPT).input_ids
+    rates = HybridRates(h2d_gbps=25.0, cpu_gbps=40.0, cpu_tflops=1.0)
+    cache = OffloadedKVCache(lm.config, len(ids) + 30, 16, 8, dtype=lm.dtype, device=lm.device, hybrid=rates)
+    tuned = run(lm, "ar", cache)
+    torch.cuda.synchronize()
+    cache.tuner.share(1)  # what the last pass left to read
+    assert tuned.tokens == run(lm, "ar").tokens
+    assert cache.tuner.passes > 0 and cache.tuner.shares[1] != rates.cpu_share(1) and cache.cpu_bytes > 0

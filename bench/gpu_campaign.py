@@ -132,7 +132,7 @@ def choose(chosen_from: list[Step], only: str | None, run_all: bool) -> list[Ste
 def print_plan(chosen: list[Step], every: list[Step], cap_gb: float, budget_s: float, out: Path, reduced: bool) -> None:
     from triforce.bench.campaign.steps import estimate
 
-    print(f"would run {len(chosen)} steps in {REPO} with GPU memory capped to {cap_gb:g} GB, within {budget_s:.0f} s, "
+    print(f"would run {len(chosen)} steps in {REPO} with GPU memory capped to a {cap_gb:g} GiB card's, within {budget_s:.0f} s, "
           f"writing to {out}{' (reduced shapes, on a CPU)' if reduced else ''}; estimates for an H100 (predicted):")
     last = last_measured(out)
     total = 0.0

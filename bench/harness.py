@@ -63,6 +63,36 @@ def each_call(fn, device, repeats: int, warmup: int = 3) -> Timing:
     return Timing(tuple(samples))
 
 
+GRAPHED_CALLS = 60  # calls per captured graph (each replay's time over this is one call's)
+
+
+def graphed_ms(call, repeats: int) -> Timing:
+    """One call's device time on CUDA: GRAPHED_CALLS calls captured in a CUDA graph, replays timed by
+    events (a call timed from the host adds its dispatch, launch and sync: tens of microseconds)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compiled and allocated before the capture
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPHED_CALLS):
+            call()
+    graph.replay()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / GRAPHED_CALLS)
+    return Timing(tuple(samples))
+
+
 def back_to_back_ms(fn, device, repeats: int, warmup: int = 3) -> float:
     """The mean of `repeats` calls queued one after another, synchronized once at each end."""
     for _ in range(warmup):

@@ -77,12 +77,12 @@ def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile
     runtime = build_runtime(config)
     tok = runtime.lm.tokenizer
     rows = []
+    drawn = replace(CHAT_SAMPLING, seed=0) if sampling == "chat" else None  # None: greedy
     for n in (int(c) for c in contexts.split(",")):
         ids = tok(prompt_text(prompt_kind, tok, n + 8), add_special_tokens=False).input_ids[:n - new_tokens]
         rates, tokens, row = {}, {}, {"context": n, "prompt_tokens": len(ids)}
         for _ in range(repeats):
             for method in methods.split(","):
-                drawn = replace(CHAT_SAMPLING, seed=0) if sampling == "chat" else None
                 result, run, engine = decode(runtime, ids, new_tokens, method, drawn)
                 rates.setdefault(method, []).append(len(result.tokens) / result.time_s)
                 tokens[method] = result.tokens

@@ -26,14 +26,13 @@ import click
 import torch
 import torch.nn.functional as F
 
-from triforce.bench.harness import Timing, each_call, emit, output_option
+from triforce.bench.harness import GRAPHED_CALLS, each_call, emit, graphed_ms, output_option
 from triforce.model.architectures import arch_hf_config
 from triforce.config.model import ModelConfig
 from triforce.model.loading import resolve_device, resolve_dtype
 from triforce.offload.measure import memory_gbps
 
 COPIES = 3
-GRAPHED_CALLS = 60  # calls per captured graph (each replay's time over this is one call's)
 
 
 def copies_for(nbytes: int, device: torch.device) -> int:
@@ -42,30 +41,6 @@ def copies_for(nbytes: int, device: torch.device) -> int:
         return COPIES
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
     return max(COPIES, -(-3 * l2 // nbytes))
-
-
-def graphed_ms(call, repeats: int) -> Timing:
-    """One call's device time: GRAPHED_CALLS calls captured in a CUDA graph, replays timed by events."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compiled and allocated before the capture
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(GRAPHED_CALLS):
-            call()
-    graph.replay()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / GRAPHED_CALLS)
-    return Timing(tuple(samples))
 
 
 def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:

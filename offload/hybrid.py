@@ -74,7 +74,10 @@ class ShareTuner:
 
     def share(self, tokens: int) -> float:
         self._harvest()
-        return self.shares.get(tokens, self.rates.cpu_share(tokens))
+        return self._share(tokens)
+
+    def _share(self, tokens: int) -> float:
+        return self.shares.get(tokens, self.rates.cpu_share(tokens))  # the rates' until a pass is timed
 
     def timed(self, tokens: int, cpu_bytes: int, cpu_seconds: float, device_bytes: int, start, end) -> None:
         """A layer's two halves: the CPU's done, the device's read once its end event has happened."""
@@ -97,7 +100,7 @@ class ShareTuner:
         cpu_bytes, cpu_s, device_bytes, device_s = (sum(layer[i] for layer in layers) for i in range(4))
         if min(cpu_bytes, cpu_s, device_bytes, device_s) <= 0:
             return
-        share = self.shares.get(tokens, self.rates.cpu_share(tokens))
+        share = self._share(tokens)
         hybrid_s = sum(max(layer[1], layer[3]) for layer in layers)
         if hybrid_s > (cpu_bytes + device_bytes) / (self.rates.h2d_gbps * 1e9):
             target = share / 2  # streaming it all would have been faster

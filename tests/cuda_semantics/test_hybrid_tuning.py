@@ -19,7 +19,7 @@ def test_the_split_follows_the_timed_passes_and_keeps_the_tokens(capsys, card, c
     real = ShareTuner.observe
 
     def observe(self, tokens, layers):
-        before = self.shares.get(tokens, self.rates.cpu_share(tokens))
+        before = self._share(tokens)
         real(self, tokens, layers)
         moves.append((tokens, len(layers), before, self.shares[tokens]))
 

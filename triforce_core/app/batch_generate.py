@@ -47,6 +47,26 @@ def row_plan(runtime, max_len: int, rows: int, spec=None, fixed: frozenset | Non
     return replace(runtime.plan(max_len, spec=spec, fixed=fixed, profile=profile), batch=choice, auto=online)
 
 
+# what a lone row's engine holds beside the full cache its batch engine shares with it
+LONE_TIER_PARTS = ("retrieval_cache", "streaming_cache", "chunk_means", "cuda_graph_pool")
+
+
+def lone_row_plan(runtime, run: RunPlan, max_len: int, rows: int) -> RunPlan | None:
+    """How a row of a batch that --method auto planned decodes while it runs alone: as `generate`
+    would (the single run's choice and online check) over the row's own full cache (a lone
+    conversation on a 4-row server decoded at 0.39x of a 1-row server's speed,
+    bench/history/2026-11-28-long-document-server.md). Its tiers (a retrieval cache, a draft's
+    streaming cache) come on top of the batch's `rows` rows, one lone engine at a time: None where
+    they would not fit, or where the batch's method was named by the user."""
+    if run.batch is None or runtime.world > 1:
+        return None
+    lone = row_plan(runtime, max_len, 1)
+    shared = sum(run.plan.breakdown.get(part, 0) for part in ("target_weights", "draft_weights"))
+    batch = shared + rows * (run.plan.gpu_bytes_total - shared)
+    tiers = sum(lone.plan.breakdown.get(part, 0) for part in LONE_TIER_PARTS)
+    return lone if batch + tiers <= runtime.profile.device_budget_bytes else None
+
+
 def row_check(choice, max_len: int):
     """A row's online check under a batch's --method auto: a MethodChoice that speculates from the
     start (None where the batch chose ar)."""

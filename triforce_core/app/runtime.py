@@ -88,16 +88,17 @@ class Runtime:
 
     def engine(self, max_len: int, run: RunPlan | None = None, *, kv_cache=None, replay=None,
                stop_requested=None, lm=None, draft: Draft | None = None, graphs: str | None = None,
-               draft_ahead: bool | None = None) -> Engine:
+               draft_ahead: bool | None = None, full=None) -> Engine:
         """The engine for max_len tokens under `run` (default: self.plan(max_len)), over the full
-        cache the plan calls for (or kv_cache), with every hook this run has. lm, draft: stand-ins
+        cache the plan calls for (or kv_cache, or another engine's full tier), with every hook this
+        run has. lm, draft: stand-ins
         for the loaded ones (a batch's rows call the model through triforce.decoding.lockstep);
         graphs, draft_ahead: instead of the configured settings."""
         from triforce.decoding.sync_count import SyncCounter
 
         run = run or self.plan(max_len)
         lm = lm or self.lm
-        if kv_cache is None:
+        if kv_cache is None and full is None:
             if lm is self.lm:  # a batch checks the room of all its rows at once
                 self.check_host_room(run, max_len)
             kv_cache = build_kv_cache(lm, max_len, run.plan, overlap=self.config.overlap, hybrid=self.config.hybrid)
@@ -111,7 +112,7 @@ class Runtime:
         draft_ahead = (self.config.draft_ahead if draft_ahead is None else draft_ahead) and lm is self.lm
         return Engine(lm, run.spec, max_len, draft, kv_cache=kv_cache, prefill_chunk=run.plan.prefill_chunk,
                       prefill_group=run.plan.prefill_group, graphs=graphs or self.config.graphs, hooks=hooks,
-                      speculate_from=run.speculate_from, draft_ahead=draft_ahead)
+                      speculate_from=run.speculate_from, draft_ahead=draft_ahead, full=full)
 
     def check_host_room(self, run: RunPlan, max_len: int, rows: int = 1) -> None:
         """The plan's host side (pinned KV store; on a CPU also the 'device' caches and buffers,

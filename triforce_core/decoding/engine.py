@@ -36,21 +36,22 @@ from triforce.model.loading import LoadedModel
 class Engine:
     def __init__(self, lm: LoadedModel, spec: SpecParams, max_len: int, draft=None, kv_cache=None,
                  prefill_chunk: int = PREFILL_CHUNK, graphs: str = "auto", hooks: EngineHooks = EngineHooks(),
-                 prefill_group: int = PREFILL_GROUP, speculate_from: int = 0, draft_ahead: bool = False):
+                 prefill_group: int = PREFILL_GROUP, speculate_from: int = 0, draft_ahead: bool = False,
+                 full: FullTier | None = None):
         """draft: a Draft, a loaded model, 'lookup', 'none' or None (see decoding.draft).
-        kv_cache: the full cache (see triforce.app.plan_and_cache); default resident.
-        prefill_chunk, prefill_group: a memory plan's prefill sizes. graphs: how the drafting
-        tiers run (auto: CUDA graphs on CUDA, eager elsewhere; off: eager; static: the graphs'
-        fixed-shape path without capture, see triforce.decoding.graph_runner). speculate_from: below
-        this sequence length the full tier checks no drafts, one token per pass as ar (--method
-        auto's switch-over, where speculation does not pay yet). draft_ahead: the tier below the full
-        one drafts the next cycle while the full tier verifies (triforce.decoding.draft_ahead)."""
+        kv_cache: the full cache (see triforce.app.plan_and_cache); default resident. full: another
+        engine's full tier to decode instead (one cache, two methods: a server's row alone or in a
+        batch). prefill_chunk, prefill_group: a memory plan's prefill sizes. graphs: how drafting
+        tiers run (auto: CUDA graphs on CUDA, else eager; off: eager; static: the graphs' fixed-shape
+        path uncaptured, see decoding.graph_runner). speculate_from: below this sequence length the
+        full tier checks no drafts (auto's switch-over). draft_ahead: the tier below the full one
+        drafts the next cycle while the full tier verifies (triforce.decoding.draft_ahead)."""
         if spec.method == AUTO:
             raise ValueError("method auto is chosen when a run is planned (Runtime.plan); an engine needs the method")
         self.lm, self.spec, self.hooks = lm, spec, hooks
         self.speculate_from = speculate_from
         self.runner_mode = runner_mode(graphs, lm.device)
-        self.full = FullTier(lm, max_len, kv_cache, prefill_chunk, prefill_group)
+        self.full = full or FullTier(lm, max_len, kv_cache, prefill_chunk, prefill_group)
         # an engine built in code ignores a draft its method does not use (the CLI refuses one)
         draft = resolve_draft(draft, spec, refuse_unused=False)
         self.levels = build_levels(lm, spec, draft, self.full, self.runner_mode, hooks.agree_ok)
@@ -65,8 +66,7 @@ class Engine:
         self.seq: list[int] = []
         self.params, self.logprobs = SamplingParams(), None  # logprobs: a LogprobRecorder, per generate
         self.generator: torch.Generator | None = None
-        self.stats = [LevelStats() for _ in self.levels]
-        self.rounds: list[tuple[str, int, int]] = []  # (tier, proposed, accepted) of each check
+        self.stats, self.rounds = [LevelStats() for _ in self.levels], []  # rounds: (tier, proposed, accepted)
         self.gate = hooks.speculation_gate
         self._passes: list[tuple[str, int]] = []  # (kind, tokens fed) of the round's passes, for the gate
 

@@ -66,6 +66,8 @@ def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None,
     scheduler = Scheduler(runtime, run, context, rows, queue_size, log=not quiet)
     model_id = model_name or Path(str(runtime.lm.path)).name
     lines = [runtime.attn_line] + ([run.method_line()] if run.method_line() is not None else [])
+    if scheduler.lone_run is not None:
+        lines.append(f"for a request alone, {scheduler.lone_run.method_line()}")
     parallel = f", tensor-parallel over {world} ranks" if world > 1 else ""
     from triforce.app.threads import threads_in_use
 

@@ -6,7 +6,9 @@ tokenizes the request before and detokenizes after. A row's engine stays with it
 the request ends, so a later request that extends the same conversation (the next turn of a chat
 over a long document) takes the engine whose cache holds the longest prefix of it and prefills
 only the rest. At most `width` rows run (the plan's batch size); later requests wait in a queue
-of at most `queue_size`."""
+of at most `queue_size`. A request that starts with no other row running or waiting decodes as
+`generate` would, over the same cache, where that fits (batch_generate.lone_row_plan): a batch's
+plan must not slow a lone conversation."""
 from __future__ import annotations
 
 import queue
@@ -20,7 +22,7 @@ from typing import Any, Callable
 
 from greenlet import GreenletExit
 
-from triforce.app.batch_generate import row_models
+from triforce.app.batch_generate import lone_row_plan, row_models
 from triforce.decoding.lockstep import Lockstep
 from triforce.decoding.logprobs import LogprobRecorder
 from triforce.decoding.numerics import SYMPTOMS, located
@@ -58,6 +60,7 @@ class Job:
 class _Slot:
     engine: Any = None
     models: Any = None  # the RowModels the engine was built over (triforce.app.batch_generate)
+    lone: Any = None    # an engine over engine's full tier for a row alone (Scheduler.lone_run; one slot at most)
     job: Job | None = None
     used: int = 0  # when it last served a request (a counter): ties go to the least recently used
 
@@ -80,10 +83,12 @@ class Scheduler:
         self.queued = 0     # submitted, not yet started
         self.running = 0    # rows decoding now
         self.served = 0     # requests finished (any way)
+        self.decoded_alone = 0  # requests started on a slot's lone engine
         self.failure: str | None = None  # the decoding thread died of this
         self._closing = False
         self._clock = 0
         self.lockstep = Lockstep(width)
+        self.lone_run = lone_row_plan(runtime, run, max_len, width) if width > 1 else None
         self.recent: deque = deque(maxlen=64)  # (label, prompt tokens, reused, new tokens, stopped_by)
         self._thread = threading.Thread(target=self._loop, name="triforce-decode", daemon=True)
 
@@ -111,7 +116,8 @@ class Scheduler:
     def status(self) -> dict:
         steps = self.lockstep
         return {"rows_running": self.running, "queued": self.queued, "batch_size": self.width,
-                "engines": len(self.slots), "served": self.served, "forward_passes": steps.passes,
+                "engines": len(self.slots), "served": self.served, "decoded_alone": self.decoded_alone,
+                "method_alone": self.lone_run.spec.method if self.lone_run else None, "forward_passes": steps.passes,
                 "rows_per_pass": round(steps.rows_per_pass / steps.passes, 3) if steps.passes else None}
 
     # ---- the decoding thread -----------------------------------------------------------------
@@ -186,6 +192,20 @@ class Scheduler:
                                      stop_requested=stop_requested)
         return engine
 
+    def _engine_for(self, slot: _Slot, params):
+        """The slot's batch engine, or its lone one when this request runs alone. A seeded sample
+        takes the batch's: it must repeat whatever runs beside it (which rounds speculate decides
+        which random numbers each token draws)."""
+        seeded = params.seed is not None and not params.greedy
+        if self.lone_run is None or self.running > 1 or self.queued or seeded:
+            return slot.engine
+        if slot.lone is None:
+            for other in self.slots:  # one lone engine at a time: the room planned holds one's tiers
+                other.lone = None
+            slot.lone = self.runtime.engine(self.max_len, self.lone_run, lm=slot.models.lm, draft=slot.models.draft,
+                                            graphs="off", stop_requested=slot.stop_requested, full=slot.engine.full)
+        return slot.lone
+
     def serve_request(self, job: Job, lane=None) -> None:
         """One request, as a row of the batch (lane: its row; None: decoded alone, under --tp)."""
         slot = None
@@ -195,7 +215,8 @@ class Scheduler:
                 raise Cancelled
             slot, shared = self._slot_for(job.ids)
             slot.job = job
-            engine = slot.engine
+            engine = self._engine_for(slot, job.params)
+            self.decoded_alone += engine is slot.lone
             # what the cache keeps (the last token is fed when decoding starts; a selection's window re-runs)
             reused = len(job.ids) - 1 - engine.tokens_to_prefill(job.ids)
             job.emit(("prefill", reused, len(job.ids)))
@@ -223,7 +244,7 @@ class Scheduler:
                     raise located(e, self.runtime.lm, engine.seq) from None
             job.emit(("done", result.stopped_by))
             self.recent.append((job.label, len(job.ids), reused, len(result.tokens), result.stopped_by))
-            self._say(job, reused, prefilled - started, result)
+            self._say(job, reused, prefilled - started, result, alone=engine is slot.lone)
         except Cancelled:
             job.emit(("done", "interrupt"))
             self.recent.append((job.label, len(job.ids), 0, 0, "interrupt"))
@@ -243,11 +264,12 @@ class Scheduler:
             self.running -= 1
             self.served += 1
 
-    def _say(self, job: Job, reused: int, prefill_s: float, result) -> None:
+    def _say(self, job: Job, reused: int, prefill_s: float, result, alone: bool) -> None:
         if not self.log:
             return
         n = len(result.tokens)
         rate = f", {n / result.time_s:.1f} tok/s" if result.time_s else ""
         print(f"triforce serve: {job.label} {len(job.ids)} prompt tokens ({reused} reused, prefill "
-              f"{prefill_s:.2f} s), {n} tokens in {result.time_s:.2f} s{rate}, stopped by {result.stopped_by}",
+              f"{prefill_s:.2f} s), {n} tokens in {result.time_s:.2f} s{rate}, stopped by {result.stopped_by}"
+              + (f", alone: {self.lone_run.spec.method}" if alone else ""),
               file=sys.stderr)

@@ -1,4 +1,5 @@
-"""The server as clients see it, through the HTTP API on the loopback.
+"""The server as clients see it, through the HTTP API on the loopback, its rows decoding on the
+main thread as under `triforce serve` (triforce.server.background.serve_while).
 
 `triforce bench serve-ttft`: time to first token over a conversation about a long document: turn 1
 (the document prefilled), turn 2 (the next question: the document's KV reused), and turn 2 again
@@ -27,7 +28,7 @@ def ask(url: str, messages: list[dict], new_tokens: int, **extra) -> dict:
     body = {"messages": messages, "max_tokens": new_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, **extra}
     started = time.perf_counter()
-    first, parts, usage = None, [], None
+    first, parts, usage, cached = None, [], None, None
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=None) as response:
         response.raise_for_status()
         for line in response.iter_lines():
@@ -38,17 +39,41 @@ def ask(url: str, messages: list[dict], new_tokens: int, **extra) -> dict:
                 raise click.ClickException(chunk["error"]["message"])
             if chunk.get("usage"):
                 usage = chunk["usage"]
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", cached)
+            if "cache_n" in chunk.get("timings", {}):  # llama-server's count of the prompt it reused
+                cached = chunk["timings"]["cache_n"]
             for choice in chunk.get("choices", []):
                 if choice["delta"].get("content"):
                     first = first or time.perf_counter()
                     parts.append(choice["delta"]["content"])
     ended = time.perf_counter()
     ttft = (first or ended) - started
+    if usage is None:
+        raise click.ClickException(f"{url} sent no usage with its stream")
     tokens = usage["completion_tokens"]
     return {"ttft_s": round(ttft, 3), "prompt_tokens": usage["prompt_tokens"],
-            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"], "new_tokens": tokens,
+            "cached_tokens": cached, "new_tokens": tokens,
             "decode_tok_s": round((tokens - 1) / (ended - first), 2) if first and ended > first and tokens > 1 else None,
             "text": "".join(parts), "started": started, "ended": ended}
+
+
+OPENING = "Summarise it in one sentence."
+FOLLOW_UPS = ("Which module does it mention first?", "What does its last paragraph say?")
+
+
+def conversation(url: str, document: str, new_tokens: int, follow_ups: int) -> tuple[dict, dict]:
+    """Turn 1 asks about the document, each later turn follows the answers so far:
+    ({request: ask's result}, {request: its messages})."""
+    messages = [{"role": "user", "content": f"Here is a document:\n\n{document}\n\n{OPENING}"}]
+    runs, asked = {}, {}
+    for turn, question in enumerate(FOLLOW_UPS[:follow_ups], start=1):
+        asked[f"turn {turn}"] = messages
+        runs[f"turn {turn}"] = ask(url, messages, new_tokens)
+        messages = messages + [{"role": "assistant", "content": runs[f"turn {turn}"]["text"]},
+                               {"role": "user", "content": question}]
+    last = f"turn {follow_ups + 1}"
+    asked[last], runs[last] = messages, ask(url, messages, new_tokens)
+    return runs, asked
 
 
 @click.command()
@@ -64,48 +89,88 @@ def ask(url: str, messages: list[dict], new_tokens: int, **extra) -> dict:
 @click.option("--prompt", "prompt_kind", type=click.Choice(["natural", "held-out"]), default="natural",
               show_default=True, help="The document: the shipped corpus, or text no shipped file holds.")
 @click.option("--new-tokens", type=click.IntRange(1), default=32, show_default=True, help="Tokens per answer.")
+@click.option("--follow-ups", type=click.IntRange(1, len(FOLLOW_UPS)), default=1, show_default=True,
+              help="Questions after the first, each in the conversation so far.")
+@click.option("--llama-server", "llama_binary", default=None,
+              help="llama.cpp's llama-server binary: the same conversation through it, after ours, on --gguf "
+                   "with the same context, RoPE stretch and threads (one slot).")
+@click.option("--gguf", default=None, help="The GGUF file llama-server loads (default: the shipped file of "
+                                           "--model default).")
 @output_option
-def ttft(model, dtype, method, document_tokens, max_context, rope_scaling, rows, prompt_kind, new_tokens, fmt):
-    """The server's time to first token over a conversation about a document: turn 1, turn 2 (the
-    document's KV reused) and turn 2 again after other conversations took every row (cold)."""
+def ttft(model, dtype, method, document_tokens, max_context, rope_scaling, rows, prompt_kind, new_tokens, follow_ups,
+         llama_binary, gguf, fmt):
+    """The server's time to first token over a conversation about a document: turn 1, the
+    follow-ups (the document's KV reused) and turn 2 again after other conversations took every
+    row (cold). With --llama-server, the same conversation through llama.cpp's server too."""
+    from triforce.app.threads import threads_in_use
     from triforce.server.assembly import build_api
-    from triforce.server.background import BackgroundServer
+    from triforce.server.background import serve_while
 
+    if gguf is None and llama_binary is not None:
+        if model != "default":
+            raise click.UsageError("--llama-server needs --gguf: the model's weights as a GGUF file")
+        from triforce.model.default_model import ensure_gguf
+        gguf = str(ensure_gguf())
     config = RunConfig(model=model, dtype=dtype, max_context=max_context, rope_scaling=rope_scaling,
                        spec=SpecParams(method=method))
     api, lines = build_api(config, batch_size=rows, quiet=True)
     document = prompt_text(prompt_kind, api.lm.tokenizer, document_tokens)
-    server = BackgroundServer(api)
-    try:
-        turn1 = [{"role": "user", "content": f"Here is a document:\n\n{document}\n\nSummarise it in one sentence."}]
-        runs = {"turn 1": ask(server.url, turn1, new_tokens)}
-        turn2 = turn1 + [{"role": "assistant", "content": runs["turn 1"]["text"]},
-                         {"role": "user", "content": "Which module does it mention first?"}]
-        runs["turn 2"] = ask(server.url, turn2, new_tokens)
+
+    def ours(url: str) -> dict:
+        runs, asked = conversation(url, document, new_tokens, follow_ups)
         if api.scheduler.width == 1:  # another conversation takes the only row: turn 2 again is cold
-            ask(server.url, [{"role": "user", "content": "Something else entirely."}], 4)
-            runs["turn 2, cold"] = ask(server.url, turn2, new_tokens)
-    finally:
-        server.stop()
-    rows = [{"request": k, **{f: v for f, v in r.items() if f not in ("text", "started", "ended")},
-             "prefill_tok_s": round((r["prompt_tokens"] - r["cached_tokens"]) / r["ttft_s"], 1)}
-            for k, r in runs.items()]
+            ask(url, [{"role": "user", "content": "Something else entirely."}], 4)
+            runs["turn 2, cold"] = ask(url, asked["turn 2"], new_tokens)
+        return runs
+
+    runs = serve_while(api, ours)
+    peer = {}
+    if llama_binary is not None:
+        from triforce.bench.llama_server import llama_server, server_flags
+
+        from triforce.model.context_stretch import trained_context
+        from triforce.model.hf_config import read_hf_config
+
+        trained = trained_context(read_hf_config(api.lm.path))
+        flags = server_flags(gguf, max_context, threads_in_use(), rope_scaling, trained)
+        with llama_server(llama_binary, flags) as url:
+            peer = conversation(url, document, new_tokens, follow_ups)[0]
+    rows = [_row("triforce", k, r) for k, r in runs.items()] + [_row("llama-server", k, r) for k, r in peer.items()]
     # with several rows nothing evicts the document cheaply: turn 1 (the document cold) stands in
     cold = runs.get("turn 2, cold", runs["turn 1"])
     speedup = round(cold["ttft_s"] / runs["turn 2"]["ttft_s"], 2)
     summary = {"model": api.model_id, "dtype": str(api.lm.dtype).removeprefix("torch."), "lines": lines,
                "server_rows": api.scheduler.width, "prompt": prompt_kind, "turn2_speedup_vs_cold": speedup}
+    if peer:
+        summary["vs_llama_server"] = {k: {"ttft": round(peer[k]["ttft_s"] / runs[k]["ttft_s"], 2),
+                                          "decode": _ratio(runs[k]["decode_tok_s"], peer[k]["decode_tok_s"])}
+                                      for k in peer}
+        summary["llama_server_flags"] = flags
 
     def table():
         print("\n".join(lines[1:]))
-        print("| request | prompt tokens | cached | TTFT s | prefill tok/s | decode tok/s |\n|---|---:|---:|---:|---:|---:|")
+        print("| server | request | prompt tokens | cached | TTFT s | prefill tok/s | decode tok/s |\n"
+              "|---|---|---:|---:|---:|---:|---:|")
         for r in rows:
-            print(f"| {r['request']} | {r['prompt_tokens']} | {r['cached_tokens']} | {r['ttft_s']} | "
+            print(f"| {r['server']} | {r['request']} | {r['prompt_tokens']} | {r['cached_tokens']} | {r['ttft_s']} | "
                   f"{r['prefill_tok_s']} | {r['decode_tok_s']} |")
         against = "the same request cold" if "turn 2, cold" in runs else "turn 1"
         print(f"turn 2 reaches its first token {speedup}x sooner than {against}")
+        for k, ratio in summary.get("vs_llama_server", {}).items():
+            print(f"{k}: first token {ratio['ttft']}x sooner than llama-server's, decoding {ratio['decode']}x its speed")
 
     emit(fmt, summary, rows, table)
+
+
+def _row(server: str, request: str, run: dict) -> dict:
+    fresh = run["prompt_tokens"] - (run["cached_tokens"] or 0)
+    return {"server": server, "request": request,
+            **{f: v for f, v in run.items() if f not in ("text", "started", "ended")},
+            "prefill_tok_s": round(fresh / run["ttft_s"], 1)}
+
+
+def _ratio(ours, theirs):
+    return round(ours / theirs, 2) if ours and theirs else None
 
 
 def prompts(tokenizer, clients: int, tokens: int) -> list[str]:
@@ -127,15 +192,15 @@ def prompts(tokenizer, clients: int, tokens: int) -> list[str]:
 def load(model, dtype, method, clients, prompt_tokens, new_tokens, max_context, fmt):
     """The server's throughput with several clients at once against one by one."""
     from triforce.server.assembly import build_api
-    from triforce.server.background import BackgroundServer
+    from triforce.server.background import serve_while
 
     config = RunConfig(model=model, dtype=dtype, max_context=max_context, spec=SpecParams(method=method))
     api, lines = build_api(config, batch_size=clients, queue_size=clients, quiet=True)
     texts = prompts(api.lm.tokenizer, 2 * clients, prompt_tokens)
-    server = BackgroundServer(api)
-    try:
+
+    def both(url: str) -> tuple[list, list]:
         def stream(text: str, tokens: int) -> dict:
-            return ask(server.url, [{"role": "user", "content": text}], tokens, ignore_eos=True)
+            return ask(url, [{"role": "user", "content": text}], tokens, ignore_eos=True)
 
         stream("Warm up.", 4)
         one_by_one = [stream(t, new_tokens) for t in texts[:clients]]
@@ -146,9 +211,10 @@ def load(model, dtype, method, clients, prompt_tokens, new_tokens, max_context, 
             t.start()
         for t in threads:
             t.join()
-        status = api.scheduler.status()
-    finally:
-        server.stop()
+        return one_by_one, together
+
+    one_by_one, together = serve_while(api, both)
+    status = api.scheduler.status()
 
     def summarised(name, runs):
         tokens = sum(r["new_tokens"] for r in runs)

@@ -90,3 +90,53 @@ def test_a_prefill_of_a_model_split_into_attention_and_projections(capsys, tiny_
     out = run(capsys, "bench", "prefill", "--model", tiny_model_dir("llama-gqa"), "--context", "40", "--new-tokens", "1",
               "--dtype", "float32", "--breakdown")
     assert "prefill by op (profiler self time): attention" in out
+
+
+def _fake_llama_server(tmp_path, monkeypatch):
+    """An executable that runs tests/fake_llama_server.py; its arguments land in the returned file."""
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "fake_llama_server.py"
+    binary = tmp_path / "llama-server"
+    binary.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
+    binary.chmod(0o755)
+    monkeypatch.setenv("FAKE_LLAMA_ARGS", str(tmp_path / "args.json"))
+    return binary, tmp_path / "args.json"
+
+
+def test_a_conversation_through_llama_server_beside_ours(capsys, tmp_path, monkeypatch):
+    """The same conversation (turn 1 and two follow-ups) through both servers, each turn's ratios
+    side by side; llama-server gets our context, YaRN factor, threads, one slot and the file."""
+    binary, args = _fake_llama_server(tmp_path, monkeypatch)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    report = json.loads(run(capsys, "bench", "serve-ttft", "--document-tokens", "200", "--max-context", "16384",
+                            "--rope-scaling", "yarn", "--new-tokens", "3", "--dtype", "float32", "--rows", "1",
+                            "--follow-ups", "2", "--llama-server", binary, "--gguf", gguf, "--json"))
+    turns = ["turn 1", "turn 2", "turn 3"]
+    assert [(r["server"], r["request"]) for r in report["rows"]] == \
+        [("triforce", t) for t in turns + ["turn 2, cold"]] + [("llama-server", t) for t in turns]
+    peer = [r for r in report["rows"] if r["server"] == "llama-server"]
+    assert peer[0]["cached_tokens"] == 0 and peer[1]["cached_tokens"] > 200 and peer[2]["cached_tokens"] > 200
+    assert set(report["vs_llama_server"]) == set(turns)
+    ours = {r["request"]: r for r in report["rows"] if r["server"] == "triforce"}
+    for theirs in peer:  # each ratio is of the two rows beside it
+        ratio = report["vs_llama_server"][theirs["request"]]
+        assert ratio["ttft"] == round(theirs["ttft_s"] / ours[theirs["request"]]["ttft_s"], 2)
+    given = json.loads(args.read_text())
+    assert given[:10] == ["-m", str(gguf), "-c", "16384", "-np", "1", "-t", given[7], "-tb", given[7]]
+    assert given[10:14] == ["--rope-scaling", "yarn", "--rope-scale", "2"]  # SmolLM2's 8192 stretched to 16384
+
+
+def test_a_llama_server_that_fails_to_start_says_why(capsys, tmp_path, monkeypatch):
+    binary, _ = _fake_llama_server(tmp_path, monkeypatch)
+    flags = ["bench", "serve-ttft", "--document-tokens", "40", "--max-context", "512", "--new-tokens", "2",
+             "--dtype", "float32", "--rows", "1", "--llama-server", binary]
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in flags + ["--gguf", tmp_path / "missing.gguf"]])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and "llama-server exited with code 1" in err and "failed to load model" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in flags[:-2] + ["--max-context", "16384", "--rope-scaling", "dynamic"] + flags[-2:]])
+    assert exit_info.value.code == 2 and "llama-server has no --rope-scaling dynamic" in capsys.readouterr().err

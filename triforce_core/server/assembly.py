@@ -88,9 +88,8 @@ def run_server(config: RunConfig, listener: socket.socket, api_key, model_name, 
                   "(Ctrl-C or SIGTERM to stop)")
     print("\n".join(lines), file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(api.app(), log_level="warning", timeout_graceful_shutdown=None))
-    # uvicorn re-raises the signal that stopped it once it has shut down gracefully; with these
-    # handlers in place that re-raise does nothing and the command exits 0
+    # uvicorn listens for signals only on the main thread, where the rows decode (Scheduler.serve_here)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    server.run(sockets=[listener])
+        signal.signal(sig, server.handle_exit)
+    api.scheduler.serve_here(lambda: server.run(sockets=[listener]))
     print("triforce serve: stopped", file=sys.stderr)

@@ -102,10 +102,9 @@ class Scheduler:
 
     def serve_here(self, serve_http: Callable[[], None]) -> None:
         """Run serve_http (the HTTP server, whose lifespan calls start and close) on a thread and
-        decode on this one until it returns. OpenMP's idle workers spin between a token's parallel
-        kernels only under the process's first thread (libgomp throttles the spin where it manages
-        more threads than cores, and it counts that first thread): on a thread of its own a row
-        decoded at half the speed (51 against 113 tok/s at 2K, 2-core Zen 4)."""
+        decode on this one until it returns. libgomp lets idle workers spin between a token's
+        kernels only under the process's first thread (it throttles the spin once it manages more
+        threads than cores): elsewhere a row decoded at half speed (51 vs 113 tok/s, 2K, Zen 4)."""
         self._here = True
 
         def http() -> None:
@@ -296,7 +295,6 @@ class Scheduler:
             return
         n = len(result.tokens)
         rate = f", {n / result.time_s:.1f} tok/s" if result.time_s else ""
-        print(f"triforce serve: {job.label} {len(job.ids)} prompt tokens ({reused} reused, prefill "
-              f"{prefill_s:.2f} s), {n} tokens in {result.time_s:.2f} s{rate}, stopped by {result.stopped_by}"
-              + (f", alone: {self.lone_run.spec.method}" if alone else ""),
-              file=sys.stderr)
+        way = f", alone: {self.lone_run.spec.method}" if alone else ""
+        print(f"triforce serve: {job.label} {len(job.ids)} prompt tokens ({reused} reused, prefill {prefill_s:.2f} s), "
+              f"{n} tokens in {result.time_s:.2f} s{rate}, stopped by {result.stopped_by}{way}", file=sys.stderr)

@@ -57,6 +57,38 @@ def test_a_batch_a_stream_and_ids_give_the_single_runs_tokens(llm):
     assert model.generate(model.encode(PROMPT), params).token_ids == alone[0].token_ids
 
 
+def test_a_stream_decodes_on_the_callers_thread_and_stops_when_closed(llm, monkeypatch):
+    """(on another thread OpenMP's workers sleep between kernels: half the speed on a CPU)"""
+    import threading
+
+    from triforce import SamplingParams
+    from triforce.decoding.engine import Engine
+
+    model, _ = llm
+    rounds, threads = [], set()
+    generate = Engine.generate
+
+    def spied(self, *args, **kwargs):
+        threads.add(threading.get_ident())
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", spied)
+    monkeypatch.setattr(Engine, "_round", lambda self, *a, _round=Engine._round: rounds.append(1) or _round(self, *a))
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    pieces = model.stream(PROMPT, params)
+    first = next(pieces)
+    pieces.close()
+    assert first and threads == {threading.get_ident()}
+    assert 0 < len(rounds) < 100  # closed after the first piece, decoding stopped at its next round
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("the engine broke")
+
+    monkeypatch.setattr(Engine, "generate", broken)
+    with pytest.raises(RuntimeError, match="the engine broke"):  # an error while decoding reaches the caller
+        next(model.stream(PROMPT, params))
+
+
 def test_a_stop_string_ends_the_answer(llm):
     from triforce import SamplingParams
 

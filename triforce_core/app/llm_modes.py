@@ -1,9 +1,8 @@
 """The other ways triforce.LLM decodes: many prompts as one batch (`generate --prompts`'s path),
-text pieces streamed while decoding runs on a worker thread, and a conversation whose KV stays
+text pieces streamed as decoding makes them, and a conversation whose KV stays
 between turns (`triforce chat`'s Chat)."""
 from __future__ import annotations
 
-import queue
 import threading
 from typing import Iterator
 
@@ -36,45 +35,42 @@ def generate_batch(llm, prompts: list[list[int]], params: SamplingParams) -> lis
     return results
 
 
-_END = object()
-
-
 def stream_pieces(llm, ids: list[int], params: SamplingParams) -> Iterator[str]:
-    """Checks the prompt now, then decodes on a worker thread while the caller takes the pieces."""
+    """Checks the prompt now, then decodes piece by piece as the caller takes them."""
     from triforce.app.completion import room_for
 
     room_for(ids, llm.context, params.max_tokens)  # a prompt that cannot fit fails here, not at the first next()
     return _pieces(llm, ids, params)
 
 
+_END = object()
+
+
 def _pieces(llm, ids: list[int], params: SamplingParams) -> Iterator[str]:
-    import numba
+    """Decoding runs in a greenlet on the caller's thread, which it leaves at each piece: on a
+    thread of its own it ran at half the speed (OpenMP throttles the spin of workers that any thread
+    but the process's first starts, triforce.server.scheduler.Scheduler.serve_here)."""
+    from greenlet import getcurrent, greenlet
 
-    pieces: queue.Queue = queue.Queue()
     stop = threading.Event()
-    threads = numba.get_num_threads()  # numba's count is per thread: the worker takes the caller's
 
-    def work() -> None:
-        try:
-            numba.set_num_threads(threads)
-            llm.complete_ids(ids, params, on_text=pieces.put, stop_flag=stop)
-            pieces.put(_END)
-        except BaseException as e:  # handed to the caller, raised there
-            pieces.put(e)
+    def work() -> object:
+        llm.complete_ids(ids, params, on_text=lambda piece: worker.parent.switch(piece), stop_flag=stop)
+        return _END
 
-    worker = threading.Thread(target=work, name="triforce-stream", daemon=True)
-    worker.start()
+    worker = greenlet(work)
     try:
         while True:
-            item = pieces.get()
+            worker.parent = getcurrent()  # its pieces, its end and its errors come back here
+            item = worker.switch()
             if item is _END:
                 return
-            if isinstance(item, BaseException):
-                raise item
             yield item
-    finally:  # the caller stopped early (or decoding ended): decoding stops at its next round
+    finally:  # the caller stopped early: decoding stops at its next round, its pieces dropped
         stop.set()
-        worker.join()
+        while not worker.dead:
+            worker.parent = getcurrent()
+            worker.switch()
 
 
 class Conversation:

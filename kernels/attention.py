@@ -36,6 +36,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     cpu_kernel: decoding steps on the CPU go to triforce.kernels.cpu.attention.decode (False: SDPA)."""
     if cpu_kernel and cpu_attention.takes(q, k, v, sliding_window):
         return cpu_attention.attention(q, k, v, scale=scale)
+    if cpu_kernel and cpu_attention.takes_prefill(q, k, v, sliding_window):
+        return cpu_attention.prefill_attention(q, k, v, scale=scale)
     num_queries, num_keys = q.shape[-2], k.shape[-2]
     window_binds = sliding_window is not None and num_keys > sliding_window
     gqa = q.shape[1] != k.shape[1]

@@ -170,3 +170,39 @@ print(len(ca.attend_kernel(torch.float32, 64).signatures))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["0", "True", "1"]
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("keys, queries", [(SPLIT + 40, SMALL_QUERIES + 1), (3 * SPLIT - 5, 200)])
+def test_a_later_prefill_chunk_matches_float64_whole_or_in_pieces(dtype, tol, keys, queries, monkeypatch):
+    """prefill_attention against float64 SDPA; its pieces (a small PREFILL_SCRATCH) give every
+    query the bits the whole chunk gives it."""
+    k, v = _cache_views(dtype, keys, keys + 24)
+    q = torch.randn(1, 9, queries, 64, generator=torch.Generator().manual_seed(queries)).to(dtype)
+    whole = cpu_attention.prefill_attention(q, k, v, scale=0.125)
+    assert whole.shape == q.shape and whole.dtype == dtype
+    torch.testing.assert_close(whole.double(), _reference(q, k, v, 0.125), rtol=tol, atol=tol)
+    splits = (keys + SPLIT - 1) // SPLIT
+    monkeypatch.setattr(cpu_attention, "PREFILL_SCRATCH", 7 * 9 * splits * 64 * 4)  # 7 queries a piece
+    assert torch.equal(cpu_attention.prefill_attention(q, k, v, scale=0.125), whole)
+
+
+def test_which_prefill_chunks_it_takes(monkeypatch):
+    """bfloat16 chunks after the first, on the CPU's bfloat16 dot (the device decision taken both
+    ways whatever this CPU has); never float32, a first chunk, a verify's few rows or a window."""
+    monkeypatch.setattr(cpu_attention, "HAS_BF16_DOT", True)
+    k, v = _cache_views(torch.bfloat16, 300, 320)
+    q = torch.randn(1, 9, 40, 64).bfloat16()
+    assert cpu_attention.takes_prefill(q, k, v, None)
+    assert not cpu_attention.takes_prefill(q[:, :, :SMALL_QUERIES], k, v, None)    # a verify: `takes`
+    assert not cpu_attention.takes_prefill(q.float(), k.float(), v.float(), None)   # float32: SDPA ran faster
+    assert not cpu_attention.takes_prefill(q, k[:, :, :40], v[:, :, :40], None)     # the first chunk: SDPA
+    assert not cpu_attention.takes_prefill(q, k, v, sliding_window=100)             # a window hides keys
+    routed = []
+    monkeypatch.setattr(cpu_attention, "prefill_attention", lambda *a, **kw: routed.append(a[0].shape[2]) or a[0])
+    attention(q, k, v, scale=0.125)
+    assert routed == [40]
+    monkeypatch.setattr(cpu_attention, "HAS_BF16_DOT", False)  # a CPU without the instruction: flash, as before
+    assert not cpu_attention.takes_prefill(q, k, v, None)
+    attention(q, k, v, scale=0.125)
+    assert routed == [40]

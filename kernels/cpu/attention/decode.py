@@ -38,8 +38,11 @@ from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA
 from triforce.kernels.cpu.simd.f32_lanes import exp_sum, max_of
 from triforce.kernels.device_kind import on_host
 
-SMALL_QUERIES = 16  # beyond this many new tokens (prefill) the blocked SDPA kernel is the better one
+SMALL_QUERIES = 16  # beyond this many new tokens a prefill's chunk: prefill_attention where it pays, else SDPA
 SPLIT = 512         # keys per job: 3 heads of 2K keys make 12 jobs for 2 cores
+# What a prefill chunk's per-split partials may hold at once (prefill_attention): 3072 rows of
+# 32 splits (1024 tokens of the default model at 16K) are 75 MB; a larger model's go in pieces.
+PREFILL_SCRATCH = 64 << 20
 # KV heads x head dim below this (test-sized models) stay on SDPA: a call's fixed cost (~30 us)
 # would outweigh its work. A property of the model, never of the context, so a model's AR steps
 # and verify passes always take the same kernel.
@@ -176,9 +179,23 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int
     SMALL_QUERIES new tokens, KV heads x head dim >= MIN_KV_WIDTH, no sliding window that hides
     keys, and k, v laid out as rows of a cache buffer (contiguous rows, heads whole rows apart,
     the block within the storage)."""
+    return 0 < q.shape[2] <= min(SMALL_QUERIES, k.shape[2]) and _serves(q, k, v, sliding_window)
+
+
+def takes_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int | None) -> bool:
+    """Whether prefill_attention serves a prefill chunk after the first (more than SMALL_QUERIES
+    new tokens after earlier keys): bfloat16 on the CPU's bfloat16 dot, as `takes` otherwise.
+    There it ran 2.0-2.8x torch's flash kernel (256 to 1024 new tokens over 8K-16K keys, Zen 4);
+    float32 on FMA ran 0.5-1.1x and a first chunk (half its scores masked) 0.8x: those stay on SDPA."""
+    dim = q.shape[-1]
+    return (q.dtype == torch.bfloat16 and HAS_BF16_DOT and dim % CHUNK == 0
+            and SMALL_QUERIES < q.shape[2] < k.shape[2] and _serves(q, k, v, sliding_window))
+
+
+def _serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int | None) -> bool:
     if not on_host(q) or q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype:
         return False
-    if q.shape[0] != 1 or not 0 < q.shape[2] <= min(SMALL_QUERIES, k.shape[2]) or q.shape[1] % k.shape[1]:
+    if q.shape[0] != 1 or q.shape[1] % k.shape[1]:
         return False
     if k.shape[1] * k.shape[3] < MIN_KV_WIDTH:
         return False
@@ -207,6 +224,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float
     attend = attend_kernel(q.dtype, dim)
     attend(bits_of(q[0].reshape(kv_heads, rows, dim).contiguous()), _whole(k[0]), _whole(v[0]), np.float32(scale),
            keys, queries, bits_of(out[0].view(kv_heads, rows, dim)), numba.config.NUMBA_NUM_THREADS)
+    return out
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
+    """`attention` for a long chunk (see takes_prefill), its queries in pieces whose per-split
+    partials stay within PREFILL_SCRATCH, each piece over the keys up to its last query's. A query
+    gets the same bits in any piece (the kernel is batch-invariant)."""
+    _, heads, queries, dim = q.shape
+    keys = k.shape[2]
+    per_query = heads * ((keys + SPLIT - 1) // SPLIT) * dim * 4  # its rows' partials, float32
+    piece = max(1, PREFILL_SCRATCH // per_query)
+    if piece >= queries:
+        return attention(q, k, v, scale=scale)
+    out = torch.empty_like(q)
+    for first in range(0, queries, piece):
+        end = min(queries, first + piece)
+        seen = keys - queries + end
+        out[:, :, first:end] = attention(q[:, :, first:end], k[:, :, :seen], v[:, :, :seen], scale=scale)
     return out
 
 

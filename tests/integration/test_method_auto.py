@@ -136,9 +136,12 @@ def test_ar_steps_leave_the_sparse_tiers_until_speculation_resumes(tiny_model_di
     rebuilt_while_ar = []
     decide = gate.speculate
 
-    def speculate(length):
+    firsts = []
+
+    def speculate(length, first=False):
+        firsts.append(first)
         before = tier.rebuilds
-        verdict = decide(length)
+        verdict = decide(length, first)
         if not verdict:  # the previous round's upkeep ran already; this one's runs after the pass
             engine.upkeep.after_full_verify = watch(engine.upkeep.after_full_verify, before)
         return verdict
@@ -155,6 +158,7 @@ def test_ar_steps_leave_the_sparse_tiers_until_speculation_resumes(tiny_model_di
     assert result.tokens == expected
     assert gate.fallbacks >= 1 and gate.ar_tokens >= 32 and len(rebuilt_while_ar) == gate.ar_tokens
     assert not any(rebuilt_while_ar)
+    assert firsts[0] and not any(firsts[1:])  # only the answer's first round asks for its first token
 
 
 @pytest.mark.parametrize("method", ["ar", "retrieval", "snapkv"])

@@ -124,3 +124,23 @@ def test_ar_first_tries_speculation_once_after_the_hold_and_keeps_it_where_it_pa
     calibrated(other)
     spec_round(other, 132, emitted=1, ms=19.0)  # the probe loses alone: ar for a hold
     assert other.fallbacks == 1 and not other.speculate(133) and other.speculate(132 + GATE_HOLD[0])
+
+
+def test_a_requests_first_token_comes_from_an_ar_step_where_that_is_under_half_a_round():
+    """A CPU's round (drafting, a verify of gamma + 1 tokens) takes several ar steps: the first
+    token of a follow-up comes sooner by a step. An offloaded GPU's round costs about one step
+    (the full pass dominates both): there the round stays, or every later token would wait."""
+    cpu = SpeculationGate(cost=given_ms)
+    length = calibrated(cpu)
+    for _ in range(GATE_WINDOW):
+        spec_round(cpu, length, emitted=6, ms=30.0)  # 5 ms a token against 10: speculation pays
+        length += 6
+    assert cpu.speculate(length) and not cpu.speculate(length, first=True)
+    assert cpu.speculate(length + 1)  # from the second round on, the rounds again
+    gpu = SpeculationGate(cost=given_ms)
+    length = calibrated(gpu)
+    for _ in range(GATE_WINDOW):
+        spec_round(gpu, length, emitted=6, ms=12.0)  # a round barely more than a step
+        length += 6
+    assert gpu.speculate(length, first=True)
+    assert SpeculationGate(cost=given_ms).speculate(100, first=True) is False  # nothing measured: calibrating

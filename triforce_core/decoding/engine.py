@@ -138,7 +138,7 @@ class Engine:
                 if self.hooks.stop_requested is not None and self.hooks.stop_requested():
                     return "interrupt"
                 round_started = time.perf_counter()  # the round's time for the gate: upkeep included
-                speculate = len(self.seq) >= self.speculate_from and (self.gate is None or self.gate.speculate(base))
+                speculate = len(self.seq) >= self.speculate_from and (not self.gate or self.gate.speculate(base, not out))
                 if self.gate is not None and self.hooks.agree is not None:  # rank 0's timings decide for every rank
                     speculate = bool(self.hooks.agree([int(speculate)])[0])
                 with self._phase("cache upkeep"):

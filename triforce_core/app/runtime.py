@@ -90,10 +90,9 @@ class Runtime:
                stop_requested=None, lm=None, draft: Draft | None = None, graphs: str | None = None,
                draft_ahead: bool | None = None, full=None) -> Engine:
         """The engine for max_len tokens under `run` (default: self.plan(max_len)), over the full
-        cache the plan calls for (or kv_cache, or another engine's full tier), with every hook this
-        run has. lm, draft: stand-ins
-        for the loaded ones (a batch's rows call the model through triforce.decoding.lockstep);
-        graphs, draft_ahead: instead of the configured settings."""
+        cache the plan calls for (or kv_cache, or `full`: another engine's full tier), with every
+        hook this run has. lm, draft: stand-ins for the loaded ones (a batch's rows call the model
+        through triforce.decoding.lockstep); graphs, draft_ahead: instead of the configured settings."""
         from triforce.decoding.sync_count import SyncCounter
 
         run = run or self.plan(max_len)

@@ -11,6 +11,7 @@ from triforce.cache.resident import ResidentKVCache
 from triforce.config.model import ModelConfig
 from triforce.kernels import SDPA, attention
 from triforce.kernels import partial as partial_module
+from triforce.kernels.cpu.attention import decode as cpu_attention
 from triforce.kernels.partial import partial_attention
 from triforce.offload.offloaded_cache import OffloadedKVCache
 
@@ -58,6 +59,8 @@ def flash_calls(monkeypatch):
 
     monkeypatch.setattr(partial_module, "_flash_call", checked)
     monkeypatch.setattr(SDPA, "fused_partial_failed", None)
+    # a card's chunks go to flash: the CPU's own prefill kernel (bfloat16 dot CPUs) never takes them
+    monkeypatch.setattr(cpu_attention, "takes_prefill", lambda *args: False)
     return calls
 
 

@@ -7,7 +7,8 @@ For each context a prose prompt is prefilled by every run (a cache handed from r
 have its last prompt token re-run by the sparse tiers' set-up, which in bfloat16 changes that
 token's KV in the last bit); each run decodes `--new-tokens` greedy tokens (the same tokens for
 every method: checked), or with `--sampling chat` samples them as chat does (temperature 0.2,
-top-p 0.9, repeat penalty 1.1, seed 0: each method's draws differ, so its answer does). Goal
+top-p 0.9, repeat penalty 1.1, unseeded: auto's check times its rounds), `chat-seeded` with seed 0
+(the check then prices rounds by the cost model, so an answer repeats). Each method's answer differs. Goal
 (issue 15): auto never below 0.95x of ar, and clearly above it where speculation helps.
 Every method is timed `--repeats` times in turn and keeps its best, so a noisy moment costs all;
 its spread over the repeats is reported beside it."""
@@ -59,8 +60,9 @@ def decode(runtime, ids: list[int], new_tokens: int, method: str, sampling=None)
                                       "docstrings of transformers, click and numba, in no shipped file (auto's "
                                       "check on text it has not seen); repeated: a passage repeated, a stated best "
                                       "case for speculation.")
-@click.option("--sampling", type=click.Choice(["greedy", "chat"]), default="greedy", show_default=True,
-              help="greedy: the same tokens from every method (checked); chat: chat's sampling defaults, seeded.")
+@click.option("--sampling", type=click.Choice(["greedy", "chat", "chat-seeded"]), default="greedy", show_default=True,
+              help="greedy: the same tokens from every method (checked); chat: chat's sampling defaults, unseeded "
+                   "as chat draws; chat-seeded: the same with seed 0 (repeatable; auto's check prices its rounds).")
 @output_option
 def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile, max_context, rope_scaling, prompt_kind,
          sampling, fmt):
@@ -77,7 +79,7 @@ def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile
     runtime = build_runtime(config)
     tok = runtime.lm.tokenizer
     rows = []
-    drawn = replace(CHAT_SAMPLING, seed=0) if sampling == "chat" else None  # None: greedy
+    drawn = {"chat": CHAT_SAMPLING, "chat-seeded": replace(CHAT_SAMPLING, seed=0)}.get(sampling)  # None: greedy
     for n in (int(c) for c in contexts.split(",")):
         ids = tok(prompt_text(prompt_kind, tok, n + 8), add_special_tokens=False).input_ids[:n - new_tokens]
         rates, tokens, row = {}, {}, {"context": n, "prompt_tokens": len(ids)}

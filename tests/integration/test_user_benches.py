@@ -33,12 +33,14 @@ def test_speed_by_context_sampled_as_chat_samples(capsys, monkeypatch):
 
     seen, real = [], method_auto.decode
     monkeypatch.setattr(method_auto, "decode", lambda *args: seen.append(args[-1]) or real(*args))
-    report = json.loads(run(capsys, "bench", "context", "--contexts", "160", "--new-tokens", "6", "--repeats", "1",
-                            "--methods", "ar,auto", "--dtype", "float32", "--sampling", "chat", "--format", "json"))
-    row, = report["rows"]
-    assert report["sampling"] == "chat" and row["ar_tok_s"] > 0 and row["auto_vs_ar"] > 0
-    assert [(s.temperature, s.top_p, s.repeat_penalty, s.seed) for s in seen] == \
-        [(CHAT_SAMPLING.temperature, CHAT_SAMPLING.top_p, CHAT_SAMPLING.repeat_penalty, 0)] * 2
+    for sampling, seed in (("chat", None), ("chat-seeded", 0)):  # as chat draws (unseeded), or repeatable
+        seen.clear()
+        report = json.loads(run(capsys, "bench", "context", "--contexts", "160", "--new-tokens", "6", "--repeats", "1",
+                                "--methods", "ar,auto", "--dtype", "float32", "--sampling", sampling, "--format", "json"))
+        row, = report["rows"]
+        assert report["sampling"] == sampling and row["ar_tok_s"] > 0 and row["auto_vs_ar"] > 0
+        assert [(s.temperature, s.top_p, s.repeat_penalty, s.seed) for s in seen] == \
+            [(CHAT_SAMPLING.temperature, CHAT_SAMPLING.top_p, CHAT_SAMPLING.repeat_penalty, seed)] * 2
 
 
 def test_against_transformers_as_csv(capsys):

@@ -9,17 +9,22 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 
 
+def _loopback_server(api, host: str):
+    """(a listening socket on a free port, its URL, a uvicorn server for `api` not yet started)."""
+    import uvicorn
+
+    listener = socket.create_server((host, 0))
+    return listener, f"http://{host}:{listener.getsockname()[1]}", \
+        uvicorn.Server(uvicorn.Config(api.app(), log_level="warning"))
+
+
 class BackgroundServer:
     """The HTTP server and the rows' decoding on threads of their own: for tests, which drive the
     server from this thread (a row decodes there at half the speed of `triforce serve`'s, see
     Scheduler.serve_here; benchmarks use serve_while)."""
 
     def __init__(self, api, host: str = "127.0.0.1", start_s: float = 300.0):
-        import uvicorn
-
-        listener = socket.create_server((host, 0))
-        self.url = f"http://{host}:{listener.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(api.app(), log_level="warning"))
+        listener, self.url, self.server = _loopback_server(api, host)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [listener]}, daemon=True)
         self.thread.start()
         ends = time.monotonic() + start_s
@@ -37,11 +42,7 @@ def serve_while(api, work: Callable[[str], T], host: str = "127.0.0.1") -> T:
     """Serve `api` on the loopback while work(url) runs on a thread, the rows decoding on this
     thread as under `triforce serve` (Scheduler.serve_here), so that a benchmark times what users
     get; then stop. Returns what work returned (what it raised is raised here)."""
-    import uvicorn
-
-    listener = socket.create_server((host, 0))
-    url = f"http://{host}:{listener.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(api.app(), log_level="warning"))
+    listener, url, server = _loopback_server(api, host)
     outcome: dict = {}
     served = threading.Event()
 

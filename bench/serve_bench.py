@@ -123,16 +123,17 @@ def ttft(model, dtype, method, document_tokens, max_context, rope_scaling, rows,
             runs["turn 2, cold"] = ask(url, asked["turn 2"], new_tokens)
         return runs
 
-    runs = serve_while(api, ours)
-    peer = {}
+    flags = None  # llama-server's, checked before our conversation runs (minutes at 16K)
     if llama_binary is not None:
         from triforce.bench.llama_server import llama_server, server_flags
-
         from triforce.model.context_stretch import trained_context
         from triforce.model.hf_config import read_hf_config
 
-        trained = trained_context(read_hf_config(api.lm.path))
-        flags = server_flags(gguf, max_context, threads_in_use(), rope_scaling, trained)
+        flags = server_flags(gguf, max_context, threads_in_use(), rope_scaling,
+                             trained_context(read_hf_config(api.lm.path)))
+    runs = serve_while(api, ours)
+    peer = {}
+    if flags is not None:
         with llama_server(llama_binary, flags) as url:
             peer = conversation(url, document, new_tokens, follow_ups)[0]
     rows = [_row("triforce", k, r) for k, r in runs.items()] + [_row("llama-server", k, r) for k, r in peer.items()]

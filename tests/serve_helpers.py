@@ -32,8 +32,8 @@ class _GatedQueue:
         self.inner, self.open = inner, threading.Event()
         self.open.set()
 
-    def get(self, block=True):
-        job = self.inner.get(block=block)
+    def get(self, block=True, timeout=None):
+        job = self.inner.get(block=block, timeout=timeout)  # queue.Empty passes through, as queue's
         self.open.wait()
         return job
 

@@ -65,6 +65,38 @@ def test_triforce_serve_decodes_on_its_main_thread_and_stops_on_sigterm(tiny_mod
     assert len(answers) == 1 and seen == [threading.get_ident()]
 
 
+def test_ctrl_c_taken_by_another_thread_still_stops_triforce_serve(tiny_model_dir):
+    """POSIX may hand a process's signal to any of its threads (on an H200 a served request's
+    Ctrl-C never stopped serve); Python runs the handler only on the main thread, which then sat in
+    an unbounded wait for the next request."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    main, stopped, answers = threading.get_ident(), threading.Event(), []
+
+    def client() -> None:
+        try:
+            wait_for(lambda: _healthy(url), "the server to listen")
+            answers.append(_complete(url))
+            http = next(t for t in threading.enumerate() if t.name == "triforce-http")
+            signal.pthread_kill(http.ident, signal.SIGINT)  # the C handler runs there, Python's on main
+            answers.append(stopped.wait(30))
+        finally:
+            if not stopped.is_set():  # the main thread's wait ends only when a signal lands on it
+                signal.pthread_kill(main, signal.SIGTERM)
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    thread = threading.Thread(target=client)
+    thread.start()
+    try:
+        assembly.run_server(_config(tiny_model_dir("llama-gqa")), listener, None, None, 2, 4, quiet=True)
+        stopped.set()
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        thread.join()
+    assert len(answers) == 2 and answers[1] is True
+
+
 def _healthy(url: str) -> bool:
     try:
         return httpx.get(url + "/health", timeout=5).status_code == 200

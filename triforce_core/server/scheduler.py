@@ -27,6 +27,10 @@ from triforce.decoding.lockstep import Lockstep
 from triforce.decoding.logprobs import LogprobRecorder
 from triforce.decoding.numerics import SYMPTOMS, located
 
+# An idle decoding loop's longest wait: a process's signal may land on any of its threads, and
+# Python runs the handler on the main thread only when that thread next runs (Ctrl-C on a card).
+WAKE_S = 0.2
+
 
 class QueueFull(Exception):
     """Every row is busy and the queue holds queue_size requests already."""
@@ -129,14 +133,11 @@ class Scheduler:
         self._incoming.put(job)
 
     def close(self) -> None:
-        """Finish the rows running, then end the thread (requests still queued get an error)."""
+        """Finish the rows running, then end the decoding (requests still queued get an error)."""
         with self._lock:
             self._closing = True
         self._incoming.put(None)
-        if self._here:
-            self._ended.wait()
-        else:
-            self._thread.join()
+        self._ended.wait()  # set as the decoding loop ends, on whichever thread it ran
 
     def status(self) -> dict:
         steps = self.lockstep
@@ -166,12 +167,14 @@ class Scheduler:
 
     def next_job(self, block: bool) -> Job | None:
         """The next request (None: none now; with block, none will come)."""
-        if self._closing and self._incoming.empty():
-            return None
-        try:
-            job = self._incoming.get(block=block)
-        except queue.Empty:
-            return None
+        job = None
+        while not (self._closing and self._incoming.empty()):
+            try:  # in slices: the main thread runs a handler for a signal another thread took (WAKE_S)
+                job = self._incoming.get(block=block, timeout=WAKE_S if block else None)
+            except queue.Empty:
+                if block:
+                    continue
+            break
         if job is None:
             return None
         with self._lock:
@@ -179,11 +182,8 @@ class Scheduler:
         return job
 
     def _drain(self) -> None:
-        while True:
-            try:
-                job = self._incoming.get_nowait()
-            except queue.Empty:
-                return
+        while not self._incoming.empty():  # only this thread takes from it
+            job = self._incoming.get_nowait()
             if job is not None:
                 job.emit(("error", self.failure or "the server is shutting down"))
 

@@ -1,16 +1,16 @@
 """The one-command GPU campaign: everything a lent CUDA machine should run, in one call that fits
-a lease (its estimate is held under 8 minutes by a test).
+a lease (its estimate is held under 9 minutes by a test).
 
-    python -m triforce.bench.gpu_campaign [--out-dir bench/results] [--cap-gb 24] [--budget-s 480]
+    python -m triforce.bench.gpu_campaign [--out-dir bench/results] [--cap-gb 24] [--budget-s 540]
     python -m triforce.bench.gpu_campaign --dry-run      # on any machine: the steps and their estimates
     python -m triforce.bench.gpu_campaign --all          # every step (a second call: --only NAMES)
     python -m triforce.bench.gpu_campaign --reduced --out-dir /tmp/c   # every step on a CPU, small shapes
 
-The steps follow a user's journey (bench/campaign/steps.py): the new user's commands, tests/gpu,
-a 32K and a 127K prompt prefilled through the offloaded path (time to first token), decoding after
-it (triforce with hybrid, residency and drafting ahead on and off, beside ar-offload and
-ar-hybrid), the block kernels; then, by name or --all, the quantized decode, peers, tier steps and
-the best case. Each step runs in its own process with GPU memory capped to `--cap-gb` so an H100
+The steps follow a user's journey (bench/campaign/steps.py): what users do first, a 32K and a
+127K prompt prefilled through the offloaded path (time to first token, then each of the first
+tokens), decoding at 127K (triforce with the hybrid verify on and off, beside ar-offload and
+ar-hybrid); then a new user's commands and tests/gpu; then, by name or --all, 32K decoding, the
+block kernels, the quantized decode, peers, tier steps and the best case. Each step runs in its own process with GPU memory capped to `--cap-gb` so an H100
 stands in for a 24 GB card; a failing step is recorded and the campaign goes on. Each step's limit
 follows from its estimate (bench/campaign/steps.py), and a step whose estimate exceeds the time
 left is skipped and said so rather than cut.
@@ -33,7 +33,8 @@ from pathlib import Path
 import click
 
 from triforce.bench.campaign.report import results_rows
-from triforce.bench.campaign.steps import CAMPAIGN, REDUCED, Step, steps
+from triforce.bench.campaign.stacks import TAIL, communicate, with_stacks
+from triforce.bench.campaign.steps import CAMPAIGN, LEASE_S, REDUCED, Step, steps
 from triforce.paths import write_atomically
 
 REPO = Path.cwd()  # the checkout it is run from (tests/ and bench/traces/ are read from there)
@@ -99,18 +100,13 @@ def run_step(step: Step, cap_gb: float, timeout_s: float, log_dir: Path) -> dict
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     started = time.perf_counter()
     record = {"name": step.name, "what": step.what, "command": " ".join(cmd[1:]), "timeout_s": round(timeout_s)}
-    try:
-        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
-        rc, stdout, stderr = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as e:
-        rc = "timeout"
-        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=with_stacks(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rc, stdout, stderr = communicate(proc, timeout_s)  # past its limit: every thread's stack, then it ends
     result = last_json(stdout)
     if step.streams_rows and not (result or {}).get("rows"):  # cut by its limit or failed: keep its rows
         result = streamed_result(rows_file)
     record.update(rc=rc, ok=rc == 0, seconds=round(time.perf_counter() - started, 1),
-                  result=result, stdout_tail=stdout[-3000:], stderr_tail=stderr[-3000:])
+                  result=result, stdout_tail=stdout[-3000:], stderr_tail=stderr[-(TAIL if rc == "timeout" else 3000):])
     if rc == "timeout":
         kept = len((result or {}).get("rows", [])) if step.streams_rows else 0
         rows = f", keeping the {kept} row{'' if kept == 1 else 's'} timed before" if step.streams_rows else ""
@@ -163,7 +159,7 @@ def last_measured(out: Path) -> dict[str, float]:
 @click.command()
 @click.option("--out-dir", default="bench/results", show_default=True, help="Where the JSON, logs and plots go.")
 @click.option("--cap-gb", type=click.FloatRange(min=1), default=24.0, show_default=True, help="The card each step stands for, in GiB as cards are sold (24: an RTX 4090): PyTorch gets that less the CUDA context.")
-@click.option("--budget-s", type=click.FloatRange(min=1), default=480.0, show_default=True,
+@click.option("--budget-s", type=click.FloatRange(min=1), default=float(LEASE_S), show_default=True,
               help="Wall-clock budget for all steps: a step runs when its estimate fits what is left, with at most "
                    "its own limit (a decode step, which keeps its rows, when a third of its estimate is left).")
 @click.option("--only", default=None, help="Comma-separated step names to run.")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import click
 
+from triforce.bench.campaign.stacks import TAIL, communicate, with_stacks
 from triforce.bench.gpu_campaign import last_json  # the campaign reads its steps' output the same way
 
 PROMPT = "the capital of france is"
@@ -75,18 +76,12 @@ def triforce_argv() -> list[str]:
 
 def run(name: str, args: list[str], stdin: str | None = None, timeout_s: float = 60) -> dict:
     started = time.perf_counter()
-    try:
-        done = subprocess.run(triforce_argv() + args, input=stdin, capture_output=True, text=True, timeout=timeout_s)
-        rc, out, err = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, out, err = "timeout", _text(e.stdout), _text(e.stderr)
+    proc = subprocess.Popen(triforce_argv() + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=with_stacks())
+    rc, out, err = communicate(proc, timeout_s, stdin or "")
     return {"name": name, "command": "triforce " + " ".join(args), "rc": rc, "ok": rc == 0,
-            "seconds": round(time.perf_counter() - started, 1), "stdout_tail": out[-1500:], "stderr_tail": err[-1500:],
-            "json": last_json(out)}
-
-
-def _text(value) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
+            "seconds": round(time.perf_counter() - started, 1), "stdout_tail": out[-1500:],
+            "stderr_tail": err[-(TAIL if rc == "timeout" else 1500):], "json": last_json(out)}
 
 
 def transformers_tokens(folder: Path, device: str) -> list[int]:
@@ -111,7 +106,8 @@ def serve_once(folder: Path, timeout_s: float = 60) -> dict:
     """`triforce serve` on a free port, one chat completion, then Ctrl-C (SIGINT) as a user stops it."""
     started = time.perf_counter()
     args = ["serve", "--model", str(folder), "--port", "0"]
-    proc = subprocess.Popen(triforce_argv() + args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(triforce_argv() + args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=with_stacks())
     record = {"name": "serve", "command": "triforce " + " ".join(args), "ok": False, "json": None}
     lines: list[str] = []
     try:
@@ -128,10 +124,11 @@ def serve_once(folder: Path, timeout_s: float = 60) -> dict:
             raise RuntimeError("the server printed no 'listening on' line")
         record["client"], record["json"] = _ask(url)
         proc.send_signal(signal.SIGINT)
-        _, rest = proc.communicate(timeout=30)
+        record["rc"], _, rest = communicate(proc, 30)  # still running then: its threads' stacks
         lines.append(rest)
-        record["rc"] = proc.returncode
-        record["ok"] = proc.returncode == 0 and bool(record["json"]["content"] is not None)
+        if record["rc"] == "timeout":
+            record["error"] = "it did not stop within 30 s of Ctrl-C (its threads' stacks end stderr_tail)"
+        record["ok"] = record["rc"] == 0 and bool(record["json"]["content"] is not None)
     except Exception as e:  # noqa: BLE001 - recorded, and the campaign goes on
         record["error"] = f"{type(e).__name__}: {e}"
         record.setdefault("rc", proc.poll())
@@ -139,7 +136,8 @@ def serve_once(folder: Path, timeout_s: float = 60) -> dict:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    record.update(seconds=round(time.perf_counter() - started, 1), stderr_tail="".join(lines)[-1500:])
+    record.update(seconds=round(time.perf_counter() - started, 1),
+                  stderr_tail="".join(lines)[-(1500 if record["ok"] else TAIL):])
     return record
 
 

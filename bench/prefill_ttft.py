@@ -6,7 +6,8 @@ way, and peak GPU memory against the plan.
         --dtype bfloat16 --json
 
 The prompt is random token ids (prefill time does not depend on the values; a random-weight
-architecture has no text to read anyway). The runtime is the one `generate` builds (plan, cache,
+architecture has no text to read anyway); --acceptance-trace makes the decoding after it accept
+drafts as natural text did. The first tokens are timed one by one (where an answer's start goes). The runtime is the one `generate` builds (plan, cache,
 engine, graphs), so the path is the user's; --method picks what decodes after the prefill.
 A GPU campaign step (gpu_campaign's prefill-32k and prefill-127k); on a CPU, --device-budget
 makes a small architecture offload for a reduced run."""
@@ -57,13 +58,17 @@ def labelled_cpu_attention():
         decode.attention = kernel
 
 
-def measure(runtime, context: int, new_tokens: int, seed: int = 0, breakdown: bool = False) -> dict:
-    """Prefill `context` random ids through runtime's engine, then decode `new_tokens`.
+def measure(runtime, context: int, new_tokens: int, seed: int = 0, breakdown: bool = False, trace=None) -> dict:
+    """Prefill `context` random ids through runtime's engine, then decode `new_tokens` (trace: an
+    acceptance trace the drafts replay, as text would be accepted; random ids draft nothing).
     breakdown: the prefill under torch's profiler, its time split by op_seconds."""
+    from triforce.decoding.acceptance_trace import ReplayVerifier
+
     lm = runtime.lm
     cuda = lm.device.type == "cuda"
     run = runtime.plan(context + new_tokens + 1)
-    engine = runtime.engine(context + new_tokens + 1, run)
+    replay = ReplayVerifier(trace) if trace is not None and run.spec.method != "ar" else None
+    engine = runtime.engine(context + new_tokens + 1, run, replay=replay)
     ids = torch.randint(0, lm.config.vocab_size, (context,), generator=torch.Generator().manual_seed(seed)).tolist()
     cache = engine.full.cache
     prefetcher = getattr(cache, "prefetcher", None)
@@ -80,13 +85,22 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0, breakdown: bo
     first = engine.generate(1, SamplingParams())
     ttft_s = time.perf_counter() - started
     parts = op_seconds(profiler.key_averages()) if breakdown else {}  # after: its tally is no prefill's
-    rest = engine.generate(new_tokens, SamplingParams()) if new_tokens else None
+    marks = [time.perf_counter()]  # each token's arrival on the host: a round's tokens come together
+    rest = engine.generate(new_tokens, SamplingParams(), on_token=lambda _: marks.append(time.perf_counter())) \
+        if new_tokens else None
     plan = run.plan
     return {
         "context": context, "ttft_s": round(ttft_s, 3), "prefill_s": round(prefill_s, 3),
         "prefill_tokens_per_s": round(context / prefill_s, 1) if prefill_s else None,
         "first_token": first.tokens[:1],
+        # the first token beyond the prefill: before its decoding began (graph captures, tiers
+        # built) and its decoding, by tier
+        "first_token_parts": {"before_decoding_s": round(ttft_s - prefill_s - first.time_s, 3),
+                              "decoding_s": round(first.time_s, 3), "tier_time_s": first.stats.get("tier_time_s")},
         "decode_ms_per_token": round(1000 * rest.time_s / len(rest.tokens), 2) if rest and rest.tokens else None,
+        "token_gaps_ms": [round(1000 * (b - a), 1) for a, b in zip(marks, marks[1:])],
+        "decode_tier_time_s": rest.stats.get("tier_time_s") if rest else None,
+        "replayed": replay is not None,
         "h2d_bytes": prefetcher.stats.h2d_bytes if prefetcher else 0,
         "d2h_bytes": prefetcher.stats.d2h_bytes if prefetcher else 0,
         "offloaded": plan.offloaded, "resident_tokens": plan.resident_tokens,
@@ -106,16 +120,20 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0, breakdown: bo
 @click.option("--context", type=int, required=True, help="Prompt tokens to prefill.")
 @click.option("--new-tokens", type=int, default=8, show_default=True, help="Tokens decoded after the first.")
 @click.option("--method", default="triforce", show_default=True, help="What decodes after the prefill (draft: lookup).")
+@click.option("--acceptance-trace", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Replay this trace's accept/reject decisions after the prefill (random ids draft nothing; "
+                   "bench/traces/ holds traces recorded on natural text).")
 @click.option("--profile", default=None, help="Memory profile (default: the device's).")
 @click.option("--device-budget", default=None, help="GPU bytes to plan for (e.g. 2.5MB for a reduced CPU run).")
 @click.option("--dtype", default="auto", show_default=True)
 @click.option("--device", default="auto", show_default=True)
 @output_option
-def main(arch, model, max_context, rope_scaling, breakdown, context, new_tokens, method, profile, device_budget,
-         dtype, device, fmt):
+def main(arch, model, max_context, rope_scaling, breakdown, context, new_tokens, method, acceptance_trace, profile,
+         device_budget, dtype, device, fmt):
     """Time to first token of a long prompt prefilled through the offloaded path."""
     from triforce.app.runtime import build_runtime
     from triforce.config import RunConfig, SpecParams
+    from triforce.decoding.acceptance_trace import load_trace
     from triforce.errors import UserError
 
     if context < 2 or new_tokens < 0:
@@ -126,18 +144,23 @@ def main(arch, model, max_context, rope_scaling, breakdown, context, new_tokens,
                        rope_scaling=rope_scaling)
     try:
         runtime = build_runtime(config)
-        measured = measure(runtime, context, new_tokens, breakdown=breakdown)
+        trace = load_trace(acceptance_trace) if acceptance_trace else None
+        measured = measure(runtime, context, new_tokens, breakdown=breakdown, trace=trace)
     except UserError as e:
         raise click.ClickException(str(e)) from None
     result = {"arch": arch or runtime.lm.config.model_type, "model": model, "device": str(runtime.lm.device), "dtype": str(runtime.lm.dtype).removeprefix("torch."),
               "profile": runtime.profile.name, "method": method, "load_s": round(runtime.load_s, 2),
-              "prompt": "random token ids", **measured}
+              "prompt": "random token ids", "acceptance_trace": acceptance_trace, **measured}
 
     def table():
         print(f"{model or arch} on {result['device']} ({result['profile']}): {context} tokens prefilled in "
               f"{result['prefill_s']} s ({result['prefill_tokens_per_s']} tok/s), first token after "
               f"{result['ttft_s']} s; host KV moved {result['h2d_bytes'] / 1e9:.2f} GB in, "
               f"{result['d2h_bytes'] / 1e9:.2f} GB out")
+        parts = result["first_token_parts"]
+        print(f"the first token: {parts['before_decoding_s']} s before its decoding began, {parts['decoding_s']} s "
+              f"decoding; then {len(result['token_gaps_ms'])} tokens at {result['decode_ms_per_token']} ms each "
+              f"({'replaying ' + acceptance_trace if acceptance_trace else 'no trace replayed'})")
         if breakdown:
             print(f"prefill by op (profiler self time): attention {measured['attention_s']} s, projections "
                   f"{measured['projections_s']} s, other torch ops {measured['other_ops_s']} s")

@@ -55,6 +55,12 @@ def results_rows(report: dict) -> list[str]:
                       f"| {r['context']} | {r['ttft_s']} | {r['prefill_s']} | {r['prefill_tokens_per_s']} | "
                       f"{r['h2d_bytes'] / 1e9:.2f} | {r['d2h_bytes'] / 1e9:.2f} | {peak} | "
                       f"{r['plan_gpu_bytes'] / 2**30:.2f} |"]
+            if r.get("first_token_parts"):  # where an answer's start went
+                f, gaps = r["first_token_parts"], r.get("token_gaps_ms") or []
+                lines += ["", f"first token: {f['before_decoding_s']} s before its decoding began, {f['decoding_s']} s "
+                              f"decoding (by tier {f['tier_time_s']}); the next {len(gaps)} tokens' gaps in ms "
+                              f"({'replaying' if r.get('replayed') else 'not replaying'} a trace): "
+                              f"{' '.join(str(g) for g in gaps)}"]
         if s["name"] in ("quant-kernels", "quant-tiles") and r.get("rows"):
             lines += ["", f"block kernels: {r['arch']} projections, {r['dtype']} activations, device copy "
                           f"{r['memory_gbps_measured']} GB/s, {r.get('timing', 'each call on the host clock')}", "",

@@ -69,6 +69,10 @@ class ShareTuner:
     def __init__(self, rates: HybridRates, streams):
         self.rates, self.streams = rates, streams
         self.shares: dict[int, float] = {}
+        # a length not yet timed starts from the rates' share times this: what the last timed pass
+        # made of its own (on the H200 each new verify width restarted from the rates' optimistic
+        # share, and the hybrid's first 32 tokens ran 1.6x streaming's: history/2026-11-28-gpu-campaign-h200-second.md)
+        self.learned = 1.0
         self.pending: list[tuple] = []  # (tokens, cpu bytes, cpu seconds, device bytes, start event, end event)
         self.passes = 0                 # passes that moved a share
 
@@ -77,7 +81,7 @@ class ShareTuner:
         return self._share(tokens)
 
     def _share(self, tokens: int) -> float:
-        return self.shares.get(tokens, self.rates.cpu_share(tokens))  # the rates' until a pass is timed
+        return self.shares.get(tokens, min(1.0, self.rates.cpu_share(tokens) * self.learned))
 
     def timed(self, tokens: int, cpu_bytes: int, cpu_seconds: float, device_bytes: int, start, end) -> None:
         """A layer's two halves: the CPU's done, the device's read once its end event has happened."""
@@ -108,6 +112,7 @@ class ShareTuner:
             cpu, device = cpu_bytes / cpu_s, device_bytes / device_s
             target = cpu / (cpu + device)
         self.shares[tokens] = share + self.STEP * (target - share)
+        self.learned = self.shares[tokens] / self.rates.cpu_share(tokens)
         self.passes += 1
 
 

@@ -69,8 +69,14 @@ def test_timings_not_yet_on_the_device_wait_for_a_later_pass():
     assert tuner.share(1) < 0.4 and tuner.pending == []
 
 
-def test_a_pass_of_another_length_keeps_its_own_share():
+def test_a_length_not_yet_timed_starts_where_the_timed_ones_moved():
+    """At 32K on the H200 each verify width restarted from the rates' share (0.3-0.5 where the timed
+    ones had settled near 0.12), and the hybrid's first 32 tokens ran 55.5 ms each against 34.5
+    streamed: a new length now starts from the rates scaled as the last timed one moved."""
     clock = Clock()
     tuner = ShareTuner(RATES, clock)
     ar_token(tuner, clock, 4.29, 0.215, 3.76, 0.215)
-    assert tuner.share(1) < 0.4 and tuner.share(16) == pytest.approx(RATES.cpu_share(16))
+    moved = tuner.share(1) / RATES.cpu_share(1)
+    assert tuner.share(1) < 0.4 and tuner.share(16) == pytest.approx(RATES.cpu_share(16) * moved)
+    tuner.observe(16, [(1e9, 0.01, 1e9, 0.02)] * 32)  # then each length follows its own passes
+    assert tuner.share(1) == pytest.approx(RATES.cpu_share(1) * moved) and tuner.share(16) > RATES.cpu_share(16) * moved

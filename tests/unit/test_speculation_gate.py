@@ -2,7 +2,8 @@
 rounds are scored per token against it, ar takes over while they lose, a probe follows a hold
 that doubles while probes lose, and speculation comes back when a probe wins. Round costs are
 given (as tests do) rather than read from a clock, so decisions repeat exactly."""
-from triforce.decoding.speculation_gate import CALIBRATION_STEPS, GATE_HOLD, GATE_WINDOW, SpeculationGate
+from triforce.decoding.speculation_gate import (CALIBRATION_STEPS, GATE_HOLD, GATE_WINDOW, PROBE_SHARE,
+                                                SpeculationGate)
 
 AR_MS = 10.0
 
@@ -62,6 +63,22 @@ def test_losing_rounds_hand_over_to_ar_then_probe_with_a_doubling_hold():
         length += 1
     assert gate.fallbacks == 3  # ... and the next loss waits the first hold again
     assert not gate.speculate(length - 1 + GATE_HOLD[0] - 1) and gate.speculate(length - 1 + GATE_HOLD[0])
+
+
+def test_a_costly_losing_probe_waits_until_its_cost_is_a_small_share():
+    """26K on a CPU, sampled (issue 60): a probe took 11 ar steps' time for its one token and the
+    next came 16 tokens later; 64-token answers ran at 0.81x ar. The next probe now waits until the
+    10 steps it lost are PROBE_SHARE of the hold, then the hold doubles from there."""
+    gate = SpeculationGate(cost=given_ms, ar_first=32)
+    length = calibrated(gate)
+    while not gate.speculate(length):
+        length += 1
+    spec_round(gate, length, emitted=1, ms=11 * AR_MS)
+    hold = round(10 / PROBE_SHARE)
+    assert gate.fallbacks == 1 and hold > GATE_HOLD[0]
+    assert not gate.speculate(length + hold - 1) and gate.speculate(length + hold)
+    spec_round(gate, length + hold, emitted=1, ms=11 * AR_MS)
+    assert not gate.speculate(length + 3 * hold - 1) and gate.speculate(length + 3 * hold)
 
 
 def test_the_hold_stops_doubling_at_its_cap():

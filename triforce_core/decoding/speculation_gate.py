@@ -6,7 +6,8 @@ repeats itself is drafted far worse than a document the answer quotes). So the e
 score: the time of each full verify's round (drafting and verify) per token it emitted, over the
 last GATE_WINDOW speculative rounds, against the time of an ar step. When speculation loses, the
 engine decodes as ar for a hold of tokens, then tries one round (a probe); a losing probe doubles
-the hold, a winning one brings speculation back.
+the hold, a winning one brings speculation back. A hold is long enough that what a losing round
+cost beyond ar's steps stays under PROBE_SHARE of it.
 
 Times are measured (the cost model's absolute times can be off by 2-3x on a CPU its profile was
 not tuned on: 34 ms predicted for an ar step at 8K against 78 measured on an AVX2 host); the cost
@@ -15,6 +16,7 @@ than the one measured at 8K). The first ar steps calibrate the reference. `cost`
 into milliseconds: wall time by default; tests price the passes instead, so decisions repeat."""
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from typing import Callable
@@ -24,6 +26,9 @@ GATE_HOLD = (16, 512)  # tokens decoded as ar before speculation is tried again:
 CALIBRATION_STEPS = 4  # ar steps that measure the reference before the first speculative round
 PROBE_HOLD = 32        # where the cost model expects ar to win: ar steps before the first try of speculation
 AR_SAMPLES = 8         # recent ar steps whose median is the reference
+# the most of the time losing probes may take: a probe that cost 11 ar steps for one token (26K on
+# a CPU, sampled) came back after 16 tokens, and 64-token answers ran at 0.81x ar (issue 60)
+PROBE_SHARE = 0.1
 
 Passes = list[tuple[str, int]]  # (kind, tokens fed) of each forward pass of a round
 
@@ -95,9 +100,13 @@ class SpeculationGate:
         if not self._probing and len(self._rounds) < self._rounds.maxlen:
             return
         spec_ms = sum(ms for ms, _ in self._rounds) / sum(n for _, n in self._rounds)
-        if spec_ms > self.ar_ms(length):
-            self._ar_until = length + self._hold
-            self._hold = min(2 * self._hold, self.max_hold)
+        ar_ms = self.ar_ms(length)
+        if spec_ms > ar_ms:
+            # a probe is a losing round: its cost beyond ar's steps must be a small share of the hold
+            lost = (spec_ms - ar_ms) * sum(n for _, n in self._rounds) / len(self._rounds)
+            hold = min(max(self._hold, math.ceil(lost / (ar_ms * PROBE_SHARE))), self.max_hold)
+            self._ar_until = length + hold
+            self._hold = min(2 * hold, self.max_hold)
             self._rounds.clear()
             self._probing = True
             self.fallbacks += 1

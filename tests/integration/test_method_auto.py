@@ -76,10 +76,11 @@ class VerifyHeavyPrices:
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_low_acceptance_falls_back_to_ar_with_the_same_tokens(tiny_model_dir, temperature):
+def test_low_acceptance_falls_back_to_ar_with_the_same_tokens(tiny_model_dir, temperature, monkeypatch):
     """A random model rejects what prompt lookup drafts from a repeating prompt: the online check
     finds speculation slower, decodes as ar, probes again later, and the tokens are ar's."""
     from triforce.decoding.hooks import EngineHooks
+    from triforce.decoding import speculation_gate
     from triforce.decoding.speculation_gate import GATE_HOLD, SpeculationGate
     from triforce.model.loading import load_model
 
@@ -93,6 +94,9 @@ def test_low_acceptance_falls_back_to_ar_with_the_same_tokens(tiny_model_dir, te
     prices = VerifyHeavyPrices()
     priced = lambda passes, seconds, length: sum(prices.pass_ms(k, n, length) for k, n in passes)  # noqa: E731
     gate = SpeculationGate(prices, cost=priced)  # priced, not timed: the test repeats exactly
+    monkeypatch.setattr(speculation_gate, "PROBE_GAMMA", 1)
+    decided, speculate = [], gate.speculate  # (speculates, as a probe) of each round
+    monkeypatch.setattr(gate, "speculate", lambda *a: decided.append((speculate(*a), gate.probing)) or decided[-1][0])
     engine = Engine(lm, SpecParams(method="naive", gamma2=8), len(ids) + 120, "lookup",
                     hooks=EngineHooks(speculation_gate=gate))
     engine.set_sequence(ids)
@@ -103,6 +107,9 @@ def test_low_acceptance_falls_back_to_ar_with_the_same_tokens(tiny_model_dir, te
     assert result.stats["auto_ar_tokens"] == gate.ar_tokens >= GATE_HOLD[0]
     checked = [proposed for tier, proposed, _ in engine.rounds if tier == "full"]
     assert checked.count(0) >= gate.ar_tokens  # one token per ar pass (and rounds lookup had nothing for)
+    rounds = list(zip(decided, checked))  # a probe checks at most PROBE_GAMMA drafts (1 here)
+    probes, others = [n for (go, probe), n in rounds if go and probe], [n for (go, probe), n in rounds if not probe]
+    assert probes and max(probes) <= 1 and (temperature or max(others) > 1)
 
 
 class DraftHeavyPrices(VerifyHeavyPrices):

@@ -2,7 +2,7 @@
 rounds are scored per token against it, ar takes over while they lose, a probe follows a hold
 that doubles while probes lose, and speculation comes back when a probe wins. Round costs are
 given (as tests do) rather than read from a clock, so decisions repeat exactly."""
-from triforce.decoding.speculation_gate import (CALIBRATION_STEPS, GATE_HOLD, GATE_WINDOW, PROBE_SHARE,
+from triforce.decoding.speculation_gate import (CALIBRATION_STEPS, GATE_HOLD, GATE_WINDOW, PROBE_GAMMA, PROBE_SHARE,
                                                 SpeculationGate)
 
 AR_MS = 10.0
@@ -73,12 +73,15 @@ def test_a_costly_losing_probe_waits_until_its_cost_is_a_small_share():
     length = calibrated(gate)
     while not gate.speculate(length):
         length += 1
+    assert gate.gamma(12) == PROBE_GAMMA  # a probe checks few drafts: it is likelier to lose
     spec_round(gate, length, emitted=1, ms=11 * AR_MS)
     hold = round(10 / PROBE_SHARE)
     assert gate.fallbacks == 1 and hold > GATE_HOLD[0]
     assert not gate.speculate(length + hold - 1) and gate.speculate(length + hold)
     spec_round(gate, length + hold, emitted=1, ms=11 * AR_MS)
     assert not gate.speculate(length + 3 * hold - 1) and gate.speculate(length + 3 * hold)
+    spec_round(gate, length + 3 * hold, emitted=PROBE_GAMMA + 1, ms=3 * AR_MS)  # a winning probe
+    assert gate.speculate(length + 3 * hold + PROBE_GAMMA + 1) and gate.gamma(12) == 12
 
 
 def test_the_hold_stops_doubling_at_its_cap():

@@ -144,7 +144,8 @@ class Engine:
                 with self._phase("cache upkeep"):
                     self.upkeep.make_room(catch_up=base - 1 if speculate else None)
                     self.full.prepare_verify()  # offloaded KV starts streaming while tiers below draft
-                self.gammas[-1] = self.policy.gamma2 if speculate else 0
+                gamma2 = self.gate.gamma(self.policy.gamma2) if self.gate else self.policy.gamma2  # a probe's: fewer
+                self.gammas[-1] = gamma2 if speculate else 0
                 self._passes = []
                 queries = self._round(len(self.levels) - 1, limit)[1]
                 new = self.seq[base:]

@@ -7,7 +7,7 @@ score: the time of each full verify's round (drafting and verify) per token it e
 last GATE_WINDOW speculative rounds, against the time of an ar step. When speculation loses, the
 engine decodes as ar for a hold of tokens, then tries one round (a probe); a losing probe doubles
 the hold, a winning one brings speculation back. A hold is long enough that what a losing round
-cost beyond ar's steps stays under PROBE_SHARE of it.
+cost beyond ar's steps stays under PROBE_SHARE of it, and a probe drafts at most PROBE_GAMMA.
 
 Times are measured (the cost model's absolute times can be off by 2-3x on a CPU its profile was
 not tuned on: 34 ms predicted for an ar step at 8K against 78 measured on an AVX2 host); the cost
@@ -29,6 +29,9 @@ AR_SAMPLES = 8         # recent ar steps whose median is the reference
 # the most of the time losing probes may take: a probe that cost 11 ar steps for one token (26K on
 # a CPU, sampled) came back after 16 tokens, and 64-token answers ran at 0.81x ar (issue 60)
 PROBE_SHARE = 0.1
+# the drafts a probe checks at most: probes lose more often than not (there the probe's 11 ar
+# steps were mostly its retrieval tier's drafting passes), and 4 accepted of 4 already pays
+PROBE_GAMMA = 4
 
 Passes = list[tuple[str, int]]  # (kind, tokens fed) of each forward pass of a round
 
@@ -71,6 +74,15 @@ class SpeculationGate:
 
     def _priced(self, passes: Passes, seconds: float, length: int) -> float:
         return sum(self.prices.pass_ms(kind, tokens, length) for kind, tokens in passes)
+
+    @property
+    def probing(self) -> bool:
+        """Whether the next speculative round decides alone (a probe)."""
+        return self._probing
+
+    def gamma(self, gamma2: int) -> int:
+        """The drafts a speculative round checks: a probe's at most PROBE_GAMMA."""
+        return min(gamma2, PROBE_GAMMA) if self._probing else gamma2
 
     def speculate(self, length: int, first: bool = False) -> bool:
         """Whether the round at `length` checks drafts. first: the round brings a request's first

@@ -10,8 +10,9 @@ The steps follow a user's journey (bench/campaign/steps.py): what users do first
 127K prompt prefilled through the offloaded path (time to first token, then each of the first
 tokens), decoding at 127K (triforce with the hybrid verify on and off, beside ar-offload and
 ar-hybrid); then a new user's commands and tests/gpu; then, by name or --all, 32K decoding, the
-block kernels, the quantized decode, peers, tier steps and the best case. Each step runs in its own process with GPU memory capped to `--cap-gb` so an H100
-stands in for a 24 GB card; a failing step is recorded and the campaign goes on. Each step's limit
+block kernels, the quantized decode, peers, tier steps and the best case. Each step runs in its
+own process with GPU memory capped to `--cap-gb` so an H100 stands in for a 24 GB card; a failing
+step is recorded (past its limit, with every thread's stack) and the campaign goes on. Each step's limit
 follows from its estimate (bench/campaign/steps.py), and a step whose estimate exceeds the time
 left is skipped and said so rather than cut.
 
@@ -100,7 +101,8 @@ def run_step(step: Step, cap_gb: float, timeout_s: float, log_dir: Path) -> dict
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     started = time.perf_counter()
     record = {"name": step.name, "what": step.what, "command": " ".join(cmd[1:]), "timeout_s": round(timeout_s)}
-    proc = subprocess.Popen(cmd, cwd=REPO, env=with_stacks(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=with_stacks(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     rc, stdout, stderr = communicate(proc, timeout_s)  # past its limit: every thread's stack, then it ends
     result = last_json(stdout)
     if step.streams_rows and not (result or {}).get("rows"):  # cut by its limit or failed: keep its rows

@@ -7,8 +7,9 @@ way, and peak GPU memory against the plan.
 
 The prompt is random token ids (prefill time does not depend on the values; a random-weight
 architecture has no text to read anyway); --acceptance-trace makes the decoding after it accept
-drafts as natural text did. The first tokens are timed one by one (where an answer's start goes). The runtime is the one `generate` builds (plan, cache,
-engine, graphs), so the path is the user's; --method picks what decodes after the prefill.
+drafts as natural text did. The first tokens are timed one by one (where an answer's start goes).
+The runtime is the one `generate` builds (plan, cache, engine, graphs), so the path is the user's;
+--method picks what decodes after the prefill.
 A GPU campaign step (gpu_campaign's prefill-32k and prefill-127k); on a CPU, --device-budget
 makes a small architecture offload for a reduced run."""
 from __future__ import annotations

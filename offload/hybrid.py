@@ -71,7 +71,7 @@ class ShareTuner:
         self.shares: dict[int, float] = {}
         # a length not yet timed starts from the rates' share times this: what the last timed pass
         # made of its own (on the H200 each new verify width restarted from the rates' optimistic
-        # share, and the hybrid's first 32 tokens ran 1.6x streaming's: history/2026-11-28-gpu-campaign-h200-second.md)
+        # share; the first 32 tokens ran 1.6x streaming's: bench/history/2026-11-28-gpu-campaign-h200-second.md)
         self.learned = 1.0
         self.pending: list[tuple] = []  # (tokens, cpu bytes, cpu seconds, device bytes, start event, end event)
         self.passes = 0                 # passes that moved a share

@@ -150,7 +150,8 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
                               "ar-hybrid (natural-text trace; few tokens a row: each ar token moves ~60 GB)",
                Decode(long, DECODE_METHODS_127K, new_tokens=8, speculative_tokens=32)),
         Step("user", "a new user's commands with default flags on a random model made here",
-             Fixed(113, "measured: H200 2026-11-28, 143 s less the 30 s serve hung"), ("-m", "triforce.bench.campaign.user_step", "--json")),
+             Fixed(113, "measured: H200 2026-11-28, 143 s less the 30 s serve hung"),
+             ("-m", "triforce.bench.campaign.user_step", "--json")),
         Step("gpu-tests", "tests/gpu: graphs == eager, no graph fallback, float32 logits, Triton retrieval, sync "
                           "counts, offload with copy streams, sampling, SDPA kernels, the prefill's kernel path",
              gpu_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *gpu_tests.paths)),
@@ -190,7 +191,7 @@ WEIGHTS_S = 6.0        # random 7B weights built on the card (assumed)
 METHOD_S = 3.0         # per decode row: plan, cache, warm-up, graph captures (assumed)
 HOST_STORE_GBPS = 3.0  # host KV allocated, pinned and filled (measured: the offload steps of 2026-11-23 less decoding)
 PREFILL_EFFICIENCY = 0.4  # share of the nominal tensor-core rate a long flash prefill reaches (assumed)
-FIRST_TOKEN_S = 3.2  # the first token after an offloaded prefill (measured: H200 2026-11-28, 3.19 s at 32K, 2.08 at 127K)
+FIRST_TOKEN_S = 3.2  # the first token after an offloaded prefill (measured: H200 2026-11-28, 3.19 s at 32K)
 FIRST_WINDOW_FACTOR = 3.0  # a triforce row's first 32 tokens over its steady state (measured: 2.0-3.6x, the same run)
 # triforce measured over predicted without the hybrid split (2026-11-23: 37.6 and 232 ms/token against 29
 # and 172); the hybrid split has never run on a card, so its predicted gain is not counted here

@@ -48,8 +48,7 @@ class Engine:
         drafts the next cycle while the full tier verifies (triforce.decoding.draft_ahead)."""
         if spec.method == AUTO:
             raise ValueError("method auto is chosen when a run is planned (Runtime.plan); an engine needs the method")
-        self.lm, self.spec, self.hooks = lm, spec, hooks
-        self.speculate_from = speculate_from
+        self.lm, self.spec, self.hooks, self.speculate_from = lm, spec, hooks, speculate_from
         self.runner_mode = runner_mode(graphs, lm.device)
         self.full = full or FullTier(lm, max_len, kv_cache, prefill_chunk, prefill_group)
         # an engine built in code ignores a draft its method does not use (the CLI refuses one)

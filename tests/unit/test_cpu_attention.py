@@ -188,9 +188,11 @@ def test_a_later_prefill_chunk_matches_float64_whole_or_in_pieces(dtype, tol, ke
 
 
 def test_which_prefill_chunks_it_takes(monkeypatch):
-    """bfloat16 chunks after the first, on the CPU's bfloat16 dot (the device decision taken both
-    ways whatever this CPU has); never float32, a first chunk, a verify's few rows or a window."""
+    """bfloat16 chunks after the first, on the CPU's bfloat16 dot without AMX (the device decision
+    taken both ways whatever this CPU has); never float32, a first chunk, a verify's few rows or a
+    window, nor where torch's flash kernel has AMX (3.3-3.8x this kernel's speed on a Xeon)."""
     monkeypatch.setattr(cpu_attention, "HAS_BF16_DOT", True)
+    monkeypatch.setattr(cpu_attention, "SDPA_ON_AMX", False)
     k, v = _cache_views(torch.bfloat16, 300, 320)
     q = torch.randn(1, 9, 40, 64).bfloat16()
     assert cpu_attention.takes_prefill(q, k, v, None)
@@ -202,6 +204,9 @@ def test_which_prefill_chunks_it_takes(monkeypatch):
     monkeypatch.setattr(cpu_attention, "prefill_attention", lambda *a, **kw: routed.append(a[0].shape[2]) or a[0])
     attention(q, k, v, scale=0.125)
     assert routed == [40]
+    monkeypatch.setattr(cpu_attention, "SDPA_ON_AMX", True)  # an AMX CPU: flash
+    assert not cpu_attention.takes_prefill(q, k, v, None)
+    monkeypatch.setattr(cpu_attention, "SDPA_ON_AMX", False)
     monkeypatch.setattr(cpu_attention, "HAS_BF16_DOT", False)  # a CPU without the instruction: flash, as before
     assert not cpu_attention.takes_prefill(q, k, v, None)
     attention(q, k, v, scale=0.125)

@@ -36,7 +36,13 @@ from triforce.kernels.cpu.attention.bf16_values import CHUNK
 from triforce.kernels.cpu.attention.f32_parts import fits as f32_fits
 from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA
 from triforce.kernels.cpu.simd.f32_lanes import exp_sum, max_of
+from triforce.kernels.cpu.simd.features import host_flags
 from triforce.kernels.device_kind import on_host
+
+# torch's CPU flash kernel multiplies bfloat16 on AMX tiles where the CPU has them: there it ran a
+# prefill chunk 3.3-3.8x faster than this kernel (332-361 against 92-99 GFLOP/s, 512-1024 new
+# tokens over 8K-16K keys, 2-core Xeon, 2026-11-28); without AMX this kernel ran 2.0-2.8x as fast (Zen 4)
+SDPA_ON_AMX = "amx_bf16" in host_flags()
 
 SMALL_QUERIES = 16  # beyond this many new tokens a prefill's chunk: prefill_attention where it pays, else SDPA
 SPLIT = 512         # keys per job: 3 heads of 2K keys make 12 jobs for 2 cores
@@ -186,9 +192,10 @@ def takes_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_win
     """Whether prefill_attention serves a prefill chunk after the first (more than SMALL_QUERIES
     new tokens after earlier keys): bfloat16 on the CPU's bfloat16 dot, as `takes` otherwise.
     There it ran 2.0-2.8x torch's flash kernel (256 to 1024 new tokens over 8K-16K keys, Zen 4);
-    float32 on FMA ran 0.5-1.1x and a first chunk (half its scores masked) 0.8x: those stay on SDPA."""
+    float32 on FMA ran 0.5-1.1x and a first chunk (half its scores masked) 0.8x: those stay on SDPA,
+    as every chunk does where torch's kernel has AMX (SDPA_ON_AMX)."""
     dim = q.shape[-1]
-    return (q.dtype == torch.bfloat16 and HAS_BF16_DOT and dim % CHUNK == 0
+    return (q.dtype == torch.bfloat16 and HAS_BF16_DOT and not SDPA_ON_AMX and dim % CHUNK == 0
             and SMALL_QUERIES < q.shape[2] < k.shape[2] and _serves(q, k, v, sliding_window))
 
 

@@ -16,9 +16,10 @@ It runs the prefetcher's CUDA schedule on CPU tensors and enforces what CUDA wou
 
 Compute reads are seen through a TorchFunctionMode active inside `watching()`. With follow_all, every
 tensor a torch call makes or writes in place is followed too (not only what crossed a copy), so
-work handed between streams (drafting ahead of a verify) is checked as copies are. A fresh
-allocation starts with no history: CUDA's caching allocator hands a block back only to the stream
-it was allocated on (record_stream hazards are not modelled).
+work handed between streams (drafting ahead of a verify) is checked as copies are. Memory that was
+freed loses its history, and a fresh allocation starts with none, whatever address it lands on:
+CUDA's caching allocator hands a block back only to the stream it was allocated on, after the
+streams record_stream named (record_stream hazards are not modelled).
 
 As on CUDA, the current stream is per thread (a new thread starts on the compute stream, the
 default one), and work a thread issues through `worker()` is watched as the caller's is."""
@@ -33,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 
 from card_tensors import active, set_quiet
@@ -81,6 +83,7 @@ class Access:
 @dataclass
 class Region:
     kind: str                       # "host" (pinned memory) or "device"
+    storage: StorageWeakRef         # expires when the memory is freed: its address may be handed out again
     accesses: list = field(default_factory=list)
 
 
@@ -261,12 +264,21 @@ class CheckedStreams:
             self._visible(self.host)
 
     # ---- checking -----------------------------------------------------------------------
-    def _region(self, t: torch.Tensor, kind: str) -> Region:
+    def _tracked(self, t: torch.Tensor) -> Region | None:
+        """t's memory's history, if it crossed a copy (or follow_all) since it was allocated."""
         key = t.untyped_storage().data_ptr()
-        if key not in self._regions or self._regions[key].kind != kind:
-            # new, or freed and its address handed out again as the other kind of memory: no history
-            self._regions[key] = Region(kind)
-        return self._regions[key]
+        region = self._regions.get(key)
+        if region is not None and region.storage.expired():
+            del self._regions[key]  # freed since; the address now belongs to new memory
+            return None
+        return region
+
+    def _region(self, t: torch.Tensor, kind: str) -> Region:
+        region = self._tracked(t)
+        if region is None or region.kind != kind:
+            region = Region(kind, StorageWeakRef(t.untyped_storage()))
+            self._regions[t.untyped_storage().data_ptr()] = region
+        return region
 
     def _issue(self, owner: FakeStream) -> dict:
         """An operation on `owner`: issued by the host, so after all the host has seen."""
@@ -290,7 +302,7 @@ class CheckedStreams:
         self._pending = keep
 
     def _access(self, owner: FakeStream, t: torch.Tensor, write: bool, where: str) -> dict:
-        region = self._regions[t.untyped_storage().data_ptr()]
+        region = self._tracked(t)
         stamp = self._issue(owner)
         self._visible(owner)
         lo, hi = _span(t)
@@ -323,7 +335,7 @@ class CheckedStreams:
                     written = i == 0 and (name.endswith("_") or name == "__setitem__")
                     if written and self.follow_all:
                         self._region(t, "device")
-                    if t.untyped_storage().data_ptr() in self._regions:
+                    if self._tracked(t) is not None:
                         tensors.append(t)
                         if written:
                             writes.add(id(t))
@@ -334,7 +346,7 @@ class CheckedStreams:
                 writes.add(id(kwargs["out"]))
             if not tensors:
                 return
-            kinds = {self._regions[t.untyped_storage().data_ptr()].kind for t in tensors}
+            kinds = {self._tracked(t).kind for t in tensors}
             # the CPU touching only pinned memory, outside any stream, is the host thread itself
             owner = self.host if kinds == {"host"} and self._current is self.compute else self._current
             where = _where()
@@ -353,9 +365,10 @@ class CheckedStreams:
                 if not isinstance(t, torch.Tensor) or t.device.type == "meta":
                     continue
                 key = t.untyped_storage().data_ptr()
-                if key in inputs or key in self._regions and self._regions[key].kind == "host":
+                region = self._tracked(t)
+                if key in inputs or region is not None and region.kind == "host":
                     continue  # a view or the input itself; pinned memory is tracked by copies
-                self._regions[key] = Region("device")  # fresh memory: no history
+                self._regions[key] = Region("device", StorageWeakRef(t.untyped_storage()))  # fresh: no history
                 self._access(self._current, t, True, _where())
 
     def device_synchronize(self) -> None:

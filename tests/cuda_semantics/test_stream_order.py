@@ -150,3 +150,26 @@ def test_planted_bug_hybrid_read_before_the_writes_land_is_caught(checked, monke
                         real(self, layer, q, blocks, start, False))
     with pytest.raises(StreamOrderError, match="host thread"):
         session((ResidentKVCache(CFG, 96, dtype=torch.float64), hybrid()))
+
+
+def test_memory_freed_and_handed_out_again_starts_without_history(checked):
+    """Two runs in one process: a buffer the first read on a copy stream is freed, and the next
+    tensor at its address is written on the compute stream. CUDA's allocator orders that reuse
+    (record_stream); the checker once kept the dead buffer's history (a flaky CI failure)."""
+    from triforce.pinned import allocate_host
+
+    source = allocate_host([(64,)], torch.float32)[0]
+    memory = bytearray(256)  # outlives the tensors: the next one lands on the same address
+    first = torch.frombuffer(memory, dtype=torch.float32)
+    address = first.data_ptr()
+    copy = checked.stream()
+    with checked.on(copy):
+        checked.copy(first, source)
+        first.sum()  # read on the copy stream, never waited for by the compute stream
+    with pytest.raises(StreamOrderError, match="not ordered after the .* on the copy stream"):
+        first.add_(1)  # while it lives, the hazard is reported
+    del first
+    second = torch.frombuffer(memory, dtype=torch.float32)
+    assert second.data_ptr() == address
+    second.add_(1)  # new memory: no history, no error
+    assert checked.checked_accesses > 0

@@ -235,7 +235,8 @@ def run_method(method: str, s: Setup) -> dict:
         row.update(mean_tokens_per_full_verify=result.stats["mean_tokens_per_full_verify"],
                    acceptance_rates=result.stats["acceptance_rates"],
                    replayed=s.trace is not None, tiers=engine.describe(),
-                   drafted_ahead=_ahead_share(windows) if engine.ahead is not None else None)
+                   drafted_ahead=_ahead_share(windows) if engine.ahead is not None else None,
+                   window_parts=[_window_parts(r) for r in windows])
     row.update(counted_window(engine, counted))
     sync(device)  # the counted window's prefetches land before the next method reuses their memory
     del engine, cache
@@ -269,6 +270,14 @@ def counted_window(engine, tokens: int) -> dict:
         engine.hooks = hooks
     out.update(syncs_per_token=syncs["per_token"], syncs_by_phase=syncs["by_phase"])
     return out
+
+
+def _window_parts(result) -> dict:
+    """What one timed window did (where a slow first window's time went: the GPU runs of 2026-11-28
+    had every triforce row's first window 2-3.6x its second, unlocated)."""
+    stats = result.stats
+    return {"full_verifies": stats["full_verifies"], "rebuilds": stats["rebuilds"],
+            "accepted": stats["accepted"], "tier_time_s": stats["tier_time_s"]}
 
 
 def _ahead_share(windows) -> dict:

@@ -12,8 +12,9 @@ def results_rows(report: dict) -> list[str]:
     flags = " --reduced" if report.get("reduced") else (" --quick" if report.get("quick") else "")
     lines = [f"GPU campaign {report['date']}, {env.get('device') or probe.get('device_name', 'device unknown')}, "
              f"driver {env.get('driver', '?')}, memory capped to {report['cap_gb']:g} GB, torch "
-             f"{env.get('torch') or probe.get('torch', '?')}, commit {env.get('commit', '?')}, pinned host-to-device "
-             f"{probe.get('pinned_h2d_gbps', '?')} GB/s, device copy {probe.get('d2d_gbps', '?')} GB/s",
+             f"{env.get('torch') or probe.get('torch', '?')}, commit {env.get('commit', '?')}, "
+             + (f"pinned host-to-device {probe.get('pinned_h2d_gbps', '?')} GB/s, device copy "
+                f"{probe.get('d2d_gbps', '?')} GB/s" if probe else "no probe step in this call (bandwidths not measured)"),
              "", f"    python -m triforce.bench.gpu_campaign{flags}", "",
              "| step | result | seconds | estimate s | note |", "|---|---|---:|---:|---|"]
     for s in report["steps"]:
@@ -47,6 +48,7 @@ def results_rows(report: dict) -> list[str]:
                 syncs = row.get("syncs_per_token")
                 lines.append(f"| {row['method']} | {row['ms_per_token']} ({windows}) | {pcie} | "
                              f"{row.get('achieved_h2d_gbps', '')} | {'' if syncs is None else syncs} | {peak} | {plan} |")
+            lines += window_lines(r["rows"])
         if s["name"].startswith("prefill") and r.get("ttft_s") is not None:
             peak = f"{r['peak_gpu_bytes'] / 2**30:.2f}" if r.get("peak_gpu_bytes") else "-"
             lines += ["", f"{s['name']}: {r['arch']} {r['dtype']}, {r['profile']}, prompt {r['prompt']}", "",
@@ -140,3 +142,17 @@ def goals_rows(report: dict) -> list[str]:
     add("CUDA graph fallbacks", str(sum(fallbacks)) if fallbacks else "not seen (no decode rows)", "0",
         sum(fallbacks) == 0 if fallbacks else None)
     return out
+
+
+def window_lines(rows: list[dict]) -> list[str]:
+    """Each speculative row's timed windows, part by part: where a slow window's time went."""
+    out = []
+    for row in rows:
+        parts = row.get("window_parts")
+        if not parts:
+            continue
+        said = "; ".join(f"{ms} ms/token: {p['full_verifies']} full verifies, {p['rebuilds']} rebuilds, by tier "
+                         + ", ".join(f"{tier} {s} s" for tier, s in p["tier_time_s"].items())
+                         for ms, p in zip(row["ms_per_token_windows"], parts))
+        out.append(f"- {row['method']} windows: {said}")
+    return ["", *out] if out else []

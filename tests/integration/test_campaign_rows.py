@@ -8,6 +8,7 @@ import time
 
 from cli_json import run_json
 from triforce.bench import gpu_campaign
+from triforce.bench.campaign.report import window_lines
 from triforce.bench.campaign.steps import Fixed
 
 TRACE = "bench/traces/smollm2-natural8k-b4096-g15-triforce-lookup.json"
@@ -61,6 +62,7 @@ def test_a_step_cut_by_its_limit_keeps_the_rows_it_wrote(tmp_path):
     report = {"date": "2026-11-27", "cap_gb": 24.0, "environment": {}, "steps": [record]}
     rows = "\n".join(gpu_campaign.results_rows(report))
     assert "| decode-127k | cut at its limit | " in rows and "cut short" in rows and "| ar-offload | 812.5" in rows
+    assert "no probe step in this call (bandwidths not measured)" in rows and "host-to-device ?" not in rows
 
 
 def test_the_methods_share_one_host_store_and_build_their_variants(capsys, monkeypatch, tmp_path):
@@ -94,3 +96,8 @@ def test_the_methods_share_one_host_store_and_build_their_variants(capsys, monke
     assert by["triforce-no-residency"][1] == 0 and by["triforce"][1] == report["rows"][1]["decode_resident_tokens"]
     hybrid = by["triforce"][0]  # the CPU device keeps no hybrid rates; the variant must not add any either way
     assert by["triforce-no-hybrid"][0] is False and by["ar-offload"][0] is False and by["triforce"][0] is hybrid
+    # each timed window's verifies, rebuilds and time by tier (where a slow first window's time went)
+    triforce = report["rows"][1]
+    assert [p["full_verifies"] > 0 and p["tier_time_s"]["full"] > 0 for p in triforce["window_parts"]] == [True, True]
+    lines = "\n".join(window_lines(report["rows"]))
+    assert f"- triforce windows: {triforce['ms_per_token_windows'][0]} ms/token: " in lines and " full verifies, " in lines

@@ -135,6 +135,7 @@ def test_decode_steps_stream_their_rows_and_share_one_host_store(reduced):
         assert result["host_store"].startswith("shared by the methods")
         variants = {r["method"]: r for r in result["rows"]}
         assert variants["triforce-no-hybrid"]["replayed"] and variants["triforce-ahead"]["drafted_ahead"] is not None
+        assert "- triforce-no-hybrid windows: " in stdout  # each window's parts (test_campaign_rows.py)
     peers = {r["method"]: r for r in by["peers-32k"]["result"]["rows"]}
     assert peers["zero-inference"]["ms_per_token"] > 0 and "CUDA only" in peers["transformers-offloaded"]["error"]
     assert "Against the goals:" in stdout and "| CUDA graph fallbacks | 0 | 0 | yes |" in stdout

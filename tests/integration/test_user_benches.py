@@ -142,3 +142,20 @@ def test_a_llama_server_that_fails_to_start_says_why(capsys, tmp_path, monkeypat
     with pytest.raises(SystemExit) as exit_info:
         main([str(a) for a in flags[:-2] + ["--max-context", "16384", "--rope-scaling", "dynamic"] + flags[-2:]])
     assert exit_info.value.code == 2 and "llama-server has no --rope-scaling dynamic" in capsys.readouterr().err
+
+
+def test_cpu_attention_against_sdpa_by_rows_on_the_default_models_heads(capsys):
+    out = run(capsys, "bench", "attention", "--keys", "600", "--rows", "1,5", "--repeats", "3")
+    assert "default: 9 heads, 3 KV heads, dim 64" in out and "| 600 | 5 |" in out
+    report = json.loads(run(capsys, "bench", "attention", "--model", "none", "--heads", "4", "--kv-heads", "2",
+                            "--keys", "300", "--rows", "1,17", "--dtype", "float32", "--repeats", "3", "--json"))
+    one, wide = report["rows"]
+    assert one["ours_ms"] > 0 and one["sdpa_ms"] > 0 and one["ours_over_sdpa"] > 0
+    assert (one["routed"], wide["routed"]) == ("ours", "sdpa")  # beyond SMALL_QUERIES rows: SDPA
+    assert report["provenance"]["cpu_flags"] and isinstance(report["amx_bf16"], bool)
+
+
+def test_cpu_attention_refuses_bad_lists_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "attention", "--rows", "1,x"])
+    assert exit_info.value.code == 2 and "--rows must be comma-separated whole numbers" in capsys.readouterr().err

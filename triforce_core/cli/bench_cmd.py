@@ -15,6 +15,8 @@ from triforce.model.context_stretch import KINDS
 # the benchmarks that live in triforce.bench, run as `triforce bench NAME`: (module, command, help);
 # each is imported only when run (they load torch), so `triforce bench --help` lists them at once
 MODULE_BENCHES = {
+    "attention": ("triforce.bench.cpu_attention", "main",
+                  "CPU decoding and verify attention: our kernel against SDPA by rows and keys."),
     "context": ("triforce.bench.method_auto", "main",
                "Speed by context on natural text: ar, auto and the methods, same tokens."),
     "prefill": ("triforce.bench.prefill_ttft", "main",

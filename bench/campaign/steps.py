@@ -192,7 +192,9 @@ METHOD_S = 3.0         # per decode row: plan, cache, warm-up, graph captures (a
 HOST_STORE_GBPS = 3.0  # host KV allocated, pinned and filled (measured: the offload steps of 2026-11-23 less decoding)
 PREFILL_EFFICIENCY = 0.4  # share of the nominal tensor-core rate a long flash prefill reaches (assumed)
 FIRST_TOKEN_S = 3.2  # the first token after an offloaded prefill (measured: H200 2026-11-28, 3.19 s at 32K)
-FIRST_WINDOW_FACTOR = 3.0  # a triforce row's first 32 tokens over its steady state (measured: 2.0-3.6x, the same run)
+# a triforce row's first 32 tokens over its steady state (measured: 2.0-3.6x, the same run): the
+# trace's first full verifies reject (4 verifies in window 1, 2 in window 2), and the hybrid split's first passes
+FIRST_WINDOW_FACTOR = 3.0
 # triforce measured over predicted without the hybrid split (2026-11-23: 37.6 and 232 ms/token against 29
 # and 172); the hybrid split has never run on a card, so its predicted gain is not counted here
 SPECULATIVE_FACTOR = 1.35

@@ -41,6 +41,29 @@ def op_seconds(events) -> dict:
     return {k: round(v, 4) for k, v in parts.items()}
 
 
+# where a GPU prefill's time goes, by kernel name (lower case; the profiler's CUDA activity only)
+KERNEL_KINDS = (("copies_h2d_s", ("memcpy htod",)), ("copies_d2h_s", ("memcpy dtoh",)),
+                ("attention_s", ("flash", "fmha", "attention", "softmax")),
+                ("projections_s", ("gemm", "gemv", "nvjet", "cutlass", "xmma", "matmul", "splitk")))
+
+
+def device_seconds(events, wall_s: float) -> dict:
+    """The CUDA profiler's device time: attention, projections and other kernels, copies each way
+    (on their own streams, so they may overlap the kernels), and the wall time no kernel ran in
+    (the device waiting for the host: launches, syncs, copies it could not overlap)."""
+    from torch.autograd import DeviceType
+
+    parts = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"other_kernels_s": 0.0}
+    for e in events:
+        if e.device_type != DeviceType.CUDA:
+            continue
+        name = e.key.lower()
+        kind = next((k for k, marks in KERNEL_KINDS if any(m in name for m in marks)), "other_kernels_s")
+        parts[kind] += e.self_device_time_total / 1e6
+    kernels = parts["attention_s"] + parts["projections_s"] + parts["other_kernels_s"]
+    return {**{k: round(v, 4) for k, v in parts.items()}, "no_kernel_s": round(max(wall_s - kernels, 0.0), 4)}
+
+
 @contextmanager
 def labelled_cpu_attention():
     """Our CPU attention kernel (numba: invisible to torch's profiler) as a profiler range."""
@@ -62,7 +85,7 @@ def labelled_cpu_attention():
 def measure(runtime, context: int, new_tokens: int, seed: int = 0, breakdown: bool = False, trace=None) -> dict:
     """Prefill `context` random ids through runtime's engine, then decode `new_tokens` (trace: an
     acceptance trace the drafts replay, as text would be accepted; random ids draft nothing).
-    breakdown: the prefill under torch's profiler, its time split by op_seconds."""
+    breakdown: the prefill under torch's profiler, its time split by op_seconds (CPU) or device_seconds (CUDA)."""
     from triforce.decoding.acceptance_trace import ReplayVerifier
 
     lm = runtime.lm
@@ -76,7 +99,9 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0, breakdown: bo
     if cuda:
         torch.cuda.synchronize(lm.device)
         torch.cuda.reset_peak_memory_stats(lm.device)
-    profiler = torch.profiler.profile() if breakdown else nullcontext()
+    # on a GPU only the device's activity: a 32K prefill launches ~20K kernels, CPU ops would triple the events
+    activities = [torch.profiler.ProfilerActivity.CUDA] if cuda else [torch.profiler.ProfilerActivity.CPU]
+    profiler = torch.profiler.profile(activities=activities) if breakdown else nullcontext()
     started = time.perf_counter()
     with profiler, labelled_cpu_attention() if breakdown else nullcontext():
         engine.set_sequence(ids)
@@ -85,7 +110,10 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0, breakdown: bo
     prefill_s = time.perf_counter() - started
     first = engine.generate(1, SamplingParams())
     ttft_s = time.perf_counter() - started
-    parts = op_seconds(profiler.key_averages()) if breakdown else {}  # after: its tally is no prefill's
+    parts = {}  # after the first token: its tally is no prefill's
+    if breakdown:
+        events = profiler.key_averages()
+        parts = device_seconds(events, prefill_s) if cuda else op_seconds(events)
     marks = [time.perf_counter()]  # each token's arrival on the host: a round's tokens come together
     rest = engine.generate(new_tokens, SamplingParams(), on_token=lambda _: marks.append(time.perf_counter())) \
         if new_tokens else None
@@ -117,7 +145,7 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0, breakdown: bo
 @click.option("--max-context", type=int, default=None, help="With --rope-scaling: stretch the model this far.")
 @click.option("--rope-scaling", default=None)
 @click.option("--breakdown", is_flag=True, help="Split the prefill's time into attention and projections "
-              "(torch's profiler: slows it a little).")
+              "(torch's profiler: slows it a little; on a GPU by kernel, with copies and the time no kernel ran).")
 @click.option("--context", type=int, required=True, help="Prompt tokens to prefill.")
 @click.option("--new-tokens", type=int, default=8, show_default=True, help="Tokens decoded after the first.")
 @click.option("--method", default="triforce", show_default=True, help="What decodes after the prefill (draft: lookup).")
@@ -162,7 +190,11 @@ def main(arch, model, max_context, rope_scaling, breakdown, context, new_tokens,
         print(f"the first token: {parts['before_decoding_s']} s before its decoding began, {parts['decoding_s']} s "
               f"decoding; then {len(result['token_gaps_ms'])} tokens at {result['decode_ms_per_token']} ms each "
               f"({'replaying ' + acceptance_trace if acceptance_trace else 'no trace replayed'})")
-        if breakdown:
+        if breakdown and "no_kernel_s" in measured:
+            print(f"prefill on the device (profiler): attention {measured['attention_s']} s, projections "
+                  f"{measured['projections_s']} s, other kernels {measured['other_kernels_s']} s, no kernel running "
+                  f"{measured['no_kernel_s']} s; copies in {measured['copies_h2d_s']} s, out {measured['copies_d2h_s']} s")
+        elif breakdown:
             print(f"prefill by op (profiler self time): attention {measured['attention_s']} s, projections "
                   f"{measured['projections_s']} s, other torch ops {measured['other_ops_s']} s")
 

@@ -77,6 +77,7 @@ class Tests:
 class Prefill:
     context: int
     new_tokens: int = 32  # timed one by one after the first, replaying TRACE: where an answer's start goes
+    breakdown: bool = False  # under the CUDA profiler: kernels by kind, copies, time no kernel ran
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def decode_argv(scale: Scale, d: Decode, plot: str) -> tuple[str, ...]:
 def prefill_argv(scale: Scale, p: Prefill) -> tuple[str, ...]:
     return ("-m", "triforce.bench.prefill_ttft", "--arch", scale.arch, "--context", str(p.context),
             "--new-tokens", str(p.new_tokens), "--acceptance-trace", TRACE, *scale.budget_flags, "--dtype", scale.dtype,
-            "--json")
+            *(("--breakdown",) if p.breakdown else ()), "--json")
 
 
 def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
@@ -128,8 +129,8 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
     def decode(name, what, d: Decode, default=True):
         return Step(name, what, d, decode_argv(scale, d, str(out_dir / f"{name}.png")), default, streams_rows=True)
 
-    def prefill(name, context):
-        p = Prefill(context)
+    def prefill(name, context, breakdown=False):
+        p = Prefill(context, breakdown=breakdown)
         return Step(name, f"a {name.split('-')[1].upper()} prompt prefilled through the offloaded path on a 24 GB "
                           "budget: time to first token, bytes moved, peak GPU memory against the plan",
                     p, prefill_argv(scale, p))
@@ -144,7 +145,7 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
         Step("probe", "device, versions, exact pinning, copy bandwidths",
              Fixed(9.5, "measured: H200 campaign 2026-11-28"), ("-m", "triforce.bench.campaign.gpu_probe")),
         # what users do first: a long prompt prefilled, then decoded; then a new user's commands and tests
-        prefill("prefill-32k", short),
+        prefill("prefill-32k", short, breakdown=True),  # 32K ran 6.2 s against ~1.5 s of its FLOPs and copies
         prefill("prefill-127k", long),
         decode("decode-127k", "decoding at 127K: triforce with the hybrid verify on and off, beside ar-offload and "
                               "ar-hybrid (natural-text trace; few tokens a row: each ar token moves ~60 GB)",
@@ -191,6 +192,7 @@ WEIGHTS_S = 6.0        # random 7B weights built on the card (assumed)
 METHOD_S = 3.0         # per decode row: plan, cache, warm-up, graph captures (assumed)
 HOST_STORE_GBPS = 3.0  # host KV allocated, pinned and filled (measured: the offload steps of 2026-11-23 less decoding)
 PREFILL_EFFICIENCY = 0.4  # share of the nominal tensor-core rate a long flash prefill reaches (assumed)
+PROFILER_S = 4.0  # the CUDA profiler's overhead and its tally of ~20K kernels (assumed)
 FIRST_TOKEN_S = 3.2  # the first token after an offloaded prefill (measured: H200 2026-11-28, 3.19 s at 32K)
 # a triforce row's first 32 tokens over its steady state (measured: 2.0-3.6x, the same run): the
 # trace's first full verifies reject (4 verifies in window 1, 2 in window 2), and the hybrid split's first passes
@@ -264,6 +266,8 @@ def _prefill(p: Prefill, profile: str, cap_gb: float) -> Estimate:
     decode = p.new_tokens * pred["by_method"]["triforce-no-hybrid"] * SPECULATIVE_FACTOR * FIRST_WINDOW_FACTOR / 1000
     parts = {"start": PROCESS_S, "weights": WEIGHTS_S, "host store": host / (HOST_STORE_GBPS * 1e9),
              "prefill compute": compute, "prefill copies": links, "first token": FIRST_TOKEN_S, "decode": decode}
+    if p.breakdown:
+        parts["profiler"] = PROFILER_S
     return Estimate(sum(parts.values()), parts, f"cost model, {profile} capped to {cap_gb:g} GB")
 
 

@@ -147,15 +147,31 @@ def print_plan(chosen: list[Step], every: list[Step], cap_gb: float, budget_s: f
 
 
 def last_measured(out: Path) -> dict[str, float]:
-    """Each step's seconds in the newest campaign report in `out` (none: {})."""
-    reports = sorted(p for p in out.glob("gpu-campaign-*.json") if not p.stem.endswith("-reduced"))  # a GPU's
-    if not reports:
-        return {}
+    """Each step's seconds in the newest GPU campaign report in `out` that ran it (none: {}),
+    newest by date, then start time (reports before 2026-11-28's third run have none: then by
+    the order git committed them, as a clone's file times are all alike)."""
+    dated = []
+    for path in out.glob("gpu-campaign-*.json"):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(report, dict) and not report.get("reduced") and not path.stem.endswith("-reduced"):
+            dated.append(((str(report.get("date", "")), str(report.get("started", "")), _committed_at(path)), report))
+    seconds = {}
+    for _, report in sorted(dated, key=lambda item: item[0]):  # later reports overwrite earlier ones
+        seconds.update({s["name"]: s["seconds"] for s in report.get("steps", []) if s.get("ok")})
+    return seconds
+
+
+def _committed_at(path: Path) -> int:
+    """When git last committed `path` (0: never, or no git)."""
     try:
-        report = json.loads(reports[-1].read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return {s["name"]: s["seconds"] for s in report.get("steps", []) if s.get("ok")}
+        done = subprocess.run(["git", "log", "-1", "--format=%ct", "--", path.name], cwd=path.parent,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return int(done.stdout.strip() or 0) if done.returncode == 0 else 0
 
 
 @click.command()
@@ -181,7 +197,9 @@ def main(out_dir, cap_gb, budget_s, only, run_all, reduced, dry_run, commit):
         return
     out.mkdir(parents=True, exist_ok=True)
     date = datetime.date.today().isoformat()
-    report = {"date": date, "cap_gb": cap_gb, "reduced": reduced, "environment": environment(commit), "steps": []}
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    report = {"date": date, "started": started, "cap_gb": cap_gb, "reduced": reduced, "environment": environment(commit),
+              "steps": []}
     deadline = time.perf_counter() + budget_s
     path = out / f"gpu-campaign-{date}{'-reduced' if reduced else ''}.json"
     for s in chosen:

@@ -64,6 +64,22 @@ def test_dry_run_prints_the_journey_with_estimates():
     assert [s.name for s in gpu_campaign.choose(every, "tier-steps,user", False)] == ["user", "tier-steps"]  # in order
 
 
+def test_dry_run_shows_each_steps_newest_measured_seconds(tmp_path):
+    """Each step's last run comes from the newest report that ran it, by date then start time
+    (a name sorting later is not a later run), never from a reduced run on a CPU."""
+    def report(name, started, seconds, reduced=False):
+        steps = [{"name": step, "seconds": s, "ok": True} for step, s in seconds.items()]
+        (tmp_path / name).write_text(json.dumps({"date": "2026-11-28", "started": started, "reduced": reduced,
+                                                 "steps": steps}))
+
+    report("gpu-campaign-2026-11-28-h200-abc.json", "2026-11-28T09:10:00+00:00", {"probe": 11.0, "user": 120.0})
+    report("gpu-campaign-2026-11-28-h200.json", "2026-11-28T08:00:00+00:00", {"probe": 99.0, "gpu-tests": 150.0})
+    report("gpu-campaign-2026-11-29-reduced.json", "2026-11-29T08:00:00+00:00", {"probe": 1.0}, reduced=True)
+    out = campaign("--dry-run", "--out-dir", str(tmp_path))
+    last = {line.split()[1]: line.split("last run ")[1].split(" s")[0] for line in out.splitlines() if "last run " in line}
+    assert last == {"probe": "11.0", "user": "120.0", "gpu-tests": "150.0"}
+
+
 def test_a_step_that_does_not_fit_the_time_left_is_skipped_and_said(tmp_path):
     out = campaign("--only", "probe,decode-127k", "--budget-s", "40", "--out-dir", str(tmp_path))
     report = json.loads(next(tmp_path.glob("gpu-campaign-*.json")).read_text())

@@ -273,8 +273,9 @@ def counted_window(engine, tokens: int) -> dict:
 
 
 def _window_parts(result) -> dict:
-    """What one timed window did (where a slow first window's time went: the GPU runs of 2026-11-28
-    had every triforce row's first window 2-3.6x its second, unlocated)."""
+    """What one timed window did: where a slow window's time went (on the H200, 2026-11-28, every
+    triforce row's first window ran 2-3.6x its second: the trace's first full verifies reject, so
+    window 1 took 4 of them and window 2 took 2)."""
     stats = result.stats
     return {"full_verifies": stats["full_verifies"], "rebuilds": stats["rebuilds"],
             "accepted": stats["accepted"], "tier_time_s": stats["tier_time_s"]}

@@ -154,7 +154,7 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
              Fixed(113, "measured: H200 2026-11-28, 143 s less the 30 s serve hung"),
              ("-m", "triforce.bench.campaign.user_step", "--json")),
         Step("gpu-tests", "tests/gpu: graphs == eager, no graph fallback, float32 logits, Triton retrieval, sync "
-                          "counts, offload with copy streams, sampling, SDPA kernels, the prefill's kernel path",
+                          "counts, offload with copy streams, sampling, SDPA kernels, the prefill's kernel path, the profiler's kernel kinds",
              gpu_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *gpu_tests.paths)),
         # what the default call leaves for a second one (--only NAMES, or --all); measured on 2026-11-28
         decode("decode-32k", "decoding at 32K: triforce with hybrid, residency and drafting ahead on and off, "
@@ -192,7 +192,7 @@ WEIGHTS_S = 6.0        # random 7B weights built on the card (assumed)
 METHOD_S = 3.0         # per decode row: plan, cache, warm-up, graph captures (assumed)
 HOST_STORE_GBPS = 3.0  # host KV allocated, pinned and filled (measured: the offload steps of 2026-11-23 less decoding)
 PREFILL_EFFICIENCY = 0.4  # share of the nominal tensor-core rate a long flash prefill reaches (assumed)
-PROFILER_S = 4.0  # the CUDA profiler's overhead and its tally of ~20K kernels (assumed)
+PROFILER_S = 3.0  # the CUDA profiler's overhead and its tally of ~20K kernels (assumed)
 FIRST_TOKEN_S = 3.2  # the first token after an offloaded prefill (measured: H200 2026-11-28, 3.19 s at 32K)
 # a triforce row's first 32 tokens over its steady state (measured: 2.0-3.6x, the same run): the
 # trace's first full verifies reject (4 verifies in window 1, 2 in window 2), and the hybrid split's first passes

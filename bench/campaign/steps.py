@@ -154,7 +154,8 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
              Fixed(113, "measured: H200 2026-11-28, 143 s less the 30 s serve hung"),
              ("-m", "triforce.bench.campaign.user_step", "--json")),
         Step("gpu-tests", "tests/gpu: graphs == eager, no graph fallback, float32 logits, Triton retrieval, sync "
-                          "counts, offload with copy streams, sampling, SDPA kernels, the prefill's kernel path, the profiler's kernel kinds",
+                          "counts, offload with copy streams, sampling, SDPA kernels, the prefill's kernel path, "
+                          "the profiler's kernel kinds",
              gpu_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *gpu_tests.paths)),
         # what the default call leaves for a second one (--only NAMES, or --all); measured on 2026-11-28
         decode("decode-32k", "decoding at 32K: triforce with hybrid, residency and drafting ahead on and off, "

@@ -51,7 +51,8 @@ def is_registered(t: torch.Tensor) -> bool:
 
 
 def register_pinned(t: torch.Tensor, cudart=None) -> None:
-    """Page-lock exactly t's bytes (cudaHostRegister); unregistered when t is freed. Raises
+    """Page-lock exactly t's bytes (cudaHostRegister); unregistered when its memory is freed (the
+    storage's end, not t's: a detached view may outlive t). Raises
     RuntimeError when the driver refuses. `cudart` replaces torch.cuda.cudart() in tests."""
     cudart = cudart or torch.cuda.cudart()
     ptr, size = t.data_ptr(), t.untyped_storage().nbytes()
@@ -67,7 +68,7 @@ def register_pinned(t: torch.Tensor, cudart=None) -> None:
         except Exception:  # interpreter shutdown: the process is leaving anyway
             pass
 
-    weakref.finalize(t, release)
+    weakref.finalize(t.untyped_storage(), release)  # torch keeps one Python object per storage
 
 
 def allocate_host(shapes: list[tuple[int, ...]], dtype: torch.dtype, *, pin: bool = True,

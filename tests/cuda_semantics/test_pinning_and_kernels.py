@@ -20,6 +20,18 @@ def test_pinning_registers_exactly_the_asked_bytes(pinning):
     assert ptr in pinning.unregistered and pinned_bytes() == before
 
 
+def test_pinned_memory_stays_pinned_while_a_view_of_it_lives(pinning):
+    """Unregistered when the memory is freed, not when the tensor allocate_host returned is: a
+    view (a block of the store, an arena's store) may outlive it, and copies from it must stay
+    asynchronous (cudaHostUnregister under a pending copy is undefined)."""
+    (t,) = allocate_host([(4, 1000)], torch.float32)
+    ptr, block = t.data_ptr(), t[1].detach()  # no _base: nothing else keeps t alive
+    del t
+    assert host_memory.is_registered(block) and ptr not in pinning.unregistered
+    del block
+    assert ptr in pinning.unregistered and not any(p == ptr for p in host_memory._pinned)
+
+
 def test_a_failed_pin_is_said_and_the_store_knows(monkeypatch, capsys):
     monkeypatch.setattr(host_memory, "can_pin", lambda: True)
     monkeypatch.setattr(torch.cuda, "cudart", FakeCard(pin_fails=True).cudart)

@@ -18,11 +18,9 @@ from triforce.bench.harness import each_call, emit, output_option
 def head_shapes(model: str | None, heads: int, kv_heads: int, head_dim: int) -> tuple[int, int, int, str]:
     if model is None:
         return heads, kv_heads, head_dim, f"{heads} heads, {kv_heads} KV heads, dim {head_dim}"
-    from triforce.config.model import ModelConfig
-    from triforce.model.hf_config import read_hf_config
-    from triforce.model.loading import resolve_model_dir
+    from triforce.model.loading import model_shape
 
-    config = ModelConfig.from_hf(read_hf_config(resolve_model_dir(model)))
+    config, _ = model_shape(model)
     return config.num_heads, config.num_kv_heads, config.head_dim, \
         f"{model}: {config.num_heads} heads, {config.num_kv_heads} KV heads, dim {config.head_dim}"
 

@@ -157,7 +157,8 @@ def last_measured(out: Path) -> dict[str, float]:
         except (OSError, json.JSONDecodeError):
             continue
         if isinstance(report, dict) and not report.get("reduced") and not path.stem.endswith("-reduced"):
-            dated.append(((str(report.get("date", "")), str(report.get("started", "")), _committed_at(path)), report))
+            started = str(report.get("started", ""))
+            dated.append(((str(report.get("date", "")), started, 0 if started else _committed_at(path)), report))
     seconds = {}
     for _, report in sorted(dated, key=lambda item: item[0]):  # later reports overwrite earlier ones
         seconds.update({s["name"]: s["seconds"] for s in report.get("steps", []) if s.get("ok")})

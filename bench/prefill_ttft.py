@@ -191,9 +191,8 @@ def main(arch, model, max_context, rope_scaling, breakdown, context, new_tokens,
               f"decoding; then {len(result['token_gaps_ms'])} tokens at {result['decode_ms_per_token']} ms each "
               f"({'replaying ' + acceptance_trace if acceptance_trace else 'no trace replayed'})")
         if breakdown and "no_kernel_s" in measured:
-            print(f"prefill on the device (profiler): attention {measured['attention_s']} s, projections "
-                  f"{measured['projections_s']} s, other kernels {measured['other_kernels_s']} s, no kernel running "
-                  f"{measured['no_kernel_s']} s; copies in {measured['copies_h2d_s']} s, out {measured['copies_d2h_s']} s")
+            from triforce.bench.campaign.report import device_split
+            print(device_split(measured))
         elif breakdown:
             print(f"prefill by op (profiler self time): attention {measured['attention_s']} s, projections "
                   f"{measured['projections_s']} s, other torch ops {measured['other_ops_s']} s")

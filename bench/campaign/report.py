@@ -58,10 +58,7 @@ def results_rows(report: dict) -> list[str]:
                       f"{r['h2d_bytes'] / 1e9:.2f} | {r['d2h_bytes'] / 1e9:.2f} | {peak} | "
                       f"{r['plan_gpu_bytes'] / 2**30:.2f} |"]
             if "no_kernel_s" in r:  # under the CUDA profiler: where the prefill's time went
-                lines += ["", f"prefill on the device (profiler, {r['prefill_s']} s of wall time): attention "
-                              f"{r['attention_s']} s, projections {r['projections_s']} s, other kernels "
-                              f"{r['other_kernels_s']} s, no kernel running {r['no_kernel_s']} s; copies in "
-                              f"{r['copies_h2d_s']} s, out {r['copies_d2h_s']} s"]
+                lines += ["", device_split(r)]
             if r.get("first_token_parts"):  # where an answer's start went
                 f, gaps = r["first_token_parts"], r.get("token_gaps_ms") or []
                 lines += ["", f"first token: {f['before_decoding_s']} s before its decoding began, {f['decoding_s']} s "
@@ -161,3 +158,10 @@ def window_lines(rows: list[dict]) -> list[str]:
                          for ms, p in zip(row["ms_per_token_windows"], parts))
         out.append(f"- {row['method']} windows: {said}")
     return ["", *out] if out else []
+
+
+def device_split(r: dict) -> str:
+    """A GPU prefill's device time by kind (bench prefill --breakdown's device_seconds)."""
+    return (f"prefill on the device (profiler, {r['prefill_s']} s of wall time): attention {r['attention_s']} s, "
+            f"projections {r['projections_s']} s, other kernels {r['other_kernels_s']} s, no kernel running "
+            f"{r['no_kernel_s']} s; copies in {r['copies_h2d_s']} s, out {r['copies_d2h_s']} s")

@@ -15,12 +15,10 @@ def _model_shape(model: str | None, arch: str | None):
     if arch is not None:
         from triforce.model.architectures import arch_config
         return arch_config(arch), f"{arch} (shapes only)"
-    from triforce.config.model import ModelConfig
-    from triforce.model.hf_config import read_hf_config
-    from triforce.model.loading import resolve_model_dir
+    from triforce.model.loading import model_shape
 
-    folder = resolve_model_dir(model)
-    return ModelConfig.from_hf(read_hf_config(folder)), str(folder)
+    shape, folder = model_shape(model)
+    return shape, str(folder)
 
 
 def _file_blocks(model: str, shape, dtype_bytes: int):

@@ -97,6 +97,13 @@ def resolve_model_dir(spec: str) -> Path:
     raise UserError(f"'{spec}' is neither a Hugging Face model folder (no config.json) nor a .gguf file")
 
 
+def model_shape(spec: str) -> tuple[ModelConfig, Path]:
+    """The shape of the model `spec` names (as load_model takes it), read from its config alone,
+    and its folder."""
+    folder = resolve_model_dir(spec)
+    return ModelConfig.from_hf(read_hf_config(folder)), folder
+
+
 def build_model(hf_config, files: list[Path], dtype: torch.dtype, device: torch.device,
                 shard: tuple[int, int] | None = None, context: int | None = None,
                 blocks: frozenset[str] = frozenset()) -> CausalLM:

@@ -54,14 +54,17 @@ def device_seconds(events, wall_s: float) -> dict:
     from torch.autograd import DeviceType
 
     parts = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"other_kernels_s": 0.0}
+    seen = 0
     for e in events:
         if e.device_type != DeviceType.CUDA:
             continue
+        seen += 1
         name = e.key.lower()
         kind = next((k for k, marks in KERNEL_KINDS if any(m in name for m in marks)), "other_kernels_s")
         parts[kind] += e.self_device_time_total / 1e6
     kernels = parts["attention_s"] + parts["projections_s"] + parts["other_kernels_s"]
-    return {**{k: round(v, 4) for k, v in parts.items()}, "no_kernel_s": round(max(wall_s - kernels, 0.0), 4)}
+    return {**{k: round(v, 4) for k, v in parts.items()}, "no_kernel_s": round(max(wall_s - kernels, 0.0), 4),
+            "kernel_kinds_seen": seen}  # 0: the profiler recorded no device activity (no CUPTI, a simulated card)
 
 
 @contextmanager
@@ -99,8 +102,11 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0, breakdown: bo
     if cuda:
         torch.cuda.synchronize(lm.device)
         torch.cuda.reset_peak_memory_stats(lm.device)
-    # on a GPU only the device's activity: a 32K prefill launches ~20K kernels, CPU ops would triple the events
-    activities = [torch.profiler.ProfilerActivity.CUDA] if cuda else [torch.profiler.ProfilerActivity.CPU]
+    # on a GPU only the device's activity: a 32K prefill launches ~20K kernels, CPU ops would triple the events;
+    # a torch without CUDA's profiler (a simulated card) refuses an empty list: its CPU ops then, and no kernel seen
+    device_activity = torch.profiler.ProfilerActivity.CUDA
+    activities = [device_activity if cuda and device_activity in torch.profiler.supported_activities()
+                  else torch.profiler.ProfilerActivity.CPU]
     profiler = torch.profiler.profile(activities=activities) if breakdown else nullcontext()
     started = time.perf_counter()
     with profiler, labelled_cpu_attention() if breakdown else nullcontext():

@@ -162,6 +162,8 @@ def window_lines(rows: list[dict]) -> list[str]:
 
 def device_split(r: dict) -> str:
     """A GPU prefill's device time by kind (bench prefill --breakdown's device_seconds)."""
+    if not r.get("kernel_kinds_seen"):
+        return f"prefill on the device: the profiler recorded no kernel ({r['prefill_s']} s of wall time unsplit)"
     return (f"prefill on the device (profiler, {r['prefill_s']} s of wall time): attention {r['attention_s']} s, "
             f"projections {r['projections_s']} s, other kernels {r['other_kernels_s']} s, no kernel running "
             f"{r['no_kernel_s']} s; copies in {r['copies_h2d_s']} s, out {r['copies_d2h_s']} s")

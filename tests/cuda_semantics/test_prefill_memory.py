@@ -30,6 +30,19 @@ def test_a_bf16_prefill_stays_within_its_plan(capsys, card, checked, arch, conte
     assert 0 < report["peak_gpu_bytes"] <= report["plan_gpu_bytes"]
 
 
+def test_a_prefill_breakdown_takes_the_cuda_branch_on_the_card(capsys, card, checked):
+    """`--breakdown` on a card asks the profiler for the device's activity; a torch without CUDA's
+    profiler (this one) refused that list, so the campaign's prefill-32k step died on the simulated
+    card. Here it runs, and says it recorded no kernel instead of calling the whole prefill idle."""
+    with card.placement():
+        report = run_json(capsys, "bench", "prefill", "--arch", "tiny-test", "--context", 1000, "--new-tokens", "2",
+                          "--device", "cuda", "--dtype", "bfloat16", "--device-budget", "2.8MB", "--breakdown",
+                          "--json")
+    assert report["device"] == "cuda:0" and report["offloaded"] and report["kernel_kinds_seen"] == 0
+    from triforce.bench.campaign.report import device_split
+    assert "the profiler recorded no kernel" in device_split(report)
+
+
 def test_sending_a_layer_home_holds_one_block_on_the_card(card):
     store = HostKVStore(1, 2, 16, capacity=4096, block_tokens=256, first_position=0, dtype=torch.float32, pin=False)
     with card.placement() as mode:

@@ -33,4 +33,4 @@ def test_a_gpu_prefill_is_split_by_kernel_and_copy():
                        + [FunctionEvent(9, "aten::mm", 0, 0, 5000)])  # a CPU op: its kernels are counted apart
     parts = device_seconds(events, wall_s=0.01)  # the events themselves, as key_averages sums them
     assert parts == {"copies_h2d_s": 0.001, "copies_d2h_s": 0.001, "attention_s": 0.001, "projections_s": 0.002,
-                     "other_kernels_s": 0.001, "no_kernel_s": 0.006}
+                     "other_kernels_s": 0.001, "no_kernel_s": 0.006, "kernel_kinds_seen": 6}

@@ -14,7 +14,8 @@ from typing import Iterator
 
 import numpy as np
 
-from triforce.errors import DamagedFileError
+from triforce.errors import DamagedFileError, UserError
+from triforce.paths import read_small
 
 SOURCE = "gguf-source.json"
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -62,10 +63,10 @@ class GgufSource:
     def read(cls, folder: Path) -> "GgufSource | None":
         """None where the folder is not a converted GGUF."""
         try:
-            fields = json.loads((folder / SOURCE).read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
+            if not (folder / SOURCE).exists():
+                return None
+            fields = json.loads(read_small(folder / SOURCE, "the record of a converted GGUF"))
+        except (UserError, OSError, ValueError) as e:
             raise DamagedFileError(f"cannot read {folder / SOURCE}: {e}") from None
         return cls(Path(fields["path"]), fields["size"], fields["mtime_ns"], fields["permute_qk"],
                    fields["heads"], fields["kv_heads"], fields.get("architecture", "llama"))

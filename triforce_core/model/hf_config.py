@@ -18,12 +18,12 @@ SIZE_LIMIT = 1 << 24  # far beyond any released model's width, depth or vocabula
 
 
 def read_json_object(path: Path, what: str) -> dict:
+    from triforce.paths import read_small
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        data = json.loads(read_small(path, what))
+    except ValueError as e:
         raise UserError(f"{path} is not valid JSON: {e}") from None
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror or e}") from None
     if not isinstance(data, dict):
         raise UserError(f"{path} must hold a JSON object ({what}), not a {type(data).__name__}")
     return data

@@ -15,7 +15,7 @@ from triforce.model.gguf_weights import GgufSource
 from triforce.model.hf_config import generation_eos, read_hf_config
 from triforce.model.rope import layer_ropes
 from triforce.model.weights import check_layer_count, iter_tensors, load_into, weight_files
-from triforce.paths import cache_root
+from triforce.paths import cache_root, shown
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64,
           "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -78,13 +78,21 @@ def resolve_device(name: str) -> torch.device:
 def resolve_model_dir(spec: str) -> Path:
     """A Hugging Face folder with config.json for `spec`, converting GGUF files once."""
     from triforce.model.default_model import default_model_dir
-    from triforce.model.gguf_convert import convert_gguf, converted_dir_for
 
     if spec == "default":
         return default_model_dir()
+    try:
+        return _model_dir(spec)
+    except OSError as e:  # a name too long for a path, a folder it may not read, a file used as a folder
+        raise UserError(f"cannot use model '{shown(spec)}': {e.strerror or e}") from None
+
+
+def _model_dir(spec: str) -> Path:
+    from triforce.model.gguf_convert import convert_gguf, converted_dir_for
+
     path = _located(spec)
     if not path.exists():
-        raise UserError(f"model path '{spec}' does not exist (give a local Hugging Face folder, a .gguf file, "
+        raise UserError(f"model path '{shown(spec)}' does not exist (give a local Hugging Face folder, a .gguf file, "
                         "ORG/NAME from the Hugging Face cache, ollama:NAME[:TAG], or 'default'; `triforce models` "
                         "lists what runs here; triforce never downloads from a hub)")
     if path.is_dir() and (path / "config.json").exists():
@@ -94,7 +102,7 @@ def resolve_model_dir(spec: str) -> Path:
         return convert_gguf(ggufs[0], converted_dir_for(ggufs[0]))
     if len(ggufs) > 1:
         raise UserError(f"{path} holds several .gguf files; name one of them")
-    raise UserError(f"'{spec}' is neither a Hugging Face model folder (no config.json) nor a .gguf file")
+    raise UserError(f"'{shown(spec)}' is neither a Hugging Face model folder (no config.json) nor a .gguf file")
 
 
 def model_shape(spec: str) -> tuple[ModelConfig, Path]:
@@ -184,9 +192,12 @@ def gguf_file(spec: str) -> Path | None:
     if spec == "default":
         from triforce.model.default_model import ensure_gguf
         return ensure_gguf()
-    path = _located(spec)
-    ggufs = _ggufs_at(path)
-    return ggufs[0] if len(ggufs) == 1 and not (path.is_dir() and (path / "config.json").exists()) else None
+    try:
+        path = _located(spec)
+        ggufs = _ggufs_at(path)
+        return ggufs[0] if len(ggufs) == 1 and not (path.is_dir() and (path / "config.json").exists()) else None
+    except OSError as e:
+        raise UserError(f"cannot use model '{shown(spec)}': {e.strerror or e}") from None
 
 
 def _located(spec: str) -> Path:

@@ -1,19 +1,24 @@
-"""`--model` by name, offline: `ORG/NAME[@REVISION]` from the Hugging Face cache (the hub's own
-lookup, never downloading; HF_HOME / HF_HUB_CACHE move it) and `ollama:NAME[:TAG]` from Ollama's
-store (OLLAMA_MODELS, else ~/.ollama/models: a manifest per NAME:TAG whose model layer names the
-GGUF blob). A name that is not there is one error line saying where it looked and how to get it."""
+"""`--model` by name, offline: `ORG/NAME[@REVISION]` from the Hugging Face cache
+(triforce.model.hub_cache) and `ollama:[HOST/][NAMESPACE/]NAME[:TAG]` from Ollama's store
+(triforce.model.ollama_store). A name that is not there is one error line saying where it looked
+and how to get it.
+
+A name is parsed by its grammar (the Hub's repo ids and git's ref names; Ollama's name parts and
+`sha256:<64 hex>` digests) and never joined into a path as typed: `..`, absolute parts and what a
+store's own files say are refused, and every path a name resolves to is checked to lie inside its
+store, following only the links the store's layout makes (a snapshot's files link to its blobs)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 from triforce.errors import UserError
+from triforce.model.hub_cache import hf_snapshot
+from triforce.model.ollama_store import OLLAMA_PREFIX, OllamaName, ollama_blob, ollama_root
+from triforce.paths import read_small
 
-HF_NAME = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?")
-OLLAMA_PREFIX = "ollama:"
-OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+HF_NAME = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>.*))?", re.S)  # checked by hub_cache
 GGUF_MAGIC = b"GGUF"
 
 
@@ -22,49 +27,16 @@ def locate(spec: str) -> Path | None:
     if spec.startswith(OLLAMA_PREFIX):
         return ollama_blob(spec[len(OLLAMA_PREFIX):])
     match = HF_NAME.fullmatch(spec)
-    if match is None or Path(spec).expanduser().exists():
+    if match is None or _exists(Path(spec).expanduser()):
         return None
     return hf_snapshot(match["repo"], match["revision"])
 
 
-def hf_snapshot(repo: str, revision: str | None = None) -> Path:
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
+def _exists(path: Path) -> bool:
     try:
-        return Path(snapshot_download(repo, revision=revision, local_files_only=True))
-    except (LocalEntryNotFoundError, FileNotFoundError, ValueError):
-        at = f"@{revision}" if revision else ""
-        raise UserError(f"model '{repo}{at}' is neither a path here nor in the Hugging Face cache (looked in "
-                        f"{constants.HF_HUB_CACHE}; "
-                        f"triforce never downloads: with network run `hf download {repo}"
-                        f"{' --revision ' + revision if revision else ''}`, or give a folder or .gguf path)") from None
-
-
-def ollama_root() -> Path:
-    return Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models").expanduser()
-
-
-def ollama_blob(name: str) -> Path:
-    """NAME[:TAG] (TAG latest) -> its GGUF blob; NAME may carry a namespace (user/name)."""
-    model, _, tag = name.partition(":")
-    if not model:
-        raise UserError("--model ollama: needs a name, e.g. ollama:llama3.1:8b")
-    manifest = ollama_root() / "manifests" / "registry.ollama.ai" / (model if "/" in model else f"library/{model}")
-    manifest = manifest / (tag or "latest")
-    try:
-        layers = json.loads(manifest.read_text())["layers"]
-        digest = next(layer["digest"] for layer in layers if layer.get("mediaType") == OLLAMA_MODEL_LAYER)
-    except FileNotFoundError:
-        raise UserError(f"ollama model '{model}:{tag or 'latest'}' is not in Ollama's store (looked for {manifest}; "
-                        f"with network run `ollama pull {model}:{tag or 'latest'}`, or set OLLAMA_MODELS)") from None
-    except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
-        raise UserError(f"cannot read Ollama's manifest {manifest}: {e or 'it names no model layer'}") from None
-    blob = ollama_root() / "blobs" / digest.replace(":", "-")
-    if not blob.is_file():
-        raise UserError(f"Ollama's manifest {manifest} names {blob}, which is missing (run `ollama pull "
-                        f"{model}:{tag or 'latest'}` again)")
-    return blob
+        return path.exists()
+    except OSError:  # a name too long for a path is no path here
+        return False
 
 
 def is_gguf(path: Path) -> bool:
@@ -91,6 +63,26 @@ def available() -> list[dict]:
     return found + _hf_models() + _ollama_models()
 
 
+def _folder_verdict(folder: Path) -> tuple[bool, str, str]:
+    from triforce.model.gguf_convert import GGUF_ARCHITECTURES
+
+    if (folder / "config.json").is_file():
+        kind = "safetensors" if list(folder.glob("*.safetensors")) else "bin"
+        try:
+            model_type = json.loads(read_small(folder / "config.json", "the config")).get("model_type")
+        except (UserError, ValueError, AttributeError):
+            return False, "config.json unreadable", kind
+        from triforce.config.model import SUPPORTED_MODEL_TYPES
+
+        runs = model_type in SUPPORTED_MODEL_TYPES
+        return runs, model_type if runs else f"model_type {model_type} (runs {', '.join(SUPPORTED_MODEL_TYPES)})", kind
+    ggufs = sorted(folder.glob("*.gguf"))
+    if len(ggufs) == 1:
+        arch = gguf_architecture(ggufs[0])
+        return arch in GGUF_ARCHITECTURES, arch or "unreadable header", "gguf"
+    return False, f"{len(ggufs)} .gguf files: give one as a path" if ggufs else "no config.json or .gguf", "?"
+
+
 def _hf_models() -> list[dict]:
     from huggingface_hub import scan_cache_dir
 
@@ -108,41 +100,23 @@ def _hf_models() -> list[dict]:
     return found
 
 
-def _folder_verdict(folder: Path) -> tuple[bool, str, str]:
-    from triforce.model.gguf_convert import GGUF_ARCHITECTURES
-
-    if (folder / "config.json").is_file():
-        kind = "safetensors" if list(folder.glob("*.safetensors")) else "bin"
-        try:
-            model_type = json.loads((folder / "config.json").read_text()).get("model_type")
-        except (OSError, ValueError):
-            return False, "config.json unreadable", kind
-        from triforce.config.model import SUPPORTED_MODEL_TYPES
-
-        runs = model_type in SUPPORTED_MODEL_TYPES
-        return runs, model_type if runs else f"model_type {model_type} (runs {', '.join(SUPPORTED_MODEL_TYPES)})", kind
-    ggufs = sorted(folder.glob("*.gguf"))
-    if len(ggufs) == 1:
-        arch = gguf_architecture(ggufs[0])
-        return arch in GGUF_ARCHITECTURES, arch or "unreadable header", "gguf"
-    return False, f"{len(ggufs)} .gguf files: give one as a path" if ggufs else "no config.json or .gguf", "?"
-
-
 def _ollama_models() -> list[dict]:
+    """Every manifest of the store, by host (Ollama keeps hf.co's models beside its own registry's)."""
     from triforce.model.gguf_convert import GGUF_ARCHITECTURES
 
-    root = ollama_root() / "manifests" / "registry.ollama.ai"
+    root = ollama_root() / "manifests"
     found = []
-    for manifest in sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []:
-        namespace, model, tag = manifest.relative_to(root).parts[-3:]
-        name = f"ollama:{model if namespace == 'library' else namespace + '/' + model}:{tag}"
+    for manifest in sorted(p for p in root.glob("*/*/*/*") if p.is_file()) if root.is_dir() else []:
+        host, namespace, model, tag = manifest.relative_to(root).parts
         try:
-            blob = ollama_blob(name[len(OLLAMA_PREFIX):])
+            name = str(OllamaName(host, namespace, model, tag))
+            blob = ollama_blob(name)
         except UserError as e:
-            found.append({"model": name, "format": "gguf", "bytes": None, "runs": False, "note": str(e), "path": None})
+            found.append({"model": f"ollama:{name}", "format": "gguf", "bytes": None, "runs": False, "note": str(e),
+                          "path": None})
             continue
         arch = gguf_architecture(blob)
-        found.append({"model": name, "format": "gguf", "bytes": blob.stat().st_size, "path": str(blob),
+        found.append({"model": f"ollama:{name}", "format": "gguf", "bytes": blob.stat().st_size, "path": str(blob),
                       "runs": arch in GGUF_ARCHITECTURES, "note": arch or "unreadable header"})
     return found
 
@@ -158,17 +132,24 @@ def gguf_architecture(path: Path) -> str | None:
             if f.read(4) != GGUF_MAGIC:
                 return None
             _, _, count = struct.unpack("<IQQ", f.read(20))
+
+            def string() -> str:
+                size = struct.unpack("<Q", f.read(8))[0]
+                if size > 1 << 16:  # no key or architecture is this long: a damaged header
+                    raise ValueError(size)
+                return f.read(size).decode()
+
             for _ in range(min(count, 64)):
-                key = f.read(struct.unpack("<Q", f.read(8))[0]).decode()
+                key = string()
                 kind = struct.unpack("<I", f.read(4))[0]
                 if kind == 8:
-                    value = f.read(struct.unpack("<Q", f.read(8))[0]).decode()
+                    value = string()
                     if key == "general.architecture":
                         return value
                 elif kind == 9:
                     return None  # an array before the architecture: not a layout llama.cpp writes
                 else:
                     f.read(sizes[kind])
-    except (OSError, struct.error, KeyError, UnicodeDecodeError):
+    except (OSError, struct.error, KeyError, ValueError):
         return None
     return None

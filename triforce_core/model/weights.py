@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from triforce.errors import DamagedFileError, UserError
+from triforce.paths import read_small
 
 # Phi-3 checkpoints fuse these projections (split_fused)
 _FUSED = re.compile(r"(.*\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)(\..*)")
@@ -43,10 +44,13 @@ def weight_files(folder: Path) -> list[Path]:
         index = folder / index_name
         if index.exists():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError) as e:
+                weight_map = json.loads(read_small(index, "the shard index"))["weight_map"]
+                names = list(weight_map.values())
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise UserError(f"cannot read shard index {index}: {e}") from None
-            files = sorted({folder / name for name in weight_map.values()})
+            if not all(isinstance(n, str) and Path(n).name == n and n not in (".", "..") for n in names):
+                raise UserError(f"{index} names shards outside its folder (a shard is a file name, no path)")
+            files = sorted({folder / name for name in names})
             missing = [f.name for f in files if not f.exists()]
             if missing:
                 raise UserError(f"{index} names shards that are missing: {', '.join(missing)}")

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
+import re
 import sys
 from importlib.util import find_spec
 from pathlib import Path
 
-from triforce.paths import cache_root
+from triforce.paths import cache_root, remove_files
 
 _PACKAGES = ("triforce.kernels", "triforce.pinned", "triforce.bench")  # the ones with numba code
 _KEEP = 3  # folders kept: the current sources and two before them (a switch back is free)
+_DIGEST = re.compile(r"[0-9a-f]{16}")  # the folders' names (source_digest)
+_NUMBA_SUFFIXES = (".nbi", ".nbc")     # numba's cache index and compiled code
 
 
 def source_folders() -> list[Path]:
@@ -56,8 +58,21 @@ def use_versioned_cache(root: Path | None = None) -> Path | None:
     return folder
 
 
+def numba_files(folder: Path) -> tuple[Path, ...]:
+    """The files numba wrote in one of these folders (its index and code files, in a subfolder per
+    source folder), no link among them: the only ones triforce ever removes there."""
+    return tuple(sorted(Path(where) / name for where, _, files in os.walk(folder) for name in files
+                        if Path(name).suffix in _NUMBA_SUFFIXES and not os.path.islink(os.path.join(where, name))))
+
+
 def _prune(root: Path, current: Path) -> None:
-    """Remove all but the _KEEP most recently used folders (the current one always stays)."""
-    others = sorted((p for p in root.iterdir() if p.is_dir() and p != current), key=lambda p: p.stat().st_mtime)
+    """Remove all but the _KEEP most recently used folders (the current one always stays): numba's
+    files in them, then each folder if nothing else is left (a folder that is a link, or not named
+    as use_versioned_cache names them, is not triforce's and stays)."""
+    others = sorted((p for p in root.iterdir() if p != current and _DIGEST.fullmatch(p.name) and not p.is_symlink()
+                     and p.is_dir()), key=lambda p: p.stat().st_mtime)
     for old in others[:max(0, len(others) - (_KEEP - 1))]:
-        shutil.rmtree(old, ignore_errors=True)
+        try:
+            remove_files(old, numba_files(old))
+        except OSError:
+            pass  # a file another process holds: the next start tries again

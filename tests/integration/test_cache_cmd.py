@@ -51,7 +51,7 @@ def test_list_and_prune_remove_exactly_the_stale_entries(tmp_path, monkeypatch, 
     for path in (*[p for p in in_use | stale if p.suffix == ".json"], cache / ".partial-being-built-now",
                  cache / "notes.txt", cache / "converted" / ".partial-killed-long-ago"):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("x")
+        path.write_text(json.dumps({"version": 1, "tensors": []}) if path.suffix == ".json" else "x")
     day_ago = time.time() - 2 * 86400
     os.utime(cache / "converted" / ".partial-killed-long-ago", (day_ago, day_ago))
 

@@ -32,17 +32,35 @@ def test_digest_follows_files_in_subfolders(tmp_path):
 
 
 def test_cache_folder_is_named_by_the_digest_and_old_ones_are_pruned(tmp_path, monkeypatch):
+    """Only numba's files in folders named as triforce names them go; a user's file, a folder of
+    another name and a link out of the cache stay (issue 71: the old prune removed every folder)."""
     import numba
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     monkeypatch.setattr(numba.config, "CACHE_DIR", numba.config.CACHE_DIR)  # restored after the test
     root = tmp_path / "numba"
-    for i, name in enumerate(["old1", "old2", "old3", "old4"]):
+    olds = [f"{i:016x}" for i in range(4)]
+    for i, name in enumerate(olds):
         (root / name).mkdir(parents=True)
+        (root / name / "f-12.py311.nbi").write_bytes(b"i")
+        (root / name / "f-12.py311.1.nbc").write_bytes(b"c")
+        (root / name / "linear_0a1b").mkdir()  # numba's subfolder per source folder
+        (root / name / "linear_0a1b" / "blocks.g-33.py311.nbi").write_bytes(b"i")
+        if i == 1:
+            (root / name / "notes.txt").write_text("mine")
         os.utime(root / name, (1000 + i, 1000 + i))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.nbc").write_bytes(b"not numba's here")
+    (root / "0123456789abcdef").symlink_to(outside, target_is_directory=True)
+    (root / "mine").mkdir()
+    os.utime(root / "mine", (1, 1))
     folder = numba_cache.use_versioned_cache(root)
     assert folder == root / numba_cache.source_digest()
     assert os.environ["NUMBA_CACHE_DIR"] == str(folder) == numba.config.CACHE_DIR
-    assert sorted(p.name for p in root.iterdir()) == sorted([folder.name, "old3", "old4"])  # the newest kept
+    left = sorted(p.name for p in root.iterdir())
+    assert left == sorted([folder.name, olds[1], olds[2], olds[3], "mine", "0123456789abcdef"])  # the newest kept
+    assert [p.name for p in (root / olds[1]).iterdir()] == ["notes.txt"]
+    assert (outside / "x.nbc").exists()
 
 
 def test_a_users_numba_cache_dir_wins(tmp_path, monkeypatch):

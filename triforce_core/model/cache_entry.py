@@ -18,7 +18,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from triforce.errors import UserError
-from triforce.paths import cache_root
+from triforce.paths import cache_root, read_small
 
 MANIFEST = "triforce-manifest.json"
 STALE_S = 86400    # no build takes a day: a partial build this old was killed
@@ -52,8 +52,9 @@ def building(entry: Path, thing: str):
         raise cache_error(e, thing) from None
     try:
         for stale in entry.parent.glob(".partial-*"):
-            # ours (the lock says no one else builds this entry), or anyone's from a day ago
-            if stale.name.startswith(partial_prefix(entry)) or time.time() - stale.lstat().st_mtime > STALE_S:
+            # ours (the lock says no one else builds this entry), or anyone's from a day ago not being built
+            if stale.name.startswith(partial_prefix(entry)) or (
+                    time.time() - stale.lstat().st_mtime > STALE_S and not held(lock_of_partial(stale))):
                 remove(stale)
         yield
     finally:
@@ -66,6 +67,7 @@ def partial_prefix(entry: Path) -> str:
 
 
 def remove(path: Path) -> None:
+    """A file, a link (never what it leads to) or a folder triforce built, all of it."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -79,17 +81,54 @@ def record_sizes(folder: Path) -> None:
     (folder / MANIFEST).write_text(json.dumps(sizes, indent=1))
 
 
+def _record(folder: Path):
+    """The entry's record as written (None: none, or not readable as JSON)."""
+    try:
+        return json.loads(read_small(folder / MANIFEST, "the record of a cache entry"))
+    except (UserError, ValueError):
+        return None
+
+
+def recorded_files(folder: Path) -> list[str] | None:
+    """The file names the entry's record lists (None: no record triforce wrote). Only plain names
+    count: a record that names a path (a forged one) gives nothing outside its folder away."""
+    sizes = _record(folder)
+    if not isinstance(sizes, dict) or not all(isinstance(v, int) for v in sizes.values()):
+        return None
+    return [name for name in sizes if name == Path(name).name and name not in (".", "..")]
+
+
+def lock_of_partial(partial: Path) -> Path | None:
+    """The lock held while `partial` (a `.partial-<entry>-XXXX` build) is written, where one is there."""
+    for lock in partial.parent.glob(".*.lock"):
+        if partial.name.startswith(partial_prefix(partial.parent / lock.name[1:-len(".lock")])):
+            return lock
+    return None
+
+
+def held(lock: Path | None) -> bool:
+    """Another process holds `lock` now (building the entry it guards)."""
+    if lock is None:
+        return False
+    probe = FileLock(str(lock))
+    try:
+        probe.acquire(timeout=0)
+    except (Timeout, OSError):
+        return True
+    probe.release()
+    return False
+
+
 def damage(folder: Path) -> str | None:
     """None for a finished, intact entry, else what is wrong with it."""
-    try:
-        sizes = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError):
+    sizes = _record(folder)
+    if sizes is None:
         return "unfinished (no record of its files)"
     if not isinstance(sizes, dict):
         return "its record of files is damaged"
     for name, size in sizes.items():
         path = folder / name
-        if not path.is_file():
+        if name != Path(name).name or not path.is_file():
             return f"{name} is missing"
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size:,} bytes instead of {size:,}"

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from triforce.paths import cache_root
+from triforce.errors import UserError
+from triforce.paths import cache_root, read_small, write_atomically
 
 VERSION = 1
 
@@ -47,10 +48,10 @@ def gguf_tensors(path: Path) -> dict[str, GgufTensor]:
 def _tensors(path: Path, size: int, mtime_ns: int, root: Path) -> dict[str, GgufTensor]:
     index = root / "gguf-index" / f"{path.stem}-{size}-{mtime_ns}.json"
     try:
-        saved = json.loads(index.read_text())
+        saved = json.loads(read_small(index, "a tensor index"))
         if saved.get("version") == VERSION:
             return {t["name"]: _tensor(t, path) for t in saved["tensors"]}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (UserError, ValueError, KeyError, TypeError):
         pass  # no index yet, or a torn one: read the file again
     from gguf import GGUFReader
 
@@ -58,12 +59,20 @@ def _tensors(path: Path, size: int, mtime_ns: int, root: Path) -> dict[str, Gguf
              "offset": int(t.data_offset), "n_bytes": int(t.n_bytes)} for t in GGUFReader(str(path)).tensors]
     try:
         index.parent.mkdir(parents=True, exist_ok=True)
-        partial = index.with_suffix(".partial")
-        partial.write_text(json.dumps({"version": VERSION, "tensors": rows}))
-        partial.replace(index)  # whole or absent, for a concurrent start
+        # whole or absent, for a concurrent start; the temporary file's name is its own (a dot file)
+        write_atomically(index, json.dumps({"version": VERSION, "tensors": rows}))
     except OSError:
         pass  # a read-only cache only costs the next start the parse
     return {t["name"]: _tensor(t, path) for t in rows}
+
+
+def is_index(path: Path) -> bool:
+    """`path` reads as an index this module wrote (what `triforce cache prune` may remove)."""
+    try:
+        saved = json.loads(read_small(path, "a tensor index"))
+    except (UserError, ValueError):
+        return False
+    return isinstance(saved, dict) and set(saved) == {"version", "tensors"} and isinstance(saved["tensors"], list)
 
 
 def _tensor(row: dict, path: Path) -> GgufTensor:

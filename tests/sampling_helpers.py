@@ -7,6 +7,7 @@ starting one (fresh interpreters importing torch) took seconds per call."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 
@@ -37,10 +38,10 @@ class BrokenEngine(Engine):
         super().__init__(*args, **kwargs)
         self.broken_level = broken_level
 
-    def sampled_verdict(self, tier_name, drafts, draft_dists, probs):
+    def sampled_verdict(self, tier_name, drafts, draft_dists, probs, position):
         if tier_name == self.broken_level:
-            return p_direct_shortcut(drafts, draft_dists, probs, self.generator)
-        return super().sampled_verdict(tier_name, drafts, draft_dists, probs)
+            return p_direct_shortcut(drafts, draft_dists, probs, self.draws.generator)
+        return super().sampled_verdict(tier_name, drafts, draft_dists, probs, position)
 
 
 def _worker(job) -> dict:
@@ -49,9 +50,10 @@ def _worker(job) -> dict:
     spec_kwargs = dict(spec_kwargs)
     draft_ahead = spec_kwargs.pop("draft_ahead", False)  # an engine setting carried with the spec's
     quantize = spec_kwargs.pop("quantize", None)  # a load setting (block-quantized weights), likewise
+    seeded = spec_kwargs.pop("seeded", False)  # each sample a seeded request of its own (PositionNoise)
     with stale_penalties(broken_level == "stale-penalty"):
         return _counts(target_dir, draft_dir, spec_kwargs, drafter, params, prompt_ids, new_tokens, samples, seed,
-                       broken_level, draft_ahead, quantize)
+                       broken_level, draft_ahead, quantize, seeded)
 
 
 @contextlib.contextmanager
@@ -70,16 +72,19 @@ def stale_penalties(planted: bool):
 
 
 def _counts(target_dir, draft_dir, spec_kwargs, drafter, params, prompt_ids, new_tokens, samples, seed, broken_level,
-            draft_ahead, quantize) -> dict:
+            draft_ahead, quantize, seeded=False) -> dict:
     target = load_model(target_dir, dtype="float32", device="cpu", quantize=quantize)
     draft = load_model(draft_dir, dtype="float32", device="cpu", quantize=quantize) if drafter == "model" else drafter
     engine = BrokenEngine(target, SpecParams(**spec_kwargs), len(prompt_ids) + new_tokens + 2, draft,
                           broken_level=broken_level, draft_ahead=draft_ahead)
     generator = torch.Generator().manual_seed(seed)
     counts: dict = {}
-    for _ in range(samples):
+    for k in range(samples):
         engine.set_sequence(prompt_ids)
-        tokens = tuple(engine.generate(new_tokens, params, generator=generator).tokens)
+        if seeded:  # seeds seed * 10^6 + k: the workers' never overlap
+            tokens = tuple(engine.generate(new_tokens, dataclasses.replace(params, seed=seed * 10**6 + k)).tokens)
+        else:
+            tokens = tuple(engine.generate(new_tokens, params, generator=generator).tokens)
         counts[tokens] = counts.get(tokens, 0) + 1
     return counts
 

@@ -69,8 +69,10 @@ def test_drafting_ahead_on_a_card_is_ordered_and_lossless(capsys, card, followed
         assert ahead["plan"]["offloaded"] and followed.copies > 0, json.dumps(ahead["plan"])
 
 
-def test_sampled_drafting_ahead_on_a_card_is_ordered(capsys, card, followed, folder):
-    result = generate(capsys, card, followed, folder, "--temperature", "0.7", "--seed", "3", "--draft-ahead")
+@pytest.mark.parametrize("seed", [["--seed", "3"], []], ids=["seeded", "speculative-sampling"])
+def test_sampled_drafting_ahead_on_a_card_is_ordered(capsys, card, followed, folder, seed):
+    """Seeded: each token by its position's noise; unseeded: speculative sampling's test of each draft."""
+    result = generate(capsys, card, followed, folder, "--temperature", "0.7", *seed, "--draft-ahead", "--ignore-eos")
     assert result["draft_ahead_rounds"] > 0 and len(result["tokens"]) == 16
 
 

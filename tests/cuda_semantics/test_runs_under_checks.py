@@ -70,18 +70,18 @@ def test_offloaded_generate_and_bench_name_every_device(capsys, models, tmp_path
 
 
 def test_planted_bug_a_draw_without_device_is_caught(capsys, models, monkeypatch):
-    """The sampled verifier as it was: its uniform drawn without naming the generator's device."""
-    from triforce.decoding import engine
+    """The sampled verifier as it was: its uniform drawn without naming the generator's device
+    (unseeded: a seeded request draws by its position's noise, decoding.sampling.PositionNoise)."""
     from triforce.decoding import verification as speculative
 
     source = open(speculative.__file__).read()
     assert ", device=generator.device)" in source
     planted: dict = {}
     exec(compile(source.replace(", device=generator.device)", ")"), speculative.__file__, "exec"), planted)
-    monkeypatch.setattr(engine, "verify_sampled", planted["verify_sampled"])
+    monkeypatch.setattr(speculative, "verify_sampled", planted["verify_sampled"])
     with pytest.raises(DeviceDisciplineError, match="torch.rand without device="):
         with DeviceDiscipline():
-            generate(capsys, models[0], "--method", "retrieval", "--temperature", "0.7", "--seed", 1)
+            generate(capsys, models[0], "--method", "retrieval", "--temperature", "0.7")
 
 
 def test_offloaded_generate_under_checked_streams(capsys, models, checked):

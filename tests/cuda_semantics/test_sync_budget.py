@@ -49,9 +49,10 @@ def within_budget(report, method, new_tokens=NEW_TOKENS, layers=LAYERS):
 
 
 @pytest.mark.parametrize("method", ["ar", "triforce", "retrieval"])
-@pytest.mark.parametrize("temperature", ["0", "0.8"])
+@pytest.mark.parametrize("temperature, seed", [("0", ["--seed", "3"]), ("0.8", ["--seed", "3"]), ("0.8", [])],
+                         ids=["greedy", "seeded", "speculative-sampling"])
 def test_offloaded_hybrid_decoding_stays_within_the_budget(capsys, card, checked, folder, profile, monkeypatch,
-                                                           method, temperature):
+                                                           method, temperature, seed):
     card.install_graphs(monkeypatch)
     seen = []
     real = offloaded_cache.host_partial
@@ -63,7 +64,7 @@ def test_offloaded_hybrid_decoding_stays_within_the_budget(capsys, card, checked
     monkeypatch.setattr(offloaded_cache, "host_partial", host_partial)
     draft = ["--draft", "lookup"] if method == "triforce" else []
     report = generate(capsys, card, folder, "--method", method, *draft, "--dtype", "float32", "--device-budget",
-                      DEVICE_BUDGET[method], "--profile", profile, "--threads", "1", "--temperature", temperature, "--seed", "3")
+                      DEVICE_BUDGET[method], "--profile", profile, "--threads", "1", "--temperature", temperature, *seed)
     assert report["plan"]["offloaded"] and report["plan"]["hybrid"]
     assert seen, "the CPU took no host block"
     assert {name.rsplit("_", 1)[0] for name, _ in seen} == {"triforce-host-attention"}  # its worker thread

@@ -119,6 +119,10 @@ def test_a_conversation_keeps_its_kv_between_turns(llm):
     (lambda t: t.SamplingParams(top_p=0), "top-p must be in (0, 1], got 0"),
     (lambda t: t.SamplingParams(max_tokens=-1), "max_tokens must be an integer >= 0, got -1"),
     (lambda t: t.SamplingParams(stop=[3]), "stop must be a string or a list of strings"),
+    (lambda t: t.SamplingParams(seed=2**64), f"seed must be an integer from {-2**63} to {2**64 - 1}"),
+    (lambda t: t.SamplingParams(seed=-2**63 - 1), "seed must be an integer"),
+    (lambda t: t.SamplingParams(seed=1.5), "seed must be an integer"),
+    (lambda t: t.SamplingParams(seed=True), "seed must be an integer"),
 ])
 def test_bad_values_raise_the_clis_one_line_messages(make, message):
     import triforce

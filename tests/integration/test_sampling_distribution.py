@@ -120,6 +120,15 @@ def test_penalties_keep_every_tier_exact_and_a_stale_context_is_caught(pool, fol
     assert p > 0.001 if broken is None else p < 0.001
 
 
+@pytest.mark.parametrize("method,drafter", [("ar", None), ("triforce", "model")])
+def test_seeded_requests_follow_the_target_distribution(pool, folders, target, method, drafter):
+    """Issue 71: each sample a request with a seed of its own, drawn from (seed, position) alone."""
+    prompt = target.tokenizer(PROMPT).input_ids
+    counts = sample_counts(folders[0], folders[1], dict(method=method, seeded=True, **SPEC), drafter, PARAMS, prompt,
+                           NEW_TOKENS, ONE_TIER_SAMPLES, pool=pool)
+    assert chi_square_p(counts, exact_distribution(target, prompt, PARAMS)) > 0.001
+
+
 def test_lookup_drafter_is_exact(pool, folders, target):
     assert run(pool, folders, target, "triforce", "lookup", samples=5000) > 0.001
 

@@ -1,11 +1,14 @@
 """`seed` and `n` through the openai client: the same sampled request with the same seed gives the
-same answer, alone or beside another request in the batch, other seeds other answers; `n` choices
-decode as rows of one batch, choice i as the same request with seed + i, streamed or whole."""
+same answer, cold or over a cache that holds its prompt, alone or beside another request in the
+batch, as the Python API gives it; other seeds other answers; `n` choices decode as rows of one
+batch, choice i as the same request with choice i's seed (decoding.sampling.choice_seed), streamed
+or whole, whatever the seed's 64 bits."""
 import threading
 
 import pytest
 
 from serve_helpers import LiveServer
+from triforce.decoding.sampling import choice_seed
 
 ASK = [{"role": "user", "content": "Write one sentence about a lighthouse."}]
 
@@ -23,10 +26,17 @@ def _answer(client, seed, **kw):
     return reply.choices[0].message.content
 
 
-def test_a_seed_gives_the_same_answer_again_and_beside_another_request(server):
+def test_a_seed_gives_the_same_answer_again_and_beside_another_request(server, default_model_dir):
+    import triforce
+
     client = server.client()
-    first = _answer(client, 1234)
+    first = _answer(client, 1234)  # cold: the first request this server decodes
+    assert server.scheduler.recent[-1][2] == 0
     assert _answer(client, 1234) == first
+    assert server.scheduler.recent[-1][2] > 0  # its prompt was reused from the cache
+    for method in ("ar", "triforce"):  # the API, decoding alone, with or without drafts
+        api = triforce.LLM(str(default_model_dir), method=method, device="cpu", dtype="float32", max_context=512)
+        assert api.chat(ASK, triforce.SamplingParams(temperature=1.0, seed=1234, max_tokens=16)).text == first
     beside = {}
     with server.held():  # both start together: rows of one batch
         threads = [threading.Thread(target=lambda s=s: beside.__setitem__(s, _answer(client, s))) for s in (1234, 99)]
@@ -45,7 +55,7 @@ def test_n_choices_are_the_requests_seeds_in_turn_whole_and_streamed(server):
     reply = client.chat.completions.create(model="default", messages=ASK, temperature=1.0, max_tokens=16, seed=40, n=3)
     texts = [c.message.content for c in reply.choices]
     singles = [client.chat.completions.create(model="default", messages=ASK, temperature=1.0, max_tokens=16, seed=s)
-               for s in (40, 41, 42)]
+               for s in (choice_seed(40, i) for i in range(3))]
     assert [c.index for c in reply.choices] == [0, 1, 2] and len(set(texts)) > 1
     assert texts == [single.choices[0].message.content for single in singles]
     assert reply.usage.prompt_tokens == singles[0].usage.prompt_tokens  # the prompt counted once
@@ -60,6 +70,19 @@ def test_n_choices_are_the_requests_seeds_in_turn_whole_and_streamed(server):
                 finished.add(choice.index)
     assert [streamed[i] for i in range(3)] == texts and finished == {0, 1, 2}
     server.idle()
+
+
+@pytest.mark.parametrize("seed", [2**64 - 1, -2**63])
+def test_choices_of_a_seed_at_either_end_of_its_range(server, seed):
+    client = server.client()
+    reply = client.chat.completions.create(model="default", messages=ASK, temperature=1.0, max_tokens=4, seed=seed, n=3)
+    single = client.chat.completions.create(model="default", messages=ASK, temperature=1.0, max_tokens=4, seed=seed)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert reply.choices[0].message.content == single.choices[0].message.content
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="seed"):
+        client.chat.completions.create(model="default", messages=ASK, temperature=1.0, max_tokens=4, seed=2**64)
 
 
 def test_logprobs_are_the_targets_with_their_alternatives_whole_and_streamed(server):

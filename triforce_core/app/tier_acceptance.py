@@ -10,6 +10,7 @@ from typing import Callable
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.draft import Draft
 from triforce.decoding.engine import Engine
+from triforce.decoding.sampling import make_generator
 from triforce.model.loading import LoadedModel
 from triforce.offload.cost_model import rate_from_fraction
 
@@ -29,7 +30,10 @@ def evaluate_tiers(lm: LoadedModel, ids: list[int], drafts: dict[str, Draft], te
                 engine.full.adopt(ids[:-1])  # the prompt's KV, prefilled once for every row
             engine.set_sequence(ids, on_prefill if cache is None else None)
             cache = engine.full.cache
-            result = engine.generate(gen, SamplingParams(temperature=temperature, seed=seed))
+            # a generator, not a seeded request: the acceptance of speculative sampling's test, which
+            # unseeded requests run (a seeded one accepts by its position's noise: decoding.sampling)
+            generator = make_generator(SamplingParams(seed=seed), lm.device)
+            result = engine.generate(gen, SamplingParams(temperature=temperature), generator=generator)
             rows.append(_row(name, temperature, run_spec, result, len(ids)))
             if log is not None:
                 log(f"{name} T={temperature}: {rows[-1]['acceptance_rates']}, "

@@ -6,7 +6,7 @@ import math
 
 import click
 
-from triforce.config import SamplingParams, build_spec  # noqa: F401  (build_spec: the commands import it here)
+from triforce.config import SEED_MAX, SEED_MIN, SamplingParams, build_spec  # noqa: F401  (build_spec: the commands import it here)
 from triforce.errors import UserError
 
 
@@ -46,7 +46,7 @@ class BoundedInt(click.ParamType):
 
 
 INT = BoundedInt(-2**31, 2**31 - 1)  # token counts, sizes and ranks
-SEED = BoundedInt(-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
+SEED = BoundedInt(SEED_MIN, SEED_MAX)
 FLOAT = FiniteFloat()
 
 model_option = click.option("--model", "model", default="default", show_default=True,

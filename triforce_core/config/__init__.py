@@ -6,13 +6,18 @@ from dataclasses import dataclass, field
 
 from triforce.errors import UserError
 
+SEED_MIN, SEED_MAX = -2**63, 2**64 - 1  # what torch.Generator.manual_seed takes: signed or unsigned 64 bits
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 means greedy (argmax); top_k 0 and top_p 1 disable those filters. The
     penalties act on the logits of tokens among the context's last penalty_last_n (prompt
     included), before temperature, as llama.cpp applies them: repeat_penalty divides a positive
     logit and multiplies a negative one; presence_penalty is subtracted once, frequency_penalty
-    once per occurrence (OpenAI's). They change the distribution itself, so every tier applies them."""
+    once per occurrence (OpenAI's). They change the distribution itself, so every tier applies them.
+    seed: a 64-bit integer; a seeded sample's text depends on the seed, the model and the context
+    alone (decoding.sampling.PositionNoise), not on the method, the cache or the batch."""
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -37,6 +42,9 @@ class SamplingParams:
                 raise UserError(f"{name} penalty must be in [-2, 2], got {value}")
         if not isinstance(self.penalty_last_n, int) or self.penalty_last_n < 1:
             raise UserError(f"penalty last n must be an integer >= 1, got {self.penalty_last_n}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not SEED_MIN <= self.seed <= SEED_MAX):
+            raise UserError(f"seed must be an integer from {SEED_MIN} to {SEED_MAX} (64 bits), got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

@@ -25,10 +25,10 @@ from triforce.decoding.graph_runner import captures_held, runner_mode
 from triforce.decoding.hooks import EngineHooks
 from triforce.decoding.logprobs import LogprobRecorder
 from triforce.decoding.policy import SpeculationPolicy, SparseUpkeep
-from triforce.decoding.sampling import make_generator, penalize, probabilities, sample
+from triforce.decoding.sampling import penalize, probabilities
 from triforce.decoding.statistics import GenerationResult, LevelStats, summarize
 from triforce.decoding.tiers import build_levels, prepare_graphs
-from triforce.decoding.verification import Verdict, verify_greedy, verify_sampled
+from triforce.decoding.verification import Draws, Verdict, verify_greedy
 from triforce.errors import UserError
 from triforce.model.loading import LoadedModel
 
@@ -64,7 +64,7 @@ class Engine:
         self.gammas = [0] + [spec.gamma1] * (len(self.levels) - 2) + [spec.gamma2]
         self.seq: list[int] = []
         self.params, self.logprobs = SamplingParams(), None  # logprobs: a LogprobRecorder, per generate
-        self.generator: torch.Generator | None = None
+        self.draws: Draws | None = None  # a sampled request's randomness, per generate
         self.stats, self.rounds = [LevelStats() for _ in self.levels], []  # rounds: (tier, proposed, accepted)
         self.gate = hooks.speculation_gate
         self._passes: list[tuple[str, int]] = []  # (kind, tokens fed) of the round's passes, for the gate
@@ -103,7 +103,7 @@ class Engine:
         if not self.seq:
             raise RuntimeError("generate needs input: call set_sequence first")
         self.params, self.logprobs = params, logprobs
-        self.generator = generator or make_generator(params, self.lm.device)
+        self.draws = Draws(params, self.lm.device, generator)
         self.stats, self.rounds = [LevelStats() for _ in self.levels], []
         self.ahead_tally, self._carried = AheadTally(), None
         if self.gate is not None:  # a seeded sample repeats: rounds priced, not timed
@@ -206,7 +206,7 @@ class Engine:
                 verdict, probs = verify_greedy(drafts, rows), None
             else:
                 probs = probabilities(rows, self.params)
-                verdict = self.sampled_verdict(tier.name, drafts, draft_dists, probs)
+                verdict = self.sampled_verdict(tier.name, drafts, draft_dists, probs, base)
             if self.hooks.agree is not None:
                 verdict = Verdict(*self.hooks.agree([verdict.accepted, verdict.token]))
         del self.seq[base + verdict.accepted:]
@@ -276,7 +276,7 @@ class Engine:
                 if dist is None:  # the target's via the verifier: its finiteness check rides on the read
                     token = verify_greedy([], logits[None]).token if tier is self.full else int(logits.argmax())
                 else:
-                    token = sample(dist, self.generator)
+                    token = self.draws.token(dist, len(self.seq))
                 if self.hooks.agree is not None:
                     token = self.hooks.agree([token])[0]
             self.seq.append(token)
@@ -288,9 +288,9 @@ class Engine:
             self.stats[0].emitted += count
         return dists
 
-    def sampled_verdict(self, tier_name: str, drafts: list[int], draft_dists: list, probs: torch.Tensor) -> Verdict:
-        """Exact speculative sampling of `drafts` against tier `tier_name`'s probabilities."""
-        return verify_sampled(drafts, draft_dists, probs, self.generator)
+    def sampled_verdict(self, tier_name: str, drafts: list[int], draft_dists: list, probs, position: int) -> Verdict:
+        """`drafts` (from sequence position `position` on) judged against tier `tier_name`'s probabilities."""
+        return self.draws.verdict(drafts, draft_dists, probs, position)
 
     # ---- cache upkeep ------------------------------------------------------------------
     def _truncate_all(self, length: int) -> None:

@@ -78,6 +78,58 @@ def _nucleus(calc: torch.Tensor, top_p: float) -> torch.Tensor:
     return calc.masked_fill(drop, float("-inf"))
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finaliser: 64 well-mixed bits from 64 (so nearby seeds and positions draw
+    unrelated streams)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """The seed of choice `choice` (n > 1) of a request seeded `seed`: the seed itself for the
+    first (so it equals the request with n = 1), a 64-bit mix of both for the others, in the
+    range every seed is (no seed + i that could overflow)."""
+    return seed if choice == 0 else _mix64((seed & _MASK64) ^ _mix64(choice))
+
+
+class PositionNoise:
+    """A seeded sample drawn so that it depends on the seed, the context and the token's position
+    alone: the token at sequence position t is argmax(log p_t + g_t), with g_t Gumbel noise drawn
+    from (seed, t). That is an exact sample of p_t (the Gumbel-max trick), and every tier uses the
+    same g_t: a draft is accepted where it equals the target's own choice, so the text a seed gives
+    is the one plain decoding gives, whatever drafts, cache reuse or batch placement came before
+    (drafter-invariant speculative decoding: Daliri, Musco and Suresh, 2024). The price: drafts
+    agree a little less often than with speculative sampling's acceptance test, used unseeded."""
+
+    KEEP = 64  # positions whose noise is kept: a round's drafts, its verify and the next round's
+
+    def __init__(self, seed: int):
+        self.key = _mix64(seed & _MASK64)
+        self._held: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+    def gumbel(self, position: int, vocab: int, device: torch.device) -> torch.Tensor:
+        """[vocab] float64 Gumbel(0, 1) noise of `position`, on `device`."""
+        slot = (position, vocab, torch.device(device))
+        if slot not in self._held:
+            if len(self._held) >= self.KEEP:
+                del self._held[next(iter(self._held))]
+            gen = torch.Generator(device=device).manual_seed(_mix64((self.key + position) & _MASK64))
+            u = torch.rand(vocab, generator=gen, dtype=torch.float64, device=device)
+            self._held[slot] = -torch.log(-torch.log(u))  # u = 0 gives -inf: never chosen
+        return self._held[slot]
+
+    def choose(self, probs: torch.Tensor, first_position: int) -> torch.Tensor:
+        """probs: [R, V], row r the distribution of position first_position + r -> [R] token ids."""
+        noise = torch.stack([self.gumbel(first_position + r, probs.shape[-1], probs.device)
+                             for r in range(probs.shape[0])])
+        return (probs.to(torch.float64).log() + noise).argmax(-1)
+
+
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:
     gen = torch.Generator(device=device)
     if params.seed is not None:

@@ -3,7 +3,8 @@
 Sampling: accept draft x with probability min(1, p(x)/q(x)); on the first rejection sample from
 the normalised residual max(0, p - q); if every draft is accepted, sample a bonus token from p.
 The emitted tokens are then distributed exactly as sampling from p. Greedy: accept while the
-draft equals argmax p, then emit argmax p."""
+draft equals argmax p, then emit argmax p. Seeded (decoding.sampling.PositionNoise): accept while
+the draft equals the target's own Gumbel-max choice at its position, then emit that choice."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import torch
 
 from triforce.decoding.graph_runner import host_ids
 from triforce.decoding.numerics import NonFiniteLogits
+from triforce.decoding.sampling import PositionNoise, make_generator, sample
 
 
 @dataclass
@@ -25,6 +27,43 @@ def verify_greedy(drafts: list[int], target_logits: torch.Tensor) -> Verdict:
     """target_logits: [len(drafts) + 1, V]; row i predicts the token after draft i - 1."""
     bad = (~torch.isfinite(target_logits)).any()
     *best, bad = torch.cat([torch.argmax(target_logits, dim=-1), bad[None].long()]).tolist()  # one read
+    if bad:
+        raise NonFiniteLogits()
+    accepted = 0
+    while accepted < len(drafts) and drafts[accepted] == best[accepted]:
+        accepted += 1
+    return Verdict(accepted, best[accepted])
+
+
+class Draws:
+    """A sampled request's randomness. Unseeded, or with a generator given: speculative sampling,
+    each draft tested against its own distribution (verify_sampled). Seeded: every token drawn
+    from (seed, position) alone (sampling.PositionNoise, verify_coupled), so the text a seed gives
+    does not depend on the method, the cache or the batch that produced it."""
+
+    def __init__(self, params, device: torch.device, generator: torch.Generator | None = None):
+        self.generator = generator or make_generator(params, device)
+        self.noise = PositionNoise(params.seed) if params.seed is not None and generator is None \
+            and not params.greedy else None
+
+    def token(self, dist: torch.Tensor, position: int) -> int:
+        """One token of `dist` ([V]) for sequence position `position`."""
+        if self.noise is not None:
+            return verify_coupled([], dist[None], self.noise, position).token
+        return sample(dist, self.generator)
+
+    def verdict(self, drafts: list[int], draft_dists: list, target_probs: torch.Tensor, position: int) -> Verdict:
+        if self.noise is not None:
+            return verify_coupled(drafts, target_probs, self.noise, position)
+        return verify_sampled(drafts, draft_dists, target_probs, self.generator)
+
+
+def verify_coupled(drafts: list[int], target_probs: torch.Tensor, noise, first_position: int) -> Verdict:
+    """target_probs: [len(drafts) + 1, V], row i the distribution of position first_position + i;
+    noise: the request's PositionNoise. The target's choices are exact samples of its distributions
+    whatever the drafts were, so the accepted prefix and the token after it are too."""
+    bad = (~torch.isfinite(target_probs)).any()
+    *best, bad = torch.cat([noise.choose(target_probs, first_position), bad[None].long()]).tolist()  # one read
     if bad:
         raise NonFiniteLogits()
     accepted = 0

@@ -21,6 +21,7 @@ from triforce.app.chat import render_messages
 from triforce.app.inputs import text_bound
 from triforce.app.textstream import TextStream
 from triforce.config import SamplingParams
+from triforce.decoding.sampling import choice_seed
 from triforce.errors import UserError
 from triforce.server.guard import HostGuard, read_json_body
 from triforce.server.protocol import ApiError, ChatRequest, CompletionRequest, parse
@@ -142,8 +143,8 @@ class Api:
         label = f"#{self.requests} {'chat' if chat else 'completion'}"
         choices = []
         try:
-            for index in range(body.n or 1):  # n choices: rows of their own, seeds seed, seed + 1, ...
-                seeded = replace(params, seed=None if params.seed is None else params.seed + index)
+            for index in range(body.n or 1):  # n choices: rows of their own, each with a seed of its own
+                seeded = replace(params, seed=None if params.seed is None else choice_seed(params.seed, index))
                 job = Job(ids, min(room, wanted or room), seeded, None, label, ignore_eos=bool(body.ignore_eos),
                           logprobs=body.logprobs_top())
                 choices.append(self._decode(job, body.stop_strings()))

@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from triforce.config import SEED_MAX, SEED_MIN
+
 MAX_STOPS = 4  # as OpenAI
 
 
@@ -57,7 +59,7 @@ class _Common(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)  # top_k and ignore_eos: not OpenAI's, but vLLM's and others'
     ignore_eos: bool | None = False
-    seed: int | None = Field(None, ge=-2**63, lt=2**64)
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None

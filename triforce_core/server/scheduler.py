@@ -218,12 +218,10 @@ class Scheduler:
                                      stop_requested=stop_requested)
         return engine
 
-    def _engine_for(self, slot: _Slot, params):
-        """The slot's batch engine, or its lone one when this request runs alone. A seeded sample
-        takes the batch's: it must repeat whatever runs beside it (which rounds speculate decides
-        which random numbers each token draws)."""
-        seeded = params.seed is not None and not params.greedy
-        if self.lone_run is None or self.running > 1 or self.queued or seeded:
+    def _engine_for(self, slot: _Slot):
+        """The slot's batch engine, or its lone one when this request runs alone (a seeded sample
+        gives the same text on either: decoding.sampling.PositionNoise)."""
+        if self.lone_run is None or self.running > 1 or self.queued:
             return slot.engine
         if slot.lone is None:
             for other in self.slots:  # one lone engine at a time: the room planned holds one's tiers
@@ -241,7 +239,7 @@ class Scheduler:
                 raise Cancelled
             slot, shared = self._slot_for(job.ids)
             slot.job = job
-            engine = self._engine_for(slot, job.params)
+            engine = self._engine_for(slot)
             self.decoded_alone += engine is slot.lone
             # what the cache keeps (the last token is fed when decoding starts; a selection's window re-runs)
             reused = len(job.ids) - 1 - engine.tokens_to_prefill(job.ids)

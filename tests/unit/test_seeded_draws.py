@@ -1,0 +1,65 @@
+"""Issue 71: a seed's draws. Seeds of a request's choices stay in range whatever the seed; a
+seeded token is an exact sample drawn from (seed, position) alone (Gumbel-max), checked against
+the plain reference: inverse-CDF sampling of the same distribution."""
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from triforce.config import SEED_MAX, SEED_MIN, SamplingParams
+from triforce.decoding.numerics import NonFiniteLogits
+from triforce.decoding.sampling import PositionNoise, choice_seed
+from triforce.decoding.verification import Draws, verify_coupled
+
+
+@pytest.mark.parametrize("seed", [SEED_MIN, -1, 0, 40, 2**63, SEED_MAX])
+def test_every_choice_seed_is_in_range_and_the_first_is_the_seed(seed):
+    seeds = [choice_seed(seed, i) for i in range(8)]
+    assert seeds[0] == seed and len(set(seeds)) == 8
+    for s in seeds:
+        SamplingParams(temperature=1.0, seed=s)  # in range: no error
+        torch.Generator().manual_seed(s)
+
+
+def test_position_noise_draws_the_distribution():
+    """Token at one position over 20,000 seeds against p (the Gumbel-max trick), and the draws at
+    two positions of one seed independent (pairs against p x p)."""
+    p = torch.tensor([0.5, 0.25, 0.15, 0.07, 0.03], dtype=torch.float64)
+    firsts, pairs = [], []
+    for seed in range(20_000):
+        noise = PositionNoise(seed)
+        a, b = noise.choose(torch.stack([p, p]), 17).tolist()
+        firsts.append(a)
+        pairs.append(a * 5 + b)
+    counts = torch.bincount(torch.tensor(firsts), minlength=5).tolist()
+    assert chisquare(counts, (p * len(firsts)).tolist()).pvalue > 0.001
+    joint = torch.bincount(torch.tensor(pairs), minlength=25).double()
+    assert chisquare(joint.tolist(), (torch.outer(p, p).flatten() * len(pairs)).tolist()).pvalue > 0.001
+
+
+def test_the_same_seed_and_position_draw_the_same_token_anywhere():
+    p = torch.softmax(torch.randn(4, 50, generator=torch.Generator().manual_seed(3), dtype=torch.float64), -1)
+    whole = PositionNoise(99).choose(p, 10).tolist()
+    one_by_one = [PositionNoise(99).choose(p[i:i + 1], 10 + i).item() for i in range(4)]
+    assert whole == one_by_one
+    assert PositionNoise(100).choose(p, 10).tolist() != whole or PositionNoise(101).choose(p, 10).tolist() != whole
+
+
+def test_verify_coupled_keeps_the_drafts_the_target_would_have_chosen():
+    p = torch.softmax(torch.randn(4, 50, generator=torch.Generator().manual_seed(5), dtype=torch.float64), -1)
+    noise = PositionNoise(7)
+    own = noise.choose(p, 30).tolist()
+    assert verify_coupled(own[:3], p, noise, 30).accepted == 3 and verify_coupled(own[:3], p, noise, 30).token == own[3]
+    wrong = [own[0], (own[1] + 1) % 50, own[2]]
+    verdict = verify_coupled(wrong, p, noise, 30)
+    assert (verdict.accepted, verdict.token) == (1, own[1])
+    with pytest.raises(NonFiniteLogits):
+        verify_coupled([], torch.full((1, 50), float("nan"), dtype=torch.float64), noise, 30)
+
+
+def test_a_generator_given_keeps_speculative_samplings_test():
+    """The chi-square tests of every method pass a generator: they test the unseeded path."""
+    params = SamplingParams(temperature=1.0, seed=3)
+    assert Draws(params, torch.device("cpu")).noise is not None
+    assert Draws(params, torch.device("cpu"), torch.Generator().manual_seed(1)).noise is None
+    assert Draws(SamplingParams(temperature=1.0), torch.device("cpu")).noise is None
+    assert Draws(SamplingParams(seed=3), torch.device("cpu")).noise is None  # greedy

@@ -35,7 +35,8 @@ import click
 
 from triforce.bench.campaign.report import results_rows
 from triforce.bench.campaign.stacks import TAIL, communicate, with_stacks
-from triforce.bench.campaign.steps import CAMPAIGN, LEASE_S, REDUCED, Step, steps
+from triforce.bench.campaign.steps import CAMPAIGN, LEASE_S, REDUCED, steps
+from triforce.bench.campaign.work import Step
 from triforce.paths import write_atomically
 
 REPO = Path.cwd()  # the checkout it is run from (tests/ and bench/traces/ are read from there)

@@ -162,9 +162,11 @@ def measure(runtime, context: int, new_tokens: int, seed: int = 0, breakdown: bo
 @click.option("--device-budget", default=None, help="GPU bytes to plan for (e.g. 2.5MB for a reduced CPU run).")
 @click.option("--dtype", default="auto", show_default=True)
 @click.option("--device", default="auto", show_default=True)
+@click.option("--quantize", default="auto", show_default=True,
+              help="Projections as GGUF blocks: gguf runs a .gguf model's own (as `generate --quantize`).")
 @output_option
 def main(arch, model, max_context, rope_scaling, breakdown, context, new_tokens, method, acceptance_trace, profile,
-         device_budget, dtype, device, fmt):
+         device_budget, dtype, device, quantize, fmt):
     """Time to first token of a long prompt prefilled through the offloaded path."""
     from triforce.app.runtime import build_runtime
     from triforce.config import RunConfig, SpecParams
@@ -176,7 +178,7 @@ def main(arch, model, max_context, rope_scaling, breakdown, context, new_tokens,
     arch = None if model is not None else arch
     config = RunConfig(model=model, arch=arch, draft="lookup", spec=SpecParams(method=method), dtype=dtype,
                        device=device, profile=profile, device_budget=device_budget, max_context=max_context,
-                       rope_scaling=rope_scaling)
+                       rope_scaling=rope_scaling, quantize=quantize)
     try:
         runtime = build_runtime(config)
         trace = load_trace(acceptance_trace) if acceptance_trace else None
@@ -185,7 +187,8 @@ def main(arch, model, max_context, rope_scaling, breakdown, context, new_tokens,
         raise click.ClickException(str(e)) from None
     result = {"arch": arch or runtime.lm.config.model_type, "model": model, "device": str(runtime.lm.device), "dtype": str(runtime.lm.dtype).removeprefix("torch."),
               "profile": runtime.profile.name, "method": method, "load_s": round(runtime.load_s, 2),
-              "prompt": "random token ids", "acceptance_trace": acceptance_trace, **measured}
+              "prompt": "random token ids", "acceptance_trace": acceptance_trace,
+              "weights": runtime.lm.quantized["weights"] if runtime.lm.quantized else "float", **measured}
 
     def table():
         print(f"{model or arch} on {result['device']} ({result['profile']}): {context} tokens prefilled in "

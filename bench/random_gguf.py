@@ -14,6 +14,7 @@ embedding have their real sizes. RoPE scaling of the yarn and linear kinds is wr
 frequency table is left out (the same work per token). Its text is noise; its speed is its shape's."""
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -255,7 +256,8 @@ def _nbytes(p: Planned) -> int:
 @click.option("--type", "file_type", type=click.Choice(sorted(FILE_TYPES)), default="q4_k_m", show_default=True)
 @click.option("--layers", type=int, default=None, help="Fewer layers than the architecture has (a small file).")
 @click.option("--seed", type=int, default=0, show_default=True)
-def main(out: str, arch: str, file_type: str, layers: int | None, seed: int) -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: what was written.")
+def main(out: str, arch: str, file_type: str, layers: int | None, seed: int, as_json: bool) -> None:
     """Write a random-weight GGUF file of ARCH to OUT (see the module docstring)."""
     from triforce.errors import UserError
     from triforce.model.architectures import ARCHITECTURES
@@ -269,7 +271,11 @@ def main(out: str, arch: str, file_type: str, layers: int | None, seed: int) -> 
         fields["num_hidden_layers"] = layers
         if "layer_types" in fields:
             fields["layer_types"] = fields["layer_types"][:layers]
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     written = write_random_gguf(Path(out), fields, file_type, seed, say=lambda line: print(line, file=sys.stderr))
+    if as_json:
+        print(json.dumps(written))
+        return
     print(f"{written['path']}: {written['bytes'] / 1e9:.2f} GB, {arch} {file_type}, tensors {written['tensors']}, "
           f"{written['seconds']} s")
 

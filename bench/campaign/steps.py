@@ -22,15 +22,12 @@ pinned and filled at on the last H100."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
-# acceptance traces replayed by random-weight architectures: recorded on natural text (what users
-# bring) at the paper's budget 4096 and gamma2 up to 15; the best case, a needle in one repeated
-# filler sentence that the model recites, last. The 32K YaRN trace shows the 135M model reciting
-# itself (0.97 kept) and is not the headline.
-TRACE = "bench/traces/smollm2-natural8k-b4096-g15-triforce-lookup.json"
-BEST_CASE_TRACE = "bench/traces/smollm2-needle8k-repeated-filler-triforce-lookup.json"
+from triforce.bench.campaign.desktop import DESKTOP, REDUCED_DESKTOP, Desktop, desktop_steps
+from triforce.bench.campaign.work import BEST_CASE_TRACE, TRACE, Decode, Fixed, Prefill, Step, Tests
+
 # decoding after a prefill: triforce with each part on and off, beside both AR baselines
 DECODE_METHODS = ("ar-offload", "ar-hybrid", "triforce", "triforce-ahead", "triforce-no-hybrid",
                   "triforce-no-residency")
@@ -52,53 +49,13 @@ class Scale:
     kernels_arch: str = "llama2-7b-128k"
     draft: str = "llama-68m"
     reduced: bool = False
+    desktop: Desktop | None = None
 
 
-CAMPAIGN = Scale("llama2-7b-128k", (32768, 130048), "bfloat16", ("--profile", "rtx4090-24g"))
+CAMPAIGN = Scale("llama2-7b-128k", (32768, 130048), "bfloat16", ("--profile", "rtx4090-24g"), desktop=DESKTOP)
 # every step on a CPU: a 2-layer model offloads part of its KV under a 4.5 MB "card" (float32)
 REDUCED = Scale("tiny-test", (1000, 1100), "float32", ("--device-budget", "4.5MB"), ("--budget", "256"),
-                kernels_arch="llama-68m", draft="lookup", reduced=True)
-
-
-@dataclass(frozen=True)
-class Fixed:
-    """Work the cost model does not see: its seconds, and where that number comes from."""
-    seconds: float
-    source: str
-
-
-@dataclass(frozen=True)
-class Tests:
-    paths: tuple[str, ...]
-    seconds_per_test: float  # measured on the last GPU (see where each Tests is made)
-
-
-@dataclass(frozen=True)
-class Prefill:
-    context: int
-    new_tokens: int = 32  # timed one by one after the first, replaying TRACE: where an answer's start goes
-    breakdown: bool = False  # under the CUDA profiler: kernels by kind, copies, time no kernel ran
-
-
-@dataclass(frozen=True)
-class Decode:
-    context: int
-    methods: tuple[str, ...]
-    trace: str = TRACE
-    new_tokens: int = 16
-    repeats: int = 2
-    speculative_tokens: int = 64
-    quantize: str | None = None
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    what: str
-    work: object                       # Fixed | Tests | Prefill | Decode
-    argv: tuple[str, ...]              # after `python -m triforce.bench.campaign.capped --gb CAP --`
-    default: bool = True               # in the default call (which fits a lease); else named by --only or --all
-    streams_rows: bool = field(default=False)  # `bench offload`: its rows go to OUT/NAME.rows.jsonl as timed
+                kernels_arch="llama-68m", draft="lookup", reduced=True, desktop=REDUCED_DESKTOP)
 
 
 def decode_argv(scale: Scale, d: Decode, plot: str) -> tuple[str, ...]:
@@ -183,7 +140,9 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
         decode("decode-127k-best-case", "triforce at 127K replaying the repeated-filler needle trace (a best case)",
                Decode(long, ("triforce",), trace=BEST_CASE_TRACE, new_tokens=8, speculative_tokens=32),
                default=False),
+        *desktop_steps(scale, out_dir),
     ]
+
 
 # the default call's wall time: a lease's 15 minutes less the machine's start (32 s on 2026-11-28;
 # "a minute or more" by the device README) and a second call for what it left

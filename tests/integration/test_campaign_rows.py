@@ -9,7 +9,7 @@ import time
 from cli_json import run_json
 from triforce.bench import gpu_campaign
 from triforce.bench.campaign.report import window_lines
-from triforce.bench.campaign.steps import Fixed
+from triforce.bench.campaign.work import Fixed
 
 TRACE = "bench/traces/smollm2-natural8k-b4096-g15-triforce-lookup.json"
 BENCH = ["bench", "offload", "--arch", "tiny-test", "--context", "600", "--device-budget", "2.5MB", "--new-tokens", "4",

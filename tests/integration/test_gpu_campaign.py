@@ -12,11 +12,13 @@ import pytest
 
 from triforce.bench import gpu_campaign
 from triforce.bench.campaign.steps import LEASE_S, estimate, plan_total
-from triforce.bench.campaign.steps import CAMPAIGN, DECODE_METHODS, DECODE_METHODS_127K, REDUCED, Decode, Prefill, steps
+from triforce.bench.campaign.steps import CAMPAIGN, DECODE_METHODS, DECODE_METHODS_127K, REDUCED, steps
+from triforce.bench.campaign.work import Decode, Prefill
 
 JOURNEY = ["probe", "prefill-32k", "prefill-127k", "decode-127k", "user", "gpu-tests"]
 SECOND_CALL = ["decode-32k", "quant-kernels", "quant-tiles", "quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps",
-               "decode-127k-best-case"]
+               "decode-127k-best-case", "desktop-file-small", "desktop-file-large", "llamacpp-small",
+               "desktop-prefill-small", "desktop-decode-small", "llamacpp-large", "desktop-decode-large"]
 # the reduced run on a CPU: one step of each command (its twins differ in numbers only, and every
 # step's command is parsed at both scales below); each step is an interpreter of its own (~4 s).
 # The user step's logic is tested in this process (test_user_step.py): its six processes took 25 s;
@@ -167,3 +169,27 @@ def test_the_block_kernel_steps_make_rows(reduced):
     tiers = by["tier-steps-q4k"]["result"]
     assert tiers["quantize"] == "q8_0" and tiers["rows"] and all(r["tier1_ms"] > 0 for r in tiers["rows"])
     assert "| gate_up | q4_k | 16 |" in stdout and "weights q8_0" in stdout and "| q4_k kernel, one row | worst " in stdout
+
+
+@pytest.mark.slow
+def test_the_desktop_steps_run_reduced_on_a_cpu(tmp_path):
+    """Issue 72's steps, rehearsed: random Q4_K_M files written, ours on them (a Qwen3 block with
+    64-wide heads among them), and llama.cpp's llama-bench on the same files where a build is here."""
+    from triforce.bench.campaign.steps import REDUCED
+
+    names = ["desktop-file-small", "desktop-file-large", "desktop-prefill-small", "desktop-decode-small",
+             "desktop-decode-large"]
+    if Path(REDUCED.desktop.llama_bench).expanduser().is_file():
+        names += ["llamacpp-small", "llamacpp-large"]
+    campaign("--reduced", "--only", ",".join(names), "--out-dir", str(tmp_path), timeout=900)
+    report = json.loads(next(tmp_path.glob("gpu-campaign-*-reduced.json")).read_text())
+    by = {s["name"]: s for s in report["steps"]}
+    assert all(s["ok"] for s in report["steps"]), [(s["name"], s["stderr_tail"][-500:]) for s in report["steps"]]
+    assert by["desktop-file-large"]["result"]["architecture"] == "qwen3"
+    assert by["desktop-prefill-small"]["result"]["weights"] != "float"
+    for name in ("desktop-decode-small", "desktop-decode-large"):
+        rows = by[name]["result"]["rows"]
+        assert rows and all("error" not in r and r["ms_per_token"] > 0 for r in rows), rows
+    for name in ("llamacpp-small", "llamacpp-large"):
+        if name in by:
+            assert {r["test"] for r in by[name]["result"]["rows"]} >= {"decode"}

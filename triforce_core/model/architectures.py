@@ -96,6 +96,10 @@ ARCHITECTURES = {
                          num_attention_heads=9, num_key_value_heads=3, rms_norm_eps=1e-5,
                          max_position_embeddings=8192, tie_word_embeddings=True,
                          rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
+    # a Qwen3 block small enough for a CPU, in whole 256-weight rows (q4_k files: bench/random_gguf.py)
+    "qwen3-tiny-test": dict(model_type="qwen3", vocab_size=49152, hidden_size=256, intermediate_size=512,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                            rms_norm_eps=1e-6, max_position_embeddings=4096),
     "tiny-test": dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
                       max_position_embeddings=4096),

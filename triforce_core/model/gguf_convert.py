@@ -116,6 +116,15 @@ def _gemma3_as_llama_cpp_reads_it(config, reader) -> None:
     config.final_logit_softcapping = value("final_logit_softcapping")
 
 
+def _qwen3_as_llama_cpp_reads_it(config, reader) -> None:
+    """transformers' GGUF reader leaves a Qwen3's head dimension at its config's default (128)
+    whatever the file says: llama.cpp reads it from attention.key_length (a 64-wide head's q_norm
+    then failed to load: bench/random_gguf.py's qwen3-tiny-test)."""
+    head_dim = _metadata(reader, "qwen3")("attention.key_length")
+    if head_dim:
+        config.head_dim = int(head_dim)
+
+
 def _phi3_as_llama_cpp_reads_it(config, reader) -> None:
     """What transformers' GGUF reader leaves out of a Phi-3 config: the window (0: none, as
     Phi-4's files say), partial rotary (the rotary dims against the head's), and LongRoPE, whose
@@ -139,7 +148,8 @@ def _phi3_as_llama_cpp_reads_it(config, reader) -> None:
 
 
 # architectures whose config transformers' GGUF reader leaves incomplete
-_AS_LLAMA_CPP_READS = {"gemma3": _gemma3_as_llama_cpp_reads_it, "phi3": _phi3_as_llama_cpp_reads_it}
+_AS_LLAMA_CPP_READS = {"gemma3": _gemma3_as_llama_cpp_reads_it, "phi3": _phi3_as_llama_cpp_reads_it,
+                       "qwen3": _qwen3_as_llama_cpp_reads_it}
 
 
 def _stale(folder: Path, gguf_path: Path) -> str | None:

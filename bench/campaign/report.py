@@ -30,7 +30,7 @@ def results_rows(report: dict) -> list[str]:
             for u in r["steps"]:
                 result = "ok" if u["ok"] else f"failed (exit {u.get('rc')}) {u.get('error', '')}".strip()
                 lines.append(f"| `{u['command'].split(' --model')[0]}` | {result} | {u['seconds']} |")
-        if s["name"].startswith(("offload", "decode", "peers")) and r.get("rows"):
+        if s["name"].startswith(("offload", "decode", "peers", "desktop-decode")) and r.get("rows"):
             cut = " (cut short: the rows timed before it ended)" if r.get("cut") else ""
             lines += ["", f"{s['name']}: context {r.get('context')}, {r.get('profile')}, pinned H2D "
                           f"{r.get('pinned_h2d_gbps')} GB/s, trace {r.get('replayed_trace')}, host store "
@@ -49,9 +49,12 @@ def results_rows(report: dict) -> list[str]:
                 lines.append(f"| {row['method']} | {row['ms_per_token']} ({windows}) | {pcie} | "
                              f"{row.get('achieved_h2d_gbps', '')} | {'' if syncs is None else syncs} | {peak} | {plan} |")
             lines += window_lines(r["rows"])
-        if s["name"].startswith("prefill") and r.get("ttft_s") is not None:
+        if s["name"].startswith("llamacpp") and r.get("rows") is not None:
+            lines += llamacpp_lines(s["name"], r)
+        if s["name"].startswith(("prefill", "desktop-prefill")) and r.get("ttft_s") is not None:
             peak = f"{r['peak_gpu_bytes'] / 2**30:.2f}" if r.get("peak_gpu_bytes") else "-"
-            lines += ["", f"{s['name']}: {r['arch']} {r['dtype']}, {r['profile']}, prompt {r['prompt']}", "",
+            lines += ["", f"{s['name']}: {r['arch']} {r['dtype']} ({r.get('weights', 'float')} weights), {r['profile']}, "
+                          f"prompt {r['prompt']}", "",
                       "| context | TTFT s | prefill s | prefill tok/s | H2D GB | D2H GB | peak GPU GiB | plan GiB |",
                       "|---:|---:|---:|---:|---:|---:|---:|---:|",
                       f"| {r['context']} | {r['ttft_s']} | {r['prefill_s']} | {r['prefill_tokens_per_s']} | "
@@ -143,6 +146,17 @@ def goals_rows(report: dict) -> list[str]:
                  if "graph_fallbacks" in r]
     add("CUDA graph fallbacks", str(sum(fallbacks)) if fallbacks else "not seen (no decode rows)", "0",
         sum(fallbacks) == 0 if fallbacks else None)
+    return out
+
+
+def llamacpp_lines(name: str, r: dict) -> list[str]:
+    """llama.cpp's rows (bench/campaign/llamacpp_peer.py): prefill seconds and decode ms per token by
+    KV type, placement and depth; what failed (out of memory at a depth is a result) below them."""
+    out = ["", f"{name}: llama.cpp's llama-bench on {r['model']}", "",
+           "| KV | placement | test | depth | tokens/s | ms/token or s |", "|---|---|---|---:|---:|---:|"]
+    out += [f"| {row['kv']} | {row['placement']} | {row['test']} | {row['depth']} | {row['tokens_per_s']} | "
+            f"{row.get('ms_per_token', row.get('seconds'))} |" for row in r["rows"]]
+    out += [f"- {f['kv']} {f['placement']}: {f['error']}" for f in r.get("failures", [])]
     return out
 
 

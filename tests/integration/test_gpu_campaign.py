@@ -181,7 +181,7 @@ def test_the_desktop_steps_run_reduced_on_a_cpu(tmp_path):
              "desktop-decode-large"]
     if Path(REDUCED.desktop.llama_bench).expanduser().is_file():
         names += ["llamacpp-small", "llamacpp-large"]
-    campaign("--reduced", "--only", ",".join(names), "--out-dir", str(tmp_path), timeout=900)
+    out = campaign("--reduced", "--only", ",".join(names), "--out-dir", str(tmp_path), timeout=900)
     report = json.loads(next(tmp_path.glob("gpu-campaign-*-reduced.json")).read_text())
     by = {s["name"]: s for s in report["steps"]}
     assert all(s["ok"] for s in report["steps"]), [(s["name"], s["stderr_tail"][-500:]) for s in report["steps"]]
@@ -190,6 +190,8 @@ def test_the_desktop_steps_run_reduced_on_a_cpu(tmp_path):
     for name in ("desktop-decode-small", "desktop-decode-large"):
         rows = by[name]["result"]["rows"]
         assert rows and all("error" not in r and r["ms_per_token"] > 0 for r in rows), rows
+        assert f"{name}: context " in out  # its table in the rows for RESULTS.md
     for name in ("llamacpp-small", "llamacpp-large"):
         if name in by:
             assert {r["test"] for r in by[name]["result"]["rows"]} >= {"decode"}
+            assert f"{name}: llama.cpp's llama-bench on " in out

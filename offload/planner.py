@@ -205,9 +205,10 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
     if sum(host.values()) > profile.host_bytes:
         per_host_token = sum(host.values()) / max(host_tokens, 1)
         fits = resident_tokens + int(profile.host_bytes / per_host_token)
-        reason = (f"the offloaded KV needs {format_size(sum(host.values()))} of host memory but profile "
-                  f"{profile.name} allows {format_size(profile.host_bytes)}: shorten the context to about "
-                  f"{fits} tokens or raise host_bytes")
+        reason = (f"the offloaded KV needs {format_size(sum(host.values()))} of host memory but "
+                  f"{format_size(profile.host_bytes)} is usable beside {profile.name}'s card: the longest context "
+                  f"that fits is about {fits // 1024 * 1024} tokens (--max-context); else a model with fewer KV heads "
+                  f"or layers, or a machine with more memory (plan one with `triforce plan --host-memory`)")
     if spec.method == "snapkv" and not reason:
         reason = ("snapkv selects by scoring every key of a layer on the device, which an offloaded "
                   "cache does not hold: use a context that fits the device, or --method streaming or retrieval")

@@ -20,6 +20,7 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
 MAX_BYTES = 1 << 60  # 1 EiB: beyond any machine, so a larger size is a typo
+HOST_UNBOUNDED = MAX_BYTES  # a card's profile sets no host bound: the machine's memory does (offload.host_limits)
 MAX_GPUS = 64        # per profile: more than any single host holds
 MAX_THREADS = 1 << 12
 
@@ -56,7 +57,7 @@ class MemoryProfile:
     num_gpus: int
     gpu_bytes: int            # memory per GPU
     reserved_bytes: int       # headroom per GPU the plan must leave free
-    host_bytes: int           # host (pinned) memory the KV store may use
+    host_bytes: int           # host (pinned) memory the KV store may use (HOST_UNBOUNDED: the machine's decides)
     pcie_h2d_gbps: float
     pcie_d2h_gbps: float
     hbm_gbps: float
@@ -114,9 +115,8 @@ class MemoryProfile:
         return replace(self, gpu_bytes=budget_bytes, reserved_bytes=0)
 
 
-_REQUIRED = {"num_gpus": int, "gpu_bytes": "size", "host_bytes": "size", "pcie_h2d_gbps": float,
-             "hbm_gbps": float}
-_OPTIONAL = {"name": str, "description": str, "reserved_bytes": "size", "pcie_d2h_gbps": float,
+_REQUIRED = {"num_gpus": int, "gpu_bytes": "size", "pcie_h2d_gbps": float, "hbm_gbps": float}
+_OPTIONAL = {"name": str, "description": str, "reserved_bytes": "size", "host_bytes": "size", "pcie_d2h_gbps": float,
              "cpu_threads": int, "measured": bool, "compute_tflops": float, "layer_overhead_us": float,
              "attention_gbps": float, "attention_tflops": float, "host_attention_gbps": float,
              "host_attention_tflops": float, "block_gbps": "rates", "block_tflops": "rates"}
@@ -163,7 +163,7 @@ def profile_from_dict(data: dict, source: str) -> MemoryProfile:
     return MemoryProfile(
         name=values.get("name", Path(source).stem), description=values.get("description", ""),
         num_gpus=values["num_gpus"], gpu_bytes=values["gpu_bytes"],
-        reserved_bytes=values.get("reserved_bytes", 0), host_bytes=values["host_bytes"],
+        reserved_bytes=values.get("reserved_bytes", 0), host_bytes=values.get("host_bytes", HOST_UNBOUNDED),
         pcie_h2d_gbps=values["pcie_h2d_gbps"], pcie_d2h_gbps=values.get("pcie_d2h_gbps", values["pcie_h2d_gbps"]),
         hbm_gbps=values["hbm_gbps"], cpu_threads=values.get("cpu_threads", 1),
         measured=values.get("measured", False), compute_tflops=values.get("compute_tflops"),
@@ -208,28 +208,13 @@ def load_profile(spec: str) -> MemoryProfile:
     return profile_from_dict(data, source)
 
 
-def this_cpu() -> MemoryProfile:
-    """The shipped `cpu` profile with this machine's memory and cores (what a CPU run plans with
-    unless --profile names one): 80% of its memory, which the model, its caches and an emulated
-    host store share (the total, so two runs plan alike; what is free is checked before the
-    caches are made: triforce.model.host_memory); the rates stay the shipped ones until `profile tune`."""
-    import os
-
-    import psutil
-
-    usable = int(psutil.virtual_memory().total * 0.8)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return replace(load_profile("cpu"), gpu_bytes=usable, host_bytes=usable, cpu_threads=cores, source="this machine",
-                   description=f"CPU only, read from this machine: {format_size(usable)} usable (80% of its "
-                               f"memory), {cores} cores; rates as shipped")
-
-
 def profile_to_toml(profile: MemoryProfile) -> str:
     """TOML text that load_profile reads back to an equal profile (bar `source`)."""
     lines = []
     for f in fields(MemoryProfile):
         value = getattr(profile, f.name)
-        if f.name in ("source", "extras") or value is None or value == ():
+        if f.name in ("source", "extras") or value is None or value == () or \
+                (f.name == "host_bytes" and value == HOST_UNBOUNDED):
             continue
         if f.name in ("block_gbps", "block_tflops"):
             value = dict(value)

@@ -90,3 +90,27 @@ def test_planned_bytes_equal_allocated_bytes(tiny_model_dir, pinning):
     assert 0 <= plan.host_breakdown["host_staging"] - gather_staging <= token_row  # budget vs selected slots
     # what is pinned is what was asked for: no power-of-two rounding
     assert pinned_bytes() - pinned_before == cache.store.nbytes + gather_staging
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["chat"]])
+def test_a_context_the_desktop_cannot_hold_is_refused_before_loading(capsys, monkeypatch, tmp_path, card, command):
+    """Issue 74: Llama-2-7B at 127K on a 24 GB card wants 58 GiB of host KV even decoding plainly
+    (auto's least); a 64 GB desktop gives 53.64. The run says so before it reads a weight (this
+    folder has none: a load would fail another way), with the longest context that fits."""
+    import json
+
+    from triforce.cli.main import main
+    from triforce.offload import host_limits
+
+    folder = tmp_path / "llama2-7b-128k"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(arch_hf_config("llama2-7b-128k").to_dict()))
+    desktop = host_limits.HostMemory(64 * 10**9, 64 * 10**9, "this machine")
+    monkeypatch.setattr(host_limits, "host_memory", lambda override=None: desktop)
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--model", str(folder), "--device", "cuda", "--profile", "rtx4090-24g", "--max-context", "130048"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code != 0 and len(lines) == 1 and lines[0].startswith("triforce: error: "), lines
+    for fragment in ("a 130048-token context does not fit here (nothing was loaded)",
+                     "58.00 GiB of host memory but 53.64 GiB is usable", "about 120832 tokens"):
+        assert fragment in lines[0], lines[0]

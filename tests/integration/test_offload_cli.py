@@ -196,7 +196,10 @@ def test_bench_offload_refuses_random_weights_without_a_trace(capsys):
     assert_one_line_error(code, err, "--acceptance-trace")
 
 
-def test_plan_names_every_limit_at_once_and_the_host_it_assumes(capsys):
+def test_plan_names_every_limit_at_once_and_the_host_it_reads(capsys, monkeypatch):
+    from triforce.offload import host_limits
+
+    monkeypatch.setattr(host_limits, "host_memory", lambda override=None: host_limits.planned_host_memory("128GiB"))
     code, out, err = run_cli(capsys, "plan", "--arch", "llama2-7b-128k", "--profile", "rtx4090-24g",
                              "--context", "500000")
     lines = err.strip().splitlines()
@@ -204,7 +207,26 @@ def test_plan_names_every_limit_at_once_and_the_host_it_assumes(capsys):
     assert "(1) 500000 tokens is past the model's 131072-token context" in lines[0] and "(2) does not fit" in lines[0]
     suggested = int(lines[0].split("a context of at most about ")[1].split()[0])
     assert suggested <= 131072  # never a context past the model's own
-    assert "note: profile rtx4090-24g assumes 96.00 GiB of host memory, not measured here" in out
+    assert "note: host memory: 115.20 GiB usable of 128.00 GiB available" in out
+
+
+@pytest.mark.parametrize("how", ["this machine", "--host-memory"])
+def test_the_papers_127k_setting_is_refused_on_a_64_gb_desktop(capsys, monkeypatch, how):
+    """Issue 74: `plan --profile rtx4090-24g` said feasible with 62.66 GiB of host memory 'of 96.00
+    GiB' (the card's profile claimed the host) on any machine; a 64 GB desktop has ~54 GiB to give."""
+    from triforce.offload import host_limits
+
+    flags = ["--host-memory", "64GB"] if how == "--host-memory" else []
+    if how == "this machine":
+        desktop, real = host_limits.HostMemory(64 * 10**9, 64 * 10**9, "this machine"), host_limits.host_memory
+        monkeypatch.setattr(host_limits, "host_memory", lambda override=None: real(override) if override else desktop)
+    code, _, err = run_cli(capsys, "plan", "--arch", "llama2-7b-128k", "--context", "130048", "--profile",
+                           "rtx4090-24g", *flags)
+    assert_one_line_error(code, err, "the offloaded KV needs 62.66 GiB of host memory but 53.64 GiB is usable",
+                          "the longest context that fits is about 112640 tokens", "fewer KV heads")
+    code, out, _ = run_cli(capsys, "plan", "--arch", "llama2-7b-128k", "--context", "130048", "--profile",
+                           "rtx4090-24g", "--host-memory", "128GB")
+    assert code == 0 and "--host-memory 128GB" in out
 
 def test_a_cpu_plan_reads_this_machines_memory_and_cores(capsys, monkeypatch):
     """Without --profile a CPU plans with 80% of its memory and the cores it may use (the same
@@ -216,6 +238,7 @@ def test_a_cpu_plan_reads_this_machines_memory_and_cores(capsys, monkeypatch):
     import psutil
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: namedtuple("vm", "available total")(3 * 2**30, 10 * 2**30))
+    monkeypatch.setattr("triforce.offload.host_limits._cgroup", lambda root: None)  # whatever this container's limit
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     code, out, _ = run_cli(capsys, "plan", "--arch", "smollm2-135m", "--context", "4096", "--json")
     report = json.loads(out)

@@ -122,8 +122,12 @@ def test_short_context_stays_resident_and_a_small_budget_offloads():
 
 
 def test_host_that_is_too_small_says_how_long_a_context_fits():
-    p = plan("llama2-7b-128k", "rtx4090-24g", context=200000)
-    assert not p.feasible and "shorten the context to about" in p.reason
+    """The card's profile bounds no host memory; the machine's (here a 64 GB desktop's) does."""
+    from triforce.offload.host_limits import planned_host_memory, with_host
+
+    desktop = with_host(load_profile("rtx4090-24g"), planned_host_memory("64GB"))
+    p = plan_memory(arch_config("llama2-7b-128k"), desktop, 200000, SpecParams(method="triforce"), dtype_bytes=2)
+    assert not p.feasible and "the longest context that fits is about" in p.reason
     assert p.resident_kv_bytes > 0  # the GPU side was planned; only the host is short
 
 

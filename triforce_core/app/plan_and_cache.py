@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from triforce.config import AUTO, SpecParams
 
 from triforce.config.model import ModelConfig
+from triforce.errors import UserError
 from triforce.offload.cost_model import Acceptance, Gamma2Controller, RoundPrices
 from triforce.offload.method_choice import MethodChoice, choose_method, default_acceptance
 from triforce.offload.planner import MemoryPlan, hardware, plan_memory
-from triforce.offload.profiles import MemoryProfile, load_profile, parse_size, this_cpu
+from triforce.offload import host_limits
+from triforce.offload.host_limits import this_cpu, with_host
+from triforce.offload.profiles import HOST_UNBOUNDED, MemoryProfile, load_profile, parse_size
 from triforce.offload.speculation_choice import Choice, plan_with_choice
 
 
@@ -26,8 +29,6 @@ def auto_profile(device: torch.device) -> MemoryProfile:
     as reserved once refused Llama-3-8B bf16 on a 24 GB card)."""
     if device.type != "cuda":
         return this_cpu()
-    import psutil
-
     if device.index is None:  # torch's memory-fraction query refuses it; resolve_device never returns one
         raise ValueError(f"auto_profile needs a CUDA device with its index (resolved by resolve_device), got {device}")
     free, total = torch.cuda.mem_get_info(device)
@@ -38,12 +39,16 @@ def auto_profile(device: torch.device) -> MemoryProfile:
     return MemoryProfile(
         name=f"auto:{torch.cuda.get_device_name(device)}", description="detected at start (nominal bandwidths)",
         num_gpus=torch.cuda.device_count(), gpu_bytes=int(total * min(fraction, 1.0)), reserved_bytes=in_use + (512 << 20),
-        host_bytes=int(psutil.virtual_memory().available * 0.8), pcie_h2d_gbps=25.0, pcie_d2h_gbps=25.0,
+        host_bytes=HOST_UNBOUNDED, pcie_h2d_gbps=25.0, pcie_d2h_gbps=25.0,
         hbm_gbps=1000.0, cpu_threads=os.cpu_count() or 1)
 
 
 def resolve_profile(spec: str | None, device: torch.device, device_budget: str | None = None) -> MemoryProfile:
+    """The profile a run plans with: named, or read from the device; a card's host side is this
+    machine's memory as it is now (offload.host_limits), never what a profile assumes."""
     profile = load_profile(spec) if spec else auto_profile(device)
+    if profile.num_gpus > 0:
+        profile = with_host(profile, host_limits.host_memory())
     if device_budget is not None:
         profile = profile.with_device_budget(parse_size(device_budget, "--device-budget"))
     return profile
@@ -144,3 +149,31 @@ def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool =
                                  decode_resident_tokens=plan.decode_resident_tokens if residency else 0,
                                  host_arena=host_arena)
     return cache
+
+
+def refuse_before_loading(config, device: torch.device, quantize: str | None) -> None:
+    """On a card, a context whose KV cannot fit the card and this machine's memory is refused
+    before a weight is read (the plan made after loading says the same, minutes later): planned
+    from the model's shapes alone, the weights counted as --quantize holds them."""
+    if device.type != "cuda":
+        return  # a CPU's model and caches are checked against free memory as they are made
+    from triforce.model.architectures import arch_config
+    from triforce.model.context_stretch import run_context
+    from triforce.model.loading import model_shape, resolve_dtype
+
+    shape = arch_config(config.arch) if config.arch is not None else model_shape(config.model)[0]
+    context = config.max_context if config.rope_scaling else run_context(shape.max_position_embeddings,
+                                                                         config.max_context)
+    weights = quantize
+    if quantize == "gguf":
+        from triforce.model.loading import gguf_file
+        from triforce.offload.shapes import LoadedBlocks, matrix_weights
+
+        path = gguf_file(config.model)
+        weights = None if path is None else LoadedBlocks("gguf", path.stat().st_size / matrix_weights(shape))
+    profile = resolve_profile(config.profile, device, config.device_budget)
+    spec = config.spec if config.spec.method != AUTO else replace(config.spec, method="ar")  # the least KV
+    plan = plan_run(shape, profile, context, spec, config.fixed, resolve_dtype(config.dtype, device),
+                    has_tier0=False, weights=weights).plan
+    if not plan.feasible and plan.host_bytes_total > plan.host_budget_bytes:
+        raise UserError(f"a {context}-token context does not fit here (nothing was loaded): {plan.reason}")

@@ -10,7 +10,7 @@ from functools import partial
 
 import torch
 
-from triforce.app.plan_and_cache import RunPlan, build_kv_cache, resolve_profile, plan_run
+from triforce.app.plan_and_cache import RunPlan, build_kv_cache, plan_run, refuse_before_loading, resolve_profile
 from triforce.config import RunConfig, SpecParams
 from triforce.decoding.draft import Draft, resolve_draft
 from triforce.decoding.engine import Engine
@@ -37,8 +37,12 @@ class Runtime:
         started = time.perf_counter()
         shard = (rank, world) if world > 1 else None
         stretch = stretch_request(config.max_context, config.rope_scaling)
-        self.lm = _load(config.arch, config.model, config.dtype, device, shard, stretch,
-                        weights_as(config, device, world), required=config.quantize != "auto")
+        weights = weights_as(config, device, world)
+        if world == 1:
+            from triforce.model.loading import resolve_device
+            refuse_before_loading(config, resolve_device(device), weights)
+        self.lm = _load(config.arch, config.model, config.dtype, device, shard, stretch, weights,
+                        required=config.quantize != "auto")
         self.context = run_context(self.lm.config.max_position_embeddings, config.max_context)
         self.draft: Draft = resolve_draft(config.draft, config.spec,
                                           load=lambda name: load_draft(name, config.dtype, device))

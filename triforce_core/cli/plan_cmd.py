@@ -35,11 +35,6 @@ def _file_blocks(model: str, shape, dtype_bytes: int):
     return None if held is None else LoadedBlocks(held[0], held[1] / matrix_weights(shape))
 
 
-def _available_memory() -> int:
-    import psutil
-    return int(psutil.virtual_memory().available)
-
-
 def _draft_shape(draft: str | None):
     if draft in (None, "lookup", "none"):
         return None
@@ -89,9 +84,12 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 @click.option("--batch-size", type=INT, default=None,
               help="Plan one row of a batch of this many sequences (they share the weights) and predict "
                    "each method's latency and throughput for the batch.")
+@click.option("--host-memory", default=None,
+              help="Plan for another machine with this much RAM (e.g. 64GB), instead of reading this one's "
+                   "(available memory and its container's limit, less a margin of 10%, at least 2 GiB).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 def plan(model, arch, context, profile, device_budget, method, draft, budget, chunk_size, gamma1, gamma2,
-         rebuild_stride, rebuild_threshold, tp, dtype, quantize, acceptance, batch_size, as_json):
+         rebuild_stride, rebuild_threshold, tp, dtype, quantize, acceptance, batch_size, host_memory, as_json):
     """Plan memory: weights, caches, staging buffers and how much KV stays on each GPU.
 
     Pure arithmetic (no GPU needed). Exits non-zero, saying what to change, when the request
@@ -101,14 +99,17 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
     (MagicDec's analysis: see `triforce bench batch`).
     """
     from triforce.cli.options import build_spec
-    from triforce.offload.profiles import format_size, load_profile, parse_size, this_cpu
+    from triforce.offload import host_limits
+    from triforce.offload.profiles import load_profile, parse_size
     from triforce.offload.speculation_choice import plan_with_choice
 
     if context < 1:
         raise UserError(f"--context must be >= 1, got {context}")
     shape, name = _model_shape(model, arch)
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    prof = load_profile(profile) if profile else this_cpu()
+    host = host_limits.host_memory(host_memory)
+    prof = host_limits.with_host(load_profile(profile), host) if profile else \
+        host_limits.this_cpu(host if host_memory else None)
     if device_budget is not None:
         prof = prof.with_device_budget(parse_size(device_budget, "--device-budget"))
     dtype_auto = dtype == "auto"
@@ -139,11 +140,8 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
               "gamma2_range": list(spec.gamma2_range),
               "chosen_by_cost_model": sorted({"budget", "chunk_size", "gamma1", "gamma2"} - fixed) if choice else []}
     limits = plan_limits(result, shape.max_position_embeddings, context)
-    host_note = None if prof.measured or prof.num_gpus == 0 else (
-        f"profile {prof.name} assumes {format_size(prof.host_bytes)} of host memory, not measured here (this "
-        f"machine has {format_size(_available_memory())} available): `triforce profile tune` writes one for it")
-    if prof.source == "this machine":
-        host_note = f"profile {prof.name}: {prof.description}"
+    host_note = f"profile {prof.name}: {prof.description}" if prof.source == "this machine" else \
+        None if prof.num_gpus == 0 else f"host memory: {host.describe()}"
     if as_json:
         print(json.dumps({"model": name, "dtype": dtype, "method": method, "speculation": chosen,
                           "method_choice": auto.to_json() if auto else None, "limits": limits, "host_note": host_note,

@@ -18,7 +18,7 @@ def profile_group():
 @click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON.")
 def list_cmd(as_json):
     """The shipped profiles."""
-    from triforce.offload.profiles import format_size, list_profiles
+    from triforce.offload.profiles import HOST_UNBOUNDED, format_size, list_profiles
 
     profiles = list_profiles()
     if as_json:
@@ -26,7 +26,8 @@ def list_cmd(as_json):
         return
     print(f"{'name':16s} {'gpus':>4s} {'per GPU':>10s} {'host':>10s} {'PCIe GB/s':>9s}  description")
     for p in profiles:
-        print(f"{p.name:16s} {p.num_gpus:4d} {format_size(p.gpu_bytes):>10s} {format_size(p.host_bytes):>10s} "
+        host = "machine's" if p.host_bytes == HOST_UNBOUNDED else format_size(p.host_bytes)
+        print(f"{p.name:16s} {p.num_gpus:4d} {format_size(p.gpu_bytes):>10s} {host:>10s} "
               f"{p.pcie_h2d_gbps:9.1f}  {p.description}")
 
 
@@ -42,7 +43,9 @@ def show_cmd(profile, as_json):
         print(json.dumps(_as_dict(p)))
         return
     for key, value in _as_dict(p).items():
-        if key.endswith("_bytes"):
+        if key == "host_bytes" and value is None:
+            value = "read from the machine that runs (or `plan --host-memory`)"
+        elif key.endswith("_bytes"):
             value = f"{format_size(value)} ({value} bytes)"
         print(f"{key:18s} {value}")
 
@@ -54,6 +57,10 @@ def _as_dict(p) -> dict:
     out["extras"] = dict(p.extras)
     out["block_gbps"], out["block_tflops"] = dict(p.block_gbps), dict(p.block_tflops)
     out["device_budget_bytes"] = p.device_budget_bytes
+    from triforce.offload.profiles import HOST_UNBOUNDED
+
+    if p.host_bytes == HOST_UNBOUNDED:  # a card's profile: the machine's memory decides (offload.host_limits)
+        out["host_bytes"] = None
     return out
 
 

@@ -25,8 +25,14 @@ class Verdict:
 
 def verify_greedy(drafts: list[int], target_logits: torch.Tensor) -> Verdict:
     """target_logits: [len(drafts) + 1, V]; row i predicts the token after draft i - 1."""
-    bad = (~torch.isfinite(target_logits)).any()
-    *best, bad = torch.cat([torch.argmax(target_logits, dim=-1), bad[None].long()]).tolist()  # one read
+    return _agreeing(drafts, torch.argmax(target_logits, dim=-1), target_logits)
+
+
+def _agreeing(drafts: list[int], choices: torch.Tensor, rows: torch.Tensor) -> Verdict:
+    """Keep the drafts while each equals the target's own choice ([len(drafts) + 1] ids), then
+    emit the target's; `rows` (what the choices came from) must be finite. One read of both."""
+    bad = (~torch.isfinite(rows)).any()
+    *best, bad = torch.cat([choices, bad[None].long()]).tolist()
     if bad:
         raise NonFiniteLogits()
     accepted = 0
@@ -62,14 +68,7 @@ def verify_coupled(drafts: list[int], target_probs: torch.Tensor, noise, first_p
     """target_probs: [len(drafts) + 1, V], row i the distribution of position first_position + i;
     noise: the request's PositionNoise. The target's choices are exact samples of its distributions
     whatever the drafts were, so the accepted prefix and the token after it are too."""
-    bad = (~torch.isfinite(target_probs)).any()
-    *best, bad = torch.cat([noise.choose(target_probs, first_position), bad[None].long()]).tolist()  # one read
-    if bad:
-        raise NonFiniteLogits()
-    accepted = 0
-    while accepted < len(drafts) and drafts[accepted] == best[accepted]:
-        accepted += 1
-    return Verdict(accepted, best[accepted])
+    return _agreeing(drafts, noise.choose(target_probs, first_position), target_probs)
 
 
 def verify_sampled(drafts: list[int], draft_probs: list[torch.Tensor | None], target_probs: torch.Tensor,

@@ -64,11 +64,7 @@ def ollama_blob(text: str) -> Path:
     manifest = name.manifest(root)
     if not inside(manifest, root / "manifests"):  # the grammar allows none; a second look costs nothing
         raise UserError(f"'ollama:{shown(text)}' leads outside Ollama's store")
-    try:
-        found = manifest.is_file()
-    except OSError:
-        found = False
-    if not found:
+    if not _is_file(manifest):
         raise UserError(f"ollama model '{name}' is not in Ollama's store (looked for {manifest}; "
                         f"with network run `ollama pull {name}`, or set OLLAMA_MODELS)")
     text = read_small(manifest, "Ollama's manifest", MANIFEST_LIMIT)
@@ -82,11 +78,14 @@ def ollama_blob(text: str) -> Path:
         raise UserError(f"Ollama's manifest {manifest} names the layer '{shown(str(digest))}', not a digest "
                         "sha256:<64 hex digits>: a damaged or forged manifest")
     blob = root / "blobs" / f"sha256-{match['hex']}"
-    try:
-        present = blob.is_file()
-    except OSError:
-        present = False
-    if not present:
+    if not _is_file(blob):
         raise UserError(f"Ollama's manifest {manifest} names {blob}, which is missing (run `ollama pull "
                         f"{name}` again)")
     return blob
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long, a part that is a file: not there
+        return False

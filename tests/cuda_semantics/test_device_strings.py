@@ -94,3 +94,12 @@ def test_generate_on_a_missing_card_is_one_error_line(card, folder, capsys):
 def test_one_named_card_cannot_hold_several_ranks(card, folder, capsys):
     code, out, err = generate_json(capsys, folder, "--device", "cuda:0", "--tp", "2")
     assert code == 1 and "--device cuda:0 names one card, but --tp 2 runs rank N on cuda:N" in err
+
+
+def test_a_card_no_profile_names_says_its_rates_are_nominal(card, folder, capsys):
+    """Issue 74: an unknown card planned with a 4090's rates and said nothing."""
+    rt = runtime_on(card, folder, "cuda")
+    err = capsys.readouterr().err
+    assert rt.profile.name == "auto:Simulated 24 GB card" and "its rates nominal" in rt.profile.description
+    assert "profile auto:Simulated 24 GB card: read from the card at start, its rates nominal" in err
+    assert "`triforce profile tune` measures them" in err and "host memory: " in err

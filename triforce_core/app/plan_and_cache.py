@@ -37,7 +37,9 @@ def auto_profile(device: torch.device) -> MemoryProfile:
     query = getattr(torch.cuda, "get_per_process_memory_fraction", None)
     fraction = query(device) if query is not None else 1.0
     return MemoryProfile(
-        name=f"auto:{torch.cuda.get_device_name(device)}", description="detected at start (nominal bandwidths)",
+        name=f"auto:{torch.cuda.get_device_name(device)}",
+        description="read from the card at start, its rates nominal (PCIe 25 GB/s, memory 1000 GB/s), not "
+                    "this card's: `triforce profile tune` measures them",
         num_gpus=torch.cuda.device_count(), gpu_bytes=int(total * min(fraction, 1.0)), reserved_bytes=in_use + (512 << 20),
         host_bytes=HOST_UNBOUNDED, pcie_h2d_gbps=25.0, pcie_d2h_gbps=25.0,
         hbm_gbps=1000.0, cpu_threads=os.cpu_count() or 1)

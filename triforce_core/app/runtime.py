@@ -65,6 +65,8 @@ class Runtime:
         self.load_s = time.perf_counter() - started
         # once: an automatic profile reads the device, and counts what is loaded the same either way
         self.profile = resolve_profile(config.profile, self.lm.device, config.device_budget)
+        if self.profile.name.startswith("auto:") and rank == 0:  # a card no profile names: say what is assumed
+            print(f"profile {self.profile.name}: {self.profile.description}", file=sys.stderr)
 
     def _blocks(self):
         """A block-quantized model's matrices as the planner counts them (None: floats in --dtype)."""

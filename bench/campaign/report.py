@@ -29,6 +29,8 @@ def results_rows(report: dict) -> list[str]:
                       "| command | result | seconds |", "|---|---|---:|"]
             for u in r["steps"]:
                 result = "ok" if u["ok"] else f"failed (exit {u.get('rc')}) {u.get('error', '')}".strip()
+                if u.get("stopped_s") is not None:  # serve: Ctrl-C to its process group (goal: 2 s)
+                    result += f", stopped {u['stopped_s']} s after Ctrl-C"
                 lines.append(f"| `{u['command'].split(' --model')[0]}` | {result} | {u['seconds']} |")
         if s["name"].startswith(("offload", "decode", "peers", "desktop-decode")) and r.get("rows"):
             cut = " (cut short: the rows timed before it ended)" if r.get("cut") else ""

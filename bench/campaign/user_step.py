@@ -103,11 +103,12 @@ def transformers_tokens(folder: Path, device: str) -> list[int]:
 
 
 def serve_once(folder: Path, timeout_s: float = 60) -> dict:
-    """`triforce serve` on a free port, one chat completion, then Ctrl-C (SIGINT) as a user stops it."""
+    """`triforce serve` on a free port, one chat completion, then Ctrl-C as a terminal sends it: SIGINT
+    to serve's whole process group (its own here, a wrapper script's processes included)."""
     started = time.perf_counter()
     args = ["serve", "--model", str(folder), "--port", "0"]
     proc = subprocess.Popen(triforce_argv() + args, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=with_stacks())
+                            env=with_stacks(), start_new_session=True)
     record = {"name": "serve", "command": "triforce " + " ".join(args), "ok": False, "json": None}
     lines: list[str] = []
     try:
@@ -123,8 +124,10 @@ def serve_once(folder: Path, timeout_s: float = 60) -> dict:
         if url is None:
             raise RuntimeError("the server printed no 'listening on' line")
         record["client"], record["json"] = _ask(url)
-        proc.send_signal(signal.SIGINT)
+        signalled = time.perf_counter()
+        os.killpg(proc.pid, signal.SIGINT)
         record["rc"], _, rest = communicate(proc, 30)  # still running then: its threads' stacks
+        record["stopped_s"] = round(time.perf_counter() - signalled, 2)  # the goal: 2 s
         lines.append(rest)
         if record["rc"] == "timeout":
             record["error"] = "it did not stop within 30 s of Ctrl-C (its threads' stacks end stderr_tail)"

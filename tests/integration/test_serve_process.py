@@ -70,3 +70,36 @@ def test_a_port_in_use_is_one_line(capsys):
         port = str(taken.getsockname()[1])
         code, _, err = run_cli(capsys, "serve", "--model", "/nonexistent", "--port", port)
     assert_one_line_error(code, err, f"cannot listen on 127.0.0.1:{port}")
+
+
+def test_ctrl_c_in_a_terminal_stops_serve_behind_a_shell_wrapper(default_model_dir):
+    """Issue 74: a terminal's Ctrl-C signals the whole foreground process group, a shell that
+    started serve included (the H200 campaign signalled one PID behind such a wrapper and serve
+    ran on for 30 s). Here the shell stays serve's parent, as `sh -c 'serve; echo'` keeps it."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    import time
+
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "triforce.cli.main", "serve", "--model",
+                                                str(default_model_dir), "--port", "0", "--dtype", "float32",
+                                                "--max-context", "1024"])
+    shell = subprocess.Popen(["sh", "-c", f"{command}; echo wrapper-done"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in shell.stderr:
+            if "listening on" in line:
+                break
+        else:
+            raise AssertionError("serve did not start")
+        signalled = time.monotonic()
+        os.killpg(shell.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        shell.wait(DEADLINE_S)
+        took = time.monotonic() - signalled
+    finally:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+    rest = shell.stderr.read()
+    assert "triforce serve: stopped" in rest and "Traceback" not in rest, rest[-2000:]
+    print(f"stopped {took:.2f} s after Ctrl-C")  # the goal (2 s) is a time: measured, not asserted

@@ -201,7 +201,7 @@ def load_profile(spec: str) -> MemoryProfile:
     except tomllib.TOMLDecodeError as e:
         raise OffloadError(f"profile {source} is not valid TOML: {e}") from None
     if text.startswith(TUNED_HEADER) and not text.rstrip().endswith(TUNED_FOOTER.strip()):
-        absent = [k for k in (*_REQUIRED, *_OPTIONAL) if k not in data and k != "name"]
+        absent = [k for k in (*_REQUIRED, *_OPTIONAL) if k not in data and k not in ("name", "host_bytes")]
         raise OffloadError(f"profile {source} is cut short (written by `triforce profile tune`, it lacks its last "
                            f"line){'; fields absent: ' + ', '.join(absent) if absent else ''}: run "
                            f"`triforce profile tune --out {source}` again")

@@ -20,7 +20,7 @@ class Desktop:
     large_contexts: tuple[int, int] = (65536, 131072)
     card_gib: float = 22.3             # what a 4090 driving a display leaves to PyTorch
     llama_bench: str = "-"             # "-": the carried CUDA build (llamacpp_peer's default)
-    budget_flags: tuple[str, ...] = ("--profile", "rtx4090-24g")
+    budget_flags: tuple[str, ...] = ("--profile", "rtx4090-24g-display")  # 22.3 GiB to PyTorch
 
     def file(self, arch: str) -> str:
         return f"{self.folder}/{arch}-q4_k_m.gguf"

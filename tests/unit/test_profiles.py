@@ -5,7 +5,7 @@ from triforce.offload.errors import OffloadError
 from triforce.offload.profiles import (MemoryProfile, format_size, list_profiles, load_profile, parse_size,
                                        profile_to_toml)
 
-SHIPPED = {"rtx4090-24g", "2x-rtx4090-24g", "rtx3090-24g", "rtx4080-16g", "h100-80g", "cpu"}
+SHIPPED = {"rtx4090-24g", "rtx4090-24g-display", "2x-rtx4090-24g", "rtx3090-24g", "rtx4080-16g", "h100-80g", "cpu"}
 
 
 def test_every_shipped_profile_loads():
@@ -14,6 +14,7 @@ def test_every_shipped_profile_loads():
     assert profiles["2x-rtx4090-24g"].num_gpus == 2 and profiles["cpu"].num_gpus == 0
     card = profiles["rtx4090-24g"]
     assert card.gpu_bytes == 24 * 2**30 and card.device_budget_bytes == card.gpu_bytes - card.reserved_bytes
+    assert round(profiles["rtx4090-24g-display"].device_budget_bytes / 2**30, 1) == 22.3  # a 4090 driving a display
 
 
 @pytest.mark.parametrize("text,expected", [

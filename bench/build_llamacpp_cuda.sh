@@ -9,7 +9,10 @@
 # CUDA: the nvcc on PATH (CUDA 13, as the card's driver 580 runs), else PyPI's nvidia-cuda-nvcc,
 # nvidia-cuda-runtime and nvidia-cuda-cccl; cuBLAS from PyPI's nvidia-cublas (headers and the
 # library to link; at run time the card's torch brings its own libcublas.so.13).
-# Output: OUT/llama-bench (ggml static inside, stripped; real SASS for ARCHS, no PTX), OUT/VERSION.
+# Output: OUT/llama-bench.xz (ggml static inside, stripped; real SASS for ARCHS, no PTX; 63 MiB
+# raw for both archs, 36 MiB compressed: a lease carries 64 MiB in all, so only the .xz stays) and
+# OUT/VERSION. The campaign's peer step unpacks it on the card. Built on 2 cores in 93 minutes
+# (2026-11-29): ARCHS=90-real alone is about half the CUDA work and size, for a lent H100/H200.
 # On the card: LD_LIBRARY_PATH=$(python3 -c 'import nvidia, os; print(nvidia.__path__[0] + "/cu13/lib")') \
 #   OUT/llama-bench -m FILE.gguf -ngl 99 -fa 1 -d DEPTH ...
 # Its CPU part is portable x86-64 with AVX2 (llama.cpp's -nkvo runs attention there).
@@ -56,6 +59,7 @@ started=$(date +%s)
 cmake --build "$WORK/build" -j "$JOBS" --target llama-bench > "$WORK/build.log"
 cp "$WORK/build/bin/llama-bench" "$OUT/llama-bench"
 strip "$OUT/llama-bench"
+xz -T0 -6 -f "$OUT/llama-bench"  # -> llama-bench.xz
 echo "llama.cpp $VER (llama-cpp-python's vendored tree), CUDA archs $ARCHS, built $(date -u +%F) in $(( $(date +%s) - started )) s" > "$OUT/VERSION"
 cat "$OUT/VERSION"
-ls -l "$OUT/llama-bench"
+ls -l "$OUT/llama-bench.xz"

@@ -32,6 +32,24 @@ def library_path() -> str:
     return ":".join([*extra, os.environ.get("LD_LIBRARY_PATH", "")]).strip(":")
 
 
+def unpacked(binary: str) -> str:
+    """The binary, unpacked from its .xz beside it where only that is there (the kit carries the .xz)."""
+    if Path(binary).is_file():
+        return binary
+    packed = Path(binary + ".xz")
+    if not packed.is_file():
+        raise click.ClickException(f"no llama-bench at {binary} (bash bench/build_llamacpp_cuda.sh builds one)")
+    import lzma
+    import tempfile
+
+    out = Path(tempfile.gettempdir()) / "triforce-llama-bench"
+    with lzma.open(packed) as src, open(out, "wb") as dst:
+        while chunk := src.read(1 << 24):
+            dst.write(chunk)
+    out.chmod(0o755)
+    return str(out)
+
+
 def layers_that_fit(model: str, cap_gib: float, depth: int, kv: str) -> int:
     """The most layers whose weights and KV at `depth` fit `cap_gib` with the embedding, head and
     a 1.5 GiB margin for llama.cpp's compute buffers (assumed)."""
@@ -96,8 +114,7 @@ def main(model, binary, depths, kv, prefill, new_tokens, repeats, placement, thr
     """llama-bench on MODEL at each depth and KV type (see the module docstring)."""
     if not Path(model).is_file():
         raise click.ClickException(f"no GGUF file at {model} (the campaign's desktop-file steps write them)")
-    if not Path(binary).is_file():
-        raise click.ClickException(f"no llama-bench at {binary} (bash bench/build_llamacpp_cuda.sh builds one)")
+    binary = unpacked(binary)
     depth_list = [int(d) for d in depths.split(",")]
     rows, failures = [], []
     for kind in kv.split(","):

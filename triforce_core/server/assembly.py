@@ -86,10 +86,11 @@ def run_server(config: RunConfig, listener: socket.socket, api_key, model_name, 
     shown = f"[{address}]" if ":" in address else address
     lines[-1] += (f"; listening on http://{shown}:{port}/v1, a chat page at http://{shown}:{port}/ "
                   "(Ctrl-C or SIGTERM to stop)")
-    print("\n".join(lines), file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(api.app(), log_level="warning", timeout_graceful_shutdown=None))
-    # uvicorn listens for signals only on the main thread, where the rows decode (Scheduler.serve_here)
+    # uvicorn listens for signals only on the main thread, where the rows decode (Scheduler.serve_here);
+    # set before the "listening" line, which is what a user (or a test) waits for before Ctrl-C
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.handle_exit)
+    print("\n".join(lines), file=sys.stderr, flush=True)
     api.scheduler.serve_here(lambda: server.run(sockets=[listener]))
     print("triforce serve: stopped", file=sys.stderr)

@@ -16,7 +16,7 @@ launch and a sync, tens of microseconds against a projection's few; on a CPU eac
     triforce bench kernels --formats q4_k --tiles 32:8:4:3:1,32:8:4:3:4,64:4:8:3:2   # a GPU's sweep
 
 `--tiles` times the Triton kernels (a GPU's) at each BLOCK_N:STEP:WARPS:STAGES:SPLIT given
-(triforce.kernels.cuda.quant_triton.Tiles) instead of the shipped ones, a row each.
+(triforce.kernels.cuda.quant_launch.Tiles) instead of the shipped ones, a row each.
 """
 from __future__ import annotations
 
@@ -72,6 +72,15 @@ def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torc
     return [block_linear(b) for b in blocks], blocks[0].nbytes
 
 
+def launch_of(kind: str, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, tiles) -> dict:
+    """The Triton kernel, tiles and programs a GPU's block pass ran (quant_launch's plan)."""
+    if kind == "float" or device.type != "cuda":
+        return {}
+    from triforce.kernels.cuda.quant_launch import plan
+    from triforce.kernels.cuda.quant_triton import device_sms
+    return {"launch": str(plan(m, n, k, dtype == torch.float32, device_sms(device), tiles))}
+
+
 @click.command()
 @click.option("--arch", default="llama2-7b-128k", show_default=True)
 @click.option("--rows", "row_counts", default="1,16", show_default=True, help="Input rows per pass.")
@@ -90,7 +99,7 @@ def main(arch, row_counts, formats, dtype, device, repeats, tile_list, fmt):
     if tile_list:
         if device.type != "cuda":
             raise click.UsageError("--tiles sets the Triton kernels' tiles: a GPU's (on a CPU the numba kernels run)")
-        from triforce.kernels.cuda.quant_triton import Tiles
+        from triforce.kernels.cuda.quant_launch import Tiles
         try:
             sweep = [Tiles.parse(text.strip()) for text in tile_list.split(",")]
         except ValueError as e:
@@ -116,7 +125,8 @@ def main(arch, row_counts, formats, dtype, device, repeats, tile_list, fmt):
                 ms = timing.median_ms
                 floor_ms = nbytes / (gbps * 1e9) * 1e3
                 rows_out.append({"matrix": name, "shape": [n, k], "weights": kind, "rows": m, "ms": round(ms, 4),
-                                 **({"tiles": str(tiles)} if tiles else {}),
+                                 **({"tiles": str(tiles)} if tiles else {}), **launch_of(kind, m, n, k, torch_dtype,
+                                                                                        device, tiles),
                                  "weight_bytes": nbytes, "gbps": round(nbytes / ms / 1e6, 1),
                                  "x_floor": round(ms / floor_ms, 2), "spread": round(timing.spread, 3)})
     out = {"arch": arch, "device": str(device), "dtype": str(torch_dtype).removeprefix("torch."),

@@ -126,14 +126,17 @@ def goals_rows(report: dict) -> list[str]:
     kernels = (_result(report, "quant-kernels").get("rows")) or []
     one = [k for k in kernels if k["weights"] == "q4_k" and k["rows"] == 1 and "tiles" not in k]  # the shipped tiles
     if one:
-        worst = max(one, key=lambda k: k["x_floor"])
-        add("q4_k kernel, one row", f"worst {worst['x_floor']}x its bytes floor ({worst['matrix']})", "within 1.5x",
-            worst["x_floor"] <= 1.5)
+        for kind in ("q4_k", "q6_k", "q8_0"):
+            rows = [k for k in kernels if k["weights"] == kind and k["rows"] == 1 and "tiles" not in k]
+            if rows:
+                worst = max(rows, key=lambda k: k["x_floor"])
+                add(f"{kind} kernel, one row", f"worst {worst['x_floor']}x its bytes floor ({worst['matrix']})",
+                    "within 1.5x", worst["x_floor"] <= 1.5)
         ms = {w: sum(k["ms"] for k in kernels if k["weights"] == w and k["rows"] == 16 and "tiles" not in k)
               for w in ("q4_k", "float")}
         if ms["q4_k"] and ms["float"]:
             add("q4_k kernel, 16 rows", f"{ms['q4_k']:.3f} ms against {ms['float']:.3f} ms with float weights (a layer's four)",
-                "no slower than the float weights (bf16 on a GPU)", ms["q4_k"] <= ms["float"])
+                "within 0.6x of the float weights' time (bf16 on a GPU)", ms["q4_k"] <= 0.6 * ms["float"])
     else:
         add("q4_k kernel, one row", "not measured (quant-kernels did not run)", "within 1.5x", None)
     counted = {f"{m} {r['syncs_per_token']}" for step in ("decode-32k", "decode-127k")

@@ -34,9 +34,10 @@ DECODE_METHODS = ("ar-offload", "ar-hybrid", "triforce", "triforce-ahead", "trif
 PEER_METHODS = ("ar-offload", "triforce", "zero-inference", "transformers-offloaded")  # ratios within one run
 # at 127K in the default call: the hybrid verify on and off (it lost at 32K on 2026-11-28 and won for ar at 127K)
 DECODE_METHODS_127K = ("ar-offload", "ar-hybrid", "triforce", "triforce-no-hybrid")
-# BLOCK_N:STEP:WARPS:STAGES:SPLIT of the block kernels to try: the shipped one first, then more
-# programs (narrower tiles, column splits for one row's 128 programs), deeper pipelines, wider steps
-TILE_SWEEP = "32:8:4:3:1,32:8:4:3:4,16:8:4:3:4,16:4:4:4:8,64:8:8:3:2,32:16:8:2:2"
+# BLOCK_N:STEP:WARPS:STAGES:SPLIT of the block kernels to try (quant_launch: one row takes the gemv
+# kernel, 16 the dot one): the split planned by the shape with other tiles, then the first kernels'
+# tiles without a split (128 programs: the H200's 5.4-12.1x), then splits set by hand
+TILE_SWEEP = "16:8:4:3:auto,32:8:4:3:auto,16:16:4:3:auto,16:4:8:4:auto,32:8:4:3:1,16:8:4:3:8,64:8:8:3:4"
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Scale:
     dtype: str
     budget_flags: tuple[str, ...]        # the 24 GB card, or a reduced run's device budget
     speculation: tuple[str, ...] = ()    # flags a small model needs (a retrieval budget below its context)
-    kernels_arch: str = "llama2-7b-128k"
+    kernels_arch: str = "llama3.1-8b"    # the 24 GB desktop's model (a Q4_K_M file: q4_k and q6_k)
     draft: str = "llama-68m"
     reduced: bool = False
     desktop: Desktop | None = None
@@ -93,7 +94,7 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
                     p, prefill_argv(scale, p))
 
     kernels = ("-m", "triforce.bench.quant_kernels", "--arch", scale.kernels_arch, "--rows", "1,16",
-               "--formats", "q4_k,q8_0", "--dtype", scale.dtype,
+               "--formats", "q4_k,q6_k,q8_0", "--dtype", scale.dtype,
                "--repeats", "3" if scale.reduced else "30", "--json")
     tier_steps = ("-m", "triforce.bench.tier_steps", "--arch", scale.arch, "--draft",
                   "" if scale.reduced else scale.draft, "--contexts", tier_contexts, "--dtype", scale.dtype,
@@ -119,9 +120,9 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
                              "ar-offload and ar-hybrid beside it (natural-text trace)",
                Decode(short, DECODE_METHODS, new_tokens=8, speculative_tokens=32), default=False),
         Step("quant-kernels", "the Triton block kernels against bf16 F.linear and the bytes floor, 1 and 16 rows",
-             Fixed(15, "measured: H200 campaign 2026-11-28"), kernels, default=False),
+             Fixed(25, "assumed: 15 s for two formats on the H200 2026-11-28, now three"), kernels, default=False),
         Step("quant-tiles", "the Triton block kernels' tiles and column splits swept (the shipped ones untuned)",
-             Fixed(60, "assumed: quant-kernels' 15 s, six tiles of two formats compiled and timed"),
+             Fixed(110, "assumed: quant-kernels' 25 s, seven tiles of three formats compiled and timed"),
              kernels if scale.reduced else (*kernels[:-1], "--tiles", TILE_SWEEP, "--json"), default=False),
         Step("quant-tests", "Triton block kernels against the reference on the card",
              quant_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *quant_tests.paths), default=False),

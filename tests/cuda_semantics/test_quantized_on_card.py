@@ -81,10 +81,10 @@ def test_the_warm_up_runs_each_specialised_row_count_before_the_first_token(card
     """On a GPU the runtime compiles the Triton kernels' specialisations at start (the interpreter
     here compiles nothing, so the runtime skips it; this calls it with two row counts)."""
     from triforce.app import runtime
-    from triforce.kernels.cuda import quant_triton
+    from triforce.kernels.cuda import quant_launch, quant_triton
     from triforce.model.loading import load_model
 
-    monkeypatch.setattr(quant_triton, "WARM_ROWS", (1, 17))
+    monkeypatch.setattr(quant_launch, "WARM_ROWS", (1, 17))
     rows = []
     real = quant_triton.blocks_linear
 

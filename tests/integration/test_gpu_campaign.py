@@ -163,12 +163,12 @@ def test_decode_steps_stream_their_rows_and_share_one_host_store(reduced):
 def test_the_block_kernel_steps_make_rows(reduced):
     out_dir, report, by, stdout = reduced
     kernels = {(r["matrix"], r["weights"], r["rows"]): r for r in by["quant-kernels"]["result"]["rows"]}
-    assert len(kernels) == 4 * 3 * 2 and all(r["ms"] > 0 and r["x_floor"] > 0 for r in kernels.values())
+    assert len(kernels) == 4 * 4 * 2 and all(r["ms"] > 0 and r["x_floor"] > 0 for r in kernels.values())
     for matrix in ("qkv", "o", "gate_up", "down"):  # q4_k on a CPU: 24 bytes per 32 weights against float32's 128
         assert kernels[(matrix, "q4_k", 1)]["weight_bytes"] * 128 == kernels[(matrix, "float", 1)]["weight_bytes"] * 24
     tiers = by["tier-steps-q4k"]["result"]
     assert tiers["quantize"] == "q8_0" and tiers["rows"] and all(r["tier1_ms"] > 0 for r in tiers["rows"])
-    assert "| gate_up | q4_k | 16 |" in stdout and "weights q8_0" in stdout and "| q4_k kernel, one row | worst " in stdout
+    assert "| gate_up | q4_k | 16 |" in stdout and "weights q8_0" in stdout and "| q4_k kernel, one row | worst " in stdout and "| q6_k kernel, one row | worst " in stdout
 
 
 @pytest.mark.slow

@@ -54,11 +54,33 @@ def test_kernel_equals_dequantize_then_matmul_in_float32(qt, kind, rows):
 
 @pytest.mark.parametrize("kind", FORMATS)
 def test_a_rows_result_does_not_depend_on_its_pass(qt, kind):
+    """float32 rows take one kernel at every width up to 64 (greedy equality with ar on a card
+    rests on it); 16-bit rows are the same in every pass of the few-row kernel (1 to 4 rows)."""
     _, dev, g = blocks(kind, 64, 512, 3)
     x = torch.randn(17, 512, generator=g).to(DEVICE)
     pass_of_17 = qt.blocks_linear(x, dev)
     for i in (0, 5, 16):
         assert torch.equal(qt.blocks_linear(x[i:i + 1], dev)[0], pass_of_17[i])
+    half = x.to(HALF)
+    pass_of_4 = qt.blocks_linear(half[:4], dev, out_dtype=torch.float32)
+    for i in range(4):
+        assert torch.equal(qt.blocks_linear(half[i:i + 1], dev, out_dtype=torch.float32)[0], pass_of_4[i])
+    assert torch.equal(qt.blocks_linear(half[1:3], dev, out_dtype=torch.float32), pass_of_4[1:3])
+
+
+@pytest.mark.parametrize("kind", FORMATS)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_few_row_kernel_equals_the_reference_in_16_bits(qt, kind, rows):
+    """Decoding's kernel (no tl.dot): the weight rounded to the activations' dtype, products and
+    sums in float32, with a bias, a split of the columns and strided rows."""
+    cpu, dev, g = blocks(kind, 80, 768, 20 + rows)
+    x = torch.randn(rows, 800, generator=g)[:, 16:784].to(DEVICE, HALF)
+    bias = torch.randn(80, generator=g).to(DEVICE)
+    expected = x.double().cpu() @ cpu.dequantized().to(HALF).double().T + bias.double().cpu()
+    for tiles in (None, qt.Tiles.parse("16:2:4:1:3")):
+        got = qt.blocks_linear(x, dev, bias, out_dtype=torch.float32, tiles=tiles)
+        assert qt.launch_for(x, dev, tiles).kernel == "gemv"
+        torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
@@ -106,7 +128,11 @@ def test_other_tiles_and_a_split_of_the_columns_compute_the_same(qt, kind, tiles
 
 
 def test_tiles_are_parsed_as_a_user_types_them(qt):
-    assert str(qt.Tiles.parse("64:4")) == "64:4:4:3:1" and qt.TILES == qt.Tiles(32, 8, 4, 3, 1)  # as shipped before
-    for bad in ("8:4", "48:4", "32:3", "32:4:3", "32:4:4:2:0", "32:4:4:2:1:1", "x"):
+    assert str(qt.Tiles.parse("64:4")) == "64:4:4:3:auto" and str(qt.Tiles.parse("8:8:4:3:2")) == "8:8:4:3:2"
+    assert qt.Tiles.parse("32:8:4:3:auto").split is None
+    for bad in ("2:4", "48:4", "32:3", "32:4:3", "32:4:4:2:0", "32:4:4:2:1:1", "x", "32", "32:4:4:2:many"):
         with pytest.raises(ValueError):
             qt.Tiles.parse(bad)
+    x = torch.randn(16, 256).to(DEVICE)
+    with pytest.raises(ValueError, match="at least 16 rows"):  # a verify pass takes tl.dot
+        qt.blocks_linear(x, blocks("q8_0", 16, 256, 1)[1], tiles=qt.Tiles.parse("8:8"))

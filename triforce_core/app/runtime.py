@@ -153,7 +153,7 @@ def warm_up_blocks(lm) -> None:
     """Compile (or load from numba's or Triton's cache) the block kernels a quantized model's
     passes take, on a throwaway cache, before the first token: the first answer of a fresh
     install waited for them. CPU: a prefill past SMALL_ROWS and a decoding step. GPU: a pass of
-    each row count Triton specialises the kernel for (quant_triton.WARM_ROWS: one row, a few, a
+    each row count Triton specialises the kernel for (quant_launch.WARM_ROWS: one row, a few, a
     multiple of 16, and the tall tiles of a prefill), ~10 specialisations a prompt once compiled."""
     from triforce.cache.resident import ResidentKVCache
 
@@ -161,7 +161,7 @@ def warm_up_blocks(lm) -> None:
         from triforce.kernels.cpu.linear.dense import SMALL_ROWS
         counts = (SMALL_ROWS + 1, 1)
     else:
-        from triforce.kernels.cuda.quant_triton import WARM_ROWS
+        from triforce.kernels.cuda.quant_launch import WARM_ROWS
         counts = WARM_ROWS
     cache = ResidentKVCache(lm.config, sum(counts), dtype=lm.dtype, device=lm.device, attn=lm.attn)
     start = 0

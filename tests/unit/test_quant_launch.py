@@ -1,0 +1,63 @@
+"""How the block kernels are launched on a card (triforce.kernels.cuda.quant_launch), planned
+without a card: every projection of the models people run on a 24 GB card keeps every SM of a
+4090 (128) and an H100/H200 (132) loading, at every pass size a run takes."""
+import pytest
+
+from triforce.config.model import ModelConfig
+from triforce.kernels.cuda.quant_launch import GEMV_ROWS, Tiles, plan, too_small_to_split
+from triforce.model.architectures import arch_hf_config
+
+ARCHS = ("llama3.1-8b", "qwen3-8b-128k", "qwen3-32b-128k", "gemma3-27b")
+ROWS = (1, 2, 3, 4, 5, 8, 16, 17, 32, 64)
+SMS = (128, 132)
+
+
+def projections(arch: str) -> dict[str, tuple[int, int]]:
+    """[out, in] of every projection a layer runs, fused where a file's formats allow and apart
+    where they do not (a Q4_K_M file's q6_k value projections), and the logits."""
+    cfg = ModelConfig.from_hf(arch_hf_config(arch))
+    q, kv, h, f = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
+    return {"q": (q, h), "k": (kv, h), "v": (kv, h), "qkv": (q + 2 * kv, h), "o": (h, q), "gate": (f, h),
+            "gate_up": (2 * f, h), "down": (h, f), "logits": (cfg.vocab_size, h)}
+
+
+def starved(launch, k: int, sms: int) -> bool:
+    return launch.programs < 2 * sms and not too_small_to_split(launch, k)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_projection_fills_the_card_twice_at_every_pass_size(arch):
+    misses = [f"{name} {n}x{k} rows {m} float32={f32} sms {sms}: {launch}"
+              for name, (n, k) in projections(arch).items() for m in ROWS for f32 in (False, True)
+              for sms in SMS if starved(launch := plan(m, n, k, f32, sms), k, sms)]
+    assert not misses, misses[:5]
+
+
+def test_the_tiles_shipped_before_left_the_card_idle():
+    """What the check above catches: split 1 and 32-row tiles gave a 4096-row projection 128
+    programs (the H200's q4_k o projection at one row: 10.6x its floor)."""
+    before = Tiles(32, 8, 4, 3, 1)
+    assert starved(plan(1, 4096, 4096, False, 132, before), 4096, 132)
+    assert starved(plan(16, 1024, 4096, False, 128, before), 4096, 128)
+
+
+def test_a_short_pass_splits_by_its_matrix_alone_and_decoding_takes_no_dot():
+    """float32's greedy equality with ar on a card needs a row summed in one order in a decoding
+    step and in a verify pass: one kernel and one split for every width up to 64."""
+    for n, k in ((1024, 4096), (4096, 14336), (128256, 4096)):
+        float32 = {plan(m, n, k, True, 132).tiles for m in (1, 3, 16, 64)}
+        assert len(float32) == 1 and plan(1, n, k, True).kernel == "dot"
+    assert {plan(m, 4096, 4096, False).kernel for m in range(1, GEMV_ROWS + 1)} == {"gemv"}
+    assert plan(GEMV_ROWS + 1, 4096, 4096, False).kernel == "dot"
+    assert plan(1, 4096, 4096, False).block_m == 1 and plan(3, 4096, 4096, False).block_m == 4
+
+
+def test_a_split_keeps_whole_steps_and_enough_columns_per_program():
+    for n, k in ((64, 256), (16, 4096), (1024, 4096), (5120, 25600)):
+        launch = plan(1, n, k, False, 132)
+        blocks_per_program = -(-(k // 32) // launch.tiles.split)
+        assert launch.tiles.split == 1 or blocks_per_program >= 8
+        assert launch.tiles.split <= -(-(k // 32) // launch.tiles.step)
+    tall = plan(4096, 4096, 4096, False, 132)  # a prefill has programs enough without a split
+    assert tall.kernel == "dot" and tall.block_m == 64 and tall.tiles.split == 1
+    assert plan(2, 4096, 4096, False, 132, Tiles.parse("8:8:4:3:2")).grid == (1, 512, 2)

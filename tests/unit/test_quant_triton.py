@@ -136,3 +136,28 @@ def test_tiles_are_parsed_as_a_user_types_them(qt):
     x = torch.randn(16, 256).to(DEVICE)
     with pytest.raises(ValueError, match="at least 16 rows"):  # a verify pass takes tl.dot
         qt.blocks_linear(x, blocks("q8_0", 16, 256, 1)[1], tiles=qt.Tiles.parse("8:8"))
+
+
+@pytest.mark.parametrize("arch", ["llama3.1-8b", "qwen3-8b-128k", "qwen3-32b-128k", "gemma3-27b"])
+def test_the_cards_launch_of_every_projection_equals_the_reference(qt, arch):
+    """The tiles and column split a 4090 and an H200 take for each projection of the models a
+    24 GB card runs (quant_launch.plan), on 24 of its weight rows (a partial last tile): the
+    few-row kernel at one row, the dot kernel at 16, formats in turn (the interpreter is slow)."""
+    from test_quant_launch import projections
+    from triforce.model.quantized import _random_device_block
+
+    launches = sorted({(k, m, qt.plan(m, n, k, False, sms).tiles) for n, k in projections(arch).values()
+                       for m in (1, 16) for sms in (128, 132)}, key=str)
+    for i, (k, m, tiles) in enumerate(launches):
+        kind = ("q4_k", "q6_k", "q8_0")[i % 3]
+        g = torch.Generator().manual_seed(i)
+        dev = _random_device_block(kind, 24, k, torch.device("cpu"), g)
+        x = torch.randn(m, k, generator=g).to(HALF)
+        expected = x.double() @ dev.dequantized().to(HALF).double().T
+        got = qt.blocks_linear(x.to(DEVICE), _on_device(dev), out_dtype=torch.float32, tiles=tiles)
+        torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-4, msg=f"{kind} {k} {m} {tiles}")
+
+
+def _on_device(blocks: DeviceBlocks) -> DeviceBlocks:
+    return DeviceBlocks(blocks.kind, blocks.rows, blocks.cols,
+                        *(getattr(blocks, name).to(DEVICE) for name in ("quants", "scales", "offsets", "supers")))

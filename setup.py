@@ -27,7 +27,7 @@ setup(
     package_dir=ROOTS,
     packages=packages(),
     # the natural-text corpus, the chat page
-    package_data={"triforce.profiles": ["*.toml"], "triforce.app": ["*.txt.gz"], "triforce.server": ["*.html"]},
+    package_data={"triforce.profiles": ["*.toml"], "triforce.kernels.cuda": ["*.json"], "triforce.app": ["*.txt.gz"], "triforce.server": ["*.html"]},
     install_requires=[
         "torch>=2.5",
         "transformers>=4.56",

@@ -13,14 +13,16 @@ on its own from the host (as the H200 campaign of 2026-11-28 did) adds Python's 
 launch and a sync, tens of microseconds against a projection's few; on a CPU each call is timed.
 
     triforce bench kernels --arch llama2-7b-128k --rows 1,16 --json
-    triforce bench kernels --formats q4_k --tiles 32:8:4:3:1,32:8:4:3:4,64:4:8:3:2   # a GPU's sweep
+    triforce bench kernels --formats q4_k --tiles 16:8:4:3:auto,32:8:4:3:4 --write-table T.json  # a GPU's sweep
 
 `--tiles` times the Triton kernels (a GPU's) at each BLOCK_N:STEP:WARPS:STAGES:SPLIT given
 (triforce.kernels.cuda.quant_launch.Tiles) instead of the shipped ones, a row each.
 """
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import click
 import torch
@@ -76,9 +78,32 @@ def launch_of(kind: str, m: int, n: int, k: int, dtype: torch.dtype, device: tor
     """The Triton kernel, tiles and programs a GPU's block pass ran (quant_launch's plan)."""
     if kind == "float" or device.type != "cuda":
         return {}
-    from triforce.kernels.cuda.quant_launch import plan
-    from triforce.kernels.cuda.quant_triton import device_sms
-    return {"launch": str(plan(m, n, k, dtype == torch.float32, device_sms(device), tiles))}
+    from triforce.kernels.cuda.quant_launch import measured_tiles, plan
+    from triforce.kernels.cuda.quant_triton import capability, device_sms
+    launch = plan(m, n, k, dtype == torch.float32, device_sms(device), tiles, kind, measured_tiles(capability(device)))
+    return {"launch": str(launch), "kernel": launch.kernel, "launch_tiles": str(launch.tiles)}
+
+
+def fastest_tiles(rows: list[dict]) -> dict[str, str]:
+    """The tile table's entries a sweep measured: per kernel, format and shape, the fastest tiles."""
+    from triforce.kernels.cuda.quant_launch import table_key
+
+    best: dict[str, dict] = {}
+    for r in rows:
+        if "tiles" in r and "kernel" in r:
+            key = table_key(r["kernel"], r["weights"], *r["shape"])
+            if key not in best or r["ms"] < best[key]["ms"]:
+                best[key] = r
+    return {key: r["launch_tiles"] for key, r in sorted(best.items())}
+
+
+def write_table(path: Path, capability: str, entries: dict[str, str]) -> None:
+    """Merge a card's entries into the tile table at `path` (other cards' kept)."""
+    table = json.loads(path.read_text()) if path.is_file() else {}
+    table.setdefault(capability, {}).update(entries)
+    temporary = path.with_name(f".{path.name}.partial")
+    temporary.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    temporary.replace(path)
 
 
 @click.command()
@@ -90,8 +115,11 @@ def launch_of(kind: str, m: int, n: int, k: int, dtype: torch.dtype, device: tor
 @click.option("--repeats", type=int, default=30, show_default=True)
 @click.option("--tiles", "tile_list", default=None,
               help="Comma-separated BLOCK_N:STEP:WARPS:STAGES:SPLIT of the Triton kernels to time (a GPU's).")
+@click.option("--write-table", "table_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="With --tiles: merge the fastest tiles per kernel, format and shape into this tile table "
+                   "(kernels/cuda/tile_table.json is the one the runtime reads) under this card's capability.")
 @output_option
-def main(arch, row_counts, formats, dtype, device, repeats, tile_list, fmt):
+def main(arch, row_counts, formats, dtype, device, repeats, tile_list, table_path, fmt):
     """Block-weight kernels against the float matmul and the bytes floor, at a model's projection shapes."""
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
@@ -104,6 +132,8 @@ def main(arch, row_counts, formats, dtype, device, repeats, tile_list, fmt):
             sweep = [Tiles.parse(text.strip()) for text in tile_list.split(",")]
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--tiles") from None
+    if table_path is not None and not tile_list:
+        raise click.UsageError("--write-table takes the fastest of a sweep: give --tiles")
     cfg = ModelConfig.from_hf(arch_hf_config(arch))
     gbps = memory_gbps(device)
     kinds = ["float", *(f.strip() for f in formats.split(",") if f.strip())]
@@ -134,6 +164,11 @@ def main(arch, row_counts, formats, dtype, device, repeats, tile_list, fmt):
            "memory_gbps_measured": round(gbps, 1), "repeats": repeats,
            "timing": f"CUDA graph of {GRAPHED_CALLS} calls, replays timed by events" if device.type == "cuda"
            else "each call on the host's clock"}
+    if table_path is not None:
+        from triforce.kernels.cuda.quant_triton import capability
+        out["tile_table"] = {"path": str(table_path), "capability": capability(device),
+                             "entries": fastest_tiles(rows_out)}
+        write_table(table_path, out["tile_table"]["capability"], out["tile_table"]["entries"])
     emit(fmt, out, rows_out, lambda: table(out, rows_out))
 
 
@@ -144,6 +179,11 @@ def table(out: dict, rows_out: list[dict]) -> None:
     for r in rows_out:
         print(f"{r['matrix']:8s} {r['weights'] + (' ' + r['tiles'] if 'tiles' in r else ''):8s} {r['rows']:4d} {r['ms']:9.4f} {r['weight_bytes'] / 1e6:8.1f} "
               f"{r['gbps']:7.1f} {r['x_floor']:8.2f} {r['spread']:7.3f}")
+    if "tile_table" in out:
+        t = out["tile_table"]
+        print(f"fastest tiles for capability {t['capability']}, merged into {t['path']}:")
+        for key, tiles in t["entries"].items():
+            print(f"  {key}: {tiles}")
 
 
 if __name__ == "__main__":

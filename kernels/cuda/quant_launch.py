@@ -21,7 +21,10 @@ the matrix alone, never on the rows (16-bit rows in a gemv pass and in a verify 
 by rounding, as the attention kernels of those passes already do)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
 
 BLOCK = 32                # weights per quantized block
 GEMV_ROWS = 4             # the most rows the gemv kernel takes (a power of two)
@@ -66,6 +69,24 @@ class Tiles:
 
 
 DEFAULT_TILES = {"gemv": Tiles(16, 8, 4, 3), "dot": Tiles(32, 8, 4, 3)}
+# tiles a card measured fastest per kernel, format and shape (`triforce bench kernels --tiles ...
+# --write-table`), by compute capability ("8.9": a 4090, "9.0": an H100/H200); a shape or a card
+# the table lacks takes DEFAULT_TILES
+TILE_TABLE = Path(__file__).with_name("tile_table.json")
+
+
+def table_key(kernel: str, kind: str, n: int, k: int) -> str:
+    return f"{kernel} {kind} {n}x{k}"
+
+
+@lru_cache(maxsize=None)
+def measured_tiles(capability: str, path: Path = TILE_TABLE) -> dict[str, Tiles]:
+    """The table's tiles for one compute capability ({} where the file or the card is absent)."""
+    try:
+        entries = json.loads(path.read_text()).get(capability, {})
+    except FileNotFoundError:
+        return {}
+    return {key: Tiles.parse(text) for key, text in entries.items()}
 
 
 @dataclass(frozen=True)
@@ -83,6 +104,13 @@ class Launch:
         return f"{self.kernel} {self.tiles} x{self.block_m} rows, {self.programs} programs"
 
 
+def measured_for(m: int, n: int, k: int, float32: bool, kind: str, table: dict[str, Tiles] | None) -> Tiles | None:
+    """The table's tiles for a short pass of this shape (a prefill's tall tiles are not swept)."""
+    if not table or m > SHORT_PASS:
+        return None
+    return table.get(table_key(kernel_for(m, float32), kind, n, k))
+
+
 def kernel_for(m: int, float32: bool) -> str:
     return "gemv" if m <= GEMV_ROWS and not float32 else "dot"
 
@@ -95,10 +123,12 @@ def split_for(tiles_per_split: int, blocks: int, step: int, sms: int, waves: int
     return max(1, min(most, -(-waves * sms // tiles_per_split)))
 
 
-def plan(m: int, n: int, k: int, float32: bool, sms: int = NOMINAL_SMS, tiles: Tiles | None = None) -> Launch:
-    """The launch of x [m, k] times a block matrix [n, k]^T."""
+def plan(m: int, n: int, k: int, float32: bool, sms: int = NOMINAL_SMS, tiles: Tiles | None = None,
+         kind: str = "", table: dict[str, Tiles] | None = None) -> Launch:
+    """The launch of x [m, k] times a block matrix [n, k]^T of format `kind`: `tiles`, else the
+    table's for a short pass (a prefill's tall tiles are not swept), else the defaults."""
     kernel = kernel_for(m, float32)
-    tiles = tiles or DEFAULT_TILES[kernel]
+    tiles = tiles or measured_for(m, n, k, float32, kind, table) or DEFAULT_TILES[kernel]
     if kernel == "dot" and tiles.block_n < 16:
         raise ValueError(f"tiles {tiles}: a pass of {m} rows takes tl.dot, whose tiles are at least 16 rows")
     if kernel == "gemv":

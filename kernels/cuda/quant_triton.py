@@ -24,7 +24,8 @@ import triton.language as tl
 
 from triforce.kernels.cuda.device_blocks import BLOCK, DeviceBlocks
 from triforce.kernels.cuda.quant_gemv import blocks_gemv_kernel, sum_splits_kernel
-from triforce.kernels.cuda.quant_launch import NOMINAL_SMS, Launch, Tiles, plan
+from triforce.kernels.cuda.quant_launch import (DEFAULT_TILES, NOMINAL_SMS, Launch, Tiles, kernel_for, measured_for,
+                                                 measured_tiles, plan)
 from triforce.kernels.cuda.quant_steps import byte_step, q4_step
 
 INTERPRETED_BLOCK_N = 256  # CPU tensors (Triton's interpreter, in tests): each program costs ~20 ms there
@@ -89,11 +90,21 @@ def _sms(index: int) -> int:
 
 
 def launch_for(rows: torch.Tensor, w: DeviceBlocks, tiles: Tiles | None = None) -> Launch:
-    """The launch of rows [m, cols] against w (the interpreter takes wide tiles: fewer programs)."""
-    if not rows.is_cuda and tiles is None:
-        kind = plan(rows.shape[0], w.rows, w.cols, rows.dtype == torch.float32, 1)
-        tiles = Tiles(INTERPRETED_BLOCK_N, kind.tiles.step, kind.tiles.warps, kind.tiles.stages, 1)
-    return plan(rows.shape[0], w.rows, w.cols, rows.dtype == torch.float32, device_sms(rows.device), tiles)
+    """The launch of rows [m, cols] against w: `tiles`, else this card's measured ones, else the
+    defaults (on CPU tensors, Triton's interpreter, wide tiles: fewer programs to interpret)."""
+    m, float32 = rows.shape[0], rows.dtype == torch.float32
+    if tiles is None and rows.device.type == "cuda":  # a card (or the tests' simulated one)
+        tiles = measured_for(m, w.rows, w.cols, float32, w.kind, measured_tiles(capability(rows.device)))
+    if tiles is None and not rows.is_cuda:
+        default = DEFAULT_TILES[kernel_for(m, float32)]
+        tiles = Tiles(INTERPRETED_BLOCK_N, default.step, default.warps, default.stages, 1)
+    return plan(m, w.rows, w.cols, float32, device_sms(rows.device), tiles)
+
+
+def capability(device: torch.device) -> str:
+    """A GPU's compute capability as the tile table names it ("8.9")."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{major}.{minor}"
 
 
 def blocks_linear(x: torch.Tensor, w: DeviceBlocks, bias: torch.Tensor | None = None,

@@ -97,3 +97,28 @@ def test_the_warm_up_runs_each_specialised_row_count_before_the_first_token(card
         lm = load_model(wide_folder, dtype="float32", device="cuda", quantize="q8_0")
         runtime.warm_up_blocks(lm)
     assert set(rows) == {1, 17}
+
+
+def test_a_card_plans_with_its_capabilitys_measured_tiles(capsys, card, wide_folder, monkeypatch):
+    """The tile table (quant_launch.measured_tiles) is read for the card's capability (8.9 here)
+    and its tiles run every short pass: the tokens stay the CPU's."""
+    from triforce.kernels.cuda import quant_triton
+    from triforce.kernels.cuda.quant_launch import Tiles
+
+    asked, capabilities = [], []
+
+    class Measured(dict):
+        def get(self, key, default=None):
+            asked.append(key)
+            return Tiles(16, 2, 4, 2, 3)
+
+    def measured(capability):
+        capabilities.append(capability)
+        return Measured(any="16:2:4:2:3")
+
+    monkeypatch.setattr(quant_triton, "measured_tiles", measured)
+    cpu = generate(capsys, wide_folder, "--device", "cpu", "--quantize", "q4_k", "--method", "ar",
+                   "--max-new-tokens", "4")
+    card_run, _ = on_card(capsys, card, wide_folder, "--quantize", "q4_k", "--method", "ar", "--max-new-tokens", "4")
+    assert card_run["tokens"] == cpu["tokens"]
+    assert set(capabilities) == {"8.9"} and asked and all(key.startswith("dot q4_k ") for key in asked)

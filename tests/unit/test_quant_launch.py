@@ -61,3 +61,32 @@ def test_a_split_keeps_whole_steps_and_enough_columns_per_program():
     tall = plan(4096, 4096, 4096, False, 132)  # a prefill has programs enough without a split
     assert tall.kernel == "dot" and tall.block_m == 64 and tall.tiles.split == 1
     assert plan(2, 4096, 4096, False, 132, Tiles.parse("8:8:4:3:2")).grid == (1, 512, 2)
+
+
+def test_a_sweep_makes_table_entries_a_card_plans_with(tmp_path):
+    """bench kernels --tiles ... --write-table: the fastest tiles per kernel, format and shape,
+    merged under the card's capability; plan takes them for short passes of that shape only."""
+    from triforce.bench.quant_kernels import fastest_tiles, write_table
+    from triforce.kernels.cuda.quant_launch import measured_tiles
+
+    def row(tiles, ms, rows=1, kind="q4_k"):
+        launch = plan(rows, 4096, 4096, False, 128, Tiles.parse(tiles))
+        return {"matrix": "o", "shape": [4096, 4096], "weights": kind, "rows": rows, "ms": ms, "tiles": tiles,
+                "kernel": launch.kernel, "launch_tiles": str(launch.tiles)}
+
+    rows = [row("16:8:4:3:auto", 0.020), row("32:8:4:3:4", 0.015), row("64:8:8:3:2", 0.03, rows=16),
+            row("32:8:4:3:auto", 0.02, rows=16), row("16:8:4:3:8", 0.01, kind="q6_k"),
+            {"matrix": "o", "shape": [4096, 4096], "weights": "float", "rows": 1, "ms": 0.001}]
+    entries = fastest_tiles(rows)
+    assert entries == {"dot q4_k 4096x4096": "32:8:4:3:2", "gemv q4_k 4096x4096": "32:8:4:3:4",
+                       "gemv q6_k 4096x4096": "16:8:4:3:8"}
+    path = tmp_path / "tile_table.json"
+    write_table(path, "9.0", {"gemv q4_k 14336x4096": "16:4:4:3:2"})
+    write_table(path, "8.9", entries)
+    write_table(path, "9.0", entries)
+    table = measured_tiles("9.0", path)
+    assert len(table) == 4 and measured_tiles("7.5", path) == {} and measured_tiles("9.0", tmp_path / "none") == {}
+    assert plan(1, 4096, 4096, False, 132, kind="q4_k", table=table).tiles == Tiles(32, 8, 4, 3, 4)
+    assert plan(3, 4096, 4096, False, 132, kind="q6_k", table=table).tiles == Tiles(16, 8, 4, 3, 8)
+    assert plan(1, 4096, 4096, False, 132, kind="q8_0", table=table).tiles == plan(1, 4096, 4096, False, 132).tiles
+    assert plan(4096, 4096, 4096, False, 132, kind="q4_k", table=table).tiles.block_n == 32  # prefill: defaults

@@ -101,3 +101,11 @@ def test_a_tile_sweep_is_a_gpus_and_says_so(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "kernels", "--arch", "llama-68m", "--tiles", "32:8:4:2:4", "--device", "cpu"])
     assert exit_info.value.code == 2 and "a GPU's" in capsys.readouterr().err
+
+
+def test_a_tile_table_is_written_from_a_sweep_only(capsys, tmp_path):
+    from triforce.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "kernels", "--arch", "llama-68m", "--write-table", str(tmp_path / "t.json")])
+    assert exit_info.value.code == 2 and "give --tiles" in capsys.readouterr().err

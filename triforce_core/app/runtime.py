@@ -18,6 +18,8 @@ from triforce.decoding.hooks import EngineHooks
 from triforce.errors import UserError
 from triforce.model.context_stretch import run_context, stretch_request
 
+SHORTEST_RUN = 16  # tokens: a plan that cannot hold even these fails for the weights and buffers alone
+
 
 class Runtime:
     """The loaded models of one rank and the engines built over them."""
@@ -54,6 +56,11 @@ class Runtime:
         if self.draft.model is not None:
             self.draft.model.attn = backend
         self.attn_name = backend.name
+        # once: an automatic profile reads the device, and counts what is loaded the same either way
+        self.profile = resolve_profile(config.profile, self.lm.device, config.device_budget)
+        if self.profile.name.startswith("auto:") and rank == 0:  # a card no profile names: say what is assumed
+            print(f"profile {self.profile.name}: {self.profile.description}", file=sys.stderr)
+        self.plan(min(self.context, SHORTEST_RUN))  # weights over the budget: refused before compiling anything
         if self.lm.device.type == "cpu":  # compile the decode kernels before the first token, not during it
             from triforce.kernels.cpu import warm
             models = [self.lm] + ([self.draft.model] if self.draft.model is not None else [])
@@ -63,10 +70,6 @@ class Runtime:
         elif self.lm.quantized is not None and os.environ.get("TRITON_INTERPRET") != "1":
             warm_up_blocks(self.lm)  # the Triton kernels' specialisations (the interpreter compiles none)
         self.load_s = time.perf_counter() - started
-        # once: an automatic profile reads the device, and counts what is loaded the same either way
-        self.profile = resolve_profile(config.profile, self.lm.device, config.device_budget)
-        if self.profile.name.startswith("auto:") and rank == 0:  # a card no profile names: say what is assumed
-            print(f"profile {self.profile.name}: {self.profile.description}", file=sys.stderr)
 
     def _blocks(self):
         """A block-quantized model's matrices as the planner counts them (None: floats in --dtype)."""

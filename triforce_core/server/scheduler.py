@@ -266,12 +266,13 @@ class Scheduler:
                                              frozenset() if job.ignore_eos else self.stop_ids, on_token, logprobs=recorder)
                 except SYMPTOMS as e:  # this request fails with the layer named; the server goes on
                     raise located(e, self.runtime.lm, engine.seq) from None
-            job.emit(("done", result.stopped_by))
+            # recorded before the client hears "done": /health and tests read it after the reply
             self.recent.append((job.label, len(job.ids), reused, len(result.tokens), result.stopped_by))
+            job.emit(("done", result.stopped_by))
             self._say(job, reused, prefilled - started, result, alone=engine is slot.lone)
         except Cancelled:
-            job.emit(("done", "interrupt"))
             self.recent.append((job.label, len(job.ids), 0, 0, "interrupt"))
+            job.emit(("done", "interrupt"))
         except GreenletExit:  # the batch is being torn down (the thread failed)
             job.emit(("error", "the server stopped decoding"))
             raise

@@ -1,14 +1,14 @@
 """The full KV cache split between the device and the host.
 
 Tokens [0, resident_tokens) of every layer stay in device buffers (k_res, v_res); later tokens
-live in the host KV store. Attention of new queries is merged by log-sum-exp from three parts:
-the resident keys, the host blocks streamed by the prefetcher, and the new tokens themselves.
-New tokens' KV goes to its home once its layer is done. It implements the FullCache contract
-(triforce.cache_contract), so the engine does not know the difference.
+live in the host KV store. Attention of new queries is merged by log-sum-exp from the resident
+keys, the host blocks streamed by the prefetcher and the new tokens themselves. New tokens' KV
+goes home once its layer is done. It implements the FullCache contract (triforce.cache_contract).
 
 Prefill runs layer-major (`layer_major`): one pass, one layer over all new tokens before the
-next, its queries attending in large groups, so a layer's host-bound KV is written once and its
-host blocks are streamed once per group rather than once per prefill chunk.
+next, its queries attending in large groups, so a layer's host-bound KV is written once (its
+retrieval chunk means beside it, SparseReads.summarize_home) and its host blocks are streamed
+once per group rather than once per prefill chunk.
 
 Residency after prefill (`decode_resident_tokens`): a layer-major prefill needs device scratch
 that decoding does not. At the first short pass after a prefill the first whole host blocks are
@@ -131,10 +131,7 @@ class OffloadedKVCache(SparseReads):
         # copies of blocks the next pass may rewrite are forgotten (the host still holds them)
         bt = self.store.block_tokens
         self.ext_tokens = min(self.ext_tokens, max(0, length - self.resident_tokens) // bt * bt)
-        for means in self._resident_means.values():
-            means.rollback(length)
-        for means in self._host_means.values():
-            means.rollback(max(0, length - self.resident_tokens))
+        self.rollback_means(length)
 
     def prepare_verify(self) -> None:
         """Start copying the first streamed host blocks of the next pass while the drafting tiers
@@ -277,7 +274,9 @@ class OffloadedCacheStep(CacheStep):
                                     q_start=q_start, k_start=host_new_start, sliding_window=window))
             if self.layer_done(layer):  # send the layer's KV home
                 c.prefetcher.write(layer, host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
-                if not self.prefill:  # a verify pass: keep its KV on the device for the sparse tiers
+                if self.prefill:  # the retrieval tier's chunk means made here, not from the host later
+                    c.summarize_home(layer, host_new_start, scratch_k[:, :, :count])
+                else:  # a verify pass: keep its KV on the device for the sparse tiers
                     c.keep_recent(layer, host_new_start, scratch_k[:, :, :count], scratch_v[:, :, :count])
                 self._scratch = None
         return acc.result(q.dtype)

@@ -190,6 +190,19 @@ class Prefetcher:
             self.store.write(layer, start, k, v)
         self.stats.d2h_bytes += k.nbytes + v.nbytes
 
+    def send(self, host: torch.Tensor, source: torch.Tensor) -> None:
+        """Copy `source` (on the device) into `host` (pinned, contiguous) behind the work that made
+        it, as write does a layer's KV; synchronize waits for it."""
+        self._writes_pending = True
+        if self.overlap:
+            self.streams.wait_stream(self.copy_stream, self.streams.current())
+            with self.streams.on(self.copy_stream):
+                self.streams.copy(host, source)
+            self.streams.keep_alive(source, self.copy_stream)
+        else:
+            host.copy_(source)
+        self.stats.d2h_bytes += source.nbytes
+
     def synchronize(self) -> None:
         """Wait for every write to the host (before the CPU reads host KV that one may still be
         filling); nothing to wait for when none was issued since the last wait (a retrieval rebuild

@@ -9,6 +9,7 @@ import torch
 
 from triforce.kernels import TORCH_KERNELS, RetrievalKernels
 from triforce.kernels.chunk_means import ChunkMeans
+from triforce.kernels.retrieval import chunk_mean_keys
 from triforce.offload.errors import OffloadError
 from triforce.offload.prefetcher import Prefetcher
 from triforce.pinned import HostKVStore, allocate_host
@@ -55,14 +56,45 @@ class SparseReads:
             scores.append(TORCH_KERNELS.scores(query.to("cpu"), means).to(self.device, scores[0].dtype))
         return torch.cat(scores, dim=-1)
 
+    def expect_chunks(self, chunk_size: int) -> None:
+        """A retrieval tier scores chunks of this size: a prefill's keys are averaged on the device
+        as each layer goes home (summarize_home), so its rebuild never reads them back on the CPU."""
+        self._host_means_of(chunk_size)
+
+    def summarize_home(self, layer: int, start: int, keys: torch.Tensor) -> None:
+        """keys [B, Hkv, n, D] (device) of host positions [start, start + n), on their way home: the
+        means of the chunks they complete, made here and sent beside them."""
+        for chunk_size, means in self._host_means.items():
+            offset = start - self.resident_tokens
+            first, count = offset // chunk_size, keys.shape[2] // chunk_size
+            if offset % chunk_size or means.valid[layer] != first or not count:
+                continue  # not the next whole chunks: averaged from the host when read (ChunkMeans.read)
+            made = chunk_mean_keys(keys[:, :, :count * chunk_size], chunk_size).to(means.means_buf.dtype)
+            self.prefetcher.send(means.means_buf.permute(0, 3, 1, 2, 4)[layer, first:first + count],
+                                 made.permute(2, 0, 1, 3).contiguous())
+            means.valid[layer] = first + count
+
+    def rollback_means(self, length: int) -> None:
+        """Tokens from `length` on are gone: so are the chunk means they completed."""
+        for means in self._resident_means.values():
+            means.rollback(length)
+        for means in self._host_means.values():
+            means.rollback(max(0, length - self.resident_tokens))
+
+    def _host_means_of(self, chunk_size: int) -> ChunkMeans:
+        if chunk_size not in self._host_means:
+            # chunk-major, so a layer's run of chunks is one contiguous piece a device copy lands in
+            shape = (self.num_layers, self.store.capacity // chunk_size, self.batch, self.kv_heads,
+                     self.k_res.shape[-1])
+            (means,) = allocate_host([shape], self.k_res.dtype, what="host chunk means")
+            self._host_means[chunk_size] = ChunkMeans(means.permute(0, 2, 3, 1, 4), chunk_size)
+        return self._host_means[chunk_size]
+
     def _host_chunk_means(self, layer: int, chunk_size: int, count: int) -> torch.Tensor:
         """Mean keys [B, Hkv, count, D] (host) of the first `count` host chunks of `layer`."""
-        if chunk_size not in self._host_means:
-            shape = (self.num_layers, self.batch, self.kv_heads, self.store.capacity // chunk_size,
-                     self.k_res.shape[-1])
-            (means,) = allocate_host([shape], self.k_res.dtype, pin=False, what="host chunk means")
-            self._host_means[chunk_size] = ChunkMeans(means, chunk_size)
-        return self._host_means[chunk_size].read(layer, count, lambda start, end: self._host_keys(layer, start, end))
+        means = self._host_means_of(chunk_size)
+        self.prefetcher.synchronize()  # means sent from the device have landed (free when none was sent)
+        return means.read(layer, count, lambda start, end: self._host_keys(layer, start, end))
 
     def _host_keys(self, layer: int, start: int, end: int) -> torch.Tensor:
         """Keys [B, Hkv, end - start, D] of host positions [start, end) (counted from the store's first)."""

@@ -57,6 +57,10 @@ class FullCache(Protocol):
     def prepare_verify(self) -> None:
         """Start fetching what the coming pass reads (a no-op where everything is resident)."""
 
+    def expect_chunks(self, chunk_size: int) -> None:
+        """A retrieval tier will score chunks of this size (a cache that sends keys off the device
+        may average them on their way)."""
+
     def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
         """query [B, H, D] -> [B, Hkv, length // chunk_size]: query . mean key of each complete chunk."""
 

@@ -81,6 +81,9 @@ class ResidentKVCache:
     def top_chunks(self, scores: torch.Tensor, k: int) -> torch.Tensor:
         return self.kernels.topk(scores, k)
 
+    def expect_chunks(self, chunk_size: int) -> None:
+        pass  # its keys never leave the device: chunk_scores averages them there when asked
+
     def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
         """query [B, H, D] -> [B, Hkv, length // chunk_size]: q . mean key of each complete chunk.
         Mean keys are kept and extended only by chunks completed since the last call."""

@@ -205,6 +205,8 @@ def build_levels(lm: LoadedModel, spec: SpecParams, draft: Draft, full, runner_m
     if spec.uses_sparse_cache:
         kind = spec.sparse_policy
         policy = SelectionPolicy(kind, spec.budget, spec.chunk_size, spec.sink_tokens, spec.snapkv_window)
+        if policy.kind == "retrieval":
+            full.cache.expect_chunks(spec.chunk_size)
         levels.append(SparseTier(kind, lm, policy, spec.sparse_append_slots, runner_mode, agree_ok))
     levels.append(full)
     return levels

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from triforce.kernels import TORCH_KERNELS, RetrievalKernels
+from triforce.kernels import RetrievalKernels
 from triforce.kernels.chunk_means import ChunkMeans
 from triforce.kernels.retrieval import chunk_mean_keys
 from triforce.offload.errors import OffloadError
@@ -37,9 +37,10 @@ class SparseReads:
         return self.kernels.topk(scores, k)
 
     def chunk_scores(self, layer: int, query: torch.Tensor, chunk_size: int) -> torch.Tensor:
-        """query [B, H, D] -> [B, Hkv, length // chunk_size]. Resident chunks are scored on the
-        device; host chunks on the CPU from mean keys kept on the host and updated only for chunks
-        completed since the last call."""
+        """query [B, H, D] -> [B, Hkv, length // chunk_size], scored on the device: resident chunks
+        from mean keys kept there, host chunks from mean keys kept on the host (made as a prefill
+        sent them home, or from the host keys of chunks completed since) and copied over, a
+        sixteenth of the keys or less: no query to the host and no scores back, no wait a layer."""
         if self.resident_tokens % chunk_size or self.store.block_tokens % chunk_size:
             raise OffloadError(f"--chunk-size {chunk_size} must divide the offload alignment "
                                f"({self.store.block_tokens} tokens); use a power of two up to 256")
@@ -52,8 +53,10 @@ class SparseReads:
         scores = [self.kernels.scores(query, means)]
         host_chunks = num_chunks - resident_chunks
         if host_chunks > 0:
-            means = self._host_chunk_means(layer, chunk_size, host_chunks)
-            scores.append(TORCH_KERNELS.scores(query.to("cpu"), means).to(self.device, scores[0].dtype))
+            self._host_chunk_means(layer, chunk_size, host_chunks)
+            run = self._host_means[chunk_size].means_buf.permute(0, 3, 1, 2, 4)[layer, :host_chunks]  # contiguous
+            means = run.to(self.device, non_blocking=True).permute(1, 2, 0, 3)  # pinned: no wait
+            scores.append(self.kernels.scores(query, means.contiguous()))
         return torch.cat(scores, dim=-1)
 
     def expect_chunks(self, chunk_size: int) -> None:
@@ -133,14 +136,17 @@ class SparseReads:
         else:
             k = v = None
         self.prefetcher.synchronize()
+        # the one wait of a layer's rebuild; it also orders every earlier copy out of the staging
+        # buffer (on this stream) before the CPU writes it again or a larger one replaces it
+        host_index = index.to("cpu")
         shape = (self.batch, self.kv_heads, index.shape[-1], self.k_res.shape[-1])
         numel = shape[0] * shape[1] * shape[2] * shape[3]
         if not self._gather_staging or self._gather_staging[0].numel() < numel:
             self._gather_staging = allocate_host([(numel,), (numel,)], self.k_res.dtype,
                                                  what="the retrieval staging buffer")
         host_k, host_v = (t[:numel].view(shape) for t in self._gather_staging)
-        self.store.gather(layer, index.to("cpu"), host_k, host_v)
-        host_k, host_v = host_k.to(self.device), host_v.to(self.device)
+        self.store.gather(layer, host_index, host_k, host_v)
+        host_k, host_v = host_k.to(self.device, non_blocking=True), host_v.to(self.device, non_blocking=True)
         if k is None:
             return host_k, host_v
         on_host = (index >= resident)[..., None]

@@ -5,12 +5,13 @@ One sync per drafted token (the drafting tier picks it on the host), two per ful
 verdict or token, and one wait for the host KV writes before the CPU reads them),
 REBUILD_PER_LAYER per layer of each retrieval rebuild, and ONCE per run (the rope table's first
 copy and the like). Not per layer of a pass, not per draft of a verdict.
-REBUILD_PER_LAYER is today's cost, not a goal: a rebuild over host KV reads the query and the
-chosen indices to the host and copies scores and gathered KV back, layer by layer (batching the
-layers into one round trip is the open item)."""
+A rebuild over host KV scores every chunk on the device (host chunks' means copied over from
+pinned memory) and waits once a layer, for the chosen indices the CPU gathers host KV by (it was
+5 a layer before issue 73: the query to the host, scores back, the indices, and the gathered keys
+and values back blocking). Batching the layers' indices into one round trip is the open item."""
 from importlib import resources
 
-REBUILD_PER_LAYER = 5
+REBUILD_PER_LAYER = 1
 ONCE = 4
 PROMPT = "the cat sat on the mat. the cat sat on the hat. the cat and the dog sat on the log. the cat sat on" * 8
 

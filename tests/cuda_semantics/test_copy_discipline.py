@@ -25,6 +25,11 @@ ALLOWED = {
     ("offload/offloaded_cache.py",
      "k, v = self.store.block_kv(self.store.block(layer, block).to(self.device, non_blocking=True), bt)"):
         "the host store is pinned (allocate_host)",
+    ("offload/sparse_reads.py", "means = run.to(self.device, non_blocking=True).permute(1, 2, 0, 3)"):
+        "host chunk means from allocate_host (pinned), a contiguous run of one layer's chunks",
+    ("offload/sparse_reads.py",
+     "host_k, host_v = host_k.to(self.device, non_blocking=True), host_v.to(self.device, non_blocking=True)"):
+        "the gather staging from allocate_host (pinned); the next layer's index wait orders its reuse",
     ("offload/measure.py", "seconds = best_seconds(lambda: dst.copy_(src, non_blocking=pin), syncer(device))"):
         "pin is true only for a pinned source",
     ("bench/offload_bench.py", "dst.copy_(src, non_blocking=pin)"): "pin is true only for a pinned source",

@@ -6,20 +6,23 @@ FLOPs and copies."""
 import pytest
 
 from cli_json import run_json
-from sync_budget import PROMPT, small_block_profile
+from sync_budget import ONCE, PROMPT, REBUILD_PER_LAYER, small_block_profile
 from triforce.decoding import engine
 from triforce.offload import sparse_reads
 
 
+LAYERS = 4
+
+
 @pytest.fixture(scope="module")
 def folder(tiny_model_dir):
-    return str(tiny_model_dir("llama-gqa", max_position_embeddings=1024, num_layers=4))
+    return str(tiny_model_dir("llama-gqa", max_position_embeddings=1024, num_layers=LAYERS))
 
 
 def generate(capsys, card, folder, profile, monkeypatch, summarize: bool):
     """generate on the card, triforce with the KV offloaded; the host keys read back on the CPU
     while the prompt was prefilled and its retrieval cache built."""
-    reads, prefilling = [], []
+    reads, prefilling, syncs = [], [], []
     read_keys, set_sequence = sparse_reads.SparseReads._host_keys, engine.Engine.set_sequence
 
     def counted_read(self, layer, start, end):
@@ -29,12 +32,14 @@ def generate(capsys, card, folder, profile, monkeypatch, summarize: bool):
 
     def counted_prefill(self, *args, **kwargs):
         prefilling.append(True)
+        before = len(tensors.syncs)
         try:
             return set_sequence(self, *args, **kwargs)
         finally:
             prefilling.clear()
+            syncs.append(len(tensors.syncs) - before)
 
-    with monkeypatch.context() as patch, card.placement():  # the card's own patches stay
+    with monkeypatch.context() as patch, card.placement() as tensors:  # the card's own patches stay
         patch.setattr(sparse_reads.SparseReads, "_host_keys", counted_read)
         patch.setattr(engine.Engine, "set_sequence", counted_prefill)
         if not summarize:
@@ -43,6 +48,7 @@ def generate(capsys, card, folder, profile, monkeypatch, summarize: bool):
                           "--max-new-tokens", 12, "--ignore-eos", "--json", "--budget", "48", "--chunk-size", "4",
                           "--method", "triforce", "--draft", "lookup", "--dtype", "float32", "--device-budget",
                           "3.0MB", "--profile", profile, "--temperature", "0")
+    report["prefill_syncs"] = syncs[0]
     return report, reads
 
 
@@ -50,8 +56,12 @@ def test_a_prefill_averages_its_host_chunks_on_the_card(capsys, card, checked, f
     profile = small_block_profile(tmp_path)
     on_card, reads = generate(capsys, card, folder, profile, monkeypatch, summarize=True)
     from_host, host_reads = generate(capsys, card, folder, profile, monkeypatch, summarize=False)
+    print(f"prefill syncs: {on_card['prefill_syncs']} (host keys read back without the averaging: {len(host_reads)})")
     assert on_card["plan"]["offloaded"] and host_reads, "the run must have host KV for the rebuild to average"
     assert reads == [], f"the prefill's rebuild read host keys back on the CPU: {reads[:4]}"
+    # one wait a layer (the chosen indices the CPU gathers host KV by), the rope table, the
+    # prefetcher's one wait for the writes: 5 a layer before (query out, scores back, keys back)
+    assert on_card["prefill_syncs"] <= REBUILD_PER_LAYER * LAYERS + ONCE, on_card["prefill_syncs"]
     # the same means (the same arithmetic on the same keys): the same selections, drafts and tokens
     assert on_card["tokens"] == from_host["tokens"]
     assert on_card["accepted"] == from_host["accepted"] and on_card["proposed"] == from_host["proposed"]

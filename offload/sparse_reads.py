@@ -19,6 +19,7 @@ class SparseReads:
     # the offloaded cache's state this half reads (OffloadedKVCache.__init__ makes it)
     device: torch.device
     length: int  # tokens cached
+    max_len: int
     resident_tokens: int  # the first ones, in k_res/v_res on the device; the rest in the host store
     num_layers: int
     batch: int
@@ -87,8 +88,8 @@ class SparseReads:
     def _host_means_of(self, chunk_size: int) -> ChunkMeans:
         if chunk_size not in self._host_means:
             # chunk-major, so a layer's run of chunks is one contiguous piece a device copy lands in
-            shape = (self.num_layers, self.store.capacity // chunk_size, self.batch, self.kv_heads,
-                     self.k_res.shape[-1])
+            chunks = (self.max_len - self.resident_tokens) // chunk_size  # the most the host ever holds
+            shape = (self.num_layers, chunks, self.batch, self.kv_heads, self.k_res.shape[-1])
             (means,) = allocate_host([shape], self.k_res.dtype, what="host chunk means")
             self._host_means[chunk_size] = ChunkMeans(means.permute(0, 2, 3, 1, 4), chunk_size)
         return self._host_means[chunk_size]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -60,7 +61,9 @@ class Runtime:
         self.profile = resolve_profile(config.profile, self.lm.device, config.device_budget)
         if self.profile.name.startswith("auto:") and rank == 0:  # a card no profile names: say what is assumed
             print(f"profile {self.profile.name}: {self.profile.description}", file=sys.stderr)
-        self.plan(min(self.context, SHORTEST_RUN))  # weights over the budget: refused before compiling anything
+        # the target's weights over the budget: refused before compiling anything (the least any method needs;
+        # a caller may plan other methods than the configured one, as bench offload does)
+        self.plan(min(self.context, SHORTEST_RUN), replace(config.spec, method="ar"))
         if self.lm.device.type == "cpu":  # compile the decode kernels before the first token, not during it
             from triforce.kernels.cpu import warm
             models = [self.lm] + ([self.draft.model] if self.draft.model is not None else [])

@@ -118,9 +118,12 @@ def kernel_for(m: int, float32: bool) -> str:
 def split_for(tiles_per_split: int, blocks: int, step: int, sms: int, waves: int) -> int:
     """Programs per tile along the columns: enough that tiles_per_split x split reaches waves
     programs per SM, each program still walking MIN_SPLIT_BLOCKS blocks (and whole steps)."""
-    steps = -(-blocks // step)
-    most = max(1, min(MAX_SPLIT, steps, blocks // MIN_SPLIT_BLOCKS))
-    return max(1, min(most, -(-waves * sms // tiles_per_split)))
+    return max(1, min(most_split(blocks, step), -(-waves * sms // tiles_per_split)))
+
+
+def most_split(blocks: int, step: int) -> int:
+    """The most programs a row of `blocks` blocks splits into: whole steps of at least MIN_SPLIT_BLOCKS."""
+    return max(1, min(MAX_SPLIT, -(-blocks // step), blocks // MIN_SPLIT_BLOCKS))
 
 
 def plan(m: int, n: int, k: int, float32: bool, sms: int = NOMINAL_SMS, tiles: Tiles | None = None,
@@ -147,5 +150,4 @@ def plan(m: int, n: int, k: int, float32: bool, sms: int = NOMINAL_SMS, tiles: T
 
 def too_small_to_split(launch: Launch, k: int) -> bool:
     """Whether the split stopped at its limit (the columns cannot feed more programs)."""
-    blocks = k // BLOCK
-    return launch.tiles.split >= max(1, min(MAX_SPLIT, -(-blocks // launch.tiles.step), blocks // MIN_SPLIT_BLOCKS))
+    return launch.tiles.split >= most_split(k // BLOCK, launch.tiles.step)

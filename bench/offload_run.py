@@ -69,7 +69,7 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
         measured_rates = {"pcie_h2d_gbps": round(h2d, 2), "host_attention_gbps": round(cpu_gbps, 2),
                           "host_attention_tflops": round(cpu_tflops, 3)}
     prompt_ids = None
-    if c.model is not None:  # a real model decodes after a real prompt, with its own acceptance
+    if c.model is not None and r.trace is None:  # a model's own acceptance needs its real KV; a replay does not
         from triforce.app.evaluation import needle_prompt
         prompt_ids = lm.tokenizer(needle_prompt(lm.tokenizer, r.context).text).input_ids
     spec = c.spec
@@ -102,6 +102,7 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     plotted = write_plot(rows, h2d, title, r.plot_path)
     out = {"model": name, "context": r.context, "device": str(lm.device), "profile": prof.name, "tp": world,
            "repeats": r.repeats, "hybrid_rates_measured": measured_rates,
+           "kv_source": "a prefill of a real prompt" if prompt_ids else "random values (decode time does not depend on them)",
            "pinned_h2d_gbps": round(h2d, 2), "replayed_trace": r.trace_path, "host_store": shared_note,
            "plot": r.plot_path if plotted else None, "attention": runtime.attn_name, "graphs": c.graphs,
            "spec": {"budget": spec.budget, "gamma1": spec.gamma1, "gamma2": spec.gamma2,

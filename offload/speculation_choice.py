@@ -93,9 +93,10 @@ def choose_speculation(model: ModelConfig, profile: MemoryProfile, context: int,
 def within_context(spec, fixed: frozenset[str], model: ModelConfig, context: int):
     """Refuse sizes the user gave that no context of this model can use (they would only
     inflate the plan until some unrelated buffer took the blame); a rebuild stride past the
-    context never triggers, so it is the same as the context itself."""
+    context never triggers, so it is the same as the context itself. Plain decoding uses none of
+    them: its sizes are left unchecked."""
     limit = max(context, model.max_position_embeddings)
-    for name in sorted(fixed & {"budget", "gamma1", "gamma2", "chunk_size"}):
+    for name in sorted(fixed & {"budget", "gamma1", "gamma2", "chunk_size"} if spec.method != "ar" else ()):
         if getattr(spec, name) >= limit:
             raise OffloadError(f"--{name.replace('_', '-')} {getattr(spec, name)} must be below the "
                                f"model's context of {limit} tokens")

@@ -191,6 +191,23 @@ def test_bench_offload_on_a_tiny_architecture(recorded, capsys, tmp_path):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_offload_on_a_model_replays_a_trace_on_random_kv(recorded, capsys, tmp_path):
+    """A replayed trace needs no prefill (a 128K one of a 32B model would cost a lease minutes): the
+    KV is random values; the model's own acceptance still decodes after a real prompt."""
+    folder, trace, _ = recorded
+    common = ("bench", "offload", "--model", str(folder), "--context", "400", "--device-budget", "20MB",
+              "--methods", "ar-offload,triforce", "--new-tokens", "3", "--speculative-tokens", "4", "--repeats", "1",
+              "--budget", "24", "--plot", str(tmp_path / "b.png"), "--json")
+    code, out, err = run_cli(capsys, *common, "--acceptance-trace", str(trace))
+    assert code == 0, err
+    replayed = json.loads(out)
+    assert replayed["kv_source"].startswith("random values") and replayed["context"] == 400
+    assert {r["method"]: r.get("replayed") for r in replayed["rows"]} == {"ar-offload": None, "triforce": True}
+    code, out, err = run_cli(capsys, *common)
+    assert code == 0, err
+    assert json.loads(out)["kv_source"] == "a prefill of a real prompt"
+
+
 def test_bench_offload_refuses_random_weights_without_a_trace(capsys):
     code, _, err = run_cli(capsys, "bench", "offload", "--arch", "tiny-test", "--context", "100")
     assert_one_line_error(code, err, "--acceptance-trace")

@@ -80,7 +80,9 @@ def bench_group():
                    "transformers-offloaded: transformers' own offloaded cache (--arch only).")
 @click.option("--acceptance-trace", default=None,
               help="Accept/reject sequence to replay in the triforce row (from generate --record-acceptance); "
-                   "required with --arch: random weights cannot accept drafts honestly.")
+                   "required with --arch: random weights cannot accept drafts honestly. With --model, the KV "
+                   "is then random values instead of a prefill (decode time does not depend on them; "
+                   "`bench prefill` times a prefill).")
 @click.option("--draft", default=None,
               help="Tier-0 drafter: an architecture name, a model path or 'lookup' "
                    "(default: llama-68m with --arch, lookup with --model).")

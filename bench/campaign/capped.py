@@ -11,6 +11,7 @@ bytes, 0.15 GiB under what the rtx4090-24g profile plans). Without CUDA the cap 
 said so."""
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(argv) < 4 or argv[0] != "--gb" or argv[2] != "--" or argv[3] not in ("-m", "-c"):
         sys.exit("usage: python -m triforce.bench.campaign.capped --gb GB -- (-m MODULE | -c CODE) [ARGS...]")
     print(apply_cap(float(argv[1])), file=sys.stderr, flush=True)
+    os.environ["TRIFORCE_CAP_GB"] = argv[1]  # a peer's own process (deepspeed_peer) caps itself alike
     kind, target, rest = argv[3], argv[4], argv[5:]
     if kind == "-c":
         sys.argv = ["-c", *rest]

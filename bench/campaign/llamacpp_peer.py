@@ -6,6 +6,11 @@ else the KV on the host with attention on the CPU (-nkvo), or the most layers th
     python -m triforce.bench.campaign.llamacpp_peer --model FILE.gguf --depths 32768,131072 \\
         --kv f16,q8_0 --prefill 32768 --placement card --json
 
+Where filling a deep context cannot fit a lease (KV on the host: llama.cpp attends on the CPU, a
+128K prompt there takes hours), decoding is timed at two shallow depths and --extrapolate adds
+rows at the deep ones on the line through them (decoding reads the weights once and the KV in
+proportion to its depth), each labelled with the depths it came from.
+
 The binary: --llama-bench, default .device-kit/llamacpp-cuda/llama-bench (bench/build_llamacpp_cuda.sh);
 the card's torch brings the libcublas.so.13 it links (found through the nvidia package)."""
 from __future__ import annotations
@@ -76,12 +81,12 @@ def run_bench(binary: str, model: str, args: list[str], repeats: int) -> list[di
     return json.loads(done.stdout)
 
 
-def rows_for(binary: str, model: str, kv: str, placement: list[str], depths: list[int], prefill: int,
+def rows_for(binary: str, model: str, kv: str, placement: list[str], depths: list[int], prefill: list[int],
              new_tokens: int, repeats: int) -> list[dict]:
     common = ["-ctk", kv, "-ctv", kv, *placement]
     found = []
     if prefill:
-        found += run_bench(binary, model, [*common, "-p", str(prefill), "-n", "0"], repeats)
+        found += run_bench(binary, model, [*common, "-p", ",".join(map(str, prefill)), "-n", "0"], repeats)
     found += run_bench(binary, model, [*common, "-p", "0", "-n", str(new_tokens), "-d", ",".join(map(str, depths))],
                        repeats)
     rows = []
@@ -96,12 +101,38 @@ def rows_for(binary: str, model: str, kv: str, placement: list[str], depths: lis
     return rows
 
 
+def extrapolated(rows: list[dict], depths: list[int]) -> list[dict]:
+    """Decode rows at `depths` on the least-squares line of ms/token against depth through each
+    KV type and placement's measured decode rows (two depths or more), labelled as such."""
+    out = []
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["test"] == "decode" and "extrapolated_from" not in r:
+            groups.setdefault((r["kv"], r["placement"]), []).append(r)
+    for (kv, placement), measured in groups.items():
+        xs = [r["depth"] for r in measured]
+        if len(set(xs)) < 2:
+            continue
+        ys = [r["ms_per_token"] for r in measured]
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+        for depth in depths:
+            ms = mean_y + slope * (depth - mean_x)
+            out.append({"kv": kv, "placement": placement, "test": "decode", "depth": depth,
+                        "tokens": measured[0]["tokens"], "tokens_per_s": round(1000 / ms, 2), "spread": None,
+                        "ms_per_token": round(ms, 3), "extrapolated_from": sorted(set(xs))})
+    return out
+
+
 @click.command()
 @click.option("--model", required=True, help="The GGUF file.")
 @click.option("--llama-bench", "binary", default=DEFAULT_BINARY, show_default=True)
 @click.option("--depths", default="32768,131072", show_default=True, help="Context depths decoded at.")
 @click.option("--kv", default="f16,q8_0", show_default=True, help="KV cache types (llama.cpp's -ctk/-ctv).")
-@click.option("--prefill", type=int, default=32768, show_default=True, help="Prompt tokens prefilled (0: none).")
+@click.option("--prefill", default="32768", show_default=True,
+              help="Prompt lengths prefilled, comma-separated (0: none).")
+@click.option("--extrapolate", default="", help="Deeper depths to add decode rows at, on the line through the "
+                                                "measured ones (labelled extrapolated).")
 @click.option("--new-tokens", type=int, default=32, show_default=True)
 @click.option("--repeats", type=int, default=2, show_default=True)
 @click.option("--placement", default="card", show_default=True,
@@ -110,26 +141,29 @@ def rows_for(binary: str, model: str, kv: str, placement: list[str], depths: lis
                    "cpu: no card (-ngl 0). Several, comma-separated: each is run and its rows kept.")
 @click.option("--threads", type=int, default=None, help="CPU threads (llama-bench -t; default: its own).")
 @click.option("--json", "as_json", is_flag=True)
-def main(model, binary, depths, kv, prefill, new_tokens, repeats, placement, threads, as_json):
+def main(model, binary, depths, kv, prefill, extrapolate, new_tokens, repeats, placement, threads, as_json):
     """llama-bench on MODEL at each depth and KV type (see the module docstring)."""
     if not Path(model).is_file():
         raise click.ClickException(f"no GGUF file at {model} (the campaign's desktop-file steps write them)")
     binary = unpacked(binary)
     depth_list = [int(d) for d in depths.split(",")]
+    prefills = [n for n in (int(p) for p in prefill.split(",")) if n > 0]
+    deeper = [int(d) for d in extrapolate.split(",") if d.strip()]
     rows, failures = [], []
     for kind in kv.split(","):
         for place in placement.split(","):
             if place.startswith("fit:"):
-                n = layers_that_fit(model, float(place[4:]), max(depth_list), kind)
+                n = layers_that_fit(model, float(place[4:]), max(depth_list + deeper), kind)
                 flags = ["-ngl", str(n)]
             else:
                 flags = {"card": ["-ngl", "99"], "host-kv": ["-ngl", "99", "-nkvo", "1"], "cpu": ["-ngl", "0"]}[place]
             flags += ["-t", str(threads)] if threads else []
             try:
-                rows += rows_for(binary, model, kind, flags, depth_list, prefill, new_tokens, repeats)
+                rows += rows_for(binary, model, kind, flags, depth_list, prefills, new_tokens, repeats)
             except (RuntimeError, ValueError, KeyError) as e:  # out of memory at a depth is a result
                 failures.append({"kv": kind, "placement": " ".join(flags), "error": str(e)})
             print(f"llama-bench {kind} {' '.join(flags)}: {len(rows)} rows, {len(failures)} failures", file=sys.stderr)
+    rows += extrapolated(rows, deeper)
     result = {"peer": "llama.cpp", "binary": binary, "model": model, "rows": rows, "failures": failures}
     if as_json:
         print(json.dumps(result))

@@ -4,6 +4,8 @@ block kernels, tier steps), each from the JSON its step printed or, for a step c
 as it went."""
 from __future__ import annotations
 
+from triforce.bench.campaign.desktop_report import deepspeed_lines, desktop_goals
+
 
 def results_rows(report: dict) -> list[str]:
     """Markdown lines for bench/RESULTS.md."""
@@ -32,7 +34,7 @@ def results_rows(report: dict) -> list[str]:
                 if u.get("stopped_s") is not None:  # serve: Ctrl-C to its process group (goal: 2 s)
                     result += f", stopped {u['stopped_s']} s after Ctrl-C"
                 lines.append(f"| `{u['command'].split(' --model')[0]}` | {result} | {u['seconds']} |")
-        if s["name"].startswith(("offload", "decode", "peers", "desktop-decode")) and r.get("rows"):
+        if s["name"].startswith(("offload", "decode", "peers", "desktop-decode", "paper")) and r.get("rows"):
             cut = " (cut short: the rows timed before it ended)" if r.get("cut") else ""
             lines += ["", f"{s['name']}: context {r.get('context')}, {r.get('profile')}, pinned H2D "
                           f"{r.get('pinned_h2d_gbps')} GB/s, trace {r.get('replayed_trace')}, host store "
@@ -53,6 +55,8 @@ def results_rows(report: dict) -> list[str]:
             lines += window_lines(r["rows"])
         if s["name"].startswith("llamacpp") and r.get("rows") is not None:
             lines += llamacpp_lines(s["name"], r)
+        if s["name"] == "deepspeed" and r.get("peer"):
+            lines += deepspeed_lines(r)
         if s["name"].startswith(("prefill", "desktop-prefill")) and r.get("ttft_s") is not None:
             peak = f"{r['peak_gpu_bytes'] / 2**30:.2f}" if r.get("peak_gpu_bytes") else "-"
             lines += ["", f"{s['name']}: {r['arch']} {r['dtype']} ({r.get('weights', 'float')} weights), {r['profile']}, "
@@ -99,12 +103,15 @@ def _result(report: dict, step: str) -> dict:
 
 
 def goals_rows(report: dict) -> list[str]:
-    """The campaign against its goals (issues 52 and 53): what was measured, the goal, met or not;
+    """The campaign against its goals (the 2026 desktop's of issue 72 first, then issues 52 and 53):
+    what was measured, the goal, met or not;
     a goal whose step did not run says so."""
     out = ["", "Against the goals:", "", "| goal | measured | target | met |", "|---|---|---|---|"]
 
     def add(goal, measured, target, met):
         out.append(f"| {goal} | {measured} | {target} | {'-' if met is None else ('yes' if met else 'NO')} |")
+
+    desktop_goals(report, add)
 
     rows = _rows(report, "decode-127k")
     tri = min((r for m, r in rows.items() if m.startswith("triforce")), key=lambda r: r["ms_per_token"], default=None)
@@ -160,7 +167,9 @@ def llamacpp_lines(name: str, r: dict) -> list[str]:
     out = ["", f"{name}: llama.cpp's llama-bench on {r['model']}", "",
            "| KV | placement | test | depth | tokens/s | ms/token or s |", "|---|---|---|---:|---:|---:|"]
     out += [f"| {row['kv']} | {row['placement']} | {row['test']} | {row['depth']} | {row['tokens_per_s']} | "
-            f"{row.get('ms_per_token', row.get('seconds'))} |" for row in r["rows"]]
+            f"{row.get('ms_per_token', row.get('seconds'))}"
+            f"{' (extrapolated from depths ' + ','.join(map(str, row['extrapolated_from'])) + ')' if row.get('extrapolated_from') else ''} |"
+            for row in r["rows"]]
     out += [f"- {f['kv']} {f['placement']}: {f['error']}" for f in r.get("failures", [])]
     return out
 

@@ -1,7 +1,9 @@
 """Issue 72: DeepSpeed ZeRO-Inference's wheels, made by bench/build_deepspeed_kit.sh from PyPI and
 the transformers fork its KV offload needs, import on a CPU beside this torch: the fork's Llama
-carries the kv_offload path, and DeepSpeed its ZeRO-3 inference config. Needs the two public
+carries the kv_offload path, and DeepSpeed its ZeRO-3 inference config; the campaign's peer step
+runs them on a CPU (ZeRO stage 3 and the fork's generate, the KV in place), our rows beside. Needs the two public
 repositories' clones (a session's fetch): elsewhere skipped."""
+import json
 import os
 import subprocess
 import sys
@@ -39,3 +41,12 @@ def test_the_deepspeed_kit_builds_and_imports(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(site)})
     assert ran.returncode == 0 and ran.stdout.strip().splitlines()[-1] == "0.19.8", ran.stderr[-2000:]
     assert (kit / "zero_inference" / "run_model.py").read_text().count("kv_offload") > 0
+    peer = subprocess.run([sys.executable, "-m", "triforce.bench.campaign.deepspeed_peer", "--kit", str(kit),
+                           "--site", str(tmp_path / "peer-site"), "--reduced", "--arch", "tiny-test",
+                           "--contexts", "64,128", "--new-tokens", "4", "--ours", "ar-offload", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert peer.returncode == 0, peer.stderr[-2000:]
+    result = json.loads(peer.stdout.strip().splitlines()[-1])
+    assert [(r["context"], r["new_tokens"]) for r in result["rows"]] == [(64, 4), (128, 4)] and not result["failures"]
+    assert all(r["ms_per_token"] > 0 and r["prefill_s"] > 0 and r["kv_offload"] is False for r in result["rows"])
+    assert [[row["method"] for row in o["rows"]] for o in result["ours"]] == [["ar-offload"], ["ar-offload"]]

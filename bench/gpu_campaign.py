@@ -1,16 +1,16 @@
 """The one-command GPU campaign: everything a lent CUDA machine should run, in one call that fits
-a lease (its estimate is held under 9 minutes by a test).
+a lease (its estimate is held under 8 minutes by a test, within a 9-minute budget).
 
     python -m triforce.bench.gpu_campaign [--out-dir bench/results] [--cap-gb 24] [--budget-s 540]
     python -m triforce.bench.gpu_campaign --dry-run      # on any machine: the steps and their estimates
     python -m triforce.bench.gpu_campaign --all          # every step (a second call: --only NAMES)
     python -m triforce.bench.gpu_campaign --reduced --out-dir /tmp/c   # every step on a CPU, small shapes
 
-The steps follow a user's journey (bench/campaign/steps.py): what users do first, a 32K and a
-127K prompt prefilled through the offloaded path (time to first token, then each of the first
-tokens), decoding at 127K (triforce with the hybrid verify on and off, beside ar-offload and
-ar-hybrid); then a new user's commands and tests/gpu; then, by name or --all, 32K decoding, the
-block kernels, the quantized decode, peers, tier steps and the best case. Each step runs in its
+The steps follow a user's journey (bench/campaign/steps.py): the 2026 desktop first (random-weight
+Q4_K_M files of Llama-3.1-8B and Qwen3-32B, ours beside llama.cpp's CUDA build on each at 128K,
+DeepSpeed ZeRO-Inference beside our offloaded rows, the paper's model at 32K); then, by name or
+--all, the paper's prefills and decoding at 32K and 127K, a new user's commands, tests/gpu, the
+block kernels, peers, tier steps, the best case and the desktop's other contexts. Each step runs in its
 own process with GPU memory capped to `--cap-gb` so an H100 stands in for a 24 GB card; a failing
 step is recorded (past its limit, with every thread's stack) and the campaign goes on. Each step's limit
 follows from its estimate (bench/campaign/steps.py), and a step whose estimate exceeds the time

@@ -1,7 +1,10 @@
-"""The GPU campaign's steps, in the order of a user's journey: what users do first (a long prompt
-prefilled, its first tokens, decoding at 127K), what a new user types, correctness on the card;
-then what the default call leaves for a second one (32K decoding, block-quantized weights, peers,
-tier steps, the best case).
+"""The GPU campaign's steps, in the order of a user's journey. The default call is the 2026
+desktop's (desktop.py, issue 72): a Llama-3.1-8B Q4_K_M file whose 128K KV fits the card, ours
+beside llama.cpp's CUDA build on it; a Qwen3-32B file whose KV lives on the host, beside llama.cpp
+attending on the CPU; DeepSpeed ZeRO-Inference beside our offloaded rows; the paper's Llama2-7B at
+32K, short. A second call (--only NAMES, or --all) runs the rest: the paper's 32K and 127K prefills
+and decoding, a new user's commands, tests/gpu, the block kernels, peers, tier steps, the best
+case, and the desktop's other contexts and KV types.
 
 Each step says what work it does (`Work`: a prefill, a decode over methods, tests, or a fixed
 job), and its command is built from that work, so the estimate and the command cannot disagree.
@@ -87,11 +90,11 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
     def decode(name, what, d: Decode, default=True):
         return Step(name, what, d, decode_argv(scale, d, str(out_dir / f"{name}.png")), default, streams_rows=True)
 
-    def prefill(name, context, breakdown=False):
+    def prefill(name, context, breakdown=False, default=True):
         p = Prefill(context, breakdown=breakdown)
         return Step(name, f"a {name.split('-')[1].upper()} prompt prefilled through the offloaded path on a 24 GB "
                           "budget: time to first token, bytes moved, peak GPU memory against the plan",
-                    p, prefill_argv(scale, p))
+                    p, prefill_argv(scale, p), default)
 
     kernels = ("-m", "triforce.bench.quant_kernels", "--arch", scale.kernels_arch, "--rows", "1,16",
                "--formats", "q4_k,q6_k,q8_0", "--dtype", scale.dtype,
@@ -99,23 +102,29 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
     tier_steps = ("-m", "triforce.bench.tier_steps", "--arch", scale.arch, "--draft",
                   "" if scale.reduced else scale.draft, "--contexts", tier_contexts, "--dtype", scale.dtype,
                   "--repeats", "2" if scale.reduced else "10", "--json")
+    desk = desktop_steps(scale, out_dir)
+    journey = [s for s in desk if s.default]  # the 2026 desktop first (issue 72)
     return [
         Step("probe", "device, versions, exact pinning, copy bandwidths",
              Fixed(9.5, "measured: H200 campaign 2026-11-28"), ("-m", "triforce.bench.campaign.gpu_probe")),
         # what users do first: a long prompt prefilled, then decoded; then a new user's commands and tests
-        prefill("prefill-32k", short, breakdown=True),  # 32K ran 6.2 s against ~1.5 s of its FLOPs and copies
-        prefill("prefill-127k", long),
+        *journey,
+        # the paper's setting, kept short: Llama2-7B-128K at 32K, plain offloaded decoding beside triforce
+        decode("paper-32k", "the paper's model at 32K: ar-offload and triforce (natural-text trace)",
+               Decode(short, ("ar-offload", "triforce"), new_tokens=8, speculative_tokens=32)),
+        # what the default call leaves for a second one (--only NAMES, or --all)
+        prefill("prefill-32k", short, breakdown=True, default=False),  # 6.2 s against ~1.5 s of FLOPs and copies
+        prefill("prefill-127k", long, default=False),
         decode("decode-127k", "decoding at 127K: triforce with the hybrid verify on and off, beside ar-offload and "
                               "ar-hybrid (natural-text trace; few tokens a row: each ar token moves ~60 GB)",
-               Decode(long, DECODE_METHODS_127K, new_tokens=8, speculative_tokens=32)),
+               Decode(long, DECODE_METHODS_127K, new_tokens=8, speculative_tokens=32), default=False),
         Step("user", "a new user's commands with default flags on a random model made here",
              Fixed(113, "measured: H200 2026-11-28, 143 s less the 30 s serve hung"),
-             ("-m", "triforce.bench.campaign.user_step", "--json")),
+             ("-m", "triforce.bench.campaign.user_step", "--json"), default=False),
         Step("gpu-tests", "tests/gpu: graphs == eager, no graph fallback, float32 logits, Triton retrieval, sync "
                           "counts, offload with copy streams, sampling, SDPA kernels, the prefill's kernel path, "
                           "the profiler's kernel kinds",
-             gpu_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *gpu_tests.paths)),
-        # what the default call leaves for a second one (--only NAMES, or --all); measured on 2026-11-28
+             gpu_tests, ("-m", "pytest", "-q", "-p", "no:cacheprovider", *gpu_tests.paths), default=False),
         decode("decode-32k", "decoding at 32K: triforce with hybrid, residency and drafting ahead on and off, "
                              "ar-offload and ar-hybrid beside it (natural-text trace)",
                Decode(short, DECODE_METHODS, new_tokens=8, speculative_tokens=32), default=False),
@@ -142,13 +151,15 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
         decode("decode-127k-best-case", "triforce at 127K replaying the repeated-filler needle trace (a best case)",
                Decode(long, ("triforce",), trace=BEST_CASE_TRACE, new_tokens=8, speculative_tokens=32),
                default=False),
-        *desktop_steps(scale, out_dir),
+        *(s for s in desk if not s.default),
     ]
 
 
 # the default call's wall time: a lease's 15 minutes less the machine's start (32 s on 2026-11-28;
-# "a minute or more" by the device README) and a second call for what it left
+# "a minute or more" by the device README) and a second call for what it left; its steps are
+# estimated within JOURNEY_S, the rest of the budget absorbing estimates that run over
 LEASE_S = 540
+JOURNEY_S = 480
 PROCESS_S = 8.0        # a step's process: Python, torch and the CUDA context (assumed)
 WEIGHTS_S = 6.0        # random 7B weights built on the card (assumed)
 METHOD_S = 3.0         # per decode row: plan, cache, warm-up, graph captures (assumed)

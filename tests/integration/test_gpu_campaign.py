@@ -1,5 +1,5 @@
-"""The GPU campaign fits a lease and loses nothing: its default call is estimated under 9 minutes
-on an H100 (the cost model and the measured one-time costs), --dry-run shows the journey's order
+"""The GPU campaign fits a lease and loses nothing: its default call, the 2026 desktop's journey,
+is estimated under 8 minutes on an H100 (the cost model and the measured one-time costs), --dry-run shows the journey's order
 and each step's estimate, a step that does not fit the time left is skipped and said so, and a
 reduced run of every step on this CPU streams its rows and ends in the report and the goals."""
 import json
@@ -11,14 +11,16 @@ import click
 import pytest
 
 from triforce.bench import gpu_campaign
-from triforce.bench.campaign.steps import LEASE_S, estimate, plan_total
+from triforce.bench.campaign.steps import JOURNEY_S, LEASE_S, estimate, plan_total
 from triforce.bench.campaign.steps import CAMPAIGN, DECODE_METHODS, DECODE_METHODS_127K, REDUCED, steps
 from triforce.bench.campaign.work import Decode, Prefill
 
-JOURNEY = ["probe", "prefill-32k", "prefill-127k", "decode-127k", "user", "gpu-tests"]
-SECOND_CALL = ["decode-32k", "quant-kernels", "quant-tiles", "quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps",
-               "decode-127k-best-case", "desktop-file-small", "desktop-file-large", "llamacpp-small",
-               "desktop-prefill-small", "desktop-decode-small", "llamacpp-large", "desktop-decode-large"]
+JOURNEY = ["probe", "desktop-file-small", "llamacpp-small", "desktop-prefill-small", "desktop-decode-small",
+           "desktop-file-large", "llamacpp-large", "desktop-decode-large", "deepspeed", "paper-32k"]
+SECOND_CALL = ["prefill-32k", "prefill-127k", "decode-127k", "user", "gpu-tests", "decode-32k", "quant-kernels",
+               "quant-tiles", "quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps",
+               "decode-127k-best-case", "llamacpp-small-q8", "desktop-prefill-small-32k", "desktop-decode-small-32k",
+               "llamacpp-large-fit", "desktop-decode-large-64k"]
 # the reduced run on a CPU: one step of each command (its twins differ in numbers only, and every
 # step's command is parsed at both scales below); each step is an interpreter of its own (~4 s).
 # The user step's logic is tested in this process (test_user_step.py): its six processes took 25 s;
@@ -38,7 +40,7 @@ def test_the_default_call_fits_a_lease_on_an_h100():
     every = steps(Path("out"))
     default = [s for s in every if s.default]
     assert [s.name for s in default] == JOURNEY and [s.name for s in every if not s.default] == SECOND_CALL
-    assert plan_total(default, "h100-80g") <= LEASE_S
+    assert plan_total(default, "h100-80g") <= JOURNEY_S < LEASE_S
     by = {s.name: s for s in every}
     for s in every:  # a command is built from the work its estimate prices
         e = estimate(s)
@@ -60,7 +62,7 @@ def test_dry_run_prints_the_journey_with_estimates():
     assert [words[0] for words in listed if words[0] != "run"] == SECOND_CALL
     assert "--gb 24 -- -m triforce.bench.campaign.user_step --json" in out and "(predicted)" in out
     total = float(out.split("estimated total of the steps to run: ")[1].split(" s")[0])
-    assert 0 < total <= LEASE_S and f"budget of {LEASE_S} s" in out
+    assert 0 < total <= JOURNEY_S and f"budget of {LEASE_S} s" in out
     every = steps(Path("out"))
     assert [s.name for s in gpu_campaign.choose(every, None, True)] == JOURNEY + SECOND_CALL  # --all
     assert [s.name for s in gpu_campaign.choose(every, "tier-steps,user", False)] == ["user", "tier-steps"]  # in order
@@ -78,7 +80,8 @@ def test_dry_run_shows_each_steps_newest_measured_seconds(tmp_path):
     report("gpu-campaign-2026-11-28-h200.json", "2026-11-28T08:00:00+00:00", {"probe": 99.0, "gpu-tests": 150.0})
     report("gpu-campaign-2026-11-29-reduced.json", "2026-11-29T08:00:00+00:00", {"probe": 1.0}, reduced=True)
     out = campaign("--dry-run", "--out-dir", str(tmp_path))
-    last = {line.split()[1]: line.split("last run ")[1].split(" s")[0] for line in out.splitlines() if "last run " in line}
+    last = {line.split("~")[0].split()[-1]: line.split("last run ")[1].split(" s")[0] for line in out.splitlines()
+            if "last run " in line}
     assert last == {"probe": "11.0", "user": "120.0", "gpu-tests": "150.0"}
 
 
@@ -181,6 +184,8 @@ def test_the_desktop_steps_run_reduced_on_a_cpu(tmp_path):
              "desktop-decode-large"]
     if Path(REDUCED.desktop.llama_bench).expanduser().is_file():
         names += ["llamacpp-small", "llamacpp-large"]
+    if Path(".device-kit/deepspeed/VERSION").is_file():  # bench/build_deepspeed_kit.sh made it here
+        names += ["deepspeed"]
     out = campaign("--reduced", "--only", ",".join(names), "--out-dir", str(tmp_path), timeout=900)
     report = json.loads(next(tmp_path.glob("gpu-campaign-*-reduced.json")).read_text())
     by = {s["name"]: s for s in report["steps"]}
@@ -195,3 +200,12 @@ def test_the_desktop_steps_run_reduced_on_a_cpu(tmp_path):
         if name in by:
             assert {r["test"] for r in by[name]["result"]["rows"]} >= {"decode"}
             assert f"{name}: llama.cpp's llama-bench on " in out
+    if "llamacpp-large" in by:  # its KV on the host: shallow depths measured, the deep ones on their line
+        rows = by["llamacpp-large"]["result"]["rows"]
+        assert {r["depth"] for r in rows if r.get("extrapolated_from")} == set(REDUCED.desktop.large_contexts)
+        assert "(extrapolated from depths " in out
+    if "deepspeed" in by:
+        r = by["deepspeed"]["result"]
+        assert [row["context"] for row in r["rows"]] == list(REDUCED.desktop.deepspeed_contexts)
+        assert [o["context"] for o in r["ours"]] == list(REDUCED.desktop.deepspeed_contexts)
+        assert "| against DeepSpeed ZeRO-Inference | ar-offload " in out

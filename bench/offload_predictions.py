@@ -37,21 +37,24 @@ PROFILES = (("rtx4090-24g", None), ("h100-80g", "24GB"))
 
 
 def predict(profile_name: str, budget_bytes: str | None, context: int, trace: dict,
-            tree_hit: float | None = None) -> dict:
+            tree_hit: float | None = None, *, model=None, dtype_bytes: int = 2, weights=None) -> dict:
+    """The cost model's ms/token by step and by `bench offload` method on a profile; `model`
+    (default Llama2-7B-128K), `dtype_bytes` and `weights` (block-quantized ones) as a run has them."""
     from triforce.offload.profiles import parse_size
 
     profile = load_profile(profile_name)
     if budget_bytes:
         profile = profile.with_device_budget(parse_size(budget_bytes))
-    model = arch_config("llama2-7b-128k")
+    model = model or arch_config("llama2-7b-128k")
     acceptance = trace_acceptance(trace)
     spec = SpecParams(method="triforce", budget=int(trace.get("budget", 1024)), gamma1=int(trace.get("gamma1", 4)),
                       gamma2=int(trace.get("gamma2", 8)), chunk_size=int(trace.get("chunk_size", 8)))
-    plan = plan_memory(model, profile, context, spec, dtype_bytes=2, acceptance=acceptance, has_tier0=True)
+    plan = plan_memory(model, profile, context, spec, dtype_bytes=dtype_bytes, acceptance=acceptance, has_tier0=True,
+                       weights=weights)
     if not plan.feasible:
         return {"profile": profile.name, "context": context, "error": plan.reason}
     costs = plan.step_costs
-    streamed, hybrid = hardware(profile, 2, hybrid=False), hardware(profile, 2)
+    streamed, hybrid = hardware(profile, dtype_bytes, hybrid=False), hardware(profile, dtype_bytes)
 
     def tri(c, hw, g2=spec.gamma2, overlap=False, hit=None) -> float:
         part = triforce_ms_per_token(c, hw, acceptance, spec.gamma1, g2, has_tier0=True)
@@ -80,7 +83,7 @@ def predict(profile_name: str, budget_bytes: str | None, context: int, trace: di
                  "triforce-ahead": rows["+ overlap"], "triforce-no-hybrid": tri(costs, streamed),
                  "triforce-no-residency": rows["+ hybrid"]}
     return {"profile": profile.name, "context": context, "resident_tokens": plan.resident_tokens,
-            "by_method": {k: round(v, 1) for k, v in by_method.items()}, "gamma2": spec.gamma2,
+            "by_method": {k: round(v, 3) for k, v in by_method.items()}, "gamma2": spec.gamma2,
             "host_kv_bytes": plan.host_kv_bytes, "prefill_group": plan.prefill_group, "costs": costs,
             "resident_after_prefill": resident, "gamma2_sized": best_g2,
             "drafted_ahead_kept_share": round(acceptance.full ** (spec.gamma2 + 1), 3),

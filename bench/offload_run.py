@@ -85,14 +85,17 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     streamed = r.rows_path is not None and rank == 0  # a run cut short keeps what it measured
     from triforce.bench.harness import emit, provenance
 
+    predicted, by_method = predicted_on_a_4090(r, runtime)
     if streamed:
         journal(r.rows_path, {"bench": "offload", "context": r.context, "profile": prof.name,
                               "pinned_h2d_gbps": round(h2d, 2), "provenance": provenance(),
-                              "replayed_trace": r.trace_path, "host_store": shared_note})
+                              "replayed_trace": r.trace_path, "host_store": shared_note, "predicted_4090": predicted})
     for method in r.methods:
         if rank == 0:
             print(f"timing {method} ...", file=sys.stderr)
         rows.append(run_method(method, setup))
+        if method in by_method:
+            rows[-1]["predicted_4090_ms_per_token"] = by_method[method]
         if streamed:
             journal(r.rows_path, {"row": rows[-1]})
     if rank != 0:
@@ -104,10 +107,31 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
            "repeats": r.repeats, "hybrid_rates_measured": measured_rates,
            "kv_source": "a prefill of a real prompt" if prompt_ids else "random values (decode time does not depend on them)",
            "pinned_h2d_gbps": round(h2d, 2), "replayed_trace": r.trace_path, "host_store": shared_note,
-           "plot": r.plot_path if plotted else None, "attention": runtime.attn_name, "graphs": c.graphs,
+           "predicted_4090": predicted, "plot": r.plot_path if plotted else None, "attention": runtime.attn_name, "graphs": c.graphs,
            "spec": {"budget": spec.budget, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
                     "gamma2_sized_by_cost_model": r.size_gamma2}}
     emit(r.fmt, out, rows, lambda: print_table({**out, "rows": rows}, title, lm.device.type, plotted))
+
+
+def predicted_on_a_4090(r, runtime) -> tuple[str, dict]:
+    """Each method's ms/token as the cost model predicts it for this model and context on an RTX
+    4090 (its profile's 25 GB/s link), to stand beside the measured one: (what the prediction is,
+    or why there is none; ms/token by method)."""
+    if r.trace is None:
+        return "none: the acceptance is the model's own, not a trace's", {}
+    from triforce.bench.offload_predictions import predict
+    from triforce.offload.profiles import load_profile
+
+    profile = load_profile(PREDICTED_PROFILE)
+    found = predict(PREDICTED_PROFILE, None, r.context, r.trace, model=runtime.lm.config,
+                    dtype_bytes=runtime.lm.dtype.itemsize, weights=runtime.plan_weights())
+    if "error" in found:
+        return f"none: on {PREDICTED_PROFILE} {found['error']}", {}
+    return (f"predicted by the cost model on {PREDICTED_PROFILE} ({profile.pcie_h2d_gbps:g} GB/s host-to-device, "
+            f"its nominal CPU rates), this model and context"), found["by_method"]
+
+
+PREDICTED_PROFILE = "rtx4090-24g"
 
 
 def shared_host_store(setup, methods) -> tuple[object, str]:
@@ -138,7 +162,7 @@ def print_table(out: dict, title: str, device_type: str, plotted: bool) -> None:
     print(f"{kind} bandwidth measured now: {out['pinned_h2d_gbps']:.2f} GB/s"
           f"{' (rank 0; each rank has its own link)' if out['tp'] > 1 else ''}")
     print(f"{'method':15s} {'ms/token':>10s} {'PCIe MB/tok':>12s} {'H2D GB/s':>9s} {'peak GPU':>11s} "
-          f"{'plan':>11s} {'budget':>11s}")
+          f"{'plan':>11s} {'budget':>11s} {'4090 ms/tok*':>12s}")
     for r in rows:
         if "error" in r:
             print(f"{r['method']:15s} does not fit: {r['error']}")
@@ -149,7 +173,8 @@ def print_table(out: dict, title: str, device_type: str, plotted: bool) -> None:
             continue
         print(f"{r['method']:15s} {r['ms_per_token']:10.2f} {r['pcie_bytes_per_token'] / 1e6:12.3f} "
               f"{r['achieved_h2d_gbps']:9.2f} {peak:>11s} {format_size(r['plan_gpu_bytes']):>11s} "
-              f"{format_size(r['budget_bytes']):>11s}")
+              f"{format_size(r['budget_bytes']):>11s} {r.get('predicted_4090_ms_per_token') or '-':>12}")
+    print(f"* {out['predicted_4090']}")
     tri = next((r for r in rows if r["method"] == "triforce" and "error" not in r), None)
     if tri is not None:
         source = f"replayed from {out['replayed_trace']}" if out["replayed_trace"] else "decided by the models themselves"

@@ -38,12 +38,14 @@ def results_rows(report: dict) -> list[str]:
             cut = " (cut short: the rows timed before it ended)" if r.get("cut") else ""
             lines += ["", f"{s['name']}: context {r.get('context')}, {r.get('profile')}, pinned H2D "
                           f"{r.get('pinned_h2d_gbps')} GB/s, trace {r.get('replayed_trace')}, host store "
-                          f"{r.get('host_store', 'one per method')}{cut}",
-                      "", "| method | ms/token | PCIe MB/token | H2D GB/s | syncs/token | peak GPU GiB | plan GiB |",
-                      "|---|---:|---:|---:|---:|---:|---:|"]
+                          f"{r.get('host_store', 'one per method')}{cut}; 4090 column: "
+                          f"{r.get('predicted_4090') or 'not predicted'}",
+                      "", "| method | ms/token | PCIe MB/token | H2D GB/s | syncs/token | peak GPU GiB | plan GiB | "
+                          "4090 ms/token (predicted) |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|"]
             for row in r["rows"]:
                 if "error" in row:
-                    lines.append(f"| {row['method']} | failed or does not fit: {row['error']} | | | | | |")
+                    lines.append(f"| {row['method']} | failed or does not fit: {row['error']} | | | | | | |")
                     continue
                 peak = f"{row['peak_gpu_bytes'] / 2**30:.2f}" if row.get("peak_gpu_bytes") else "-"
                 windows = "/".join(str(w) for w in row.get("ms_per_token_windows", []))
@@ -51,7 +53,8 @@ def results_rows(report: dict) -> list[str]:
                 plan = f"{row['plan_gpu_bytes'] / 2**30:.2f}" if "plan_gpu_bytes" in row else ""
                 syncs = row.get("syncs_per_token")
                 lines.append(f"| {row['method']} | {row['ms_per_token']} ({windows}) | {pcie} | "
-                             f"{row.get('achieved_h2d_gbps', '')} | {'' if syncs is None else syncs} | {peak} | {plan} |")
+                             f"{row.get('achieved_h2d_gbps', '')} | {'' if syncs is None else syncs} | {peak} | {plan} | "
+                             f"{row.get('predicted_4090_ms_per_token') or '-'} |")
             lines += window_lines(r["rows"])
         if s["name"].startswith("llamacpp") and r.get("rows") is not None:
             lines += llamacpp_lines(s["name"], r)

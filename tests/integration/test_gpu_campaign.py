@@ -157,6 +157,9 @@ def test_decode_steps_stream_their_rows_and_share_one_host_store(reduced):
         variants = {r["method"]: r for r in result["rows"]}
         assert variants["triforce-no-hybrid"]["replayed"] and variants["triforce-ahead"]["drafted_ahead"] is not None
         assert "- triforce-no-hybrid windows: " in stdout  # each window's parts (test_campaign_rows.py)
+        # the cost model's ms/token on a 4090's link beside each measured row, labelled predicted
+        assert all(r["predicted_4090_ms_per_token"] > 0 for r in result["rows"] if r["method"] != "zero-inference")
+        assert f"{name}: context " in stdout and "4090 column: predicted by the cost model on rtx4090-24g" in stdout
     peers = {r["method"]: r for r in by["peers-32k"]["result"]["rows"]}
     assert peers["zero-inference"]["ms_per_token"] > 0 and "CUDA only" in peers["transformers-offloaded"]["error"]
     assert "Against the goals:" in stdout and "| CUDA graph fallbacks | 0 | 0 | yes |" in stdout

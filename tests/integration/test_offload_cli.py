@@ -189,6 +189,10 @@ def test_bench_offload_on_a_tiny_architecture(recorded, capsys, tmp_path):
     assert rows["ar-offload"]["resident_tokens"] < 600 and rows["ar-offload"]["pcie_bytes_per_token"] > 0
     assert rows["triforce"]["replayed"] and result["pinned_h2d_gbps"] > 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # beside each measured row, what the cost model predicts for this model on a 4090's 25 GB/s link
+    assert result["predicted_4090"].startswith("predicted by the cost model on rtx4090-24g (25 GB/s")
+    assert all(rows[m]["predicted_4090_ms_per_token"] > 0 for m in ("ar-offload", "ar-hybrid", "triforce"))
+    assert rows["zero-inference"].get("predicted_4090_ms_per_token") is None
 
 
 def test_bench_offload_on_a_model_replays_a_trace_on_random_kv(recorded, capsys, tmp_path):

@@ -74,7 +74,7 @@ class Runtime:
             warm_up_blocks(self.lm)  # the Triton kernels' specialisations (the interpreter compiles none)
         self.load_s = time.perf_counter() - started
 
-    def _blocks(self):
+    def plan_weights(self):
         """A block-quantized model's matrices as the planner counts them (None: floats in --dtype)."""
         q = self.lm.quantized
         if q is None:
@@ -93,7 +93,7 @@ class Runtime:
         draft = self.draft.model if spec.uses_draft else None
         run = plan_run(self.lm.config, profile, max_len, spec, c.fixed if fixed is None else fixed, self.lm.dtype,
                        draft.config if draft else None, draft.dtype if draft else None,
-                       has_tier0=self.draft.has_tier0 and spec.uses_draft, weights=self._blocks())
+                       has_tier0=self.draft.has_tier0 and spec.uses_draft, weights=self.plan_weights())
         if not run.plan.feasible:
             raise UserError(f"the model does not fit profile {profile.name}: {run.plan.reason}")
         return run

@@ -1,6 +1,7 @@
 """A `triforce serve` API on the loopback inside the test process (uvicorn on a thread), and
 waiting for its state without racing the clock: every wait is on a condition, with a deadline
 only so that a broken server fails instead of hanging."""
+import os
 import re
 import subprocess
 import sys
@@ -82,12 +83,13 @@ class LiveServer:
         self.background.stop(DEADLINE_S)
 
 
-def start_process(model_dir, *flags, max_context: int | None = 1024):
-    """`triforce serve` as a process on a free port: (process, its /v1 URL, the lines it printed)."""
+def start_process(model_dir, *flags, max_context: int | None = 1024, env: dict | None = None):
+    """`triforce serve` as a process on a free port: (process, its /v1 URL, the lines it printed);
+    `env`: variables added to this process's."""
     context = ["--max-context", str(max_context)] if max_context else []
     proc = subprocess.Popen([sys.executable, "-m", "triforce.cli.main", "serve", "--model", str(model_dir),
                              "--port", "0", "--dtype", "float32", *context, *flags],
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
     lines = []
     for line in proc.stderr:
         lines.append(line)

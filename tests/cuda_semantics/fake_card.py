@@ -56,6 +56,7 @@ class FakeCard:
     capability: tuple[int, int] = (8, 9)
 
     pin_fails: bool = False
+    p2p: bool = True  # whether the cards reach each other directly (two 4090s do not)
 
     def __post_init__(self):
         self.current = 0
@@ -88,6 +89,15 @@ class FakeCard:
 
     def set_device(self, device: torch.device | str | int | None) -> None:
         self.current = self._index("set_device", device, optional=False)
+
+    def can_device_access_peer(self, device, peer_device) -> bool:
+        index = _get_device_index(device, optional=True)
+        peer = _get_device_index(peer_device)
+        if not 0 <= index < self.count:
+            raise AssertionError("Invalid device id")
+        if not 0 <= peer < self.count:
+            raise AssertionError("Invalid peer device id")
+        return self.p2p and index != peer
 
     # PyTorch's bytes on the card: `ours_bytes` plus what the placement's tensors hold (CardMemory)
     def _placed(self) -> int:
@@ -174,7 +184,8 @@ class FakeCard:
                                  f"the number of accelerators available: {self.count}.")
         self.groups.append((backend, device_id))
 
-    FAKED = ("is_available", "device_count", "current_device", "set_device", "mem_get_info", "memory_reserved",
+    FAKED = ("is_available", "device_count", "current_device", "set_device", "can_device_access_peer", "mem_get_info",
+             "memory_reserved",
              "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "get_device_properties",
              "get_device_name", "get_device_capability", "get_per_process_memory_fraction",
              "set_per_process_memory_fraction", "synchronize", "empty_cache", "cudart", "set_sync_debug_mode",
@@ -196,19 +207,23 @@ class FakeCard:
 
     def install_graphs(self, monkeypatch) -> "FakeCard":
         """CUDA graphs on the simulated card (card_tensors.FakeCudaGraph): a runner's capture runs
-        under the capture guard, its replays too; streams are the one stream the host runs in order."""
+        under the capture guard, its replays too; streams are the one stream the host runs in order,
+        and `streams_made` counts the ones the run made (each holds a cuBLAS workspace on a card)."""
         card = self
 
         class Stream:
             def __init__(self, device=None, priority=0, **kwargs):
-                pass
+                card.streams_made += 1
 
             def wait_stream(self, stream):
                 pass
 
+        card.streams_made = 0
+        default = Stream()
+        card.streams_made = 0  # the default stream is the card's own
         monkeypatch.setattr(torch.cuda, "Stream", Stream)
         monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: default)
         monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: object())
         class CUDAGraph(FakeCudaGraph):
             def __init__(self, keep_graph=False):

@@ -1,6 +1,7 @@
 """Tensor parallelism as CUDA would run it, checked on a CPU through mocks: each NCCL rank makes
 its own GPU current before anything touches CUDA; a rank loads only its share (each checkpoint
-tensor sliced on the host); CUDA graph capture succeeds on every rank or on none."""
+tensor sliced on the host); CUDA graph capture succeeds on every rank or on none; cards without
+P2P are refused at start where /dev/shm cannot hold NCCL's buffers."""
 from collections import Counter
 
 import pytest
@@ -21,6 +22,30 @@ def test_each_nccl_rank_selects_its_own_gpu(monkeypatch, rank):
     ranks._join(rank, 2, 29500, "nccl")
     assert card.current == rank and ("set_device", rank) in card.calls
     assert card.groups == [("nccl", torch.device("cuda", rank))]
+
+
+def test_cards_without_p2p_are_refused_at_start_where_shared_memory_is_short(monkeypatch, capsys, tiny_model_dir):
+    """Issue 74: two 4090s have no P2P, NCCL goes through /dev/shm, and a container's 64 MB fails
+    mid-start; the command now refuses before any rank starts, in one line naming the fix."""
+    import os
+
+    from triforce.app import parallel
+    from triforce.cli.main import main
+
+    FakeCard(count=2, p2p=False).install(monkeypatch)
+    stats = os.statvfs("/dev/shm")
+    monkeypatch.setattr(parallel, "SHM_NEEDED_BYTES", stats.f_bavail * stats.f_frsize + (1 << 30))
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "--model", str(tiny_model_dir("llama-gqa")), "--prompt", "the cat", "--tp", "2"])
+    err = capsys.readouterr().err.strip()
+    assert done.value.code == 1 and len(err.splitlines()) == 1, err
+    assert "--tp 2: these cards reach each other through shared memory, and /dev/shm has " in err
+    assert "--ipc=host or --shm-size=1g" in err
+    # cards that reach each other directly need no shared memory; one card needs none either
+    parallel.check_shared_memory(2, FakeCard(count=2, p2p=True).can_device_access_peer)
+    parallel.check_shared_memory(1, FakeCard(count=2, p2p=False).can_device_access_peer)
+    with pytest.raises(AssertionError, match="Invalid peer device id"):  # torch's own contract
+        FakeCard(count=2).can_device_access_peer(0, 2)
 
 
 def test_gloo_ranks_stay_on_the_cpu(monkeypatch):

@@ -1,10 +1,11 @@
 """`triforce serve --tp 2` (two gloo processes): answers equal a single process's, one request
 after another with the cache reused, a client leaving mid-stream stops both ranks in step, and
-SIGTERM exits 0."""
+SIGTERM exits 0; ranks idle past the collective timeout still answer."""
 import json
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -38,3 +39,20 @@ def test_tp_server_answers_as_one_process(tiny_model_dir):
                                 "--dtype", "float32", "--method", "ar", "--json"],
                                capture_output=True, text=True, timeout=DEADLINE_S)
         assert answer["choices"][0]["text"] == json.loads(alone.stdout)["text"]
+
+
+@pytest.mark.slow
+def test_tp_server_answers_after_idling_past_the_collective_timeout(tiny_model_dir):
+    """Issue 74: the other rank waits for the next request inside a collective, which gives up
+    after the process group's timeout (900 s by default, 20 s here: above the ranks' start-up skew
+    under load): rank 0 sends heartbeats."""
+    folder = str(tiny_model_dir("llama-gqa"))
+    proc, url, _ = start(folder, "--tp", "2", "--method", "ar", max_context=None, env={"TRIFORCE_TP_TIMEOUT_S": "20"})
+    try:
+        first = complete(url, "the cat sat on the mat")
+        time.sleep(45)  # idle: more than twice the timeout
+        second = complete(url, "the cat sat on the mat")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(DEADLINE_S) == 0
+    assert second["choices"][0]["text"] == first["choices"][0]["text"] != ""

@@ -121,6 +121,28 @@ def test_tp_chat_gives_the_same_answers(tiny_model_dir):
     assert all(">>>" not in run.stdout and "triforce chat:" not in run.stdout for run in runs)  # a script's stdout
 
 
+@pytest.mark.slow
+def test_tp_chat_answers_after_idling_past_the_collective_timeout(tiny_model_dir):
+    """Issue 74: a follower rank waits for rank 0's next line inside a collective; idle past the
+    process group's timeout (900 s by default, 20 s here: above the ranks' start-up skew under load)
+    it died, and the next line failed. Rank 0 now sends heartbeats while it waits."""
+    folder = str(tiny_model_dir("llama-gqa"))
+    args = [sys.executable, "-m", "triforce.cli.main", "chat", "--model", folder, "--temperature", "0",
+            "--max-new-tokens", "6", "--method", "ar", "--dtype", "float32", "--tp", "2"]
+    chat = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TRIFORCE_TP_TIMEOUT_S": "20"})
+    try:
+        chat.stdin.write("the cat sat on the mat\n")
+        chat.stdin.flush()
+        first = chat.stdout.readline()  # piped: the answer's line, once both ranks decoded it
+        time.sleep(45)  # idle: more than twice the collective timeout
+        out, err = chat.communicate("the dog sat on the log\n", timeout=120)
+    finally:
+        chat.kill()
+    assert chat.returncode == 0, err[-2000:]
+    assert "[answer cut" in first and out.count("[answer cut") == 1, (first, out, err[-2000:])
+
+
 def test_workers_die_with_their_parent(tmp_path):
     """A killed rank 0 gets no chance to stop its workers: they must notice and end themselves."""
     code = ("import sys; sys.path.insert(0, sys.argv[2]); from tp_helpers import orphan_rank; "

@@ -54,6 +54,8 @@ def check_world(world: int, device: str, model: str | None = None, arch: str | N
     on_cuda = torch.cuda.is_available() and device in ("auto", "cuda")
     if on_cuda and world > torch.cuda.device_count():
         raise UserError(f"--tp {world} needs {world} GPUs but {torch.cuda.device_count()} are visible")
+    if on_cuda:
+        check_shared_memory(world)
     cores = os.cpu_count() or 1
     if not on_cuda and world > cores:
         raise UserError(f"--tp {world} on the CPU needs a core per rank but this machine has {cores}")
@@ -68,3 +70,29 @@ def check_world(world: int, device: str, model: str | None = None, arch: str | N
         kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
     if kv_heads is not None and world > kv_heads:
         raise UserError(f"--tp {world} cannot split the model's {kv_heads} KV heads (--tp at most {kv_heads})")
+
+
+SHM_NEEDED_BYTES = 512 << 20  # NCCL's shared-memory buffers for a few ranks (Docker's default is 64 MB)
+
+
+def check_shared_memory(world: int, can_access_peer=None, shm_path: str = "/dev/shm",
+                        needed_bytes: int | None = None) -> None:
+    """Cards that cannot reach each other directly (two 4090s: no P2P) make NCCL pass data through
+    shared memory, which fails mid-start where /dev/shm is small (a container's default): refused
+    here in one line naming the fix. can_access_peer: torch.cuda.can_device_access_peer."""
+    from triforce.errors import UserError
+
+    can_access_peer = can_access_peer or torch.cuda.can_device_access_peer
+    needed_bytes = SHM_NEEDED_BYTES if needed_bytes is None else needed_bytes
+    if world < 2 or all(can_access_peer(a, b) for a in range(world) for b in range(world) if a != b):
+        return
+    try:
+        stats = os.statvfs(shm_path)
+    except OSError as e:
+        raise UserError(f"--tp {world}: these cards reach each other through shared memory, but {shm_path} is not "
+                        f"usable ({e.strerror}); in a container, run it with --ipc=host or --shm-size=1g") from None
+    free = stats.f_bavail * stats.f_frsize
+    if free < needed_bytes:
+        raise UserError(f"--tp {world}: these cards reach each other through shared memory, and {shm_path} has "
+                        f"{free >> 20} MiB free of the {needed_bytes >> 20} MiB NCCL needs; in a container, run it "
+                        "with --ipc=host or --shm-size=1g")

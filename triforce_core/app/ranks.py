@@ -32,7 +32,11 @@ def broadcast_ints(values: list[int], device: torch.device | str = "cpu") -> lis
 
 
 # ---- starting and stopping ranks --------------------------------------------------------
-RENDEZVOUS_TIMEOUT_S = 900  # a rank waiting this long in a collective gives up
+def collective_timeout_s() -> float:
+    """How long a rank waits in one collective before giving up (TRIFORCE_TP_TIMEOUT_S, default 900
+    s): a rank that died mid-pass is noticed then. An idle rank never waits this long: rank 0 sends
+    a heartbeat while it waits for the next request or chat line (triforce.app.rank_idle)."""
+    return float(os.environ.get("TRIFORCE_TP_TIMEOUT_S", "900"))
 
 
 def select_rank_device(rank: int, backend: str) -> torch.device | None:
@@ -51,7 +55,7 @@ def _join(rank: int, world: int, port: int, backend: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device_id = select_rank_device(rank, backend)
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=collective_timeout_s()),
                             device_id=device_id)
 
 

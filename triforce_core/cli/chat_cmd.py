@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,7 +94,8 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 @device_option
 @offload_options
 @click.option("--tp", type=INT, default=1, show_default=True,
-              help="Tensor-parallel ranks (GPUs; gloo processes on a CPU). Rank 0 talks to the terminal.")
+              help="Tensor-parallel ranks (GPUs; gloo processes on a CPU). Rank 0 talks to the terminal and "
+                   "keeps idle ranks alive; a rank stuck in one step for TRIFORCE_TP_TIMEOUT_S (900 s) fails.")
 @runtime_options(count_syncs=False)
 def chat(model, system, max_new_tokens, max_context, rope_scaling, method, draft, budget, chunk_size, gamma1, gamma2,
          rebuild_stride, rebuild_threshold, sampling, dtype, quantize, device, profile, device_budget,
@@ -139,6 +141,10 @@ class Console:
         self.interrupted = False
         # input from a pipe or a file: stdout gets the answers only (no banner, no ">>> " prompts)
         self.piped = rank == 0 and not sys.stdin.isatty()
+        self.announcer = None
+        if rank == 0 and world > 1:
+            from triforce.app.rank_idle import Announcer
+            self.announcer = Announcer()
 
     def say(self, *args, **kwargs) -> None:
         if self.rank == 0:
@@ -152,28 +158,35 @@ class Console:
         """The next line (None at end of input); shared with every rank."""
         line = None
         if self.rank == 0:
-            while True:
-                try:
-                    line = input("" if self.piped else ">>> ").strip()
-                except EOFError:
-                    print()
-                    break
-                except KeyboardInterrupt:
-                    print()
-                    continue
-                except UnicodeDecodeError:  # a strict-UTF-8 terminal
-                    line = "\udcff"
-                if not is_utf8(line):
-                    print("(that line is not valid UTF-8 text; nothing was sent)", file=sys.stderr)
-                    continue
-                if line:
-                    break
+            with self.announcer.idle() if self.announcer else nullcontext():  # heartbeats while a person thinks
+                line = self._line()
         if self.world > 1:
-            import torch.distributed as dist
-            box = [line]
-            dist.broadcast_object_list(box, src=0)
-            line = box[0]
+            from triforce.app.rank_idle import receive
+            if self.announcer is None:
+                return receive()
+            if line is None:
+                self.announcer.stop()  # the last announcement: the other ranks leave
+            self.announcer.announce(line)
         return line
+
+    def _line(self) -> str | None:
+        """Rank 0's next non-empty line from the terminal (None at end of input)."""
+        while True:
+            try:
+                line = input("" if self.piped else ">>> ").strip()
+            except EOFError:
+                print()
+                return None
+            except KeyboardInterrupt:
+                print()
+                continue
+            except UnicodeDecodeError:  # a strict-UTF-8 terminal
+                line = "\udcff"
+            if not is_utf8(line):
+                print("(that line is not valid UTF-8 text; nothing was sent)", file=sys.stderr)
+                continue
+            if line:
+                return line
 
     def stop_requested(self, agree) -> bool:
         """Whether rank 0 saw Ctrl-C since the answer began (asked once per round by every rank)."""

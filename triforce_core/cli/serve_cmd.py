@@ -44,7 +44,8 @@ from triforce.server.assembly import DEFAULT_MAX_ROWS
 @runtime_options(count_syncs=False)
 @click.option("--tp", type=INT, default=1, show_default=True,
               help="Tensor-parallel ranks: the verifier's heads and KV split over N GPUs (gloo processes on a "
-                   "CPU); requests then decode one at a time.")
+                   "CPU); requests then decode one at a time. Idle ranks are kept alive; a rank stuck in one "
+                   "step for TRIFORCE_TP_TIMEOUT_S (900 s) fails.")
 @click.option("--quiet", is_flag=True, help="No line per request on stderr.")
 @click.option("--parse-special-tokens", is_flag=True,
               help="Read control tokens written inside a chat message (e.g. <|im_end|>) as control tokens. "

@@ -7,24 +7,24 @@ from __future__ import annotations
 
 import signal
 
-import torch.distributed as dist
-
 from triforce.app.batch_generate import row_models
-
-
-def _announce(item) -> object:
-    box = [item]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+from triforce.app.rank_idle import Announcer, receive
 
 
 def lead_requests(scheduler) -> None:
-    """Rank 0's decoding thread (triforce.server.scheduler.Scheduler with runtime.world > 1)."""
-    while (job := scheduler.next_job(True)) is not None:
+    """Rank 0's decoding thread (triforce.server.scheduler.Scheduler with runtime.world > 1); while
+    it waits for a request, heartbeats keep the other ranks' collective from timing out."""
+    announcer = Announcer()
+    while True:
+        with announcer.idle():
+            job = scheduler.next_job(True)
+        if job is None:
+            break
         if not job.stop:
-            _announce((job.ids, job.max_new, job.params, job.ignore_eos))
+            announcer.announce((job.ids, job.max_new, job.params, job.ignore_eos))
         scheduler.serve_request(job)  # a stopped job ends before any collective
-    _announce(None)  # not after a failure: the other ranks may be inside a pass (tp.launch stops them)
+    announcer.stop()
+    announcer.announce(None)  # not after a failure: the other ranks may be inside a pass (tp.launch stops them)
 
 
 def follow_requests(runtime, run, max_len: int) -> None:
@@ -33,7 +33,7 @@ def follow_requests(runtime, run, max_len: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lm, draft = row_models(runtime)  # never attached to a lane: one request at a time
     engine = None
-    while (request := _announce(None)) is not None:
+    while (request := receive()) is not None:
         ids, max_new, params, ignore_eos = request
         if engine is None:  # built where rank 0 builds its own: at the first request
             engine = runtime.engine(max_len, run, lm=lm, draft=draft, graphs="off",

@@ -71,3 +71,14 @@ def block_bytes_per_weight(weights: "str | LoadedBlocks | None", on_gpu: bool) -
     if weights not in HELD_BYTES:
         raise OffloadError(f"unknown weight format '{weights}' (one of {', '.join(HELD_BYTES)})")
     return (DEVICE_BYTES if on_gpu else HELD_BYTES)[weights] / BLOCK
+
+
+MATMUL_WORKSPACE_BYTES = 32 << 20  # cuBLAS's per-stream workspace: 32 MiB on Hopper (cublasSetWorkspace's advice)
+
+
+def matmul_workspaces(on_gpu: bool, graphs: bool, retrieval_tier: bool, draft_tier: bool) -> int:
+    """Bytes of the cuBLAS workspaces a run holds: one per stream that runs a matmul, the default
+    stream and each graphed drafting tier's capture stream (triforce.decoding.graph_runner)."""
+    if not on_gpu:
+        return 0
+    return (1 + (int(retrieval_tier) + int(draft_tier) if graphs else 0)) * MATMUL_WORKSPACE_BYTES

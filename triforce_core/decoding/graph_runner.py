@@ -100,6 +100,7 @@ class TierRunner:
         # Not one per process: once every graph of a pool is freed (an engine ends), PyTorch
         # cannot capture into that pool again (an internal assert, seen on an H100 with torch 2.11).
         self._pool = None
+        self._side = None  # the one stream this runner captures on: each stream holds a cuBLAS workspace
         self.graph_failed: str | None = None  # why capture was given up (then everything runs eagerly)
         # agree(ok) -> whether every rank captured: under tensor parallelism all ranks must take the
         # same path (a graph on one rank and eager code on another put collectives out of step)
@@ -188,12 +189,14 @@ class TierRunner:
         return self.model(view.tokens, view.positions, view)
 
     def _capture(self, view: StaticStepView):
-        """Warm up on a side stream, then capture. The inputs are this step's real ones and every
+        """Warm up on the runner's side stream, then capture. The inputs are this step's real ones and every
         write is idempotent (the same KV to the same slots), so warm-up runs change nothing.
         capture_begin/end rather than torch.cuda.graph, whose entry synchronises the device and
         empties the allocator's and the pinned host caches; thread_local: another thread's work
         (a prefetch, a verify) stays legal while this one captures."""
-        side = torch.cuda.Stream()
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):

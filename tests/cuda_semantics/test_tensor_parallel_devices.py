@@ -108,17 +108,20 @@ class CaptureStub(TierRunner):
 
 
 def retrieval_tokens(lm, runner=None, graphs="static") -> tuple[list[int], object]:
-    """12 greedy tokens of the retrieval method; `runner(model, cache)` replaces its tier's runner."""
+    """12 greedy tokens of the retrieval method; `runner(model, cache)` makes its tier's runner
+    (when the engine is built, which captures its graphs)."""
     from triforce.config import SamplingParams, SpecParams
+    from triforce.decoding import tiers
     from triforce.decoding.engine import Engine
 
     spec = SpecParams(method="retrieval", gamma2=4, budget=24, chunk_size=4, sink_tokens=4)
     ids = lm.tokenizer("the cat sat on the mat. the cat sat on the hat. the cat").input_ids
-    engine = Engine(lm, spec, len(ids) + 20, graphs=graphs)
+    with pytest.MonkeyPatch.context() as patch:
+        if runner is not None:
+            patch.setattr(tiers, "TierRunner", lambda model, cache, mode, agree=None: runner(model, cache))
+        engine = Engine(lm, spec, len(ids) + 20, graphs=graphs)
     engine.set_sequence(ids)
     tier = engine.sparse_tiers[0]
-    if runner is not None:
-        tier.runner = runner(lm.model, tier.cache)
     return engine.generate(12, SamplingParams()).tokens, tier.runner
 
 
@@ -147,5 +150,5 @@ def test_graphs_are_captured_up_front(lm):
         return stub
 
     tokens, _ = retrieval_tokens(lm, counting)
-    assert captures == [1, 2, 3, 4, 5]  # every expected length before the first step, none later
+    assert captures == [1, 2, 3, 4, 5]  # every expected length when the engine is built, none later
     assert tokens == retrieval_tokens(lm, graphs="off")[0]

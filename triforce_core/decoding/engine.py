@@ -68,6 +68,7 @@ class Engine:
         self.stats, self.rounds = [LevelStats() for _ in self.levels], []  # rounds: (tier, proposed, accepted)
         self.gate = hooks.speculation_gate
         self._passes: list[tuple[str, int]] = []  # (kind, tokens fed) of the round's passes, for the gate
+        prepare_graphs(self.levels, self.spec)  # before any request: captured at its first token, they stalled it
 
     @property
     def max_len(self) -> int:
@@ -108,7 +109,6 @@ class Engine:
         self.ahead_tally, self._carried = AheadTally(), None
         if self.gate is not None:  # a seeded sample repeats: rounds priced, not timed
             self.gate.price_rounds(params.seed is not None and not params.greedy)
-        prepare_graphs(self.levels, self.spec)
         before = {t.name: t.time_s for t in self.levels}, sum(t.rebuilds for t in self.sparse_tiers)
         started = time.perf_counter()
         out: list[int] = []

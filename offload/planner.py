@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from triforce.config import PREFILL_CHUNKS, PREFILL_GROUP, SpecParams
-
 from triforce.config.model import ModelConfig
 from triforce.offload.cost_model import (Acceptance, Hardware, StepCosts, full_verify_ms, tier0_ms, tier1_ms,
                                          triforce_ms_per_token)
@@ -19,7 +18,8 @@ from triforce.offload.hybrid import HybridRates
 from triforce.offload.blocks import ALIGN_TOKENS, align_up, choose_block_tokens, promoted_tokens
 from triforce.offload.profiles import MemoryProfile, format_size
 from triforce.offload.shapes import (LoadedBlocks, activation_bytes_per_token, block_bytes_per_weight,
-                                     kv_bytes_per_token_layer, kv_heads_share, matmul_workspaces, weight_bytes)
+                                     gather_staging_bytes, kv_bytes_per_token_layer, kv_heads_share,
+                                     matmul_workspaces, weight_bytes)
 
 DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): big copies, small footprint
 MAX_SCORE_ELEMENTS = 1 << 22  # of a partial-attention tile (kernels/partial.py's, kept equal by a test: no torch here)
@@ -120,7 +120,8 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
     def workspace(chunk: int) -> int:
         return min(chunk, context) * activation_per_token + logits + gather
 
-    fixed["matmul_workspaces"] = matmul_workspaces(profile.num_gpus > 0, graphs, spec.uses_sparse_cache, draft is not None)
+    fixed["matmul_workspaces"] = matmul_workspaces(budget if profile.num_gpus > 0 else 0, graphs, spec.uses_sparse_cache,
+                                                   draft is not None)
     graph_pool = 0
     if graphs:  # each drafting tier's runner: a graph per step length, each keeping its [T, vocab] logits
         longest = spec.longest_graph_step
@@ -197,7 +198,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
     host = {"host_kv": host_slots * model.num_layers * 2 * model.num_kv_heads * model.head_dim * dtype_bytes,
             "host_staging": 0, "host_chunk_means": 0}
     if spec.uses_sparse_cache:
-        host["host_staging"] = tp * spec.budget * per_token_layer  # the K and V gathered for a rebuild
+        host["host_staging"] = gather_staging_bytes(tp * spec.budget * per_token_layer, model.num_layers)
         if spec.sparse_policy == "retrieval":
             host["host_chunk_means"] = (host_tokens // spec.chunk_size) * model.num_layers \
                 * model.num_kv_heads * model.head_dim * dtype_bytes

@@ -76,9 +76,19 @@ def block_bytes_per_weight(weights: "str | LoadedBlocks | None", on_gpu: bool) -
 MATMUL_WORKSPACE_BYTES = 32 << 20  # cuBLAS's per-stream workspace: 32 MiB on Hopper (cublasSetWorkspace's advice)
 
 
-def matmul_workspaces(on_gpu: bool, graphs: bool, retrieval_tier: bool, draft_tier: bool) -> int:
-    """Bytes of the cuBLAS workspaces a run holds: one per stream that runs a matmul, the default
-    stream and each graphed drafting tier's capture stream (triforce.decoding.graph_runner)."""
-    if not on_gpu:
-        return 0
-    return (1 + (int(retrieval_tier) + int(draft_tier) if graphs else 0)) * MATMUL_WORKSPACE_BYTES
+def matmul_workspaces(budget_bytes: int, graphs: bool, retrieval_tier: bool, draft_tier: bool) -> int:
+    """Bytes of the cuBLAS workspaces a run holds on a GPU (budget_bytes: its device budget, 0 on a
+    CPU): one per stream that runs a matmul, the default stream and each graphed drafting tier's
+    capture stream (triforce.decoding.graph_runner). Every card from 8 GiB up holds the full 32 MiB
+    each; a toy budget below that (the simulated cards' tests) a 1/256 share."""
+    each = min(MATMUL_WORKSPACE_BYTES, budget_bytes // 256)
+    return (1 + (int(retrieval_tier) + int(draft_tier) if graphs else 0)) * each
+
+
+GATHER_GROUP_BYTES = 64 << 20  # host staging of one group of layers in a rebuild (one wait a group)
+
+
+def gather_staging_bytes(per_layer: int, num_layers: int) -> int:
+    """Pinned bytes a retrieval rebuild gathers host KV through: `per_layer` (the selected tokens'
+    K and V of one layer) for each layer of the largest group (offload.sparse_reads.gather_layers)."""
+    return min(num_layers, max(1, GATHER_GROUP_BYTES // max(per_layer, 1))) * per_layer

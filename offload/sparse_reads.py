@@ -12,6 +12,7 @@ from triforce.kernels.chunk_means import ChunkMeans
 from triforce.kernels.retrieval import chunk_mean_keys
 from triforce.offload.errors import OffloadError
 from triforce.offload.prefetcher import Prefetcher
+from triforce.offload.shapes import GATHER_GROUP_BYTES
 from triforce.pinned import HostKVStore, allocate_host
 
 
@@ -119,39 +120,53 @@ class SparseReads:
 
     def gather_into(self, layer: int, index: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor) -> None:
         """index [B, Hkv, N] (device) -> k_dst, v_dst [B, Hkv, N, D]: the keys and values of those tokens."""
-        if self.length <= self.resident_tokens:  # all resident: the device kernel, no host round trip
-            self.kernels.gather_into(self.k_res[layer], self.v_res[layer], index, k_dst, v_dst)
-            return
-        k, v = self._gather_with_host(layer, index)
-        k_dst.copy_(k)
-        v_dst.copy_(v)
+        self._gather_group([(layer, index)], [(k_dst, v_dst)])
 
-    def _gather_with_host(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values [B, Hkv, N, D] on the device; host entries are gathered by the numba
-        kernel into a host staging buffer, then copied over."""
-        resident = self.resident_tokens
-        expanded = index.clamp(max=max(resident - 1, 0))[..., None].expand(-1, -1, -1, self.k_res.shape[-1])
-        if resident:
-            k = torch.gather(self.k_res[layer], 2, expanded)
-            v = torch.gather(self.v_res[layer], 2, expanded)
-        else:
-            k = v = None
+    def gather_layers(self, chosen: list[tuple[int, torch.Tensor]], k_buf: torch.Tensor, v_buf: torch.Tensor) -> None:
+        """For each (layer, index [B, Hkv, N]): k_buf[layer, :, :, :N], v_buf[...] <- those tokens' keys
+        and values. With host KV, the layers go in groups whose host staging fits GATHER_GROUP_BYTES:
+        one wait a group for their indices (a layer at a time, a rebuild waited once a layer)."""
+        dsts = [(k_buf[layer, :, :, :index.shape[-1]], v_buf[layer, :, :, :index.shape[-1]]) for layer, index in chosen]
+        if not chosen:
+            return
+        per_layer = 2 * chosen[0][1].numel() * self.k_res.shape[-1] * self.k_res.element_size()
+        group = max(1, GATHER_GROUP_BYTES // per_layer)
+        for first in range(0, len(chosen), group):
+            self._gather_group(chosen[first:first + group], dsts[first:first + group])
+
+    def _gather_group(self, chosen: list[tuple[int, torch.Tensor]], dsts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Keys and values of `chosen` layers' indices into `dsts` on the device; host entries are
+        gathered by the numba kernel into a host staging buffer, then copied over."""
+        if self.length <= self.resident_tokens:  # all resident: the device kernel, no host round trip
+            for (layer, index), (k_dst, v_dst) in zip(chosen, dsts):
+                self.kernels.gather_into(self.k_res[layer], self.v_res[layer], index, k_dst, v_dst)
+            return
         self.prefetcher.synchronize()
-        # the one wait of a layer's rebuild; it also orders every earlier copy out of the staging
-        # buffer (on this stream) before the CPU writes it again or a larger one replaces it
-        host_index = index.to("cpu")
-        shape = (self.batch, self.kv_heads, index.shape[-1], self.k_res.shape[-1])
-        numel = shape[0] * shape[1] * shape[2] * shape[3]
+        # the one wait of a group: it also orders every earlier copy out of the staging buffer (on
+        # this stream) before the CPU writes it again or a larger one replaces it
+        same = len({tuple(index.shape) for _, index in chosen}) == 1
+        host_indices = (torch.stack([index for _, index in chosen]).to("cpu") if same
+                        else [index.to("cpu") for _, index in chosen])
+        per = max(index.numel() for _, index in chosen) * self.k_res.shape[-1]
+        numel = per * len(chosen)
         if not self._gather_staging or self._gather_staging[0].numel() < numel:
             self._gather_staging = allocate_host([(numel,), (numel,)], self.k_res.dtype,
                                                  what="the retrieval staging buffer")
-        host_k, host_v = (t[:numel].view(shape) for t in self._gather_staging)
-        self.store.gather(layer, host_index, host_k, host_v)
-        host_k, host_v = host_k.to(self.device, non_blocking=True), host_v.to(self.device, non_blocking=True)
-        if k is None:
-            return host_k, host_v
-        on_host = (index >= resident)[..., None]
-        return torch.where(on_host, host_k, k), torch.where(on_host, host_v, v)
+        resident = self.resident_tokens
+        for i, ((layer, index), (k_dst, v_dst)) in enumerate(zip(chosen, dsts)):
+            shape = (*index.shape, self.k_res.shape[-1])
+            size = index.numel() * self.k_res.shape[-1]
+            host_k, host_v = (t[i * per:i * per + size].view(shape) for t in self._gather_staging)
+            self.store.gather(layer, host_indices[i], host_k, host_v)
+            host_k, host_v = host_k.to(self.device, non_blocking=True), host_v.to(self.device, non_blocking=True)
+            if not resident:
+                k_dst.copy_(host_k)
+                v_dst.copy_(host_v)
+                continue
+            expanded = index.clamp(max=resident - 1)[..., None].expand(-1, -1, -1, self.k_res.shape[-1])
+            on_host = (index >= resident)[..., None]
+            k_dst.copy_(torch.where(on_host, host_k, torch.gather(self.k_res[layer], 2, expanded)))
+            v_dst.copy_(torch.where(on_host, host_v, torch.gather(self.v_res[layer], 2, expanded)))
 
     def kv_range(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [L, B, Hkv, end - start, D] of tokens [start, end) on the device."""

@@ -74,6 +74,10 @@ class FullCache(Protocol):
     def gather_into(self, layer: int, index: torch.Tensor, k_dst: torch.Tensor, v_dst: torch.Tensor) -> None:
         """index [B, Hkv, N] -> k_dst, v_dst [B, Hkv, N, D]: the keys and values of those tokens."""
 
+    def gather_layers(self, chosen: list[tuple[int, torch.Tensor]], k_buf: torch.Tensor, v_buf: torch.Tensor) -> None:
+        """gather_into for several layers at once, each (layer, index [B, Hkv, N]) into k_buf[layer,
+        :, :, :N], v_buf[...] (a cache with host KV waits once for all their indices, not a layer at a time)."""
+
     def kv_range(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [L, B, Hkv, end - start, D] of tokens [start, end), every layer, on the device."""
 

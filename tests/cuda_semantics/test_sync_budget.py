@@ -39,10 +39,10 @@ def generate(capsys, card, folder, *flags, new_tokens=NEW_TOKENS):
     return report
 
 
-def within_budget(report, method, new_tokens=NEW_TOKENS, layers=LAYERS):
+def within_budget(report, method, new_tokens=NEW_TOKENS):
     syncs = report["host_syncs"]
     assert report["new_tokens"] == new_tokens
-    allowed = allowed_syncs(report, layers)
+    allowed = allowed_syncs(report)
     sites = "\n".join(f"{count} {what} at {where}" for (what, where), count in report["sync_sites"])
     assert syncs["total"] <= allowed, f"{method}: {syncs} against {allowed}\n{sites}"
     return syncs
@@ -102,7 +102,7 @@ def test_block_quantized_decoding_stays_within_the_budget(capsys, card, tiny_mod
     two = str(tiny_model_dir("llama-gqa", max_position_embeddings=1024, num_layers=2))
     report = generate(capsys, card, two, "--method", method, "--quantize", "q8_0", "--dtype", "float32",
                       "--temperature", "0.8", "--seed", "3", new_tokens=QUANTIZED_TOKENS)
-    within_budget(report, method, QUANTIZED_TOKENS, layers=2)
+    within_budget(report, method, QUANTIZED_TOKENS)
 
 
 def test_bench_offload_rows_report_syncs_and_graph_fallbacks_on_the_card(capsys, card, checked, profile, monkeypatch,

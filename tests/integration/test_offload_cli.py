@@ -243,7 +243,7 @@ def test_the_papers_127k_setting_is_refused_on_a_64_gb_desktop(capsys, monkeypat
         monkeypatch.setattr(host_limits, "host_memory", lambda override=None: real(override) if override else desktop)
     code, _, err = run_cli(capsys, "plan", "--arch", "llama2-7b-128k", "--context", "130048", "--profile",
                            "rtx4090-24g", *flags)
-    assert_one_line_error(code, err, "the offloaded KV needs 62.66 GiB of host memory but 53.64 GiB is usable",
+    assert_one_line_error(code, err, "the offloaded KV needs 62.71 GiB of host memory but 53.64 GiB is usable",
                           "the longest context that fits is about 112640 tokens", "fewer KV heads")
     code, out, _ = run_cli(capsys, "plan", "--arch", "llama2-7b-128k", "--context", "130048", "--profile",
                            "rtx4090-24g", "--host-memory", "128GB")

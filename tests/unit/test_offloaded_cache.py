@@ -98,14 +98,21 @@ def test_overlapped_and_plain_schedules_move_the_same_bytes():
     assert stats_a.h2d_bytes == stats_b.h2d_bytes and stats_a.d2h_bytes == stats_b.d2h_bytes
 
 
+@pytest.mark.parametrize("cfg", [CFG, WINDOWED], ids=["full-attention", "sliding-window"])
+@pytest.mark.parametrize("group_bytes", [None, 1], ids=["layers-at-once", "a-layer-a-group"])
 @pytest.mark.parametrize("kind", ["retrieval", "streaming"])
-def test_sparse_rebuild_from_the_offloaded_cache_equals_from_the_resident_one(kind):
-    full, off = pair(max_len=120, resident=16, block=8)
+def test_sparse_rebuild_from_the_offloaded_cache_equals_from_the_resident_one(kind, group_bytes, cfg, monkeypatch):
+    """A rebuild gathers every layer's selection through one wait for their indices (or a group's:
+    group_bytes shrinks the groups to a layer each); the same KV as from the resident cache."""
+    if group_bytes is not None:
+        from triforce.offload import sparse_reads
+        monkeypatch.setattr(sparse_reads, "GATHER_GROUP_BYTES", group_bytes)
+    full, off = pair(cfg, max_len=120, resident=16, block=8)
     feed([full, off], 70, seed=0)
     policy = SelectionPolicy(kind, budget=24, chunk_size=4, sink_tokens=4)
     queries = [torch.randn(1, 4, D, dtype=torch.float64, generator=torch.Generator().manual_seed(l))
                for l in range(2)]
-    sparse = [SparseKVCache(CFG, policy, 8, dtype=torch.float64) for _ in range(2)]
+    sparse = [SparseKVCache(cfg, policy, 8, dtype=torch.float64) for _ in range(2)]
     for cache, source in zip(sparse, (full, off)):
         cache.rebuild(source, queries)
     assert torch.equal(sparse[0].k_buf, sparse[1].k_buf) and torch.equal(sparse[0].v_buf, sparse[1].v_buf)

@@ -98,6 +98,12 @@ class ResidentKVCache:
         """index [B, Hkv, N] -> k_dst, v_dst [B, Hkv, N, D]: the keys and values of those tokens."""
         self.kernels.gather_into(self.keys(layer), self.values(layer), index, k_dst, v_dst)
 
+    def gather_layers(self, chosen: list[tuple[int, torch.Tensor]], k_buf: torch.Tensor, v_buf: torch.Tensor) -> None:
+        """For each (layer, index [B, Hkv, N]): k_buf[layer, :, :, :N], v_buf[...] <- those tokens' KV."""
+        for layer, index in chosen:
+            n = index.shape[-1]
+            self.gather_into(layer, index, k_buf[layer, :, :, :n], v_buf[layer, :, :, :n])
+
     def kv_range(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [L, B, Hkv, end - start, D] of tokens [start, end), every layer."""
         return self.k_buf[:, :, :, start:end], self.v_buf[:, :, :, start:end]

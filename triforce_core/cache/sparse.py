@@ -153,16 +153,15 @@ class SparseKVCache:
             return
         self.windowed = tuple(w if w is not None and w < full.length else None for w in self.sliding_windows)
         n = min(self.policy.budget, full.length)  # what a policy selects when every layer is windowed
-        for layer in (i for i, w in enumerate(self.windowed) if w is None):
-            index = self.policy.select_from(full, layer, None if queries is None else queries[layer])
-            n = index.shape[-1]
-            full.gather_into(layer, index, self.k_buf[layer, :, :, :n], self.v_buf[layer, :, :, :n])
+        chosen = [(layer, self.policy.select_from(full, layer, None if queries is None else queries[layer]))
+                  for layer, w in enumerate(self.windowed) if w is None]
+        n = chosen[-1][1].shape[-1] if chosen else n
         windowed = [i for i, w in enumerate(self.windowed) if w is not None]
         if windowed:
             shape = (self.k_buf.shape[1], self.k_buf.shape[2], n)
             latest = torch.arange(full.length - n, full.length, device=self.k_buf.device).expand(shape).contiguous()
-        for layer in windowed:
-            full.gather_into(layer, latest, self.k_buf[layer, :, :, :n], self.v_buf[layer, :, :, :n])
+            chosen += [(layer, latest) for layer in windowed]
+        full.gather_layers(chosen, self.k_buf, self.v_buf)  # every layer's indices first: one wait, not one a layer
         self.num_selected = n
         self.build_point = self.length = full.length
 

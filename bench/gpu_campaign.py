@@ -37,21 +37,11 @@ from triforce.bench.campaign.report import results_rows
 from triforce.bench.campaign.stacks import TAIL, communicate, with_stacks
 from triforce.bench.campaign.steps import CAMPAIGN, LEASE_S, REDUCED, steps
 from triforce.bench.campaign.work import Step
+from triforce.bench.harness import last_json
 from triforce.paths import write_atomically
 
 REPO = Path.cwd()  # the checkout it is run from (tests/ and bench/traces/ are read from there)
 STREAMED_SHARE = 1 / 3  # a step that streams its rows starts with this share of its estimate left
-
-
-def last_json(text: str):
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                return None
-    return None
 
 
 def environment(commit: str | None) -> dict:

@@ -180,6 +180,18 @@ def emit(fmt: str, summary: dict, rows: list[dict], table=None) -> None:
         print(markdown(rows))
 
 
+def last_json(text: str):
+    """The last line of a program's output that is a JSON object (None: none, or cut mid-line)."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
 def markdown(rows: list[dict]) -> str:
     """The rows as a Markdown table, numbers right-aligned."""
     columns = list(dict.fromkeys(key for row in rows for key in row))

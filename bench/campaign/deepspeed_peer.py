@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 
 from triforce.bench.campaign.work import TRACE
+from triforce.bench.harness import last_json
 
 DEFAULT_KIT = ".device-kit/deepspeed"
 # what the card's image lacks beside the kit's wheels is none (its package list has msgpack,
@@ -77,16 +78,6 @@ def model_folder(arch: str, longest: int, folder: Path) -> Path:
     return folder
 
 
-def last_json(text: str) -> dict | None:
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                return None
-    return None
-
-
 def run_peer(kit: Path, site: Path, folder: Path, contexts: list[int], new_tokens: int, dtype: str,
              timeout_s: float) -> dict:
     cap = os.environ.get("TRIFORCE_CAP_GB")  # the campaign's cap, kept for the peer's own process
@@ -118,7 +109,7 @@ def run_ours(arch: str, context: int, methods: str, bench_args: tuple[str, ...],
         return {"context": context, "error": f"no answer within {timeout_s:.0f} s"}
     found = last_json(done.stdout)
     if done.returncode != 0 or found is None:
-        return {"context": context, "error": (done.stderr or done.stdout).strip().splitlines()[-1:]}
+        return {"context": context, "error": ((done.stderr or done.stdout).strip().splitlines() or ["no output"])[-1]}
     return {"context": context, "rows": [{k: r.get(k) for k in ("method", "ms_per_token", "peak_gpu_bytes")}
                                          for r in found.get("rows", [])]}
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import click
 
 from triforce.bench.campaign.stacks import TAIL, communicate, with_stacks
-from triforce.bench.gpu_campaign import last_json  # the campaign reads its steps' output the same way
+from triforce.bench.harness import last_json  # the campaign reads its steps' output the same way
 
 PROMPT = "the capital of france is"
 NEW_TOKENS = 24

@@ -86,10 +86,12 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
     from triforce.bench.harness import emit, provenance
 
     predicted, by_method = predicted_on_a_4090(r, runtime)
+    auto = auto_choice(runtime, r.context, spec)
     if streamed:
         journal(r.rows_path, {"bench": "offload", "context": r.context, "profile": prof.name,
                               "pinned_h2d_gbps": round(h2d, 2), "provenance": provenance(),
-                              "replayed_trace": r.trace_path, "host_store": shared_note, "predicted_4090": predicted})
+                              "replayed_trace": r.trace_path, "host_store": shared_note, "predicted_4090": predicted,
+                              "auto_choice": auto})
     for method in r.methods:
         if rank == 0:
             print(f"timing {method} ...", file=sys.stderr)
@@ -107,7 +109,7 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
            "repeats": r.repeats, "hybrid_rates_measured": measured_rates,
            "kv_source": "a prefill of a real prompt" if prompt_ids else "random values (decode time does not depend on them)",
            "pinned_h2d_gbps": round(h2d, 2), "replayed_trace": r.trace_path, "host_store": shared_note,
-           "predicted_4090": predicted, "plot": r.plot_path if plotted else None, "attention": runtime.attn_name, "graphs": c.graphs,
+           "predicted_4090": predicted, "auto_choice": auto, "plot": r.plot_path if plotted else None, "attention": runtime.attn_name, "graphs": c.graphs,
            "spec": {"budget": spec.budget, "gamma1": spec.gamma1, "gamma2": spec.gamma2,
                     "gamma2_sized_by_cost_model": r.size_gamma2}}
     emit(r.fmt, out, rows, lambda: print_table({**out, "rows": rows}, title, lm.device.type, plotted))
@@ -132,6 +134,20 @@ def predicted_on_a_4090(r, runtime) -> tuple[str, dict]:
 
 
 PREDICTED_PROFILE = "rtx4090-24g"
+
+
+def auto_choice(runtime, context: int, spec) -> dict | None:
+    """What `--method auto` runs at this context on this run's plan (the rows of that method are
+    its measured speed), with the cost model's ms/token by method; None where no method fits."""
+    from dataclasses import replace
+
+    from triforce.errors import UserError
+
+    try:
+        choice = runtime.plan(context, replace(spec, method="auto")).auto
+    except UserError:
+        return None
+    return None if choice is None else {**choice.to_json(), "said": choice.describe()}
 
 
 def shared_host_store(setup, methods) -> tuple[object, str]:

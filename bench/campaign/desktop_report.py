@@ -41,10 +41,11 @@ def desktop_goals(report: dict, add) -> None:
     ours = _method_ms(small, "triforce")
     theirs = _llamacpp(report, ("llamacpp-small",), "decode", long)
     best = min(theirs, key=lambda r: r["ms_per_token"], default=None)
+    auto = (small.get("auto_choice") or {}).get("method")
     if ours and best:
         add(f"8B Q4_K_M decode at {long}", f"triforce {ours} ms/token, llama.cpp ({best['kv']} KV) "
-            f"{best['ms_per_token']}: {best['ms_per_token'] / ours:.2f}x", ">= 2.0x llama.cpp",
-            best["ms_per_token"] / ours >= 2.0)
+            f"{best['ms_per_token']}: {best['ms_per_token'] / ours:.2f}x{f'; auto runs {auto}' if auto else ''}",
+            ">= 2.0x llama.cpp", best["ms_per_token"] / ours >= 2.0)
     else:
         add(f"8B Q4_K_M decode at {long}", "not measured (desktop-decode-small or llamacpp-small gave no row)", "", None)
     ttft = _result(report, "desktop-prefill-small")

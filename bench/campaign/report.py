@@ -39,7 +39,8 @@ def results_rows(report: dict) -> list[str]:
             lines += ["", f"{s['name']}: context {r.get('context')}, {r.get('profile')}, pinned H2D "
                           f"{r.get('pinned_h2d_gbps')} GB/s, trace {r.get('replayed_trace')}, host store "
                           f"{r.get('host_store', 'one per method')}{cut}; 4090 column: "
-                          f"{r.get('predicted_4090') or 'not predicted'}",
+                          f"{r.get('predicted_4090') or 'not predicted'}; "
+                          f"{(r.get('auto_choice') or {}).get('said', 'method auto: no choice recorded')}",
                       "", "| method | ms/token | PCIe MB/token | H2D GB/s | syncs/token | peak GPU GiB | plan GiB | "
                           "4090 ms/token (predicted) |",
                       "|---|---:|---:|---:|---:|---:|---:|---:|"]

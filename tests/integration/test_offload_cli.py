@@ -193,6 +193,9 @@ def test_bench_offload_on_a_tiny_architecture(recorded, capsys, tmp_path):
     assert result["predicted_4090"].startswith("predicted by the cost model on rtx4090-24g (25 GB/s")
     assert all(rows[m]["predicted_4090_ms_per_token"] > 0 for m in ("ar-offload", "ar-hybrid", "triforce"))
     assert rows["zero-inference"].get("predicted_4090_ms_per_token") is None
+    # what --method auto would run here, whose measured row is that method's
+    assert result["auto_choice"]["method"] in ("ar", "triforce", "retrieval", "naive")
+    assert result["auto_choice"]["said"].startswith("method auto: ")
 
 
 def test_bench_offload_on_a_model_replays_a_trace_on_random_kv(recorded, capsys, tmp_path):

@@ -9,7 +9,7 @@ length it ran, in the same call on the same card.
 The kit's wheels are installed into a folder of their own (--site) that only the peer's process
 sees (zero_inference_child.py), so triforce keeps its own transformers. Its prefill attends with
 the full score matrix, so long prompts run out of memory: each such length is a result, recorded
-with the error, and ours still run there."""
+with the error; ours run at the lengths it ran (the ratios are measured side by side)."""
 from __future__ import annotations
 
 import json

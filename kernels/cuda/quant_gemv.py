@@ -10,12 +10,13 @@ were mostly padding at one row. Importing this module needs `triton`."""
 import triton
 import triton.language as tl
 
-from triforce.kernels.cuda.quant_steps import byte_step, q4_step
+from triforce.kernels.cuda.quant_steps import byte_step, q4_step, q6_step
 
 
 @triton.jit
 def blocks_gemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, N, K, sx, so,
-                       Q4: tl.constexpr, SHIFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, KQUANT: tl.constexpr,
+                       Q4: tl.constexpr, Q6: tl.constexpr, SHIFT: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+                       KQUANT: tl.constexpr,
                        HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, ROWS: tl.constexpr,
                        BLOCK_N: tl.constexpr, STEP: tl.constexpr, SPLIT: tl.constexpr):
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -29,8 +30,11 @@ def blocks_gemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, N, 
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for first in range(begin, end, STEP):
         if Q4:
-            lo, hi, col, k_ok = q4_step(q_ptr, s_ptr, o_ptr, k_ptr, offs_n, n_ok, first, blocks, K, SHIFT,
-                                        HAS_OFFSETS, KQUANT, BLOCK_N, STEP)
+            if Q6:
+                lo, hi, col, k_ok = q6_step(q_ptr, s_ptr, o_ptr, k_ptr, offs_n, n_ok, first, blocks, K, BLOCK_N, STEP)
+            else:
+                lo, hi, col, k_ok = q4_step(q_ptr, s_ptr, o_ptr, k_ptr, offs_n, n_ok, first, blocks, K, SHIFT,
+                                            HAS_OFFSETS, KQUANT, BLOCK_N, STEP)
             lo = lo.to(x_type).to(tl.float32)
             hi = hi.to(x_type).to(tl.float32)
             for i in tl.static_range(ROWS):

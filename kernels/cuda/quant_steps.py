@@ -5,8 +5,10 @@ bytes it scales, and the weights computed in float32 as BlockWeight.dequantized 
 
 4-bit formats: byte j of a block holds weight j in its low nibble and weight j + 16 in its high
 one, so a step returns the low and the high halves with the columns they meet. Q4_K's factors
-are d256 sc and -(dmin256 m), the products BlockWeight holds. Signed bytes: Q8_0's scale per 32
-weights, Q6_K's per GROUP = 16. Importing this module needs `triton`."""
+are d256 sc and -(dmin256 m), the products BlockWeight holds. Q6_K keeps its low nibbles in the
+same order, adds the two high bits of each weight from a byte of four pairs and scales each 16
+weights by d256 sc. Signed bytes: Q8_0's scale per 32 weights. Importing this module needs
+`triton`."""
 import triton
 import triton.language as tl
 
@@ -45,6 +47,32 @@ def q4_step(q_ptr, s_ptr, o_ptr, k_ptr, offs_n, n_ok, first, blocks, K, SHIFT: t
         lo += m
         hi += m
     return lo, hi, blk * 32 + j % 16, k_ok
+
+
+@triton.jit
+def q6_step(q_ptr, s_ptr, h_ptr, d_ptr, offs_n, n_ok, first, blocks, K, BLOCK_N: tl.constexpr, STEP: tl.constexpr):
+    """Q6_K's blocks first .. first + STEP of the rows offs_n, as q4_step returns them: the low
+    nibbles (q_ptr), the high bit pairs (h_ptr: byte j of a block's 8 holds those of weights j,
+    j + 8, j + 16, j + 24, lowest first), sc int8 per 16 weights (s_ptr), d float32 per 256 (d_ptr)."""
+    j = tl.arange(0, STEP * 16)                  # the step's nibble bytes of a row
+    b = tl.arange(0, STEP)                       # the step's blocks
+    blk = first + j // 16
+    t = j % 16                                   # weight t of its block (low nibble), t + 16 (high)
+    k_ok = blk < blocks
+    ok = n_ok[:, None] & k_ok[None, :]
+    byte = tl.load(q_ptr + offs_n[:, None] * (K // 2) + (first * 16 + j)[None, :], mask=ok, other=0).to(tl.int32)
+    pairs = tl.load(h_ptr + offs_n[:, None] * (K // 4) + (blk * 8 + t % 8)[None, :], mask=ok, other=0).to(tl.int32)
+    shift = (t // 8 * 2)[None, :]
+    lo_q = (byte & 15) | (((pairs >> shift) & 3) << 4)
+    hi_q = (byte >> 4) | (((pairs >> (shift + 4)) & 3) << 4)
+    b_ok = n_ok[:, None] & (first + b < blocks)[None, :]
+    d = tl.load(d_ptr + offs_n[:, None] * (blocks // 8) + ((first + b) // 8)[None, :], mask=b_ok, other=0.0)
+    sc = s_ptr + offs_n[:, None] * (blocks * 2) + (2 * (first + b))[None, :]
+    d_lo = spread(d * tl.load(sc, mask=b_ok, other=0).to(tl.float32), BLOCK_N, STEP, 16)
+    d_hi = spread(d * tl.load(sc + 1, mask=b_ok, other=0).to(tl.float32), BLOCK_N, STEP, 16)
+    lo = d_lo * (lo_q.to(tl.float32) - 32.0)
+    hi = d_hi * (hi_q.to(tl.float32) - 32.0)
+    return lo, hi, blk * 32 + t, k_ok
 
 
 @triton.jit

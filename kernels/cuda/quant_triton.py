@@ -26,7 +26,7 @@ from triforce.kernels.cuda.device_blocks import BLOCK, DeviceBlocks
 from triforce.kernels.cuda.quant_gemv import blocks_gemv_kernel, sum_splits_kernel
 from triforce.kernels.cuda.quant_launch import (DEFAULT_TILES, NOMINAL_SMS, Launch, Tiles, kernel_for, measured_for,
                                                  measured_tiles, plan)
-from triforce.kernels.cuda.quant_steps import byte_step, q4_step
+from triforce.kernels.cuda.quant_steps import byte_step, q4_step, q6_step
 
 INTERPRETED_BLOCK_N = 256  # CPU tensors (Triton's interpreter, in tests): each program costs ~20 ms there
 SUM_BLOCK = 1024
@@ -34,7 +34,8 @@ SUM_BLOCK = 1024
 
 @triton.jit
 def _blocks_dot_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, N, K, sx, so,
-                       Q4: tl.constexpr, SHIFT: tl.constexpr, HAS_OFFSETS: tl.constexpr, KQUANT: tl.constexpr,
+                       Q4: tl.constexpr, Q6: tl.constexpr, SHIFT: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+                       KQUANT: tl.constexpr,
                        HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, STEP: tl.constexpr, SPLIT: tl.constexpr):
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -48,8 +49,11 @@ def _blocks_dot_kernel(x_ptr, q_ptr, s_ptr, o_ptr, k_ptr, b_ptr, out_ptr, M, N, 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for first in range(begin, end, STEP):
         if Q4:
-            lo, hi, col, k_ok = q4_step(q_ptr, s_ptr, o_ptr, k_ptr, offs_n, n_ok, first, blocks, K, SHIFT,
-                                        HAS_OFFSETS, KQUANT, BLOCK_N, STEP)
+            if Q6:
+                lo, hi, col, k_ok = q6_step(q_ptr, s_ptr, o_ptr, k_ptr, offs_n, n_ok, first, blocks, K, BLOCK_N, STEP)
+            else:
+                lo, hi, col, k_ok = q4_step(q_ptr, s_ptr, o_ptr, k_ptr, offs_n, n_ok, first, blocks, K, SHIFT,
+                                            HAS_OFFSETS, KQUANT, BLOCK_N, STEP)
             x_ok = m_ok[:, None] & k_ok[None, :]
             x_lo = tl.load(x_ptr + offs_m[:, None] * sx + col[None, :], mask=x_ok, other=0.0)
             x_hi = tl.load(x_ptr + offs_m[:, None] * sx + (col + 16)[None, :], mask=x_ok, other=0.0)
@@ -124,12 +128,12 @@ def blocks_linear(x: torch.Tensor, w: DeviceBlocks, bias: torch.Tensor | None = 
         split = launch.tiles.split
         unused = w.scales  # a real buffer behind pointers the kernel does not read (empty ones may be null)
         offsets = w.offsets if w.offsets.shape[1] else unused
-        supers = w.supers if w.kind == "q4_k" else unused
+        supers = w.supers if w.supers.shape[1] else unused
         sums = out if split == 1 else torch.empty(split, m, w.rows, dtype=torch.float32, device=x.device)
         bias_ptr = bias if bias is not None else unused
-        shared = dict(Q4=w.q4, SHIFT=w.bias, HAS_OFFSETS=w.offsets.shape[1] > 0, KQUANT=w.kind == "q4_k",
-                      HAS_BIAS=bias is not None and split == 1,
-                      GROUP=w.cols // w.scales.shape[1] if not w.q4 else BLOCK, BLOCK_N=launch.tiles.block_n,
+        shared = dict(Q4=w.nibbles, Q6=w.kind == "q6_k", SHIFT=w.bias, HAS_OFFSETS=w.kind in ("q4_1", "q4_k"),
+                      KQUANT=w.kind == "q4_k", HAS_BIAS=bias is not None and split == 1,
+                      GROUP=w.cols // w.scales.shape[1] if not w.nibbles else BLOCK, BLOCK_N=launch.tiles.block_n,
                       STEP=launch.tiles.step, SPLIT=split, num_warps=launch.tiles.warps,
                       num_stages=launch.tiles.stages)
         arguments = (rows, w.quants, w.scales, offsets, supers, bias_ptr, sums, m, w.rows, w.cols,

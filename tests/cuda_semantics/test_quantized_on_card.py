@@ -3,6 +3,7 @@ its blocks moved to the card as DeviceBlocks and its projections run by the Trit
 (here through Triton's interpreter, on the host tensors the card stands for). Greedy tokens of
 every method equal ar on the card, and equal the CPU's numba kernels over the same blocks."""
 import json
+import math
 
 import pytest
 
@@ -122,3 +123,25 @@ def test_a_card_plans_with_its_capabilitys_measured_tiles(capsys, card, wide_fol
     card_run, _ = on_card(capsys, card, wide_folder, "--quantize", "q4_k", "--method", "ar", "--max-new-tokens", "4")
     assert card_run["tokens"] == cpu["tokens"]
     assert set(capabilities) == {"8.9"} and asked and all(key.startswith("dot q4_k ") for key in asked)
+
+
+@pytest.mark.slow
+def test_a_q4_k_m_file_on_a_card_keeps_q6_k_packed_and_decodes_as_on_the_cpu(capsys, card, tmp_path,
+                                                                             default_model_dir):
+    """A Q4_K_M file's q6_k tensors (the head, half of attn_v and ffn_down) sit on a card as the
+    file's nibbles and bit pairs (26.5 bytes per 32 weights, the CPU's 40) and the Triton kernels
+    read them: the same tokens as the CPU's numba kernels over the expanded blocks."""
+    from triforce.bench.random_gguf import tensor_plan, write_random_gguf
+    from triforce.kernels.cpu.linear.block_formats import DEVICE_BYTES
+    from triforce.model.architectures import ARCHITECTURES
+
+    path, fields = tmp_path / "m.gguf", dict(ARCHITECTURES["qwen3-tiny-test"], num_hidden_layers=1)
+    write_random_gguf(path, fields, "q4_k_m")
+    blocks = [(t.kind, math.prod(t.shape)) for t in tensor_plan(fields, "q4_k_m") if t.kind != "f32"]
+    flags = ("--quantize", "gguf", "--method", "ar", "--max-new-tokens", "3", "--ignore-eos")
+    cpu = generate(capsys, str(path), "--device", "cpu", *flags)
+    card_run, calls = on_card(capsys, card, str(path), *flags)
+    assert card_run["quantized"]["weights"] == cpu["quantized"]["weights"] == "q4_k/q6_k"
+    assert card_run["tokens"] == cpu["tokens"] and calls
+    assert card_run["quantized"]["bytes"] == sum(weights // 32 * DEVICE_BYTES[kind] for kind, weights in blocks)
+    assert "q6_k" in dict(blocks) and DEVICE_BYTES["q6_k"] == 26.5

@@ -28,7 +28,15 @@ def test_q6_k_blocks_dequantize_as_the_gguf_package():
     assert format_of(GGMLQuantizationType.Q6_K) == "q6_k" and block.group == 16
     assert torch.equal(block.dequantized(), torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q6_K)))
     assert block.nbytes == 24 * 768 * 40 // 32 and block.file_nbytes == raw.nbytes
-    assert torch.equal(DeviceBlocks.of(block, torch.device("cpu")).dequantized(), block.dequantized())
+    with pytest.raises(ValueError, match="k_factors"):
+        DeviceBlocks.of(block, torch.device("cpu"))
+    held = BlockWeight.from_raw("q6_k", raw, 24, 768, k_factors=True)
+    device = DeviceBlocks.of(held.permute_rows(np.arange(23, -1, -1)), torch.device("cpu"))
+    assert torch.equal(device.dequantized(), block.dequantized().flip(0))
+    assert torch.equal(device.take_rows(torch.tensor([3, 3, 0])), block.dequantized()[[20, 20, 23]])
+    assert torch.equal(torch.from_numpy(block.quants).flip(0), device.quant_values())
+    # the file's bytes, less its float16 d widened: 26.5 bytes per 32 weights on a card, not 40
+    assert device.nbytes == 24 * 768 * 26.5 / 32
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -51,8 +59,13 @@ def test_q6_k_triton_kernel_equals_dequantize_then_matmul():
     from triforce.kernels.cuda.quant_triton import blocks_linear
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    block = BlockWeight.from_raw("q6_k", random_q6_k(48, 512, 2), 48, 512)
+    block = BlockWeight.from_raw("q6_k", random_q6_k(48, 512, 2), 48, 512, k_factors=True)
     x = torch.randn(5, 512, generator=torch.Generator().manual_seed(2))
-    got = blocks_linear(x.to(device), DeviceBlocks.of(block, device))
     expected = x.double() @ block.dequantized().double().T
-    assert ((got.double().cpu() - expected).norm() / expected.norm()).item() < 1e-6
+    for rows in (1, 5):  # the dot kernel in float32; the few-row kernel in 16 bits below
+        got = blocks_linear(x[:rows].to(device), DeviceBlocks.of(block, device))
+        assert ((got.double().cpu() - expected[:rows]).norm() / expected[:rows].norm()).item() < 1e-6
+    half = torch.bfloat16 if device.type == "cuda" else torch.float16
+    got = blocks_linear(x[:2].to(device, half), DeviceBlocks.of(block, device), out_dtype=torch.float32)
+    expected = x[:2].to(half).double() @ block.dequantized().to(half).double().T
+    torch.testing.assert_close(got.double().cpu(), expected, rtol=1e-5, atol=1e-4)

@@ -156,19 +156,23 @@ def random_block(kind: str, rows: int, cols: int, device: torch.device, generato
         return blocks
     scales, offsets = blocks.block_scales()
     offsets = np.zeros((rows, 0), np.float32) if offsets is None else offsets.numpy()
-    return BlockWeight(kind, rows, cols, blocks.quants.numpy(), scales.numpy(), offsets)
+    quants = blocks.quant_values() if kind == "q6_k" else blocks.quants  # BlockWeight's q6_k: q - 32 a byte
+    return BlockWeight(kind, rows, cols, quants.numpy(), scales.numpy(), offsets)
 
 
 def _random_device_block(kind: str, rows: int, cols: int, device: torch.device, generator: torch.Generator):
-    """DeviceBlocks' own layout (float16 scales; Q4_K's sc, m and per-256 d, dmin), std ~0.02."""
+    """DeviceBlocks' own layout (float16 scales; Q4_K's sc, m and per-256 d, dmin; Q6_K's nibbles,
+    bit pairs, int8 sc and per-256 d), std ~0.02."""
     from triforce.kernels.cuda.device_blocks import DeviceBlocks
 
     blocks = cols // 32
     no_supers = torch.zeros(rows, 0, 2, device=device)
-    if kind == "q6_k":
-        quants = torch.randint(-32, 32, (rows, cols), device=device, dtype=torch.int8, generator=generator)
-        scales = torch.empty(rows, cols // 16, device=device).uniform_(0.5, 1.5, generator=generator) * (0.02 / 18.5)
-        return DeviceBlocks(kind, rows, cols, quants, scales, torch.empty(rows, 0, device=device), no_supers)
+    if kind == "q6_k":  # sc ~ 40, q - 32 ~ 0 +- 18.5: d = 0.02 / (40 * 18.5)
+        low = torch.randint(0, 256, (rows, cols // 2), device=device, dtype=torch.uint8, generator=generator)
+        high = torch.randint(0, 256, (rows, cols // 4), device=device, dtype=torch.uint8, generator=generator)
+        sc = torch.randint(16, 64, (rows, cols // 16), device=device, dtype=torch.int8, generator=generator)
+        d = torch.full((rows, cols // 256, 1), 0.02 / (40 * 18.5), device=device)
+        return DeviceBlocks(kind, rows, cols, low, sc, high, d)
     if kind == "q8_0":
         quants = torch.randint(-127, 128, (rows, cols), device=device, dtype=torch.int8, generator=generator)
         scales = torch.empty(rows, blocks, device=device).uniform_(0.5, 1.5, generator=generator) * (0.02 / 73)
@@ -217,7 +221,7 @@ class _GgufBlocks:
 
     def block(self, name: str, weight: torch.Tensor, heads: int | None, k_factors: bool = False) -> BlockWeight | None:
         """None where the file's tensor is in another format (it stays float).
-        k_factors: keep a Q4_K tensor's own factors (BlockWeight.from_raw)."""
+        k_factors: keep a Q4_K or Q6_K tensor's own factors (BlockWeight.from_raw)."""
         stored, part, parts = file_matrix(name, self.architecture)
         tensor = self.tensors.get(stored)
         if tensor is None:

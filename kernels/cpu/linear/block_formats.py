@@ -20,7 +20,8 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 
-from triforce.kernels.cpu.linear.q4_k import SUPER, q4_k_blocks, q4_k_factors, q6_k_blocks, quantize_q4_k
+from triforce.kernels.cpu.linear.q4_k import (SUPER, q4_k_blocks, q4_k_factors, q6_k_blocks, q6_k_factors,
+                                              quantize_q4_k)
 
 BLOCK = 32
 FORMATS = {"q8_0": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1,
@@ -32,8 +33,9 @@ BYTE_QUANTS = ("q8_0", "q6_k")  # a signed byte per weight; the others 4-bit nib
 FILE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 18, "q6_k": 26.25}
 HELD_BYTES = {"q8_0": 36, "q4_0": 20, "q4_1": 24, "q4_k": 24, "q6_k": 40}  # as the CPU kernels read them
 # per 32 weights as the GPU kernels read them (triforce.kernels.cuda.device_blocks): the file's
-# float16 scales; Q4_K's 6-bit sc and m a byte each and float32 d and dmin per 256
-DEVICE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 19, "q6_k": 40}
+# float16 scales; Q4_K's 6-bit sc and m a byte each and float32 d and dmin per 256; Q6_K's
+# nibbles, bit pairs and int8 sc as in the file, its d per 256 in float32
+DEVICE_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 19, "q6_k": 26.5}
 _ROW_MULTIPLE = {"q4_k": SUPER, "q6_k": SUPER}
 Q4_BIAS = {"q4_0": 8.0}  # 4-bit weights are d (q - bias) + m
 
@@ -52,8 +54,9 @@ class BlockWeight:
     quants: np.ndarray   # int8 [rows, cols] (q8_0, q6_k) or uint8 [rows, cols // 2] (4-bit)
     scales: np.ndarray   # float32 [rows, cols // 32] (q6_k: cols // 16)
     offsets: np.ndarray  # float32 [rows, cols // 32] (q4_1); [rows, 0] for q8_0 and q4_0
-    # q4_k for a GPU: its own factors (quant_k.q4_k_factors: sc_m uint8 [rows, cols // 32, 2],
-    # d_dmin float32 [rows, cols // 256, 2]), which DeviceBlocks holds instead of scales and offsets
+    # q4_k and q6_k for a GPU: their own factors (q4_k.q4_k_factors: sc_m uint8 [rows, cols // 32, 2],
+    # d_dmin float32 [rows, cols // 256, 2]; q4_k.q6_k_factors: sc int8 [rows, cols // 16], d float32
+    # [rows, cols // 256]), which DeviceBlocks holds instead of scales and offsets
     k_factors: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
@@ -73,13 +76,14 @@ class BlockWeight:
     @classmethod
     def from_raw(cls, kind: str, raw: np.ndarray, rows: int, cols: int, k_factors: bool = False) -> "BlockWeight":
         """raw: the GGUF tensor's bytes, uint8 [rows, cols // 32 * bytes per block]. k_factors:
-        keep Q4_K's own factors too (a GPU holds those)."""
+        keep Q4_K's and Q6_K's own factors too (a GPU holds those)."""
         _check(kind, cols)
         if kind == "q4_k":
             return cls(kind, rows, cols, *q4_k_blocks(raw, rows, cols),
                        k_factors=q4_k_factors(raw, rows, cols) if k_factors else None)
         if kind == "q6_k":
-            return cls(kind, rows, cols, *q6_k_blocks(raw, rows, cols), np.zeros((rows, 0), np.float32))
+            return cls(kind, rows, cols, *q6_k_blocks(raw, rows, cols), np.zeros((rows, 0), np.float32),
+                       k_factors=q6_k_factors(raw, rows, cols) if k_factors else None)
         blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, cols // BLOCK, FILE_BYTES[kind])
         scales = blocks[:, :, 0:2].copy().view(np.float16)[:, :, 0].astype(np.float32)
         if kind == "q8_0":

@@ -99,3 +99,13 @@ def q6_k_blocks(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.n
     high = ((qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 0x03)
     quants = (low | (high << 4)).astype(np.int8) - np.int8(32)
     return quants.reshape(rows, cols), np.ascontiguousarray(scales.reshape(rows, cols // 16))
+
+
+def q6_k_factors(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K's own scale factors, as a GPU holds them: sc int8 [rows, cols // 16] and d float32
+    [rows, cols // 256] (their float32 product is q6_k_blocks' scale, bit for bit)."""
+    n = rows * (cols // SUPER)
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, Q6_K_BYTES)
+    sc = blocks[:, 192:208].copy().view(np.int8).reshape(rows, cols // 16)
+    d = blocks[:, 208:210].copy().view(np.float16).astype(np.float32).reshape(rows, cols // SUPER)
+    return sc, d

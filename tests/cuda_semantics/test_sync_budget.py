@@ -123,6 +123,9 @@ def test_bench_offload_rows_report_syncs_and_graph_fallbacks_on_the_card(capsys,
     assert 0 < rows["ar-offload"]["syncs_per_token"] <= 3  # one token and its counted window's edges
     assert 0 < rows["triforce"]["syncs_per_token"] and "graph" in rows["triforce"]["graph_modes"]
     assert rows["triforce-ahead"]["syncs_per_token"] is None  # its worker's syncs are not counted by chance
+    # issue 74: every byte held after the warm-up's decode steps, graphs captured, is in the plan
+    peaks = {m: (r["peak_gpu_bytes"], r["plan_gpu_bytes"]) for m, r in rows.items()}
+    assert all(0 < peak <= planned for peak, planned in peaks.values()), peaks
 
 
 DRAFTER_TOKENS = 48  # the drafter's window (its sinks, 256 tokens and a slack) slides within them

@@ -6,7 +6,8 @@
 
 The public names are in __all__; importing triforce loads no torch (an LLM does)."""
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "Result", "Conversation", "UserError", "BadValue", "__version__"]
+__all__ = ["LLM", "SamplingParams", "Result", "CompletionOutput", "Conversation", "UserError", "BadValue",
+           "__version__"]
 
 import os as _os
 
@@ -28,7 +29,7 @@ def __getattr__(name: str):
     if name == "LLM":
         from triforce.app.llm import LLM
         return LLM
-    if name in ("SamplingParams", "Result", "BadValue"):
+    if name in ("SamplingParams", "Result", "CompletionOutput", "BadValue"):
         from triforce.app import llm_types
         return getattr(llm_types, name)
     if name == "Conversation":

@@ -146,7 +146,7 @@ def test_bad_prompts_and_messages_are_user_errors(llm):
 
 def test_import_triforce_loads_no_torch():
     code = ("import sys, triforce; assert 'torch' not in sys.modules; "
-            "assert sorted(triforce.__all__) == sorted(['LLM', 'SamplingParams', 'Result', 'Conversation', 'UserError', "
+            "assert sorted(triforce.__all__) == sorted(['LLM', 'SamplingParams', 'Result', 'CompletionOutput', 'Conversation', 'UserError', "
             "'BadValue', '__version__']); from triforce import SamplingParams; SamplingParams(max_tokens=3); "
             "assert 'torch' not in sys.modules")
     run_python(code)

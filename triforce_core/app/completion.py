@@ -53,9 +53,10 @@ class Completion:
 
 
 def complete(runtime, ids: list[int], params, max_new_tokens: int, stop_ids: frozenset, *, on_token=None,
-             progress=None, stop_requested=None, before_prefill=None) -> Completion:
+             progress=None, stop_requested=None, before_prefill=None, logprobs=None) -> Completion:
     """Plan for the prompt and its new tokens, build the engine, prefill, decode: the one path from
-    token ids to tokens of `triforce generate` and of triforce.LLM."""
+    token ids to tokens of `triforce generate` and of triforce.LLM. logprobs: a
+    decoding.logprobs.LogprobRecorder that the emitted tokens' log-probabilities go to."""
     max_len = len(ids) + max(max_new_tokens, 1)
     run = runtime.plan(max_len)
     built = time.perf_counter()
@@ -67,7 +68,7 @@ def complete(runtime, ids: list[int], params, max_new_tokens: int, stop_ids: fro
     engine.set_sequence(ids, progress)
     prefill_s = time.perf_counter() - started
     try:
-        result = engine.generate(max_new_tokens, params, stop_ids, on_token=on_token)
+        result = engine.generate(max_new_tokens, params, stop_ids, on_token=on_token, logprobs=logprobs)
     except SYMPTOMS as e:
         raise located(e, runtime.lm, engine.seq) from None
     return Completion(ids, result, run, engine, prefill_s, time.perf_counter() - started, engine_s)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from triforce.app.llm_types import BadValue, Result, SamplingParams, check_messages
+from triforce.app.llm_types import BadValue, CompletionOutput, Result, SamplingParams, check_messages, sampling_of
 from triforce.errors import UserError
 
-__all__ = ["LLM", "SamplingParams", "Result", "BadValue"]
+__all__ = ["LLM", "SamplingParams", "Result", "CompletionOutput", "BadValue"]
+
 
 class LLM:
     def __init__(self, model: str = "default", *, method: str = "auto", draft: str | None = None,
@@ -76,36 +77,63 @@ class LLM:
             raise BadValue(f"token ids must be integers in [0, {self.runtime.lm.config.vocab_size})")
         return ids
 
-    def generate(self, prompts, params: SamplingParams | None = None, *, chat: bool = False,
-                 on_text: Callable[[str], None] | None = None, on_prefill: Callable[[int, int], None] | None = None):
+    def generate(self, prompts, params: SamplingParams | None = None, *, sampling_params: SamplingParams | None = None,
+                 chat: bool = False, on_text: Callable[[str], None] | None = None,
+                 on_prefill: Callable[[int, int], None] | None = None, **sampling):
         """One prompt (a string or token ids) -> a Result; a list of prompts -> a list of Results,
-        decoded as one batch as `generate --prompts` does. chat: wrap each prompt in the chat
-        template (`--chat`). on_text: called with each piece of text as it is decoded; on_prefill:
-        with (prompt tokens prefilled so far, all to prefill) as a long prompt goes in (one prompt)."""
-        params = params or SamplingParams()
+        decoded as one batch as `generate --prompts` does. params (or vLLM's sampling_params=):
+        how to sample; SamplingParams' fields as keywords replace its own (max_tokens=64). chat:
+        wrap each prompt in the chat template (`--chat`). on_text: called with each piece of the
+        (first) answer's text as it is decoded; on_prefill: with (prompt tokens prefilled so far,
+        all to prefill) as a long prompt goes in (one prompt)."""
+        params = sampling_of(params, sampling_params, sampling)
         if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], int):
-            from triforce.app.llm_modes import generate_batch
+            ids = [self.encode(p, chat) for p in prompts]
+            if params.n == 1 and params.logprobs is None:
+                from triforce.app.llm_modes import generate_batch
 
-            return generate_batch(self, [self.encode(p, chat) for p in prompts], params)
-        return self.complete_ids(self.encode(prompts, chat), params, on_text, on_prefill=on_prefill)
+                return generate_batch(self, ids, params)
+            return [self._answers(one, params) for one in ids]  # n answers or logprobs: one prompt at a time
+        return self._answers(self.encode(prompts, chat), params, on_text, on_prefill)
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None,
-             on_text: Callable[[str], None] | None = None, on_prefill: Callable[[int, int], None] | None = None
-             ) -> Result:
+             on_text: Callable[[str], None] | None = None, on_prefill: Callable[[int, int], None] | None = None, *,
+             sampling_params: SamplingParams | None = None, **sampling) -> Result:
         """The answer to a conversation given whole ([{"role": "user", "content": ...}, ...]),
-        rendered with the model's chat template."""
+        rendered with the model's chat template. Sampling as generate's."""
         from triforce.app.chat import render_messages
 
+        params = sampling_of(params, sampling_params, sampling)
         check_messages(messages)
         ids = render_messages(self.tokenizer, messages, True, self.context, self.config.parse_special_tokens)
-        return self.complete_ids(ids, params or SamplingParams(), on_text, on_prefill=on_prefill)
+        return self._answers(ids, params, on_text, on_prefill)
 
-    def stream(self, prompt, params: SamplingParams | None = None, *, chat: bool = False) -> Iterator[str]:
+    def stream(self, prompt, params: SamplingParams | None = None, *, chat: bool = False,
+               sampling_params: SamplingParams | None = None, **sampling) -> Iterator[str]:
         """Yield the answer's text as it is decoded, in whole characters. Closing the iterator
         early stops decoding at the next round."""
         from triforce.app.llm_modes import stream_pieces
 
-        return stream_pieces(self, self.encode(prompt, chat), params or SamplingParams())
+        params = sampling_of(params, sampling_params, sampling)
+        if params.n != 1:
+            raise BadValue("stream decodes one answer: n must be 1")
+        return stream_pieces(self, self.encode(prompt, chat), params)
+
+    def _answers(self, ids: list[int], params: SamplingParams, on_text=None, on_prefill=None) -> Result:
+        """params.n answers to one prompt, one after another (answer i seeded from the seed and
+        i, as the server's choices): the first's Result holding them all in .outputs."""
+        from dataclasses import replace
+
+        from triforce.decoding.sampling import choice_seed
+
+        results = []
+        for index in range(params.n):
+            seed = None if params.seed is None else choice_seed(params.seed, index)
+            results.append(self.complete_ids(ids, replace(params, seed=seed), on_text if index == 0 else None,
+                                             on_prefill=on_prefill if index == 0 else None))
+        first = results[0]
+        first.outputs = [replace(r.outputs[0], index=i) for i, r in enumerate(results)]
+        return first
 
     def conversation(self, system: str | None = None):
         """A chat whose KV stays between turns (as `triforce chat`): .send(text, params) -> Result."""
@@ -122,8 +150,11 @@ class LLM:
         from triforce.app.stop_text import StopText
         from triforce.app.textstream import TextStream
 
+        from triforce.decoding.logprobs import LogprobRecorder
+
         lm = self.runtime.lm
         new = room_for(ids, self.context, params.max_tokens)
+        recorder = None if params.logprobs is None else LogprobRecorder(top=params.logprobs)
         stream, stops = TextStream(self.tokenizer), StopText(list(params.stop))
         pieces: list[str] = []
 
@@ -143,7 +174,7 @@ class LLM:
         done = complete(self.runtime, ids, params.engine_params(), new, frozenset() if params.ignore_eos else lm.eos_ids,
                         on_token=token, progress=progress if on_prefill is not None else None,
                         stop_requested=lambda: stops.matched or bool(stop_flag and stop_flag.is_set()),
-                        before_prefill=before_prefill)
+                        before_prefill=before_prefill, logprobs=recorder)
         if not stops.matched:
             rest = stops.feed(stream.text()[stream.emitted:]) + stops.flush()
             if rest:
@@ -153,6 +184,11 @@ class LLM:
         stats = summary_of(self.runtime, done, self.world)
         stopped = "stop" if stops.matched else done.result.stopped_by
         stats["stopped_by"] = stopped
-        answer = Result("".join(pieces), list(done.result.tokens), Result.finish_reason_of(stopped), stats)
+        text, tokens, reason = "".join(pieces), list(done.result.tokens), Result.finish_reason_of(stopped)
+        output = CompletionOutput(0, text, tokens, reason)
+        if recorder is not None:
+            output.logprobs = [{e.token: e.logprob, **dict(e.top)} for e in recorder.entries]
+            output.cumulative_logprob = sum(e.logprob for e in recorder.entries)
+        answer = Result(text, tokens, reason, stats, [output], list(ids))
         answer.completion = done  # not a field: the engine and plan, for the CLI's summary and traces
         return answer

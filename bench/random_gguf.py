@@ -259,11 +259,9 @@ def _nbytes(p: Planned) -> int:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: what was written.")
 def main(out: str, arch: str, file_type: str, layers: int | None, seed: int, as_json: bool) -> None:
     """Write a random-weight GGUF file of ARCH to OUT (see the module docstring)."""
-    from triforce.errors import UserError
-    from triforce.model.architectures import ARCHITECTURES
+    from triforce.model.architectures import ARCHITECTURES, arch_name
 
-    if arch not in ARCHITECTURES:
-        raise UserError(f"unknown architecture '{arch}' (known: {', '.join(ARCHITECTURES)})")
+    arch = arch_name(arch)
     fields = {"name": arch, **ARCHITECTURES[arch]}
     if layers is not None:
         if not 1 <= layers <= fields["num_hidden_layers"]:

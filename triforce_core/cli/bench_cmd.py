@@ -6,8 +6,8 @@ import click
 
 from triforce.bench.harness import output_option
 from triforce.config import RunConfig
-from triforce.cli.options import (INT, check_output_path, device_option, dtype_option, offload_options, quantize_option,
-                                  runtime_options)
+from triforce.cli.options import (INT, MODEL_FORMS, check_output_path, device_option, dtype_option, offload_options,
+                                  quantize_option, runtime_options)
 from triforce.errors import UserError
 from triforce.model.context_stretch import KINDS
 
@@ -66,8 +66,9 @@ def bench_group():
 
 
 @bench_group.command("offload")
-@click.option("--arch", default=None, help="A named architecture with random weights (e.g. llama2-7b-128k).")
-@click.option("--model", default=None, help="A real model instead (folder, .gguf or 'default').")
+@click.option("--arch", default=None, help="A named architecture with random weights (e.g. llama2-7b-128k, or a "
+                                          "Hugging Face or Ollama name of one: Qwen/Qwen3-32B).")
+@click.option("--model", default=None, help=f"A real model instead: {MODEL_FORMS}.")
 @click.option("--context", type=INT, required=True,
               help="Tokens already in the KV cache when decoding starts (with --model: a needle prompt this long).")
 @offload_options
@@ -130,6 +131,9 @@ def offload(arch, model, context, profile, device_budget, methods, acceptance_tr
         raise UserError(f"unknown methods {unknown or methods!r} (choose from {', '.join(METHODS)})")
     if (arch is None) == (model is None):
         raise UserError("give exactly one of --arch and --model")
+    if arch is not None:
+        from triforce.model.architectures import arch_name
+        arch = arch_name(arch)
     if context < 2 or new_tokens < 1 or tp < 1 or repeats < 1 or speculative_tokens < 1:
         raise UserError("--context must be >= 2, --new-tokens, --speculative-tokens, --repeats and --tp >= 1")
     if quantize not in ("auto", "none") and "transformers-offloaded" in chosen:

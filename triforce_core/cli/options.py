@@ -30,15 +30,31 @@ class FiniteFloat(click.ParamType):
         return number
 
 
+SUFFIXES = {"k": 1 << 10, "m": 1 << 20}  # 128K = 131072 tokens, as model cards and llama.cpp count them
+
+
+def count_of(text: str) -> int:
+    """'131072', '128K' or '128k' (x 1024), '1M' (x 1048576) -> an int; ValueError otherwise."""
+    text = text.strip()
+    unit = SUFFIXES.get(text[-1:].lower())
+    return int(text[:-1]) * unit if unit and text[:-1].strip().lstrip("-").isdigit() else int(text)
+
+
 class BoundedInt(click.ParamType):
     """An integer flag bounded so that a huge value is one error line here rather than an overflow
-    deep inside torch; unlike click.IntRange, the bounds stay out of --help, where they are noise."""
+    deep inside torch; unlike click.IntRange, the bounds stay out of --help, where they are noise.
+    Counts take K and M (x 1024, x 1048576): `--context 128K`."""
     name = "integer"
 
     def __init__(self, low: int, high: int):
         self.low, self.high = low, high
 
     def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.strip()[-1:].lower() in SUFFIXES:
+            try:
+                value = count_of(value)
+            except ValueError:
+                self.fail(f"'{value}' is not a valid integer (a count may end in K or M: 128K)", param, ctx)
         number = click.INT.convert(value, param, ctx)
         if not self.low <= number <= self.high:
             self.fail(f"{number} is out of range ({self.low} to {self.high})", param, ctx)
@@ -49,8 +65,11 @@ INT = BoundedInt(-2**31, 2**31 - 1)  # token counts, sizes and ranks
 SEED = BoundedInt(SEED_MIN, SEED_MAX)
 FLOAT = FiniteFloat()
 
+# how every --model reads a name (triforce.model.model_names)
+MODEL_FORMS = ("a folder, a .gguf file, ORG/NAME (a Hugging Face model in the local cache), ollama:NAME (a model "
+               "Ollama pulled) or 'default' (SmolLM2-135M-Instruct)")
 model_option = click.option("--model", "model", default="default", show_default=True,
-                            help="Hugging Face folder, .gguf file, or 'default' (SmolLM2-135M-Instruct).")
+                            help=f"The model: {MODEL_FORMS}.")
 dtype_option = click.option("--dtype", type=click.Choice(["auto", "float32", "float64", "bfloat16", "float16"]),
                             default="auto", show_default=True,
                             help="Weights and KV precision; auto = bfloat16 on CUDA and on CPUs with native bfloat16 "
@@ -219,9 +238,9 @@ def context_options(f):
 
 
 def int_list(text: str, name: str) -> list[int]:
-    """A flag's comma-separated positive integers, or one error line."""
+    """A flag's comma-separated positive integers (K and M as BoundedInt takes them), or one error line."""
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [count_of(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise UserError(f"{name} must be comma-separated integers, got '{text}'") from None
     if not values or min(values) < 1:

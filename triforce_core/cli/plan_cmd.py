@@ -5,7 +5,7 @@ import json
 
 import click
 
-from triforce.cli.options import INT, offload_options, speculation_options
+from triforce.cli.options import INT, MODEL_FORMS, offload_options, speculation_options
 from triforce.errors import UserError
 
 
@@ -13,7 +13,8 @@ def _model_shape(model: str | None, arch: str | None):
     if (model is None) == (arch is None):
         raise UserError("give exactly one of --model and --arch")
     if arch is not None:
-        from triforce.model.architectures import arch_config
+        from triforce.model.architectures import arch_config, arch_name
+        arch = arch_name(arch)
         return arch_config(arch), f"{arch} (shapes only)"
     from triforce.model.loading import model_shape
 
@@ -63,8 +64,9 @@ _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
 
 @click.command()
-@click.option("--model", default=None, help="A model folder, .gguf file or 'default' (reads its shapes only).")
-@click.option("--arch", default=None, help="A named architecture, e.g. llama2-7b-128k (shapes only).")
+@click.option("--model", default=None, help=f"The model (its shapes only): {MODEL_FORMS}.")
+@click.option("--arch", default=None, help="A named architecture, e.g. llama3.1-8b, or its Hugging Face or Ollama "
+                                          "name (meta-llama/Llama-3.1-8B-Instruct, qwen3:32b): shapes only.")
 @click.option("--context", type=INT, required=True, help="Tokens the full KV cache must hold.")
 @offload_options
 @speculation_options(default_method="triforce")

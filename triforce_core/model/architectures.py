@@ -106,9 +106,42 @@ ARCHITECTURES = {
 }
 
 
+# the names people type for each (Hugging Face repos without their org, Ollama's tags), lower case
+ALIASES = {
+    "llama2-7b-128k": ("yarn-llama-2-7b-128k",), "llama2-13b-128k": ("yarn-llama-2-13b-128k",),
+    "llama3.1-8b": ("llama-3.1-8b", "llama-3.1-8b-instruct", "meta-llama-3.1-8b", "meta-llama-3.1-8b-instruct",
+                    "llama3.1:8b"),
+    "qwen2.5-32b-128k": ("qwen2.5-32b", "qwen2.5-32b-instruct", "qwen2.5:32b"),
+    "llama3.2-3b": ("llama-3.2-3b", "llama-3.2-3b-instruct", "llama3.2:3b"),
+    "mistral-small-24b": ("mistral-small-24b-instruct-2501", "mistral-small-24b-base-2501", "mistral-small:24b"),
+    "qwen3-8b-128k": ("qwen3-8b", "qwen3-8b-base", "qwen3:8b"),
+    "qwen3-32b-128k": ("qwen3-32b", "qwen3:32b"),
+    "phi3-mini-128k": ("phi-3-mini-128k-instruct", "phi3:3.8b-mini-128k-instruct"),
+    "phi4-mini-128k": ("phi-4-mini-instruct", "phi4-mini", "phi4-mini:3.8b"),
+    "phi4-14b": ("phi-4", "phi4", "phi4:14b"),
+    "gemma3-4b": ("gemma-3-4b-it", "gemma-3-4b-pt", "gemma3:4b"),
+    "gemma3-12b": ("gemma-3-12b-it", "gemma-3-12b-pt", "gemma3:12b"),
+    "gemma3-27b": ("gemma-3-27b-it", "gemma-3-27b-pt", "gemma3:27b"),
+    "smollm2-135m": ("smollm2-135m-instruct", "smollm2:135m"),
+}
+_BY_ALIAS = {alias: name for name, aliases in ALIASES.items() for alias in aliases}
+
+
+def arch_name(given: str) -> str:
+    """The architecture a name means: one of ARCHITECTURES, a Hugging Face repo id of the model
+    (meta-llama/Llama-3.1-8B-Instruct, Qwen/Qwen3-32B-GGUF) or an Ollama name (qwen3:32b)."""
+    if given in ARCHITECTURES:
+        return given
+    key = given.strip().lower().rsplit("/", 1)[-1].removesuffix(":latest").removesuffix("-gguf")
+    name = key if key in ARCHITECTURES else _BY_ALIAS.get(key)
+    if name is None:
+        raise UserError(f"unknown architecture '{given}' (known: {', '.join(ARCHITECTURES)}; Hugging Face and "
+                        "Ollama names of those models work too, e.g. meta-llama/Llama-3.1-8B-Instruct, qwen3:32b)")
+    return name
+
+
 def arch_hf_config(name: str):
-    if name not in ARCHITECTURES:
-        raise UserError(f"unknown architecture '{name}' (known: {', '.join(ARCHITECTURES)})")
+    name = arch_name(name)
     from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
     fields = dict(ARCHITECTURES[name])
     kinds = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig, "phi3": Phi3Config,
@@ -118,8 +151,7 @@ def arch_hf_config(name: str):
 
 def arch_config(name: str) -> ModelConfig:
     """Shapes only, without importing torch or transformers (so `triforce plan` starts fast)."""
-    if name not in ARCHITECTURES:
-        raise UserError(f"unknown architecture '{name}' (known: {', '.join(ARCHITECTURES)})")
+    name = arch_name(name)
     fields = dict(model_type="llama", tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
     return ModelConfig.from_hf(SimpleNamespace(**{**fields, **ARCHITECTURES[name]}))
 

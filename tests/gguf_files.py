@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def copy_gguf(source, target, drop=(), arch=None, as_f16=(), fields=None, edit=None):
+def copy_gguf(source, target, drop=(), arch=None, as_f16=(), fields=None, edit=None, added=None):
     """`source` rewritten without the tensors in `drop`, under another architecture name, with
     the tensors whose names contain a string of `as_f16` de-quantized and stored as F16 (a format
     no block kernel reads, as a Q4_K_M file's Q5_K tensors), `fields` {name: value} replacing
-    metadata values, and `edit` {tensor name: f(raw bytes array) -> array} changing tensors."""
+    metadata values, `added` {name: (value, GGUFValueType)} new ones, and `edit` {tensor name:
+    f(raw bytes array) -> array} changing tensors."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
     from gguf.quants import dequantize
 
@@ -21,6 +22,8 @@ def copy_gguf(source, target, drop=(), arch=None, as_f16=(), fields=None, edit=N
         kind = field.types[0]
         extra = {"sub_type": field.types[-1]} if kind == GGUFValueType.ARRAY else {}
         writer.add_key_value(name, (fields or {}).get(name, field.contents()), kind, **extra)
+    for name, (value, kind) in (added or {}).items():
+        writer.add_key_value(name, value, kind)
     for tensor in reader.tensors:
         if tensor.name in drop:
             continue

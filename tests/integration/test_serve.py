@@ -21,9 +21,15 @@ def server(default_model_dir):
     live.stop()
 
 
+# greedy as `generate --temperature 0` decodes: a request that leaves the penalty out gets the
+# model's default, which for the default model (it sets none) is chat's 1.1
+PLAIN = {"repeat_penalty": 1.0}
+
+
 def chat(client, content, stream=False, **kw):
     messages = content if isinstance(content, list) else [{"role": "user", "content": content}]
     kw.setdefault("temperature", 0)
+    kw.setdefault("extra_body", PLAIN)
     if not stream:
         return client.chat.completions.create(model="any", messages=messages, **kw)
     chunks = list(client.chat.completions.create(model="any", messages=messages, stream=True, **kw))
@@ -68,8 +74,9 @@ def test_length_finish_and_completions_equal_generate(server, capsys, default_mo
     short = chat(client, QUESTION, max_completion_tokens=3)
     assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 3
     prompt = "The three primary colours are"
-    whole = client.completions.create(model="any", prompt=prompt, max_tokens=12, temperature=0)
-    parts = list(client.completions.create(model="any", prompt=prompt, max_tokens=12, temperature=0, stream=True))
+    whole = client.completions.create(model="any", prompt=prompt, max_tokens=12, temperature=0, extra_body=PLAIN)
+    parts = list(client.completions.create(model="any", prompt=prompt, max_tokens=12, temperature=0, stream=True,
+                                           extra_body=PLAIN))
     code, out, _ = run_cli(capsys, "generate", "--model", str(default_model_dir), "--prompt", prompt,
                            "--temperature", "0", "--max-new-tokens", "12", "--dtype", "float32", "--json")
     expected = json.loads(out)

@@ -36,7 +36,8 @@ def test_a_seed_gives_the_same_answer_again_and_beside_another_request(server, d
     assert server.scheduler.recent[-1][2] > 0  # its prompt was reused from the cache
     for method in ("ar", "triforce"):  # the API, decoding alone, with or without drafts
         api = triforce.LLM(str(default_model_dir), method=method, device="cpu", dtype="float32", max_context=512)
-        assert api.chat(ASK, triforce.SamplingParams(temperature=1.0, seed=1234, max_tokens=16)).text == first
+        # the fields the request left out are the model's defaults in both (issue 75: one source)
+        assert api.chat(ASK, temperature=1.0, seed=1234, max_tokens=16).text == first
     beside = {}
     with server.held():  # both start together: rows of one batch
         threads = [threading.Thread(target=lambda s=s: beside.__setitem__(s, _answer(client, s))) for s in (1234, 99)]
@@ -89,7 +90,8 @@ def test_logprobs_are_the_targets_with_their_alternatives_whole_and_streamed(ser
     """Greedy: each token is its position's most likely one, so it heads its own top_logprobs;
     the tokens' texts make the answer; the stream carries the same entries chunk by chunk."""
     client = server.client()
-    ask = dict(model="default", messages=ASK, temperature=0, max_tokens=10, logprobs=True, top_logprobs=3)
+    ask = dict(model="default", messages=ASK, temperature=0, max_tokens=10, logprobs=True, top_logprobs=3,
+               extra_body={"repeat_penalty": 1.0})  # no penalty: the argmax of the reported logprobs
     reply = client.chat.completions.create(**ask)
     content = reply.choices[0].logprobs.content
     assert len(content) == reply.usage.completion_tokens == 10
@@ -101,10 +103,11 @@ def test_logprobs_are_the_targets_with_their_alternatives_whole_and_streamed(ser
     streamed = [e for chunk in client.chat.completions.create(**ask, stream=True) for choice in chunk.choices
                 if choice.logprobs is not None for e in choice.logprobs.content]
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
-    plain = client.chat.completions.create(model="default", messages=ASK, temperature=0, max_tokens=10)
+    plain = client.chat.completions.create(model="default", messages=ASK, temperature=0, max_tokens=10,
+                                           extra_body={"repeat_penalty": 1.0})
     assert plain.choices[0].logprobs is None and plain.choices[0].message.content == reply.choices[0].message.content
     legacy = client.completions.create(model="default", prompt="The capital of France is", temperature=0,
-                                       max_tokens=6, logprobs=2).choices[0].logprobs
+                                       max_tokens=6, logprobs=2, extra_body={"repeat_penalty": 1.0}).choices[0].logprobs
     assert len(legacy.tokens) == len(legacy.token_logprobs) == len(legacy.top_logprobs) == 6
     assert all(len(top) <= 2 and max(top.values()) == lp for top, lp in zip(legacy.top_logprobs, legacy.token_logprobs))
     assert legacy.text_offset == [sum(len(t) for t in legacy.tokens[:i]) for i in range(6)]

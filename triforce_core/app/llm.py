@@ -64,6 +64,22 @@ class LLM:
         self.tokenizer = self.runtime.lm.tokenizer
         self.context = self.runtime.context  # tokens a prompt and its answer may hold together
 
+    def default_sampling_params(self) -> SamplingParams:
+        """What a call without sampling parameters samples with: the model's generation_config.json
+        (a GGUF file's general.sampling), else triforce's chat defaults (temperature 0.2, top-p
+        0.9, repeat penalty 1.1); `.sampling_source` says which."""
+        from triforce.model.sampling_defaults import model_sampling
+
+        return SamplingParams.of(model_sampling(self.runtime.lm).params)
+
+    get_default_sampling_params = default_sampling_params  # vLLM's name
+
+    @property
+    def sampling_source(self) -> str:
+        from triforce.model.sampling_defaults import model_sampling
+
+        return model_sampling(self.runtime.lm).describe()
+
     # ---- one prompt -------------------------------------------------------------------------
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
         """Token ids of a prompt: a string as `triforce generate --prompt` (chat: as --chat), or
@@ -82,11 +98,12 @@ class LLM:
                  on_prefill: Callable[[int, int], None] | None = None, **sampling):
         """One prompt (a string or token ids) -> a Result; a list of prompts -> a list of Results,
         decoded as one batch as `generate --prompts` does. params (or vLLM's sampling_params=):
-        how to sample; SamplingParams' fields as keywords replace its own (max_tokens=64). chat:
+        how to sample, by default the model's own (default_sampling_params); SamplingParams'
+        fields as keywords replace its own (max_tokens=64). chat:
         wrap each prompt in the chat template (`--chat`). on_text: called with each piece of the
         (first) answer's text as it is decoded; on_prefill: with (prompt tokens prefilled so far,
         all to prefill) as a long prompt goes in (one prompt)."""
-        params = sampling_of(params, sampling_params, sampling)
+        params = sampling_of(params, sampling_params, sampling, self.default_sampling_params())
         if isinstance(prompts, (list, tuple)) and prompts and not isinstance(prompts[0], int):
             ids = [self.encode(p, chat) for p in prompts]
             if params.n == 1 and params.logprobs is None:
@@ -103,7 +120,7 @@ class LLM:
         rendered with the model's chat template. Sampling as generate's."""
         from triforce.app.chat import render_messages
 
-        params = sampling_of(params, sampling_params, sampling)
+        params = sampling_of(params, sampling_params, sampling, self.default_sampling_params())
         check_messages(messages)
         ids = render_messages(self.tokenizer, messages, True, self.context, self.config.parse_special_tokens)
         return self._answers(ids, params, on_text, on_prefill)
@@ -114,7 +131,7 @@ class LLM:
         early stops decoding at the next round."""
         from triforce.app.llm_modes import stream_pieces
 
-        params = sampling_of(params, sampling_params, sampling)
+        params = sampling_of(params, sampling_params, sampling, self.default_sampling_params())
         if params.n != 1:
             raise BadValue("stream decodes one answer: n must be 1")
         return stream_pieces(self, self.encode(prompt, chat), params)

@@ -96,7 +96,7 @@ class Conversation:
         """The answer to `text` as the next user message (stop strings are not applied here)."""
         from triforce.app.completion import room_for
 
-        params = params or SamplingParams()
+        params = params or self._llm.default_sampling_params()
         check_messages([{"role": "user", "content": text}])
         new = room_for([0], self._llm.context, params.max_tokens)  # bounded again by the chat's own check
         result = self._chat.ask(text, params.engine_params(), new)

@@ -104,10 +104,11 @@ class Result:
         return _FINISH.get(stopped_by, stopped_by)
 
 
-def sampling_of(params: SamplingParams | None, sampling_params: SamplingParams | None,
-                keywords: dict) -> SamplingParams:
-    """The parameters of a call: `params` or vLLM's `sampling_params=` (not both), any of
-    SamplingParams' fields given as keywords replacing theirs (`max_tokens=64`)."""
+def sampling_of(params: SamplingParams | None, sampling_params: SamplingParams | None, keywords: dict,
+                defaults: SamplingParams) -> SamplingParams:
+    """The parameters of a call: `params` or vLLM's `sampling_params=` (not both), else the
+    model's `defaults`; any of SamplingParams' fields given as keywords replace theirs
+    (`max_tokens=64`)."""
     if params is not None and sampling_params is not None:
         raise BadValue("give the sampling parameters once: params or sampling_params=")
     params = params if params is not None else sampling_params
@@ -117,7 +118,7 @@ def sampling_of(params: SamplingParams | None, sampling_params: SamplingParams |
     unknown = sorted(set(keywords) - set(names))
     if unknown:
         raise BadValue(f"unknown keyword '{unknown[0]}': the sampling keywords are {', '.join(names)}")
-    return replace(params or SamplingParams(), **keywords) if keywords else params or SamplingParams()
+    return replace(params or defaults, **keywords)
 
 
 def check_messages(messages) -> None:

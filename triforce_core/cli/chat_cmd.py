@@ -10,15 +10,14 @@ from pathlib import Path
 import click
 
 from triforce.app.inputs import is_utf8
-from triforce.config import CHAT_SAMPLING, RunConfig
+from triforce.config import RunConfig
 from triforce.cli.options import (INT, build_spec, check_non_negative, context_options,
                                   device_option, dtype_option, quantize_option,
                                   model_option, offload_options, runtime_options, sampling_options,
                                   speculation_options)
 from triforce.errors import UserError
+from triforce.model.sampling_defaults import model_sampling
 
-CHAT_TEMPERATURE, CHAT_TOP_P, CHAT_REPEAT_PENALTY = (CHAT_SAMPLING.temperature, CHAT_SAMPLING.top_p,
-                                                     CHAT_SAMPLING.repeat_penalty)  # triforce.config says why
 
 HELP_TEXT = """commands:
   /load FILE   put a document into the context (prefilled now, with a progress bar)
@@ -87,8 +86,7 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 @click.option("--max-new-tokens", type=INT, default=512, show_default=True, help="Longest answer, in tokens.")
 @context_options
 @speculation_options(default_method="auto")
-@sampling_options(default_temperature=CHAT_TEMPERATURE, default_top_p=CHAT_TOP_P,
-                  default_repeat_penalty=CHAT_REPEAT_PENALTY)
+@sampling_options(None)  # the model's own defaults (triforce.model.sampling_defaults)
 @dtype_option
 @quantize_option
 @device_option
@@ -214,6 +212,7 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     engine = runtime.engine(max_len, run, stop_requested=stop)
     plan = run.plan
     session = Chat(lm, max_len, system=r.system, engine=engine)
+    sampling = model_sampling(lm).given(r.params)
     if run.auto is not None:
         console.tell(run.auto.describe())
     try:
@@ -225,10 +224,7 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
                 f"{session.full.max_len}-token context, {session.engine.describe()}, attention {runtime.attn_name}"
                 f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}"
                 f"{', tensor-parallel over %d ranks' % world if world > 1 else ''}; "
-                f"sampling at temperature {r.params.temperature:g}, top-p {r.params.top_p:g}"
-                f"{', top-k %d' % r.params.top_k if r.params.top_k else ''}"
-                f"{', repeat penalty %g' % r.params.repeat_penalty if r.params.repeat_penalty != 1 else ''}"
-                " (--temperature 0: greedy). "
+                f"{sampling.describe()} (--temperature 0: greedy). "
                 "/help for commands, Ctrl-D to leave.")
     while True:
         line = console.read()
@@ -252,7 +248,7 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
             if rank == 0:  # Ctrl-C sets a flag the engine reads each round (all ranks, under --tp)
                 previous = signal.signal(signal.SIGINT, console.on_sigint)
             try:
-                result = session.ask(line, r.params, r.max_new_tokens, show, bar.update, bar.total)
+                result = session.ask(line, sampling.params, r.max_new_tokens, show, bar.update, bar.total)
             finally:
                 bar.close()
                 if previous is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from triforce.app.inputs import check_text_file, read_prompt
-from triforce.config import RunConfig
+from triforce.config import RunConfig, SamplingParams
 from triforce.cli.options import (INT, build_spec, check_non_negative, check_output_path,
                                   context_options, device_option, dtype_option, quantize_option,
                                   model_option, offload_options, runtime_options, sampling_options,
@@ -24,7 +24,7 @@ from triforce.errors import UserError
 @speculation_options(default_method="auto")
 @click.option("--max-new-tokens", type=INT, default=128, show_default=True, help="Tokens to generate at most.")
 @context_options
-@sampling_options(default_temperature=0.0)
+@sampling_options(SamplingParams())  # greedy unless asked: a run reproduces exactly
 @dtype_option
 @quantize_option
 @device_option

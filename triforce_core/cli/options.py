@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass, replace
 
 import click
 
-from triforce.config import SEED_MAX, SEED_MIN, SamplingParams, build_spec  # noqa: F401  (build_spec: the commands import it here)
+from triforce.config import CHAT_SAMPLING, SEED_MAX, SEED_MIN, SamplingParams, build_spec  # noqa: F401  (build_spec: the commands import it here)
 from triforce.errors import UserError
 
 
@@ -96,16 +97,43 @@ threads_option = click.option("--threads", type=BoundedInt(1, 4096), default=Non
                                    "leave cores to other programs; decoding on a shared machine keeps its pace.")
 
 
-def sampling_options(default_temperature: float, default_top_p: float = 1.0, default_repeat_penalty: float = 1.0):
-    """The sampling flags, handed to the command as one `sampling` (a SamplingParams, checked)."""
+MODEL_DEFAULT = ("temperature", "top_p", "top_k", "repeat_penalty")  # the flags a model's defaults may set
+
+
+@dataclass(frozen=True)
+class SamplingFlags:
+    """The sampling flags as given (a model-default flag left out: the model's own default), checked."""
+    given: dict
+
+    def over(self, defaults: SamplingParams) -> SamplingParams:
+        return replace(defaults, **self.given)
+
+    @property
+    def sets_model_defaults(self) -> bool:
+        return any(name in self.given for name in MODEL_DEFAULT)
+
+
+def sampling_options(defaults: SamplingParams | None):
+    """The sampling flags, handed to the command as one `sampling`: a SamplingParams (checked)
+    with `defaults`' values where a flag is not given; defaults None: a SamplingFlags, laid over
+    the model's own defaults once it is loaded (triforce.model.sampling_defaults)."""
+    model = defaults is None
+    shown = SamplingParams() if model else defaults
+
+    def default_help(value) -> str:
+        return " Default: the model's (its generation_config.json), else triforce's chat default " \
+               f"({value:g})." if model else ""
+
     def decorate(f):
         @functools.wraps(f)
         def command(*args, temperature, top_p, top_k, seed, repeat_penalty, presence_penalty, frequency_penalty,
                     penalty_last_n, **kwargs):
-            sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                      repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-                                      frequency_penalty=frequency_penalty, penalty_last_n=penalty_last_n)
-            return f(*args, sampling=sampling, **kwargs)
+            given = dict(temperature=temperature, top_p=top_p, top_k=top_k, repeat_penalty=repeat_penalty)
+            given = {k: v for k, v in given.items() if v is not None}
+            given.update(seed=seed, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                         penalty_last_n=penalty_last_n)
+            sampling = replace(CHAT_SAMPLING if model else defaults, **given)  # checked now
+            return f(*args, sampling=SamplingFlags(given) if model else sampling, **kwargs)
 
         command = click.option("--penalty-last-n", type=INT, default=64, show_default=True,
                                help="The context tokens (prompt included) the three penalties look at.")(command)
@@ -114,16 +142,20 @@ def sampling_options(default_temperature: float, default_top_p: float = 1.0, def
         command = click.option("--presence-penalty", type=FiniteFloat(-2.0, 2.0), default=0.0, show_default=True,
                                help="Subtracted once from the logit of a token that occurs (OpenAI's).")(command)
         command = click.option("--repeat-penalty", type=FiniteFloat(0.0, 10.0, low_open=True),
-                               default=default_repeat_penalty, show_default=True,
+                               default=None if model else shown.repeat_penalty, show_default=not model,
                                help="A token that occurs has its logit divided by this when positive, multiplied "
-                                    "when negative (llama.cpp's; 1 = off). Every method applies it exactly.")(command)
+                                    "when negative (llama.cpp's; 1 = off). Every method applies it exactly."
+                                    + default_help(CHAT_SAMPLING.repeat_penalty))(command)
         command = click.option("--seed", type=SEED, default=None, help="Random seed for reproducible sampling.")(command)
-        command = click.option("--top-k", type=INT, default=0, show_default=True,
-                               help="Keep only the k most likely tokens (0 = off).")(command)
-        command = click.option("--top-p", type=FiniteFloat(0.0, 1.0, low_open=True), default=default_top_p,
-                               show_default=True, help="Nucleus sampling mass, in (0, 1].")(command)
-        return click.option("--temperature", type=FiniteFloat(0.0), default=default_temperature, show_default=True,
-                            help="0 = greedy (argmax).")(command)
+        command = click.option("--top-k", type=INT, default=None if model else shown.top_k, show_default=not model,
+                               help="Keep only the k most likely tokens (0 = off)."
+                                    + default_help(CHAT_SAMPLING.top_k))(command)
+        command = click.option("--top-p", type=FiniteFloat(0.0, 1.0, low_open=True),
+                               default=None if model else shown.top_p, show_default=not model,
+                               help="Nucleus sampling mass, in (0, 1]." + default_help(CHAT_SAMPLING.top_p))(command)
+        return click.option("--temperature", type=FiniteFloat(0.0), default=None if model else shown.temperature,
+                            show_default=not model,
+                            help="0 = greedy (argmax)." + default_help(CHAT_SAMPLING.temperature))(command)
     return decorate
 
 

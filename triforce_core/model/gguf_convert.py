@@ -64,6 +64,7 @@ def _convert_into(gguf_path: Path, folder: Path, architecture: str) -> None:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from triforce.model.gguf_weights import GgufSource
+    from triforce.model.sampling_defaults import gguf_generation_fields
 
     where, name = str(gguf_path.parent), gguf_path.name
     started = time.perf_counter()
@@ -76,10 +77,14 @@ def _convert_into(gguf_path: Path, folder: Path, architecture: str) -> None:
         raise _unreadable(gguf_path, e) from None
     config.quantization_config = None  # weights reach the model as blocks or de-quantized floats
     del config.quantization_config
+    reader = GGUFReader(str(gguf_path))
     if architecture in _AS_LLAMA_CPP_READS:
-        _AS_LLAMA_CPP_READS[architecture](config, GGUFReader(str(gguf_path)))
+        _AS_LLAMA_CPP_READS[architecture](config, reader)
     config.save_pretrained(folder)
-    GenerationConfig.from_model_config(config).save_pretrained(folder)
+    generation = GenerationConfig.from_model_config(config)
+    for name, value in gguf_generation_fields(reader).items():  # the file's sampling defaults, if it has any
+        setattr(generation, name, value)
+    generation.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     heads = config.num_attention_heads
     GgufSource.of(gguf_path, architecture, heads, getattr(config, "num_key_value_heads", None) or heads).write(folder)

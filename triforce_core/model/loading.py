@@ -14,6 +14,7 @@ from triforce.model.decoder import CausalLM
 from triforce.model.gguf_weights import GgufSource
 from triforce.model.hf_config import generation_eos, read_hf_config
 from triforce.model.rope import layer_ropes
+from triforce.model.sampling_defaults import read_sampling_defaults
 from triforce.model.weights import check_layer_count, iter_tensors, load_into, weight_files
 from triforce.paths import cache_root, shown
 
@@ -31,6 +32,7 @@ class LoadedModel:
     eos_ids: frozenset[int]  # generation stops at any of these
     attn: SdpaAttention = SDPA  # attention backend every cache of this model uses (--attn)
     quantized: dict | None = None  # what --quantize made of the weights (triforce.model.quantized)
+    sampling_defaults: object = None  # the model's own (triforce.model.sampling_defaults.ModelSampling)
 
     @property
     def config(self) -> ModelConfig:
@@ -184,7 +186,8 @@ def load_model(spec: str, *, dtype: str = "auto", device: str = "auto",
         if quantized is None and build_on != torch_device:  # a file without blocks stays float: move it
             model.to(torch_device)
             model.use_kernels("fused")
-    return LoadedModel(model, tokenizer, folder, torch_dtype, torch_device, eos_ids, quantized=quantized)
+    return LoadedModel(model, tokenizer, folder, torch_dtype, torch_device, eos_ids, quantized=quantized,
+                       sampling_defaults=read_sampling_defaults(folder))
 
 
 def gguf_file(spec: str) -> Path | None:

@@ -20,9 +20,9 @@ from starlette.routing import Route
 from triforce.app.chat import render_messages
 from triforce.app.inputs import text_bound
 from triforce.app.textstream import TextStream
-from triforce.config import SamplingParams
 from triforce.decoding.sampling import choice_seed
 from triforce.errors import UserError
+from triforce.model.sampling_defaults import model_sampling, with_given
 from triforce.server.guard import HostGuard, read_json_body
 from triforce.server.protocol import ApiError, ChatRequest, CompletionRequest, parse
 from triforce.server.replies import Reply
@@ -133,11 +133,11 @@ class Api:
             raise ApiError(400, f"the {what} has {len(ids)} tokens but the context holds {self.context}", what,
                            code="context_length_exceeded")
         wanted = body.wanted_tokens()
-        params = SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
-                                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
-                                seed=body.seed, presence_penalty=body.presence_penalty or 0.0,
-                                frequency_penalty=body.frequency_penalty or 0.0,
-                                repeat_penalty=body.repeat_penalty or 1.0, penalty_last_n=body.repeat_last_n or 64)
+        # the fields a request leaves out: the model's defaults (triforce.model.sampling_defaults)
+        params = with_given(model_sampling(self.lm).params, temperature=body.temperature, top_p=body.top_p,
+                            top_k=body.top_k, seed=body.seed, presence_penalty=body.presence_penalty,
+                            frequency_penalty=body.frequency_penalty, repeat_penalty=body.repeat_penalty,
+                            penalty_last_n=body.repeat_last_n)
         self.requests += 1
         kind = "chatcmpl" if chat else "cmpl"
         label = f"#{self.requests} {'chat' if chat else 'completion'}"

@@ -71,6 +71,9 @@ def build_api(config: RunConfig, api_key=None, model_name=None, batch_size=None,
     parallel = f", tensor-parallel over {world} ranks" if world > 1 else ""
     from triforce.app.threads import threads_in_use
 
+    from triforce.model.sampling_defaults import model_sampling
+
+    lines.append(f"{model_sampling(runtime.lm).describe()}, where a request leaves a field out")
     lines.append(f"triforce serve: {model_id}, method {run.spec.method}, {rows} row(s) at once, "
                  f"{context}-token context, {threads_in_use()} CPU threads{parallel}")
     return Api(runtime.lm, scheduler, model_id, context, api_key, origins,

@@ -26,20 +26,28 @@ from triforce.kernels.cpu.linear import dense
 CHILD_TIMEOUT_S = 600  # the child's compile takes ~8 s on a 2-core Zen 3; a hung one must not hang a start
 
 
-def warm_up(dtype: torch.dtype, kv_shapes, say=None, blocks=None) -> None:
+def fresh(dtype: torch.dtype, kv_shapes) -> bool:
+    """Whether warm_up would compile (a first start) rather than load the kernels from numba's cache."""
+    return not _attention_cached(dtype, kv_shapes)
+
+
+def warm_up(dtype: torch.dtype, kv_shapes, say=None, blocks=None, run_step=None) -> None:
     """Compile (or load) every CPU decoding kernel `dtype` runs for models of these
     (KV heads, head dim). say(line): told of each group as it is compiled, on a first start only
     (a start with the kernels cached loads them in about a second and says nothing).
     blocks(): a block-quantized model's kernels (a group of their own, compiled while the child
-    still compiles attention)."""
-    fresh = not _attention_cached(dtype, kv_shapes)
-    tell = say if say is not None and fresh else (lambda line: None)
+    still compiles attention). run_step(name, work): runs each group on a first start instead of
+    the timing that says its time after it (a terminal names it as it starts: app.start_steps)."""
+    fresh_start = fresh(dtype, kv_shapes)
+    tell = say if say is not None and fresh_start else (lambda line: None)
     groups = 3 + (blocks is not None)
     tell(f"compiling the CPU kernels for {str(dtype).removeprefix('torch.')} (once per machine and version: "
          "later starts load them)")
-    child = _attention_child(dtype, kv_shapes) if fresh and _worth_a_child(dtype, kv_shapes) else None
-    _timed(tell, f"1/{groups} linear", lambda: dense.warm_up(dtype))
-    _timed(tell, f"2/{groups} layer halves", lambda: layer.warm_up(dtype))
+    child = _attention_child(dtype, kv_shapes) if fresh_start and _worth_a_child(dtype, kv_shapes) else None
+    timed = (lambda name, step: run_step(f"  {name}", step)) if run_step is not None and fresh_start \
+        else (lambda name, step: _timed(tell, name, step))
+    timed(f"1/{groups} linear", lambda: dense.warm_up(dtype))
+    timed(f"2/{groups} layer halves", lambda: layer.warm_up(dtype))
 
     def attention():
         if child is not None:
@@ -51,8 +59,8 @@ def warm_up(dtype: torch.dtype, kv_shapes, say=None, blocks=None) -> None:
         decode.warm_up(dtype, kv_shapes)  # loads what the child compiled (compiles what it did not)
 
     if blocks is not None:
-        _timed(tell, f"3/{groups} block weights", blocks)
-    _timed(tell, f"{groups}/{groups} attention{' (the rest of its compile beside)' if child else ''}", attention)
+        timed(f"3/{groups} block weights", blocks)
+    timed(f"{groups}/{groups} attention{' (the rest of its compile beside)' if child else ''}", attention)
 
 
 def _timed(tell, name: str, step) -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
 
 import torch
 
+from triforce.app.start_steps import active, start_step
 from triforce.app.plan_and_cache import RunPlan, build_kv_cache, plan_run, refuse_before_loading, resolve_profile
 from triforce.config import RunConfig, SpecParams
 from triforce.decoding.draft import Draft, resolve_draft
@@ -18,6 +20,7 @@ from triforce.decoding.engine import Engine
 from triforce.decoding.hooks import EngineHooks
 from triforce.errors import UserError
 from triforce.model.context_stretch import run_context, stretch_request
+from triforce.paths import shown
 
 SHORTEST_RUN = 16  # tokens: a plan that cannot hold even these fails for the weights and buffers alone
 
@@ -44,11 +47,15 @@ class Runtime:
         if world == 1:
             from triforce.model.loading import resolve_device
             refuse_before_loading(config, resolve_device(device), weights)
-        self.lm = _load(config.arch, config.model, config.dtype, device, shard, stretch, weights,
-                        required=config.quantize != "auto")
+        what = config.arch or ("the default model" if config.model == "default" else shown(config.model))
+        with start_step(f"loading {what}", rank):
+            self.lm = _load(config.arch, config.model, config.dtype, device, shard, stretch, weights,
+                            required=config.quantize != "auto")
         self.context = run_context(self.lm.config.max_position_embeddings, config.max_context)
-        self.draft: Draft = resolve_draft(config.draft, config.spec,
-                                          load=lambda name: load_draft(name, config.dtype, device))
+        with start_step(f"loading the draft {config.draft}", rank) if config.draft not in (None, "lookup") \
+                else nullcontext():
+            self.draft: Draft = resolve_draft(config.draft, config.spec,
+                                              load=lambda name: load_draft(name, config.dtype, device))
         try:
             backend, self.attn_line = select_attention(config.attn, self.lm.device)
         except ValueError as e:
@@ -68,8 +75,13 @@ class Runtime:
             from triforce.kernels.cpu import warm
             models = [self.lm] + ([self.draft.model] if self.draft.model is not None else [])
             say = (lambda line: print(line, file=sys.stderr, flush=True)) if rank == 0 else None
-            warm.warm_up(self.lm.dtype, [(m.config.num_kv_heads, m.config.head_dim) for m in models], say,
-                         blocks=partial(warm_up_blocks, self.lm) if self.lm.quantized is not None else None)
+            kv_shapes = [(m.config.num_kv_heads, m.config.head_dim) for m in models]
+            fresh, steps = warm.fresh(self.lm.dtype, kv_shapes), active() if rank == 0 else None
+            # a first start names each compile group as it starts; a later one loads them all in one step
+            with nullcontext() if fresh else start_step("loading the compiled CPU kernels", rank):
+                warm.warm_up(self.lm.dtype, kv_shapes, say,
+                             blocks=partial(warm_up_blocks, self.lm) if self.lm.quantized is not None else None,
+                             run_step=steps.run if steps is not None else None)
         elif self.lm.quantized is not None and os.environ.get("TRITON_INTERPRET") != "1":
             warm_up_blocks(self.lm)  # the Triton kernels' specialisations (the interpreter compiles none)
         self.load_s = time.perf_counter() - started

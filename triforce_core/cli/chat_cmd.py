@@ -199,6 +199,7 @@ class Console:
 def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     from triforce.app.chat import Chat
     from triforce.app.llm import LLM
+    from triforce.app.start_steps import start_step
     from triforce.app.textstream import TextStream
 
     console = Console(rank, world)
@@ -209,7 +210,8 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
     if world > 1:  # every rank asks rank 0 whether Ctrl-C was pressed, once per round
         stop = lambda: console.stop_requested(engine.hooks.agree)  # noqa: E731
     run = runtime.plan(max_len)
-    engine = runtime.engine(max_len, run, stop_requested=stop)
+    with start_step(f"preparing a {max_len}-token context", rank):
+        engine = runtime.engine(max_len, run, stop_requested=stop)
     plan = run.plan
     session = Chat(lm, max_len, system=r.system, engine=engine)
     sampling = model_sampling(lm).given(r.params)

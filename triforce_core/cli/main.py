@@ -66,9 +66,15 @@ def _check_utf8(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from triforce.app.start_steps import starting, talk_on
+
     _check_utf8(sys.argv[1:] if argv is None else argv)
     try:
-        result = cli.main(args=argv, prog_name="triforce", standalone_mode=False)
+        starting(sys.argv[1:] if argv is None else argv)  # on a terminal, each step named as it begins
+        try:
+            result = cli.main(args=argv, prog_name="triforce", standalone_mode=False)
+        finally:
+            talk_on(None)  # a step still running ends before any error is printed
     except click.UsageError as e:
         _fail(e.format_message(), 2)
     except click.ClickException as e:

@@ -89,9 +89,10 @@ def run_step(step: Step, cap_gb: float, timeout_s: float, log_dir: Path) -> dict
         rows_file.unlink(missing_ok=True)
         argv = (*argv, "--rows-file", str(rows_file))
     cmd = [sys.executable, "-m", "triforce.bench.campaign.capped", "--gb", str(cap_gb), "--", *argv]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(step.env))
     started = time.perf_counter()
-    record = {"name": step.name, "what": step.what, "command": " ".join(cmd[1:]), "timeout_s": round(timeout_s)}
+    record = {"name": step.name, "what": step.what, "command": "".join(f"{k}={v} " for k, v in step.env) + " ".join(cmd[1:]),
+              "timeout_s": round(timeout_s)}
     proc = subprocess.Popen(cmd, cwd=REPO, env=with_stacks(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     rc, stdout, stderr = communicate(proc, timeout_s)  # past its limit: every thread's stack, then it ends
@@ -133,7 +134,8 @@ def print_plan(chosen: list[Step], every: list[Step], cap_gb: float, budget_s: f
         parts = ", ".join(f"{k} {v:.0f}" for k, v in e.parts.items())
         seen = f"; last run {last[s.name]} s" if s.name in last else ""
         print(f"  {mark}{s.name:22s} ~{e.seconds:4.0f} s (limit {e.limit_s} s; {parts}; {e.source}{seen})\n"
-              f"      {s.what}\n      python -m triforce.bench.campaign.capped --gb {cap_gb:g} -- {' '.join(s.argv)}")
+              f"      {s.what}\n      {''.join(f'{k}={v} ' for k, v in s.env)}python -m triforce.bench.campaign.capped "
+              f"--gb {cap_gb:g} -- {' '.join(s.argv)}")
     print(f"estimated total of the steps to run: {total:.0f} s against a budget of {budget_s:.0f} s")
 
 

@@ -148,11 +148,25 @@ def steps(out_dir, scale: Scale = CAMPAIGN) -> list[Step]:
         Step("tier-steps", "tier step times against their bytes floor, graphs on/off, SDPA and flash-attn",
              Fixed(17.8, "measured: H200 campaign 2026-11-28"), (*tier_steps[:-1], "--attn", "sdpa,flash", "--json"),
              default=False),
+        tp_on_one_card(scale, out_dir),
         decode("decode-127k-best-case", "triforce at 127K replaying the repeated-filler needle trace (a best case)",
                Decode(long, ("triforce",), trace=BEST_CASE_TRACE, new_tokens=8, speculative_tokens=32),
                default=False),
         *(s for s in desk if not s.default),
     ]
+
+
+def tp_on_one_card(scale: Scale, out_dir) -> Step:
+    """`--tp 2` as two gloo ranks on the lease's one card (NCCL refuses two ranks on one device):
+    the tensor-parallel path's CUDA side meets hardware (placement, streams, graphs around the
+    collectives); NCCL itself and the speed of two cards stay unmeasured."""
+    d = Decode(scale.contexts[0] if scale.reduced else 8192, ("ar-offload", "triforce"), new_tokens=8,
+               speculative_tokens=16)
+    return Step("tp2-one-card", "--tp 2 as two gloo ranks on the one card: the tensor-parallel path's CUDA side "
+                                "(NCCL itself unmeasured)",
+                Fixed(60, "assumed: two processes with half of the random 7B each, an 8K context"),
+                (*decode_argv(scale, d, str(out_dir / "tp2-one-card.png")), "--tp", "2"), default=False,
+                env=(("TRIFORCE_TP_ONE_CARD", "1"),))
 
 
 # the default call's wall time: a lease's 15 minutes less the machine's start (32 s on 2026-11-28;

@@ -51,3 +51,4 @@ class Step:
     argv: tuple[str, ...]              # after `python -m triforce.bench.campaign.capped --gb CAP --`
     default: bool = True               # in the default call (which fits a lease); else named by --only or --all
     streams_rows: bool = field(default=False)  # `bench offload`: its rows go to OUT/NAME.rows.jsonl as timed
+    env: tuple[tuple[str, str], ...] = ()       # set for its process

@@ -152,3 +152,22 @@ def test_graphs_are_captured_up_front(lm):
     tokens, _ = retrieval_tokens(lm, counting)
     assert captures == [1, 2, 3, 4, 5]  # every expected length when the engine is built, none later
     assert tokens == retrieval_tokens(lm, graphs="off")[0]
+
+
+def test_two_ranks_share_one_card_over_gloo_only_when_asked(monkeypatch, capsys, tiny_model_dir):
+    """Issue 74: a GPU lease has one card and NCCL refuses two ranks on one device, so the
+    campaign's tp2-one-card step runs `--tp 2` as two gloo ranks on it (TRIFORCE_TP_ONE_CARD=1);
+    without the variable one card still refuses `--tp 2` in one line."""
+    from triforce.app import parallel
+    from triforce.cli.main import main
+
+    FakeCard(count=1, p2p=False).install(monkeypatch)
+    folder = str(tiny_model_dir("llama-gqa"))
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "--model", folder, "--prompt", "the cat", "--tp", "2", "--device", "cuda"])
+    err = capsys.readouterr().err.strip()
+    assert done.value.code == 1 and err == "triforce: error: --tp 2 needs 2 GPUs but 1 are visible"
+    monkeypatch.setenv("TRIFORCE_TP_ONE_CARD", "1")
+    parallel.check_world(2, "cuda", folder)  # no P2P between ranks on one card: no shared-memory check either
+    assert ranks.backend_for(2) == "gloo" and ranks.backend_for(1) == "nccl"
+    assert ranks.select_rank_device(1, "gloo") is None  # both ranks keep the current card

@@ -19,8 +19,8 @@ JOURNEY = ["probe", "desktop-file-small", "llamacpp-small", "desktop-prefill-sma
            "desktop-file-large", "llamacpp-large", "desktop-decode-large", "deepspeed", "paper-32k"]
 SECOND_CALL = ["prefill-32k", "prefill-127k", "decode-127k", "user", "gpu-tests", "decode-32k", "quant-kernels",
                "quant-tiles", "quant-tests", "decode-127k-q4k", "tier-steps-q4k", "peers-32k", "tier-steps",
-               "decode-127k-best-case", "llamacpp-small-q8", "desktop-prefill-small-32k", "desktop-decode-small-32k",
-               "llamacpp-large-fit", "desktop-decode-large-64k"]
+               "tp2-one-card", "decode-127k-best-case", "llamacpp-small-q8", "desktop-prefill-small-32k",
+               "desktop-decode-small-32k", "llamacpp-large-fit", "desktop-decode-large-64k"]
 # the reduced run on a CPU: one step of each command (its twins differ in numbers only, and every
 # step's command is parsed at both scales below); each step is an interpreter of its own (~4 s).
 # The user step's logic is tested in this process (test_user_step.py): its six processes took 25 s;

@@ -42,6 +42,13 @@ def run_on_ranks(world: int, fn, request, model: str | None = None, device: str 
         raise UserError(str(e)) from None
 
 
+def ranks_share_a_card() -> bool:
+    """TRIFORCE_TP_ONE_CARD=1: more ranks than GPUs run on the one card, joined by gloo (NCCL
+    refuses two ranks on one device). For checking the tensor-parallel path's CUDA side where a
+    machine has one GPU (the GPU campaign's tp2-one-card step); its speed means nothing."""
+    return os.environ.get("TRIFORCE_TP_ONE_CARD") == "1"
+
+
 def check_world(world: int, device: str, model: str | None = None, arch: str | None = None) -> None:
     """--tp N must split the model's KV heads and fit the GPUs (CUDA) or cores (CPU) present."""
     from triforce.errors import UserError
@@ -52,9 +59,9 @@ def check_world(world: int, device: str, model: str | None = None, arch: str | N
         raise UserError(f"--device {device} names one card, but --tp {world} runs rank N on cuda:N: "
                         "use --device cuda (or auto)")
     on_cuda = torch.cuda.is_available() and device in ("auto", "cuda")
-    if on_cuda and world > torch.cuda.device_count():
+    if on_cuda and world > torch.cuda.device_count() and not ranks_share_a_card():
         raise UserError(f"--tp {world} needs {world} GPUs but {torch.cuda.device_count()} are visible")
-    if on_cuda:
+    if on_cuda and world <= torch.cuda.device_count():  # NCCL between cards (ranks on one card use gloo)
         check_shared_memory(world)
     cores = os.cpu_count() or 1
     if not on_cuda and world > cores:

@@ -97,6 +97,12 @@ def _worker_main(index: int, world: int, port: int, backend: str, fn: Callable, 
     os._exit(0)
 
 
+def backend_for(world: int) -> str:
+    """NCCL where every rank has a GPU of its own; gloo on CPUs, and for ranks sharing one card
+    (app.parallel.ranks_share_a_card)."""
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+
+
 class RankFailed(RuntimeError):
     """A rank raised; the others were stopped. The message names the rank and its error."""
 
@@ -110,7 +116,7 @@ def launch(world: int, fn: Callable, args: tuple = (), *, backend: str | None = 
 
     import torch.multiprocessing as mp
 
-    backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo")
+    backend = backend or backend_for(world)
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -18,8 +18,8 @@ from triforce.offload.hybrid import HybridRates
 from triforce.offload.blocks import ALIGN_TOKENS, align_up, choose_block_tokens, promoted_tokens
 from triforce.offload.profiles import MemoryProfile, format_size
 from triforce.offload.shapes import (LoadedBlocks, activation_bytes_per_token, block_bytes_per_weight,
-                                     gather_staging_bytes, kv_bytes_per_token_layer, kv_heads_share,
-                                     matmul_workspaces, weight_bytes)
+                                     block_sums_bytes, gather_staging_bytes, kv_bytes_per_token_layer,
+                                     kv_heads_share, matmul_workspaces, weight_bytes)
 
 DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): big copies, small footprint
 MAX_SCORE_ELEMENTS = 1 << 22  # of a partial-attention tile (kernels/partial.py's, kept equal by a test: no torch here)
@@ -121,7 +121,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
         return min(chunk, context) * activation_per_token + logits + gather
 
     fixed["matmul_workspaces"] = matmul_workspaces(budget if profile.num_gpus > 0 else 0, graphs, spec.uses_sparse_cache,
-                                                   draft is not None)
+                                                   draft is not None, block_sums_bytes(model, weights, tp))
     graph_pool = 0
     if graphs:  # each drafting tier's runner: a graph per step length, each keeping its [T, vocab] logits
         longest = spec.longest_graph_step

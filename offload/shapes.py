@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from triforce.config import PREFILL_CHUNKS
 from triforce.config.model import ModelConfig
 from triforce.offload.errors import OffloadError
 
@@ -76,13 +77,28 @@ def block_bytes_per_weight(weights: "str | LoadedBlocks | None", on_gpu: bool) -
 MATMUL_WORKSPACE_BYTES = 32 << 20  # cuBLAS's per-stream workspace: 32 MiB on Hopper (cublasSetWorkspace's advice)
 
 
-def matmul_workspaces(budget_bytes: int, graphs: bool, retrieval_tier: bool, draft_tier: bool) -> int:
-    """Bytes of the cuBLAS workspaces a run holds on a GPU (budget_bytes: its device budget, 0 on a
-    CPU): one per stream that runs a matmul, the default stream and each graphed drafting tier's
-    capture stream (triforce.decoding.graph_runner). Every card from 8 GiB up holds the full 32 MiB
-    each; a toy budget below that (the simulated cards' tests) a 1/256 share."""
+def matmul_workspaces(budget_bytes: int, graphs: bool, retrieval_tier: bool, draft_tier: bool,
+                      block_sums: int = 0) -> int:
+    """Bytes of the matrix products' scratch a run holds on a GPU (budget_bytes: its device budget,
+    0 on a CPU): a cuBLAS workspace per stream that runs a matmul, the default stream and each
+    graphed drafting tier's capture stream (triforce.decoding.graph_runner), and block_sums, the
+    Triton block kernels' largest buffer of split sums (block_sums_bytes). Every card from 8 GiB
+    up holds the full 32 MiB workspace each; a toy budget below that (the simulated cards' tests)
+    a 1/256 share."""
     each = min(MATMUL_WORKSPACE_BYTES, budget_bytes // 256)
-    return (1 + (int(retrieval_tier) + int(draft_tier) if graphs else 0)) * each
+    return (1 + (int(retrieval_tier) + int(draft_tier) if graphs else 0)) * each + (block_sums if budget_bytes else 0)
+
+
+def block_sums_bytes(m: ModelConfig, weights, tp: int = 1) -> int:
+    """The Triton block kernels' largest buffer of split sums over this model's projections (every
+    pass size a run takes, up to a prefill chunk); 0 for float weights."""
+    if weights is None:
+        return 0
+    from triforce.kernels.cuda.quant_launch import GEMV_ROWS, SHORT_PASS, split_sums_bytes
+    q, kv = kv_heads_share(m, tp) * (m.num_heads // m.num_kv_heads) * m.head_dim, kv_heads_share(m, tp) * m.head_dim
+    h, f = m.hidden_size, largest_share(m.intermediate_size, tp)
+    shapes = [(q, h), (kv, h), (q + 2 * kv, h), (h, q), (f, h), (2 * f, h), (h, f), (m.vocab_size, h)]
+    return split_sums_bytes(shapes, (1, GEMV_ROWS, SHORT_PASS, PREFILL_CHUNKS[0]))
 
 
 GATHER_GROUP_BYTES = 64 << 20  # host staging of one group of layers in a rebuild (one wait a group)

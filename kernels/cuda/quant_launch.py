@@ -151,3 +151,11 @@ def plan(m: int, n: int, k: int, float32: bool, sms: int = NOMINAL_SMS, tiles: T
 def too_small_to_split(launch: Launch, k: int) -> bool:
     """Whether the split stopped at its limit (the columns cannot feed more programs)."""
     return launch.tiles.split >= most_split(k // BLOCK, launch.tiles.step)
+
+
+def split_sums_bytes(shapes, rows, sms: int = NOMINAL_SMS) -> int:
+    """The largest float32 buffer of split sums (quant_triton.blocks_linear: split x rows x out)
+    a pass of each of `rows` rows makes over these [out, in] matrices, 16-bit or float32: the
+    block kernels' scratch, which the memory plan holds."""
+    return max((launch.tiles.split * m * n * 4 for n, k in shapes for m in rows for f32 in (False, True)
+                if (launch := plan(m, n, k, f32, sms)).tiles.split > 1), default=0)

@@ -90,3 +90,24 @@ def test_a_sweep_makes_table_entries_a_card_plans_with(tmp_path):
     assert plan(3, 4096, 4096, False, 132, kind="q6_k", table=table).tiles == Tiles(16, 8, 4, 3, 8)
     assert plan(1, 4096, 4096, False, 132, kind="q8_0", table=table).tiles == plan(1, 4096, 4096, False, 132).tiles
     assert plan(4096, 4096, 4096, False, 132, kind="q4_k", table=table).tiles.block_n == 32  # prefill: defaults
+
+
+def test_the_plan_holds_the_block_kernels_split_sums(capsys):
+    """Issue 74: every byte a run allocates is in its plan, the block kernels' scratch too: their
+    largest buffer of split sums (3 MiB for Llama-3.1-8B), which blocks_linear makes as
+    [split, rows, out] float32 for a pass whose columns are split."""
+    import json
+
+    from triforce.cli.main import main
+    from triforce.kernels.cuda.quant_launch import SHORT_PASS, split_sums_bytes
+
+    def workspaces(*flags):
+        with pytest.raises(SystemExit):
+            main(["plan", "--arch", "llama3.1-8b", "--context", "32K", "--profile", "rtx4090-24g", "--json", *flags])
+        return json.loads(capsys.readouterr().out)["breakdown"]["matmul_workspaces"]
+
+    shapes = projections("llama3.1-8b").values()
+    expected = split_sums_bytes(shapes, (1, 4, SHORT_PASS, 1024))
+    launch = plan(SHORT_PASS, 6144, 4096, False)  # the fused q/k/v at the widest verify: split in two
+    assert launch.tiles.split == 2 and expected >= 2 * SHORT_PASS * 6144 * 4
+    assert workspaces("--quantize", "q4_k") - workspaces() == expected == 3 << 20

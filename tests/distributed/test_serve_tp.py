@@ -14,7 +14,9 @@ from serve_helpers import DEADLINE_S, start_process as start
 
 
 def complete(url, prompt, **kw):
-    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, **kw}
+    # greedy as `generate --temperature 0`: a request that leaves the penalty out gets the model's
+    # default, which for a model that sets none is chat's 1.1 (triforce.model.sampling_defaults)
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "repeat_penalty": 1.0, **kw}
     return httpx.post(url + "/completions", json=body, timeout=DEADLINE_S).json()
 
 

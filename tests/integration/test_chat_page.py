@@ -41,6 +41,7 @@ def test_the_page_streams_answers_keeps_the_conversation_and_stops(browser, serv
     info = browser.wait("document.getElementById('info').textContent.startsWith('method') && "
                         "document.getElementById('info').textContent")
     assert info.startswith("method ") and "1024-token context" in info and "temperature 0," in info
+    assert "repeat_penalty 1.1" in info  # the server's defaults for the fields the address leaves out
     assert browser.js("document.getElementById('model').textContent") == server.api.model_id
     ask(browser, "What is the capital of France? Answer in one sentence.")
     first = browser.wait(f"{ANSWERS}[0].dataset.state && {ANSWERS}[0].textContent")

@@ -76,8 +76,10 @@ class Api:
 
     async def health(self, request: Request) -> JSONResponse:
         failure = self.scheduler.failure
+        defaults = model_sampling(self.lm).params  # what a request's absent fields take (the chat page shows it)
         body = {"status": "error" if failure else "ok", "model": self.model_id, "method": self.scheduler.run.spec.method,
-                **self.scheduler.status()}
+                "sampling": {"temperature": defaults.temperature, "top_p": defaults.top_p, "top_k": defaults.top_k,
+                             "repeat_penalty": defaults.repeat_penalty}, **self.scheduler.status()}
         if failure:
             body["error"] = failure
         return JSONResponse(body, status_code=503 if failure else 200)

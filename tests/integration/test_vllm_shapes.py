@@ -54,6 +54,8 @@ def test_logprobs_are_the_models_whatever_the_method(models):
     assert spec.cumulative_logprob == pytest.approx(sum(e[t] for t, e in zip(spec.token_ids, spec.logprobs)))
     batch = models[0].generate(PROMPTS, params)  # asked for logprobs, a list is answered prompt by prompt
     assert batch[0].outputs[0].logprobs == spec.logprobs
+    rows = models[0].generate(PROMPTS, max_tokens=4, temperature=0)  # one batch: the prompts' ids kept too
+    assert [r.prompt_token_ids for r in rows] == [models[0].encode(p) for p in PROMPTS]
 
 
 @pytest.mark.parametrize("call, message", [

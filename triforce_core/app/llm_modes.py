@@ -23,7 +23,7 @@ def generate_batch(llm, prompts: list[list[int]], params: SamplingParams) -> lis
     stop_ids = frozenset() if params.ignore_eos else runtime.lm.eos_ids
     outcome = decode_batch(runtime, prompts, news, params.engine_params(), stop_ids, rows, run)
     results = []
-    for row, new in zip(outcome.rows, news):
+    for row, new, ids in zip(outcome.rows, news, prompts):
         stats = {**row_json(llm.tokenizer, row, run.spec.method), "batch_size": rows, "max_tokens": new,
                  "plan": run.plan.to_json()}  # generate --prompts --json's fields for this prompt
         text, stopped = stats.pop("text"), stats["stopped_by"]
@@ -31,7 +31,8 @@ def generate_batch(llm, prompts: list[list[int]], params: SamplingParams) -> lis
         if cuts:
             text, stopped = text[:min(cuts)], "stop"
         stats["stopped_by"] = stopped
-        results.append(Result(text, stats.pop("tokens"), Result.finish_reason_of(stopped), stats))
+        results.append(Result(text, stats.pop("tokens"), Result.finish_reason_of(stopped), stats,
+                              prompt_token_ids=list(ids)))
     return results
 
 

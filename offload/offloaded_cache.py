@@ -10,10 +10,9 @@ next, its queries attending in large groups, so a layer's host-bound KV is writt
 retrieval chunk means beside it, SparseReads.summarize_home) and its host blocks are streamed
 once per group rather than once per prefill chunk.
 
-Residency after prefill (`decode_resident_tokens`): a layer-major prefill needs device scratch
-that decoding does not. At the first short pass after a prefill the first whole host blocks are
-copied into that room once (`k_ext`, `v_ext`) and no longer streamed; the host keeps them too, so
-a later prefill (a chat turn) frees the copies and a rollback below them only forgets them.
+Residency after prefill (`decode_resident_tokens`): the first short pass after a prefill copies
+the first whole host blocks once into the room the prefill's device scratch leaves (`k_ext`,
+`v_ext`); the host keeps them too: a prefill frees the copies, a rollback below them forgets them.
 
 Hybrid (`hybrid`, offload.hybrid): in a pass of a few new tokens (decoding, a verify) the CPU
 attends over the oldest share of each layer's host blocks in place (triforce.kernels.cpu.attention.host,
@@ -225,6 +224,7 @@ class OffloadedCacheStep(CacheStep):
         self._waited_writes = False
         self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # this layer's host-bound new KV
         self._scratch_layer = -1
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # _scratch's own storage (k, v)
 
     def write(self, layer: int, first: int, k: torch.Tensor, v: torch.Tensor) -> None:
         c = self.cache
@@ -290,10 +290,11 @@ class OffloadedCacheStep(CacheStep):
             self._scratch = (k[:, :, skip:], v[:, :, skip:])
             return
         if self._scratch is None or self._scratch_layer != layer:
-            shape = (k.shape[0], k.shape[1], total, k.shape[3])
-            # a fresh buffer per layer: the previous layer's may still be on its way to the host
-            self._scratch = (torch.empty(shape, dtype=k.dtype, device=k.device),
-                             torch.empty(shape, dtype=v.dtype, device=v.device))
-            self._scratch_layer = layer
+            if self._buffers is not None and self.prefill:  # the last layer's KV must have left for the host
+                self.cache.prefetcher.wait_for_writes()
+            else:  # once per prefill (a verify's stays with keep_recent; a verify seldom copies here)
+                shape = (2, k.shape[0], k.shape[1], total, k.shape[3])
+                self._buffers = torch.empty(shape, dtype=k.dtype, device=k.device).unbind()
+            self._scratch, self._scratch_layer = self._buffers, layer
         self._scratch[0][:, :, at:at + k.shape[2] - skip] = k[:, :, skip:]
         self._scratch[1][:, :, at:at + v.shape[2] - skip] = v[:, :, skip:]

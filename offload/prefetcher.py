@@ -75,6 +75,7 @@ class Prefetcher:
                             for _ in range(num_buffers)]
         self.copy_stream = self.streams.stream()
         self._writes_pending = False  # a write to the host issued since the last synchronize
+        self._written = self.streams.event()  # the last write has read its source
         self._ready = [self.streams.event() for _ in range(num_buffers)]   # copy into buffer done
         self._free = [self.streams.event() for _ in range(num_buffers)]    # compute done reading buffer
         self._holds: list[tuple | None] = [None] * num_buffers            # (layer, block, version)
@@ -184,11 +185,18 @@ class Prefetcher:
             self.streams.wait_stream(self.copy_stream, self.streams.current())  # k, v are computed
             with self.streams.on(self.copy_stream):
                 self.store.write(layer, start, k, v, copy=self.streams.copy)
+                self.streams.record(self._written, self.copy_stream)
             self.streams.keep_alive(k, self.copy_stream)
             self.streams.keep_alive(v, self.copy_stream)
         else:
             self.store.write(layer, start, k, v)
         self.stats.d2h_bytes += k.nbytes + v.nbytes
+
+    def wait_for_writes(self) -> None:
+        """The compute stream waits (the host does not) until the last write has read its source,
+        so a buffer it sent may be overwritten."""
+        if self.overlap:
+            self.streams.wait_event(self.streams.current(), self._written)
 
     def send(self, host: torch.Tensor, source: torch.Tensor) -> None:
         """Copy `source` (on the device) into `host` (pinned, contiguous) behind the work that made

@@ -225,12 +225,13 @@ class CheckedStreams:
                                           f"{tuple(t.shape)} strides {t.stride()} at {where}")
         # Track the pinned side and a device target (a staging buffer, alive as long as the cache).
         # A device source is a temporary whose lifetime record_stream guards; its address may be
-        # reused by the next allocation, so it is not tracked.
+        # reused by the next allocation, so it is not tracked, unless follow_all follows it already
+        # (a buffer the code reuses: its next write must wait for the copy's read).
         self._region(dst, "host" if is_registered(dst) else "device")
         if is_registered(src):
             self._region(src, "host")
         owner = self._current
-        if is_registered(src):
+        if is_registered(src) or self._tracked(src) is not None:  # a device source followed (follow_all)
             self._access(owner, src, False, where)
         stamp = self._access(owner, dst, True, where)
         self._internal = True

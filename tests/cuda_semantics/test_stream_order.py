@@ -173,3 +173,31 @@ def test_memory_freed_and_handed_out_again_starts_without_history(checked):
     assert second.data_ptr() == address
     second.add_(1)  # new memory: no history, no error
     assert checked.checked_accesses > 0
+
+
+def test_a_grouped_prefill_stages_every_layer_in_one_buffer_and_waits_to_reuse_it(pinning, monkeypatch):
+    """Issue 73: the host-bound KV of a layer-major prefill is staged in one buffer made once per
+    pass (it was one per layer); each layer overwrites it only after the last layer's copy home
+    has read it, which the checker follows from its allocation (follow_all)."""
+    import sys
+
+    from checked_streams import CheckedStreams
+    from triforce.offload import prefetcher
+
+    fake = CheckedStreams(follow_all=True)
+    monkeypatch.setattr(prefetcher, "streams_for", lambda device: fake)
+    caches = (ResidentKVCache(CFG, 96, dtype=torch.float64), offloaded(CFG))
+    made = []
+    empty = torch.empty
+
+    def counted(*args, **kwargs):
+        if sys._getframe(1).f_code.co_name == "_stage":
+            made.append(args[0])
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", counted)
+    with fake.watching():
+        feed(caches, 40, seed=0)
+        for a, b in zip(*feed(caches, 24, seed=99, group=8)):
+            assert torch.allclose(a, b, atol=1e-12)
+    assert len(made) == 1, made  # one [2, B, Hkv, tokens, D] for the 3 layers' k and v

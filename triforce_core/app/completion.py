@@ -43,6 +43,8 @@ class Completion:
     prefill_s: float
     time_s: float
     engine_s: float = 0.0  # building the engine: its caches, tiers and the drafting tiers' graphs captured
+    engine_reused: bool = False  # the last request's engine served this one (Runtime.kept_engine)
+    prefilled: int = 0           # prompt tokens prefilled (the rest was cached by the last request)
 
     @property
     def method(self) -> str:
@@ -54,24 +56,31 @@ class Completion:
 
 def complete(runtime, ids: list[int], params, max_new_tokens: int, stop_ids: frozenset, *, on_token=None,
              progress=None, stop_requested=None, before_prefill=None, logprobs=None) -> Completion:
-    """Plan for the prompt and its new tokens, build the engine, prefill, decode: the one path from
+    """Plan for the prompt and its new tokens, build (or keep) the engine, prefill, decode: the one path from
     token ids to tokens of `triforce generate` and of triforce.LLM. logprobs: a
     decoding.logprobs.LogprobRecorder that the emitted tokens' log-probabilities go to."""
     max_len = len(ids) + max(max_new_tokens, 1)
-    run = runtime.plan(max_len)
     built = time.perf_counter()
-    engine = runtime.engine(max_len, run, stop_requested=stop_requested)
+    run, engine, reused = runtime.kept_engine(max_len, stop_requested=stop_requested)
     engine_s = time.perf_counter() - built
-    if before_prefill is not None:
-        before_prefill(run)
-    started = time.perf_counter()
-    engine.set_sequence(ids, progress)
-    prefill_s = time.perf_counter() - started
     try:
-        result = engine.generate(max_new_tokens, params, stop_ids, on_token=on_token, logprobs=logprobs)
-    except SYMPTOMS as e:
-        raise located(e, runtime.lm, engine.seq) from None
-    return Completion(ids, result, run, engine, prefill_s, time.perf_counter() - started, engine_s)
+        if before_prefill is not None:
+            before_prefill(run)
+        kept = len(ids) - 1 - engine.tokens_to_prefill(ids)  # the cached prefix of a prompt seen before
+        if kept and progress is not None:
+            progress(kept)
+        started = time.perf_counter()
+        prefilled = engine.set_sequence(ids, progress)
+        prefill_s = time.perf_counter() - started
+        try:
+            result = engine.generate(max_new_tokens, params, stop_ids, on_token=on_token, logprobs=logprobs)
+        except SYMPTOMS as e:
+            raise located(e, runtime.lm, engine.seq) from None
+    except BaseException:
+        runtime.drop_engine()  # a request that failed half-way leaves no engine for the next to trust
+        raise
+    return Completion(ids, result, run, engine, prefill_s, time.perf_counter() - started, engine_s, reused,
+                      prefilled)
 
 
 def summary_of(runtime, c: Completion, world: int = 1) -> dict:
@@ -86,6 +95,8 @@ def summary_of(runtime, c: Completion, world: int = 1) -> dict:
         "method_choice": c.run.auto.to_json() if c.run.auto is not None else None,
         "time_s": round(c.time_s, 4),
         "engine_s": round(c.engine_s, 4),  # before time_s: the engine built, its graphs captured
+        "engine_reused": c.engine_reused,
+        "prefilled_tokens": c.prefilled,
         "prefill_s": round(c.prefill_s, 4),
         "decode_s": round(result.time_s, 4),
         "tokens_per_s": round(len(result.tokens) / result.time_s, 3) if result.time_s else None,

@@ -22,6 +22,7 @@ from triforce.errors import UserError
 from triforce.model.context_stretch import run_context, stretch_request
 from triforce.paths import shown
 
+ROOM_STEP = 1024  # tokens: a kept engine's context grows in these steps (Runtime.kept_engine)
 SHORTEST_RUN = 16  # tokens: a plan that cannot hold even these fails for the weights and buffers alone
 
 
@@ -85,6 +86,7 @@ class Runtime:
         elif self.lm.quantized is not None and os.environ.get("TRITON_INTERPRET") != "1":
             warm_up_blocks(self.lm)  # the Triton kernels' specialisations (the interpreter compiles none)
         self.load_s = time.perf_counter() - started
+        self._kept: tuple[RunPlan, Engine] | None = None  # the last request's engine (kept_engine)
 
     def plan_weights(self):
         """A block-quantized model's matrices as the planner counts them (None: floats in --dtype)."""
@@ -136,6 +138,36 @@ class Runtime:
         return Engine(lm, run.spec, max_len, draft, kv_cache=kv_cache, prefill_chunk=run.plan.prefill_chunk,
                       prefill_group=run.plan.prefill_group, graphs=graphs or self.config.graphs, hooks=hooks,
                       speculate_from=run.speculate_from, draft_ahead=draft_ahead, full=full)
+
+    def kept_engine(self, max_len: int, stop_requested=None) -> tuple[RunPlan, Engine, bool]:
+        """(run, engine, reused): the last request's engine where it has room for max_len, so its
+        caches, graphs and the cached prefix of a prompt seen before carry over between requests
+        (its plan, made for a longer context, serves a shorter one: auto decodes a short sequence
+        as ar all the same); else a new one, built after the old is dropped. A runtime that served
+        a request before plans the new one ROOM_STEP tokens roomier, for a conversation's next turn."""
+        if self._kept is not None and self._kept[1].max_len >= max_len:
+            run, engine = self._kept
+            engine.hooks = replace(engine.hooks, stop_requested=stop_requested)
+            return run, engine, True
+        roomy = min(self.context, -(-max_len // ROOM_STEP) * ROOM_STEP) if self._kept is not None else max_len
+        self.drop_engine()
+        for length in dict.fromkeys((roomy, max_len)):
+            try:
+                run = self.plan(length)
+                engine = self.engine(length, run, stop_requested=stop_requested)
+                break
+            except UserError:
+                if length == max_len:  # the room beyond the request does not fit: plan for the request alone
+                    raise
+        self._kept = (run, engine)
+        return run, engine, False
+
+    def drop_engine(self) -> None:
+        """Free the kept engine (its caches) before another is built, or after a request failed."""
+        if self._kept is not None:
+            self._kept = None
+            import gc
+            gc.collect()  # an engine's tiers refer to each other: its device memory goes only with the cycle
 
     def check_host_room(self, run: RunPlan, max_len: int, rows: int = 1) -> None:
         """The plan's host side (pinned KV store; on a CPU also the 'device' caches and buffers,

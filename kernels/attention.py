@@ -118,6 +118,11 @@ class SdpaAttention:
                                  sliding_window=sliding_window)
 
 
+    def fixed_reads_filled_only(self, k_cache: torch.Tensor) -> bool:
+        """Whether attend_fixed over this buffer reads only its filled entries (else the whole
+        capacity, masked: cheap for a sparse tier's few thousand slots, not for a full cache)."""
+        return False
+
     def attend_fixed(self, q, k_cache, v_cache, k, v, *, slots: torch.Tensor, cache_seqlens: torch.Tensor,
                      visible: torch.Tensor, scale: float) -> torch.Tensor:
         """Fixed-shape attention for CUDA graphs. k_cache, v_cache [B, Hkv, C, D]: writes the new k, v
@@ -181,6 +186,9 @@ class FlashAttention(SdpaAttention):
             return super().attend(q, k, v, scale=scale, sliding_window=sliding_window)
         window = (-1, -1) if sliding_window is None else (sliding_window - 1, 0)
         return self._run(q, k, v, scale, True, window, False)
+
+    def fixed_reads_filled_only(self, k_cache: torch.Tensor) -> bool:
+        return self._takes(k_cache)  # its kv-cache kernel stops at cache_seqlens
 
     def attend_fixed(self, q, k_cache, v_cache, k, v, *, slots: torch.Tensor, cache_seqlens: torch.Tensor,
                      visible: torch.Tensor, scale: float) -> torch.Tensor:

@@ -18,8 +18,9 @@ from triforce.offload.hybrid import HybridRates
 from triforce.offload.blocks import ALIGN_TOKENS, align_up, choose_block_tokens, promoted_tokens
 from triforce.offload.profiles import MemoryProfile, format_size
 from triforce.offload.shapes import (LoadedBlocks, activation_bytes_per_token, block_bytes_per_weight,
-                                     block_sums_bytes, gather_staging_bytes, kv_bytes_per_token_layer,
-                                     kv_heads_share, matmul_workspaces, weight_bytes)
+                                     block_sums_bytes, drafting_graph_pool, full_tier_graph_pool,
+                                     gather_staging_bytes, kv_bytes_per_token_layer, kv_heads_share,
+                                     matmul_workspaces, weight_bytes)
 
 DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): big copies, small footprint
 MAX_SCORE_ELEMENTS = 1 << 22  # of a partial-attention tile (kernels/partial.py's, kept equal by a test: no torch here)
@@ -122,15 +123,7 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
 
     fixed["matmul_workspaces"] = matmul_workspaces(budget if profile.num_gpus > 0 else 0, graphs, spec.uses_sparse_cache,
                                                    draft is not None, block_sums_bytes(model, weights, tp))
-    graph_pool = 0
-    if graphs:  # each drafting tier's runner: a graph per step length, each keeping its [T, vocab] logits
-        longest = spec.longest_graph_step
-        logits_slots = longest * (longest + 1) // 2 * model.vocab_size
-        if spec.uses_sparse_cache:
-            graph_pool += logits_slots * dtype_bytes + longest * activation_per_token
-        if draft is not None:
-            element = draft_dtype_bytes or dtype_bytes
-            graph_pool += logits_slots * element + longest * activation_bytes_per_token(draft, element)
+    graph_pool = drafting_graph_pool(model, spec, dtype_bytes, draft, draft_dtype_bytes, tp) if graphs else 0
     # a prefill keeps every layer's queries of its last token (SnapKV: of its observation window)
     # until the sparse cache is selected by them
     def kept_queries(chunk: int) -> int:
@@ -140,7 +133,8 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
     retrieval = spec.uses_sparse_cache and spec.sparse_policy == "retrieval"
     means_per_token = per_token // (2 * spec.chunk_size) if retrieval else 0
     resident_all = {**fixed, "workspace": workspace(PREFILL_CHUNKS[0]) + kept_queries(PREFILL_CHUNKS[0]),
-                    "cuda_graph_pool": graph_pool,
+                    "cuda_graph_pool": graph_pool + graphs * full_tier_graph_pool(
+                        model, spec.longest_graph_step, spec.uses_sparse_cache, dtype_bytes, tp),
                     "staging_buffers": 0, "prefill_scratch": 0, "resident_kv": context * per_token,
                     "chunk_means": context * means_per_token}
     common = dict(profile=profile.name, context=context, tp=tp, gpu_budget_bytes=budget,

@@ -24,6 +24,33 @@ def activation_bytes_per_token(m: ModelConfig, dtype_bytes: int, tp: int = 1) ->
     return (6 * m.hidden_size + 2 * heads * m.head_dim + 3 * largest_share(m.intermediate_size, tp)) * dtype_bytes
 
 
+def drafting_graph_pool(m: ModelConfig, spec, dtype_bytes: int, draft: ModelConfig | None = None,
+                        draft_dtype_bytes: int | None = None, tp: int = 1) -> int:
+    """The drafting tiers' graphs (a sparse tier's over the target, a draft model's): one per step
+    length 1..longest, each keeping its [T, vocab] logits; the longest step's activations."""
+    longest = spec.longest_graph_step
+    logits_slots = longest * (longest + 1) // 2 * m.vocab_size
+    pool = 0
+    if spec.uses_sparse_cache:
+        pool += logits_slots * dtype_bytes + longest * activation_bytes_per_token(m, dtype_bytes, tp)
+    if draft is not None:
+        element = draft_dtype_bytes or dtype_bytes
+        pool += logits_slots * element + longest * activation_bytes_per_token(draft, element)
+    return pool
+
+
+def full_tier_graph_pool(m: ModelConfig, longest: int, sparse_tier: bool, dtype_bytes: int, tp: int = 1) -> int:
+    """The full tier's graphs over a resident cache (decoding.full_tier.graphable): one per verify
+    width 1..longest, each keeping its [T, vocab] logits and, where a sparse tier reads them, every
+    layer's queries [H, T, D]; the widest pass's activations. None for sliding-window models."""
+    if any(w is not None for w in m.sliding_windows):
+        return 0
+    heads = kv_heads_share(m, tp) * (m.num_heads // m.num_kv_heads)
+    queries = m.num_layers * heads * m.head_dim if sparse_tier else 0
+    rows = longest * (longest + 1) // 2
+    return rows * (m.vocab_size + queries) * dtype_bytes + longest * activation_bytes_per_token(m, dtype_bytes, tp)
+
+
 def weight_bytes(m: ModelConfig, dtype_bytes: int, tp: int = 1, matrix_bytes: float | None = None) -> int:
     """Parameter bytes on the rank with the largest share: attention split by whole KV heads
     (query heads follow their KV head), MLP by intermediate rows; embeddings, LM head and norms

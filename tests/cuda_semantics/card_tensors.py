@@ -302,7 +302,7 @@ class FakeCudaGraph:
 
     def replay(self):
         runner, view = self._step
-        out = runner._graphs.get(view.tokens.shape[1], (None, None))[1]
+        out = runner._graphs.get((view.tokens.shape[1], view.queries is not None), (None, None))[1]
         with self.mode.capture_guard(), torch.inference_mode():
             again = runner._forward(view)
             if out is not None:

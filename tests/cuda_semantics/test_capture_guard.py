@@ -70,6 +70,34 @@ def test_graphs_are_captured_before_the_first_request(capsys, graphs, tiny_model
     assert report["engine_s"] > 0  # where a one-shot generate reports their time (before time_s)
 
 
+@pytest.mark.parametrize("method", ["ar", "triforce"])
+def test_the_full_tier_is_captured_where_attention_reads_only_filled_entries(capsys, graphs, tiny_model_dir,
+                                                                            monkeypatch, method):
+    """Issue 73: the target's decoding steps and verifies replay graphs too (about 130 launches a
+    forward on a card, each paid from Python), with no host sync inside, where the attention stops
+    at the filled entries as flash-attn's kv-cache kernel does (a stand-in here); with SDPA, whose
+    fixed path reads the whole buffer (a chat's is the whole context), the full tier stays eager."""
+    from triforce import kernels
+    from triforce.kernels.attention import SdpaAttention
+
+    folder = str(tiny_model_dir("llama-gqa", max_position_embeddings=512))
+    flags = ("--method", method) + (("--draft", "lookup") if method == "triforce" else ())
+    plain = generate(capsys, graphs, folder, *flags)
+    assert "full" not in plain["graphs"]
+
+    class Bounded(SdpaAttention):
+        name = "bounded"
+
+        def fixed_reads_filled_only(self, k_cache):
+            return True
+
+    monkeypatch.setattr(kernels, "select_attention", lambda choice, device: (Bounded(), "attention: bounded"))
+    report = generate(capsys, graphs, folder, *flags)
+    assert_all_replayed(report)
+    assert report["graphs"]["full"]["replays"] > 0 and report["graphs"]["full"]["eager_runs"] == 0
+    assert report["tokens"] == plain["tokens"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["q8_0", "q4_k"])
 def test_block_quantized_weights_capture_their_drafting_tiers(capsys, graphs, tiny_model_dir, kind):

@@ -49,6 +49,29 @@ def test_static_runner_gives_the_same_tokens_and_checks_as_eager(pair, drafter):
     assert all(r.static_runs > r.eager_runs for r in runners)  # most steps took the fixed-shape path
 
 
+@pytest.mark.parametrize("method", ["ar", "triforce"])
+def test_the_full_tier_runs_its_short_passes_at_a_fixed_shape(pair, method):
+    """Issue 73: the full tier's decoding steps and verifies take the fixed-shape path the graphs
+    capture (its queries recorded there for the retrieval tier); its prefill stays eager."""
+    target, draft_model = pair
+    eager = run(target, draft_model, "off", method=method)
+    static = run(target, draft_model, "static", method=method)
+    assert static[0] == eager[0] and static[1] == eager[1]
+    full = static[2].full.runner
+    assert full is not None and full.static_runs > 0 and full.eager_runs == 0
+    assert eager[2].full.runner is None
+
+
+def test_the_full_tier_stays_eager_where_its_shape_cannot_be_fixed(tiny_model_dir):
+    from triforce.offload.offloaded_cache import OffloadedKVCache
+
+    windowed = load_model(str(tiny_model_dir("gemma3")), dtype="float64", device="cpu")
+    assert Engine(windowed, spec(method="ar"), 64, graphs="static").full.runner is None
+    target = load_model(str(tiny_model_dir("llama-gqa")), dtype="float64", device="cpu")
+    offloaded = OffloadedKVCache(target.config, 64, 16, 8, dtype=torch.float64, device="cpu", pin=False)
+    assert Engine(target, spec(method="ar"), 64, kv_cache=offloaded, graphs="static").full.runner is None
+
+
 def test_static_runner_sampling_matches_eager(pair):
     target, draft_model = pair
     sampling = SamplingParams(temperature=0.8, seed=11)

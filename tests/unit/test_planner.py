@@ -9,7 +9,7 @@ from triforce.offload.cost_model import (GAMMA2_RANGE, TIE_FRACTION, Acceptance,
 from triforce.offload.errors import OffloadError
 from triforce.offload.planner import plan_memory
 from triforce.offload.profiles import load_profile
-from triforce.offload.shapes import kv_bytes_per_token_layer, weight_bytes
+from triforce.offload.shapes import activation_bytes_per_token, kv_bytes_per_token_layer, weight_bytes
 
 GiB = 2**30
 TRIFORCE = SpecParams(method="triforce", budget=4096, gamma1=2, gamma2=6)
@@ -91,6 +91,24 @@ def test_weight_bytes_by_hand():
     # tensor parallelism splits attention by whole heads and the MLP by rows; embeddings stay whole
     half = 4 * 4096 * 2048 + 3 * 4096 * 5504 + 2 * 4096
     assert weight_bytes(cfg, 2, tp=2) == 2 * (32 * half + 2 * 32000 * 4096 + 4096)
+
+
+def test_a_resident_plan_holds_the_full_tier_s_graphs_by_hand():
+    """Issue 73: the full tier's verify widths 1..7 (gamma2 6) each keep a graph with its [T, vocab]
+    logits and every layer's queries of T tokens (the retrieval tier reads them)."""
+    with_graphs = plan("llama3.1-8b", "rtx4090-24g", context=8192, draft=None, graphs=True)
+    without = plan("llama3.1-8b", "rtx4090-24g", context=8192, draft=None, graphs=False)
+    assert with_graphs.resident_tokens == 8192
+    rows = 7 * 8 // 2
+    full = rows * (128256 + 32 * 32 * 128) * 2 + 7 * (6 * 4096 + 2 * 32 * 128 + 3 * 14336) * 2
+    sparse = rows * 128256 * 2 + 7 * (6 * 4096 + 2 * 32 * 128 + 3 * 14336) * 2
+    assert with_graphs.breakdown["cuda_graph_pool"] == full + sparse
+    assert without.breakdown["cuda_graph_pool"] == 0
+    # a sliding-window model's full tier runs eagerly: only its sparse tier's graphs
+    gemma = plan("gemma3-27b", "h100-80g", context=8192, draft=None, graphs=True)
+    cfg = arch_config("gemma3-27b")
+    assert gemma.resident_tokens == 8192
+    assert gemma.breakdown["cuda_graph_pool"] == rows * cfg.vocab_size * 2 + 7 * activation_bytes_per_token(cfg, 2)
 
 
 def test_block_quantized_weight_bytes_by_hand():

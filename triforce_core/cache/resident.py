@@ -60,6 +60,11 @@ class ResidentKVCache:
             means.rollback(length)
 
     @property
+    def end(self) -> int:
+        """The next free slot (a graph runner's name for the length)."""
+        return self.length
+
+    @property
     def batch(self) -> int:
         return self.k_buf.shape[1]
 

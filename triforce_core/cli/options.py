@@ -244,7 +244,7 @@ def runtime_options(count_syncs: bool = True):
                              help="Count the host synchronisations of each decoding phase (CUDA; a debug aid "
                                   "that slows decoding) and report them in the summary.")(f)
         f = click.option("--no-graphs", is_flag=True,
-                         help="Run the drafting tiers eagerly instead of replaying CUDA graphs (CUDA only; "
+                         help="Run every tier eagerly instead of replaying CUDA graphs (CUDA only; "
                               "the tokens are the same either way).")(f)
         f = click.option("--attn", type=click.Choice(["auto", "flash", "sdpa", "sdpa-reference"]), default="auto",
                          show_default=True,

@@ -50,7 +50,7 @@ class Engine:
             raise ValueError("method auto is chosen when a run is planned (Runtime.plan); an engine needs the method")
         self.lm, self.spec, self.hooks, self.speculate_from = lm, spec, hooks, speculate_from
         self.runner_mode = runner_mode(graphs, lm.device)
-        self.full = full or FullTier(lm, max_len, kv_cache, prefill_chunk, prefill_group)
+        self.full = full or FullTier(lm, max_len, kv_cache, prefill_chunk, prefill_group, self.runner_mode, hooks.agree_ok)
         # an engine built in code ignores a draft its method does not use (the CLI refuses one)
         draft = resolve_draft(draft, spec, refuse_unused=False)
         self.levels = build_levels(lm, spec, draft, self.full, self.runner_mode, hooks.agree_ok)

@@ -11,7 +11,7 @@ import torch
 from triforce.cache.resident import ResidentKVCache
 from triforce.cache_contract import CacheStep, FullCache
 from triforce.config import PREFILL_CHUNKS, PREFILL_GROUP
-from triforce.decoding.graph_runner import device_tokens
+from triforce.decoding.graph_runner import TierRunner, device_tokens
 from triforce.errors import UserError
 from triforce.model.loading import LoadedModel
 
@@ -27,13 +27,15 @@ def latest(kept: torch.Tensor | None, new: torch.Tensor, window: int) -> torch.T
 
 class FullTier:
     name = kind = "full"
-    runner = None  # the engine drives its passes (verify, prefill); no graphs
 
     def __init__(self, lm: LoadedModel, max_len: int, kv_cache: FullCache | None = None,
-                 prefill_chunk: int = PREFILL_CHUNK, prefill_group: int = PREFILL_GROUP):
+                 prefill_chunk: int = PREFILL_CHUNK, prefill_group: int = PREFILL_GROUP,
+                 runner_mode: str = "eager", agree=None):
         """kv_cache: a prebuilt full cache (offloaded, see triforce.app.plan_and_cache); default: a
         resident cache of max_len tokens on the model's device. prefill_chunk, prefill_group:
-        tokens per prefill forward and queries per layer-major attention call (the memory plan's)."""
+        tokens per prefill forward and queries per layer-major attention call (the memory plan's).
+        runner_mode, agree: how decoding and verify passes run (decoding.graph_runner) where the
+        cache lets their shapes be fixed (see graphable); prefills always run eagerly."""
         if max_len < 1:
             raise UserError("the context must hold at least one token")
         self.lm = lm
@@ -41,6 +43,8 @@ class FullTier:
         self.cache = kv_cache if kv_cache is not None else \
             ResidentKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device, attn=lm.attn)
         self.prefill_chunk, self.prefill_group = prefill_chunk, prefill_group
+        self.runner = TierRunner(self.model, self.cache, runner_mode, agree=agree) \
+            if runner_mode != "eager" and graphable(self.cache, runner_mode) else None
         self.tokens: list[int] = []
         # the last prefilled tokens' queries, by cache length and window, so covering the same
         # prefix again needs no re-run; dropped when the cache is truncated below that length
@@ -80,7 +84,11 @@ class FullTier:
         layer_major = prefill and self.cache.layer_major  # the whole prompt in one pass, layer by layer
         chunking = dict(chunk_tokens=self.prefill_chunk, group_tokens=self.prefill_group) if layer_major else {}
         try:
-            logits = self.model(tokens, step.positions, view, num_logits=num_logits, **chunking)[0]
+            if self.runner is not None and not prefill and num_logits is None:
+                logits = self.runner.run(ids, step, record_queries)
+                step.queries = self.runner.queries
+            else:
+                logits = self.model(tokens, step.positions, view, num_logits=num_logits, **chunking)[0]
         except BaseException:
             self.cache.rollback(start)
             raise
@@ -181,6 +189,17 @@ class FullTier:
             self.cache.rollback(length)
             del self.tokens[length:]
             self._query_memo = {key: q for key, q in self._query_memo.items() if key[0] <= length}
+
+
+def graphable(cache, runner_mode: str) -> bool:
+    """Whether the full tier's short passes over `cache` run at a fixed shape: a resident cache
+    (an offloaded one streams by the host's schedule) without sliding windows (the fixed view
+    masks causally only), in graphs where the attention reads only the filled entries (a chat's
+    cache holds the whole context: SDPA's masked fixed path would read all of it each step);
+    uncaptured (static, the graphs' reference) wherever the rest holds."""
+    if not isinstance(cache, ResidentKVCache) or any(w is not None for w in cache.sliding_windows):
+        return False
+    return runner_mode == "static" or cache.attn.fixed_reads_filled_only(cache.k_buf)
 
 
 class _PrefillView:

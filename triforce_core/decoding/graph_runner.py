@@ -60,10 +60,13 @@ def captures_held(levels):
 
 class StaticStepView:
     """A cache view of fixed shape over `k_buf`, `v_buf` [L, B, Hkv, capacity, D] for `num_new`
-    tokens; tokens, positions and slots are device tensors the runner fills before each run."""
+    tokens; tokens, positions and slots are device tensors the runner fills before each run.
+    record: each layer's queries are kept in `queries` (a graph's replay rewrites them in place)."""
 
-    def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, scale: float, attn, num_new: int):
+    def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, scale: float, attn, num_new: int,
+                 record: bool = False):
         self.k_buf, self.v_buf, self.scale, self.attn = k_buf, v_buf, scale, attn
+        self.queries: list[torch.Tensor | None] | None = [None] * k_buf.shape[0] if record else None
         device = k_buf.device
         self.tokens = torch.zeros(1, num_new, dtype=torch.long, device=device)
         self.positions = torch.zeros(1, num_new, dtype=torch.long, device=device)
@@ -78,13 +81,17 @@ class StaticStepView:
         self.cache_seqlens.copy_(self.slots[:1].to(torch.int32).expand_as(self.cache_seqlens))
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.queries is not None:
+            self.queries[layer] = q
         return self.attn.attend_fixed(q, self.k_buf[layer], self.v_buf[layer], k, v, slots=self.slots,
                                       cache_seqlens=self.cache_seqlens, visible=self._visible, scale=self.scale)
 
 
 class TierRunner:
-    """Runs `model` over a sparse or streaming cache (anything with k_buf, v_buf, scale, attn and
-    a step whose new tokens take physical slots [start, end))."""
+    """Runs `model` over a cache with k_buf, v_buf, scale, attn, `end` (its next free slot) and a
+    step whose new tokens take physical slots [start, end): a sparse or streaming cache, or the
+    full tier's resident one. A run that records queries (the full tier's verify, for retrieval)
+    has graphs of its own."""
 
     def __init__(self, model, cache, mode: str = "eager", max_graph_tokens: int = MAX_GRAPH_TOKENS,
                  agree: Callable[[bool], bool] | None = None):
@@ -94,8 +101,10 @@ class TierRunner:
             raise ValueError("CUDA graphs need a CUDA device")
         self.model, self.cache, self.mode = model, cache, mode
         self.max_graph_tokens = max_graph_tokens
-        self._views: dict[int, StaticStepView] = {}
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # by (tokens, record)
+        self._views: dict[tuple[int, bool], StaticStepView] = {}
+        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.queries: list[torch.Tensor] | None = None  # the last recording run's, per layer [B, H, T, D]
         # One memory pool for this runner's graphs, made at the first capture and gone with them.
         # Not one per process: once every graph of a pool is freed (an engine ends), PyTorch
         # cannot capture into that pool again (an internal assert, seen on an H100 with torch 2.11).
@@ -117,34 +126,38 @@ class TierRunner:
         return {"mode": self.mode, "replays": self.replays, "static_runs": self.static_runs,
                 "eager_runs": self.eager_runs, "graph_failed": self.graph_failed}
 
-    def run(self, tokens: list[int], step) -> torch.Tensor:
-        """Logits [T, V] of `tokens` fed through `step` (from cache.step(T))."""
+    def run(self, tokens: list[int], step, record: bool = False) -> torch.Tensor:
+        """Logits [T, V] of `tokens` fed through `step` (from cache.step(T, record)); with record,
+        each layer's queries in self.queries."""
         num_new = len(tokens)
+        self.queries = None
         if self.mode == "eager" or num_new > self.max_graph_tokens or self.graph_failed:
             self.eager_runs += 1
-            return self.model(device_tokens(tokens, self.cache.k_buf.device), step.positions, step)[0]
-        view = self._view(num_new)
+            logits = self.model(device_tokens(tokens, self.cache.k_buf.device), step.positions, step)[0]
+            self.queries = step.queries if record else None
+            return logits
+        key = (num_new, record)
+        view = self._view(key)
         inputs = host_ids([tokens, list(range(step.start, step.end))], view.tokens.device)
         view.tokens[0].copy_(inputs[0], non_blocking=True)
         view.slots.copy_(inputs[1], non_blocking=True)
         view.positions.copy_(step.positions)
-        if self.mode == "static":
+        if self.mode == "static" or key not in self._graphs and self.captures_held:
             self.static_runs += 1
-            return self._forward(view)[0]
-        if num_new in self._graphs:
-            graph, out = self._graphs[num_new]
-            graph.replay()
+            out = self._forward(view)
+        elif key in self._graphs:
+            out = self._graphs[key][1]
+            self._graphs[key][0].replay()
             self.replays += 1
-        elif self.captures_held:
-            self.static_runs += 1
-            return self._forward(view)[0]
-        elif not self._capture_agreed(num_new, view):
-            return self._forward(view)[0]
+        elif not self._capture_agreed(key, view):
+            out = self._forward(view)
         else:
-            graph, out = self._graphs[num_new]
+            out = self._graphs[key][1]
+        if record:
+            self.queries = [q.clone() for q in view.queries]
         return out[0].clone()  # the next replay overwrites `out`
 
-    def prepare(self, lengths) -> None:
+    def prepare(self, lengths, record: bool = False) -> None:
         """Capture the graphs of these step lengths now, before decoding, so no capture stalls a
         decoding step. Capture writes placeholder KV at the slots after the cache's end, which
         every real step overwrites before it reads them (each query sees only slots up to its own)."""
@@ -152,18 +165,19 @@ class TierRunner:
             return
         start = self.cache.end
         for num_new in lengths:
-            if num_new in self._graphs or num_new > self.max_graph_tokens or start + num_new > self.cache.k_buf.shape[3]:
+            key = (num_new, record)
+            if key in self._graphs or num_new > self.max_graph_tokens or start + num_new > self.cache.k_buf.shape[3]:
                 continue
-            view = self._view(num_new)
+            view = self._view(key)
             view.tokens.zero_()
             view.slots.copy_(torch.arange(start, start + num_new, device=view.slots.device))
             view.positions.copy_(view.slots[None])
-            if not self._capture_agreed(num_new, view):
+            if not self._capture_agreed(key, view):
                 return
 
-    def _capture_agreed(self, num_new: int, view: StaticStepView) -> bool:
-        """Capture the graph for `num_new` tokens (running this step once); False, and eager from
-        now on, when this rank or any other could not."""
+    def _capture_agreed(self, key: tuple[int, bool], view: StaticStepView) -> bool:
+        """Capture the graph for key = (tokens, record) (running this step once); False, and eager
+        from now on, when this rank or any other could not."""
         self.static_runs += 1
         captured, failure = None, None
         try:
@@ -175,14 +189,14 @@ class TierRunner:
             print(f"note: CUDA graph capture failed, running eagerly ({self.graph_failed})", file=sys.stderr)
             self._graphs.clear()
             return False
-        self._graphs[num_new] = captured
+        self._graphs[key] = captured
         return True
 
-    def _view(self, num_new: int) -> StaticStepView:
-        if num_new not in self._views:
+    def _view(self, key: tuple[int, bool]) -> StaticStepView:
+        if key not in self._views:
             c = self.cache
-            self._views[num_new] = StaticStepView(c.k_buf, c.v_buf, c.scale, c.attn, num_new)
-        return self._views[num_new]
+            self._views[key] = StaticStepView(c.k_buf, c.v_buf, c.scale, c.attn, *key)
+        return self._views[key]
 
     def _forward(self, view: StaticStepView) -> torch.Tensor:
         view.begin()

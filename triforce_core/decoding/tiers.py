@@ -213,8 +213,10 @@ def build_levels(lm: LoadedModel, spec: SpecParams, draft: Draft, full, runner_m
 
 
 def prepare_graphs(levels: list, spec: SpecParams) -> None:
-    """Capture the drafting tiers' CUDA graphs for every step length they will run, up front."""
+    """Capture every tier's CUDA graphs for each step length it will run, up front: the full
+    tier's verify records its queries where a sparse tier reads them."""
     longest = spec.longest_graph_step
+    sparse = any(t.kind == "sparse" for t in levels)
     for tier in levels:
         if tier.runner is not None:
-            tier.runner.prepare(range(1, longest + 1))
+            tier.runner.prepare(range(1, longest + 1), record=sparse and tier.kind == "full")

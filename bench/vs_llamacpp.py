@@ -19,7 +19,8 @@ prose context of `depth` tokens (llama-bench -d depth -n N). Prefill: a `--prefi
 (llama-bench -p N). Bytes per token = weights + KV read at that depth; bandwidth = a 512 MB
 sum over all threads, taken in the same run. llama.cpp keeps its KV in float16 (its default).
 "reference kernels" is our decode through one nn.Linear per matrix and PyTorch's SDPA (the plain
-paths, before the CPU kernels)."""
+paths, before the CPU kernels). `--beside quiet,busy,busy-nice19` runs it all again beside busy
+neighbours (triforce.bench.busy_neighbours), each condition in a fresh process."""
 from __future__ import annotations
 
 import json
@@ -160,14 +161,31 @@ def long_row(model: str, dtype: str, binary: str, gguf: str, threads: int, depth
 @click.option("--long-new-tokens", type=click.IntRange(2, 4096), default=128, show_default=True,
               help="Tokens decoded in the --long row (the goal's 128; short runs see little prompt lookup).")
 @click.option("--transformers", "with_hf", is_flag=True, help="Also time transformers' generate (decode rows).")
+@click.option("--beside", default="quiet", show_default=True,
+              help="Also measure beside busy neighbours, each condition in a fresh process (ours picks its "
+                   "threads at start): quiet, busy (one process spinning a core), N-busy, busy-niceK (at nice K), "
+                   "e.g. quiet,busy,busy-nice19,2-busy; each row then carries `beside` and its speeds against "
+                   "the quiet row's.")
 @click.option("--plot", "plot_path", default=None, help="Also draw the table as a PNG here.")
 @output_option
 def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth, long_budget, long_new_tokens, with_hf,
-         plot_path, fmt):
+         beside, plot_path, fmt):
     """Against llama.cpp's llama-bench on the same GGUF files and depths (see the module's docstring)."""
     from triforce.app.texts import natural_ids
+    from triforce.bench.busy_neighbours import parse_beside
     from triforce.model.loading import load_model, resolve_dtype
 
+    conditions = parse_beside(beside)
+    if [c.name for c in conditions] != ["quiet"]:
+        flags = ["--llama-bench", binary, *[arg for g in ggufs for arg in ("--gguf", g)], "--model", model,
+                 "--depths", depths, "--new-tokens", new_tokens, "--prefill", prefill, "--repeats", repeats,
+                 "--long", long_depth, "--long-budget", long_budget, "--long-new-tokens", long_new_tokens,
+                 *(["--transformers"] if with_hf else [])]
+        info, rows = beside_rows(conditions, [str(f) for f in flags])
+        if plot_path:
+            plot(rows, plot_path, info["machine"])
+        emit(fmt, info, rows, lambda: table(info, rows))
+        return
     threads = torch.get_num_threads()
     auto_dtype = str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch.")
     if long_depth and auto_dtype not in [item.partition("=")[0] for item in ggufs]:
@@ -220,14 +238,41 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
     emit(fmt, info, rows, lambda: table(info, rows))
 
 
+def beside_rows(conditions, flags: list[str]) -> tuple[dict, list[dict]]:
+    """Every row under each condition, from a fresh run of this benchmark beside its neighbours;
+    a row beside neighbours also has both sides' speeds against the quiet row's (where measured)."""
+    from triforce.bench.busy_neighbours import running
+
+    info, rows = {}, []
+    for condition in conditions:
+        with running(condition):
+            done = subprocess.run([sys.executable, "-m", "triforce.bench.vs_llamacpp", *flags, "--json"],
+                                  stdout=subprocess.PIPE, text=True, check=True)
+        report = json.loads(done.stdout)
+        info = info or {k: v for k, v in report.items() if k not in ("rows", "provenance")}
+        rows += [{"beside": condition.name, **row} for row in report["rows"]]
+    quiet = {(r["dtype"], r["test"], r["tokens"]): r for r in rows if r["beside"] == "quiet"}
+    for row in rows:
+        base = quiet.get((row["dtype"], row["test"], row["tokens"]))
+        if base is not None and row is not base:
+            row["triforce_vs_quiet"] = round(row["triforce_tok_s"] / base["triforce_tok_s"], 3)
+            row["llamacpp_vs_quiet"] = round(row["llamacpp_tok_s"] / base["llamacpp_tok_s"], 3)
+    return info, rows
+
+
 def table(info: dict, rows: list[dict]) -> None:
     print(f"{info['machine']}; memory bandwidth (512 MB sum): {info['memory_bandwidth_gb_s']} GB/s")
-    print("| dtype | test | tokens | triforce tok/s | llama.cpp tok/s | ratio | triforce GB/s | "
-          "reference kernels tok/s | transformers tok/s | --method triforce tok/s (vs ar) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    beside = any("beside" in r for r in rows)
+    print(("| beside " if beside else "") + "| dtype | test | tokens | triforce tok/s | llama.cpp tok/s | ratio | "
+          "triforce GB/s | reference kernels tok/s | transformers tok/s | --method triforce tok/s (vs ar) |")
+    print(("|---" if beside else "") + "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         spec = f"{r['speculation_tok_s']} ({r['speculation_vs_ar']}x)" if "speculation_tok_s" in r else ""
-        print(f"| {r['dtype']} | {r['test']} | {r['tokens']} | {r['triforce_tok_s']} | {r['llamacpp_tok_s']} | "
+        ours, theirs = r["triforce_tok_s"], r["llamacpp_tok_s"]
+        if "triforce_vs_quiet" in r:  # beside neighbours: each side against its own quiet speed
+            ours, theirs = f"{ours} ({r['triforce_vs_quiet']}x)", f"{theirs} ({r['llamacpp_vs_quiet']}x)"
+        first = f"| {r['beside']} " if beside else ""
+        print(first + f"| {r['dtype']} | {r['test']} | {r['tokens']} | {ours} | {theirs} | "
               f"{r['ratio']} | {r.get('triforce_gb_s', '')} | {r.get('reference_tok_s', '')} | "
               f"{r.get('transformers_tok_s', '')} | {spec} |")
 

@@ -13,3 +13,51 @@ def test_long_without_the_auto_dtypes_gguf_is_a_usage_error():
     flags = ["--llama-bench", "x", "--gguf", f"{other}=y.gguf", "--long", "32000"]
     result = CliRunner().invoke(vs_llamacpp.main, flags)
     assert result.exit_code == 2 and f"--long runs in {auto} on this CPU" in result.output
+
+
+FAKE_LLAMA_BENCH = """#!{python}
+import json, os, sys
+import psutil
+# the process that started this benchmark's neighbours: our bench's parent (llama-bench <- bench <- it)
+starter = psutil.Process(os.getppid()).ppid()
+spinning = sorted(p.nice() for p in psutil.Process(starter).children()
+                  if p.cmdline()[-2:] == ["-c", "while True: pass"])
+with open({log!r}, "a") as log:
+    log.write(json.dumps(spinning) + "\\n")
+print(json.dumps([{{"avg_ts": 50.0}}]))
+"""
+
+
+def test_beside_busy_neighbours_each_condition_runs_with_its_own(tmp_path, tiny_model_dir, capsys):
+    """Issue 76: `--beside` measures both sides again beside busy neighbours (here one at nice 19),
+    which spin while both run and are gone after; each row says beside what, and how it fared
+    against its quiet twin."""
+    import json
+    import sys
+
+    import psutil
+    import pytest
+
+    from triforce.cli.main import main
+
+    log = tmp_path / "neighbours.log"
+    fake = tmp_path / "llama-bench"
+    fake.write_text(FAKE_LLAMA_BENCH.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    flags = ["bench", "llamacpp", "--llama-bench", str(fake), "--gguf", f"float32={tmp_path / 'm.gguf'}",
+             "--model", str(tiny_model_dir("llama-gqa")), "--depths", "24", "--new-tokens", "4", "--prefill", "0",
+             "--repeats", "1", "--beside", "quiet,busy-nice19", "--json"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(flags)
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 0, err
+    quiet, busy = json.loads(out)["rows"]
+    assert (quiet["beside"], busy["beside"]) == ("quiet", "busy-nice19")
+    assert busy["llamacpp_vs_quiet"] == 1.0 and busy["triforce_vs_quiet"] > 0
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [[], [19]]
+    assert not [p for p in psutil.Process().children() if p.cmdline()[-2:] == ["-c", "while True: pass"]]
+
+
+def test_beside_refuses_what_it_cannot_run():
+    result = CliRunner().invoke(vs_llamacpp.main, ["--llama-bench", "x", "--gguf", "float32=y", "--beside", "busy-nice30"])
+    assert result.exit_code == 2 and "'busy-nice30': give quiet, busy, N-busy" in result.output

@@ -26,8 +26,9 @@ setup(
     python_requires=">=3.11",  # tomllib reads memory profiles
     package_dir=ROOTS,
     packages=packages(),
-    # the natural-text corpus, the chat page
-    package_data={"triforce.profiles": ["*.toml"], "triforce.kernels.cuda": ["*.json"], "triforce.app": ["*.txt.gz"], "triforce.server": ["*.html"]},
+    # the natural-text corpus, the chat page, the acceptance traces the GPU campaign replays
+    package_data={"triforce.profiles": ["*.toml"], "triforce.kernels.cuda": ["*.json"], "triforce.app": ["*.txt.gz"],
+                  "triforce.server": ["*.html"], "triforce.bench": ["traces/*.json"]},
     install_requires=[
         "torch>=2.5",
         "transformers>=4.56",

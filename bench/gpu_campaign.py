@@ -36,11 +36,11 @@ import click
 from triforce.bench.campaign.report import results_rows
 from triforce.bench.campaign.stacks import TAIL, communicate, with_stacks
 from triforce.bench.campaign.steps import CAMPAIGN, LEASE_S, REDUCED, steps
-from triforce.bench.campaign.work import Step
+from triforce.bench.campaign.work import HOME, Step
 from triforce.bench.harness import last_json
 from triforce.paths import write_atomically
 
-REPO = Path.cwd()  # the checkout it is run from (tests/ and bench/traces/ are read from there)
+REPO = HOME  # where the steps run: bench/traces/ (and in a checkout tests/) are read from there
 STREAMED_SHARE = 1 / 3  # a step that streams its rows starts with this share of its estimate left
 
 

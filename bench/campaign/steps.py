@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from triforce.bench.campaign.desktop import DESKTOP, REDUCED_DESKTOP, Desktop, desktop_steps
-from triforce.bench.campaign.work import BEST_CASE_TRACE, TRACE, Decode, Fixed, Prefill, Step, Tests
+from triforce.bench.campaign.work import BEST_CASE_TRACE, HOME, TRACE, Decode, Fixed, Prefill, Step, Tests
 
 # decoding after a prefill: triforce with each part on and off, beside both AR baselines
 DECODE_METHODS = ("ar-offload", "ar-hybrid", "triforce", "triforce-ahead", "triforce-no-hybrid",
@@ -210,7 +210,7 @@ def _prediction(profile: str, cap_gb: float, context: int, trace_path: str) -> d
     from triforce.bench.offload_predictions import predict
     from triforce.decoding.acceptance_trace import load_trace
 
-    return predict(profile, f"{cap_gb:g}GB", context, load_trace(trace_path))
+    return predict(profile, f"{cap_gb:g}GB", context, load_trace(str(HOME / trace_path)))
 
 
 @lru_cache(maxsize=None)
@@ -220,7 +220,7 @@ def _test_count(paths: tuple[str, ...]) -> int:
     import sys
 
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *paths],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, cwd=HOME)
     return sum(1 for line in done.stdout.splitlines() if "::" in line)
 
 

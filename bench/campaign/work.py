@@ -3,6 +3,12 @@ step itself: its estimate is priced from its work and its command built from it 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+# the checkout's root, or the installed package's folder: bench/traces/ lies under both (package
+# data), so the campaign reads its traces from any working directory and its commands name them
+# relative to here (gpu_campaign runs them from here)
+HOME = Path(__file__).resolve().parents[2]
 
 # acceptance traces replayed by random-weight architectures: recorded on natural text (what users
 # bring) at the paper's budget 4096 and gamma2 up to 15; the best case, a needle in one repeated

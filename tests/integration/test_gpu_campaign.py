@@ -29,9 +29,10 @@ REDUCED_RUN = ["probe", "prefill-127k", "decode-32k", "quant-kernels", "decode-1
                "tier-steps-q4k", "peers-32k"]
 
 
-def campaign(*flags, timeout=600):
-    done = subprocess.run([sys.executable, "-m", "triforce.bench.gpu_campaign", *flags], capture_output=True,
-                          text=True, timeout=timeout)
+def campaign(*flags, timeout=600, cwd=None):
+    """The campaign as `triforce bench campaign` where cwd is given (any folder), else its module."""
+    command = ["-m", "triforce.cli.main", "bench", "campaign"] if cwd else ["-m", "triforce.bench.gpu_campaign"]
+    done = subprocess.run([sys.executable, *command, *flags], capture_output=True, text=True, timeout=timeout, cwd=cwd)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -55,8 +56,9 @@ def test_the_default_call_fits_a_lease_on_an_h100():
     assert estimate(by["prefill-127k"]).parts["prefill compute"] > 4 * estimate(by["prefill-32k"]).parts["prefill compute"]
 
 
-def test_dry_run_prints_the_journey_with_estimates():
-    out = campaign("--dry-run")
+def test_dry_run_prints_the_journey_with_estimates(tmp_path):
+    """From a folder outside the checkout too (issue 77: the traces' paths were relative to it)."""
+    out = campaign("--dry-run", cwd=tmp_path)
     listed = [line.split()[:2] for line in out.splitlines() if " ~" in line and "(limit " in line]
     assert [name for mark, name in listed if mark == "run"] == JOURNEY
     assert [words[0] for words in listed if words[0] != "run"] == SECOND_CALL

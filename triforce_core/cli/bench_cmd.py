@@ -33,6 +33,8 @@ MODULE_BENCHES = {
                "Block-weight kernels against the float matmul and the bytes floor."),
     "start": ("triforce.bench.start_time", "main",
               "How long `triforce chat` takes to its prompt: a first start, then later ones."),
+    "campaign": ("triforce.bench.gpu_campaign", "main",
+                 "The GPU campaign a lease runs, step by step (--dry-run: its plan, on any machine)."),
     "tiers": ("triforce.bench.tier_steps", "main",
              "Each tier's step time against its bytes floor, CUDA graphs on and off."),
 }

@@ -17,7 +17,7 @@ from triforce.app.batch_tally import batch_summary
 from triforce.app.texts import natural_ids, natural_size
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.full_tier import FullTier
-from triforce.offload.batch_choice import BatchPrediction, predict_batch, spec_for
+from triforce.plan.batch_choice import BatchPrediction, predict_batch, spec_for
 
 GPU_PREDICTIONS = (("rtx4090-24g", "llama3.1-8b"), ("h100-80g", "llama3.1-8b"))
 GPU_CONTEXTS = (32768, 65536, 131072)
@@ -119,7 +119,7 @@ def crossovers(rows: list[dict]) -> dict[int, int | None]:
 def gpu_predictions(batch_sizes: list[int], budget: int) -> list[dict]:
     """The cost model's table for GPUs this project targets (random weights need no download)."""
     from triforce.model.architectures import arch_config
-    from triforce.offload.profiles import load_profile
+    from triforce.plan.profiles import load_profile
 
     out = []
     for profile_name, arch in GPU_PREDICTIONS:

@@ -108,11 +108,11 @@ class Setup:
 
 
 def sized_gamma2(runtime, context: int, spec: SpecParams, trace: dict) -> int:
-    """gamma2 the cost model picks for the trace's acceptance on this run's plan (offload.cost_model
+    """gamma2 the cost model picks for the trace's acceptance on this run's plan (plan.cost_model
     best_gammas), at most the trace's own: a replayed check accepts no more than was recorded."""
     from triforce.decoding.acceptance_trace import trace_acceptance
-    from triforce.offload.cost_model import best_gammas
-    from triforce.offload.planner import hardware
+    from triforce.plan.cost_model import best_gammas
+    from triforce.plan.planner import hardware
 
     try:
         run = runtime.plan(context + SPECULATIVE_TOKENS, spec, ALL_GIVEN)

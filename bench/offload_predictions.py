@@ -27,10 +27,10 @@ import click
 from triforce.config import SpecParams
 from triforce.decoding.acceptance_trace import load_trace, trace_acceptance
 from triforce.model.architectures import arch_config
-from triforce.offload.cost_model import (GAMMA2_RANGE, best_gammas, costs_at, drafted_ahead_ms_per_token,
+from triforce.plan.cost_model import (GAMMA2_RANGE, best_gammas, costs_at, drafted_ahead_ms_per_token,
                                          full_verify_ms, static_tree_part, triforce_ms_per_token)
-from triforce.offload.planner import hardware, plan_memory
-from triforce.offload.profiles import load_profile
+from triforce.plan.planner import hardware, plan_memory
+from triforce.plan.profiles import load_profile
 
 CONTEXTS = (32768, 130048)
 PROFILES = (("rtx4090-24g", None), ("h100-80g", "24GB"))
@@ -40,7 +40,7 @@ def predict(profile_name: str, budget_bytes: str | None, context: int, trace: di
             tree_hit: float | None = None, *, model=None, dtype_bytes: int = 2, weights=None) -> dict:
     """The cost model's ms/token by step and by `bench offload` method on a profile; `model`
     (default Llama2-7B-128K), `dtype_bytes` and `weights` (block-quantized ones) as a run has them."""
-    from triforce.offload.profiles import parse_size
+    from triforce.plan.profiles import parse_size
 
     profile = load_profile(profile_name)
     if budget_bytes:

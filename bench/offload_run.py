@@ -62,7 +62,7 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
         # the hybrid split follows this machine's link and CPU, measured now, not the profile's nominal rates
         from dataclasses import replace as with_rates
 
-        from triforce.offload.measure import host_attention_rates
+        from triforce.plan.measure import host_attention_rates
         cpu_gbps, cpu_tflops = host_attention_rates(lm.dtype)
         runtime.profile = with_rates(runtime.profile, pcie_h2d_gbps=round(h2d, 2), host_attention_gbps=round(cpu_gbps, 2),
                                      host_attention_tflops=round(cpu_tflops, 3))
@@ -122,7 +122,7 @@ def predicted_on_a_4090(r, runtime) -> tuple[str, dict]:
     if r.trace is None:
         return "none: the acceptance is the model's own, not a trace's", {}
     from triforce.bench.offload_predictions import predict
-    from triforce.offload.profiles import load_profile
+    from triforce.plan.profiles import load_profile
 
     profile = load_profile(PREDICTED_PROFILE)
     found = predict(PREDICTED_PROFILE, None, r.context, r.trace, model=runtime.lm.config,
@@ -164,13 +164,13 @@ def shared_host_store(setup, methods) -> tuple[object, str]:
         arena = HostArena(need, pin=setup.lm.device.type == "cuda", budget_bytes=setup.profile.host_bytes)
     except HostCapacityError as e:
         return None, f"one per method (a shared one did not fit: {e})"
-    from triforce.offload.profiles import format_size
+    from triforce.plan.profiles import format_size
 
     return arena, f"shared by the methods: {format_size(need)} allocated, pinned and filled once"
 
 
 def print_table(out: dict, title: str, device_type: str, plotted: bool) -> None:
-    from triforce.offload.profiles import format_size
+    from triforce.plan.profiles import format_size
 
     rows = out["rows"]
     print(title)

@@ -32,7 +32,7 @@ from triforce.bench.harness import GRAPHED_CALLS, each_call, emit, graphed_ms, o
 from triforce.model.architectures import arch_hf_config
 from triforce.config.model import ModelConfig
 from triforce.model.loading import resolve_device, resolve_dtype
-from triforce.offload.measure import memory_gbps
+from triforce.plan.measure import memory_gbps
 
 COPIES = 3
 

@@ -27,7 +27,7 @@ from triforce.decoding.tiers import DraftModelTier, SparseTier
 from triforce.kernels import select_attention
 from triforce.model.architectures import build_random_model
 from triforce.model.loading import resolve_device
-from triforce.offload.measure import memory_gbps
+from triforce.plan.measure import memory_gbps
 
 
 def weight_bytes(lm) -> int:

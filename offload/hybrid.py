@@ -35,7 +35,7 @@ class HybridRates:
 
     @classmethod
     def of(cls, hw, costs) -> "HybridRates | None":
-        """The split's rates for this hardware (offload.cost_model.Hardware) and model
+        """The split's rates for this hardware (plan.cost_model.Hardware) and model
         (StepCosts); None where the hardware has no CPU attention rates (all streamed)."""
         if hw.cpu_attention_gbps is None:
             return None

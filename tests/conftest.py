@@ -39,10 +39,10 @@ def _float32_by_default(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _a_roomy_host(monkeypatch):
-    """A card's plan takes this machine's host memory (triforce.offload.host_limits): here every
+    """A card's plan takes this machine's host memory (triforce.plan.host_limits): here every
     test plans as on a 256 GiB machine, so no plan depends on the RAM of the machine running the
     suite (--host-memory still says another; tests of the reading itself patch it their way)."""
-    from triforce.offload import host_limits
+    from triforce.plan import host_limits
 
     real, roomy = host_limits.host_memory, host_limits.HostMemory(256 << 30, 256 << 30, "this machine (the suite's)")
     monkeypatch.setattr(host_limits, "host_memory", lambda override=None: real(override) if override else roomy)

@@ -18,7 +18,7 @@ default call under LEASE_S.
 
 An estimate is one-time costs (a process's start, random weights, graph captures, Triton
 compiles: constants below, each labelled measured or assumed) plus the work the cost model
-predicts on the profile's rates with the capped card's plan (offload.planner, offload.cost_model):
+predicts on the profile's rates with the capped card's plan (plan.planner, plan.cost_model):
 decoding as tokens x predicted ms/token, a prefill as its FLOPs at a share of the tensor-core rate
 plus its host KV over the link, a host KV store as its bytes over the rate a store was allocated,
 pinned and filled at on the last H100."""
@@ -240,7 +240,7 @@ def estimate(step: Step, profile: str = "h100-80g", cap_gb: float = 24.0) -> Est
 
 
 def _prefill(p: Prefill, profile: str, cap_gb: float) -> Estimate:
-    from triforce.offload.profiles import load_profile
+    from triforce.plan.profiles import load_profile
 
     pred = _prediction(profile, cap_gb, p.context, TRACE)
     hw = load_profile(profile)

@@ -30,7 +30,7 @@ ALLOWED = {
     ("offload/sparse_reads.py",
      "host_k, host_v = host_k.to(self.device, non_blocking=True), host_v.to(self.device, non_blocking=True)"):
         "the gather staging from allocate_host (pinned); the next layer's index wait orders its reuse",
-    ("offload/measure.py", "seconds = best_seconds(lambda: dst.copy_(src, non_blocking=pin), syncer(device))"):
+    ("triforce_core/plan/measure.py", "seconds = best_seconds(lambda: dst.copy_(src, non_blocking=pin), syncer(device))"):
         "pin is true only for a pinned source",
     ("bench/offload_bench.py", "dst.copy_(src, non_blocking=pin)"): "pin is true only for a pinned source",
     ("bench/campaign/gpu_probe.py", 'info["pinned_h2d_gbps"] = _gbps(lambda: dev.copy_(host, non_blocking=True), size, device)'):

@@ -11,7 +11,7 @@ from triforce.decoding.engine import Engine
 from triforce.decoding.tiers import DraftModelTier, SparseTier
 from triforce.model.architectures import arch_hf_config
 from triforce.model.loading import load_model, resolve_device
-from triforce.offload.profiles import load_profile
+from triforce.plan.profiles import load_profile
 from triforce.pinned import pinned_bytes
 
 from fake_card import FakeCard
@@ -103,7 +103,7 @@ def test_a_context_the_desktop_cannot_hold_is_refused_before_loading(capsys, mon
     import json
 
     from triforce.cli.main import main
-    from triforce.offload import host_limits
+    from triforce.plan import host_limits
 
     folder = tmp_path / "llama2-7b-128k"
     folder.mkdir()

@@ -79,7 +79,7 @@ def test_eval_acceptance_reports_each_tier(capsys, tiny_model_dir, tmp_path):
     assert rows[0]["tiers"] == "lookup -> retrieval -> full" and rows[2]["tiers"] == "retrieval -> full"
     # `profile tune --acceptance` keeps these rows, and auto predicts with the lookup ones
     from triforce.cli.profile_cmd import _acceptance_rows
-    from triforce.offload.speculation_choice import measured_tier_acceptance
+    from triforce.plan.speculation_choice import measured_tier_acceptance
 
     saved = tmp_path / "tiers.json"
     saved.write_text(out)

@@ -221,7 +221,7 @@ def test_bench_offload_refuses_random_weights_without_a_trace(capsys):
 
 
 def test_plan_names_every_limit_at_once_and_the_host_it_reads(capsys, monkeypatch):
-    from triforce.offload import host_limits
+    from triforce.plan import host_limits
 
     monkeypatch.setattr(host_limits, "host_memory", lambda override=None: host_limits.planned_host_memory("128GiB"))
     code, out, err = run_cli(capsys, "plan", "--arch", "llama2-7b-128k", "--profile", "rtx4090-24g",
@@ -238,7 +238,7 @@ def test_plan_names_every_limit_at_once_and_the_host_it_reads(capsys, monkeypatc
 def test_the_papers_127k_setting_is_refused_on_a_64_gb_desktop(capsys, monkeypatch, how):
     """Issue 74: `plan --profile rtx4090-24g` said feasible with 62.66 GiB of host memory 'of 96.00
     GiB' (the card's profile claimed the host) on any machine; a 64 GB desktop has ~54 GiB to give."""
-    from triforce.offload import host_limits
+    from triforce.plan import host_limits
 
     flags = ["--host-memory", "64GB"] if how == "--host-memory" else []
     if how == "this machine":
@@ -262,7 +262,7 @@ def test_a_cpu_plan_reads_this_machines_memory_and_cores(capsys, monkeypatch):
     import psutil
 
     monkeypatch.setattr(psutil, "virtual_memory", lambda: namedtuple("vm", "available total")(3 * 2**30, 10 * 2**30))
-    monkeypatch.setattr("triforce.offload.host_limits._cgroup", lambda root: None)  # whatever this container's limit
+    monkeypatch.setattr("triforce.plan.host_limits._cgroup", lambda root: None)  # whatever this container's limit
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
     code, out, _ = run_cli(capsys, "plan", "--arch", "smollm2-135m", "--context", "4096", "--json")
     report = json.loads(out)

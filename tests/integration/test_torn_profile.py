@@ -1,6 +1,6 @@
 """A profile that `profile tune` began to write but did not finish is refused by name."""
 from test_cli import assert_one_line_error, run_cli
-from triforce.offload.profiles import TUNED_FOOTER, TUNED_HEADER, load_profile, profile_to_toml
+from triforce.plan.profiles import TUNED_FOOTER, TUNED_HEADER, load_profile, profile_to_toml
 
 
 def write(tmp_path, body):

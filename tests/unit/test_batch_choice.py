@@ -1,4 +1,4 @@
-"""The cost model for batches (triforce.offload.batch_choice): MagicDec's trend, the row's share
+"""The cost model for batches (triforce.plan.batch_choice): MagicDec's trend, the row's share
 of the device, and the pick --method auto makes for a batch."""
 import json
 
@@ -7,10 +7,10 @@ import pytest
 from triforce.cli.main import main
 from triforce.config import SpecParams
 from triforce.model.architectures import arch_config
-from triforce.offload.batch_choice import (BatchPrediction, choose_for_batch, predict_batch, row_profile,
+from triforce.plan.batch_choice import (BatchPrediction, choose_for_batch, predict_batch, row_profile,
                                            spec_for)
-from triforce.offload.method_choice import AUTO_MARGIN
-from triforce.offload.profiles import load_profile
+from triforce.plan.method_choice import AUTO_MARGIN
+from triforce.plan.profiles import load_profile
 from triforce.offload.shapes import weight_bytes
 
 LLAMA3 = arch_config("llama3.1-8b")

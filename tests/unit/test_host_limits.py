@@ -4,9 +4,9 @@ from collections import namedtuple
 
 import pytest
 
-from triforce.offload import host_limits
-from triforce.offload.host_limits import GIB, read_host_memory, planned_host_memory, with_host
-from triforce.offload.profiles import HOST_UNBOUNDED, list_profiles, load_profile
+from triforce.plan import host_limits
+from triforce.plan.host_limits import GIB, read_host_memory, planned_host_memory, with_host
+from triforce.plan.profiles import HOST_UNBOUNDED, list_profiles, load_profile
 
 VM = namedtuple("svmem", "total available percent used free")  # psutil's virtual_memory() fields used here
 

@@ -1,5 +1,6 @@
 """Dependencies point one way: role folders import only below themselves, offload/ only the
-core's configuration, error and contract types, pinned/ and kernels/ nothing of the core."""
+core's configuration, error and contract types, plan/ those and offload/, pinned/ and kernels/
+nothing of the core."""
 import ast
 from pathlib import Path
 
@@ -13,16 +14,20 @@ ALLOWED = {
     "kernels": ("triforce.kernels",),
     "pinned": ("triforce.pinned", "triforce.kernels"),
     "offload": ("triforce.offload", "triforce.pinned", "triforce.kernels", "triforce.config", "triforce.errors",
-                "triforce.cache_contract", "triforce.profiles"),
+                "triforce.cache_contract"),
+    # planning sits on what moves the bytes (offload/'s hybrid rates, shapes, errors) and the
+    # shipped profiles; the caches and the engine read its plans and cost model
+    "triforce_core/plan": ("triforce.plan", "triforce.offload", "triforce.pinned", "triforce.kernels",
+                           "triforce.config", "triforce.errors", "triforce.profiles"),
     # tensor parallelism's sharding is a transform of the model (model/tensor_parallel.py); launching
-    # the ranks is app/'s: model/ sits below offload/, which plans for it
+    # the ranks is app/'s: model/ imports no plan/, which plans for it
     "triforce_core/model": ("triforce.model", "triforce.config", "triforce.errors", "triforce.paths",
                             "triforce.cache_contract", "triforce.kernels"),
     "triforce_core/cache": ("triforce.cache", "triforce.model", "triforce.config", "triforce.errors",
                             "triforce.cache_contract", "triforce.kernels", "triforce.offload", "triforce.pinned"),
     "triforce_core/decoding": ("triforce.decoding", "triforce.cache", "triforce.model", "triforce.config",
                                "triforce.errors", "triforce.paths", "triforce.cache_contract", "triforce.kernels", "triforce.offload",
-                               "triforce.pinned"),
+                               "triforce.pinned", "triforce.plan"),
 }
 
 

@@ -4,9 +4,9 @@ import pytest
 from triforce.config import SpecParams
 from triforce.errors import UserError
 from triforce.model.architectures import arch_config
-from triforce.offload.cost_model import Acceptance
-from triforce.offload.method_choice import AUTO_MARGIN, choose_method, lengths
-from triforce.offload.profiles import load_profile
+from triforce.plan.cost_model import Acceptance
+from triforce.plan.method_choice import AUTO_MARGIN, choose_method, lengths
+from triforce.plan.profiles import load_profile
 
 AUTO = SpecParams(method="auto")
 
@@ -63,7 +63,7 @@ def tier_row(draft, temperature, full_rate, retrieval_kept):
 
 
 def test_measured_tier_acceptance_takes_the_lowest_lookup_rows():
-    from triforce.offload.speculation_choice import measured_tier_acceptance
+    from triforce.plan.speculation_choice import measured_tier_acceptance
 
     rows = [tier_row("lookup", 0.0, 0.93, 0.53), tier_row("lookup", 0.6, 0.91, 0.16), tier_row("none", 0.0, 0.5, 0.1),
             {"policy": "retrieval", "budget": 1024, "expected_accept": 0.9}]
@@ -90,7 +90,7 @@ def test_where_ar_is_picked_but_repeating_text_would_pay_speculation_is_tried():
     naive's tiers built to be tried now and then. A profile where nothing could pay tries nothing."""
     from dataclasses import replace as with_rates
 
-    from triforce.offload.method_choice import BEST_CASE
+    from triforce.plan.method_choice import BEST_CASE
 
     choice, spec = choose_method(arch_config("smollm2-135m"), load_profile("cpu"), 8192, AUTO, frozenset(),
                                  dtype_bytes=4)

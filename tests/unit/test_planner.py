@@ -3,12 +3,12 @@ import pytest
 
 from triforce.config import SpecParams
 from triforce.model.architectures import arch_config
-from triforce.offload.cost_model import (GAMMA2_RANGE, TIE_FRACTION, Acceptance, Gamma2Controller, Hardware, StepCosts, best_gammas,
+from triforce.plan.cost_model import (GAMMA2_RANGE, TIE_FRACTION, Acceptance, Gamma2Controller, Hardware, StepCosts, best_gammas,
                                          expected_tokens, full_verify_ms, gamma2_bounds, tier0_ms, tier1_ms,
                                          rate_from_fraction, static_tree_part, triforce_ms_per_token)
 from triforce.offload.errors import OffloadError
-from triforce.offload.planner import plan_memory
-from triforce.offload.profiles import load_profile
+from triforce.plan.planner import plan_memory
+from triforce.plan.profiles import load_profile
 from triforce.offload.shapes import activation_bytes_per_token, kv_bytes_per_token_layer, weight_bytes
 
 GiB = 2**30
@@ -141,7 +141,7 @@ def test_short_context_stays_resident_and_a_small_budget_offloads():
 
 def test_host_that_is_too_small_says_how_long_a_context_fits():
     """The card's profile bounds no host memory; the machine's (here a 64 GB desktop's) does."""
-    from triforce.offload.host_limits import planned_host_memory, with_host
+    from triforce.plan.host_limits import planned_host_memory, with_host
 
     desktop = with_host(load_profile("rtx4090-24g"), planned_host_memory("64GB"))
     p = plan_memory(arch_config("llama2-7b-128k"), desktop, 200000, SpecParams(method="triforce"), dtype_bytes=2)
@@ -259,7 +259,7 @@ def test_rate_from_fraction_refuses_what_is_no_fraction():
 def test_a_wider_dtype_than_the_profile_was_measured_in_gets_a_lower_arithmetic_rate():
     from dataclasses import replace
 
-    from triforce.offload.planner import hardware
+    from triforce.plan.planner import hardware
     profile = load_profile("cpu")
     assert dict(profile.extras)["measured_dtype"] == "bfloat16"
     bf16, f32 = hardware(profile, 2), hardware(profile, 4)
@@ -332,7 +332,7 @@ def test_block_kernels_rates_price_a_quantized_models_projections():
     profile has not measured, and floats, at the float rates. The draft stays float."""
     from dataclasses import replace
 
-    from triforce.offload.cost_model import Hardware, StepCosts, full_verify_ms, tier0_ms
+    from triforce.plan.cost_model import Hardware, StepCosts, full_verify_ms, tier0_ms
 
     hw = Hardware(hbm_gbps=20.0, h2d_gbps=16.0, compute_tflops=0.1, block_gbps=(("q4_1", 5.0), ("q8_0", 10.0)),
                   block_tflops=(("q4_1", 0.02), ("q8_0", 0.04)))

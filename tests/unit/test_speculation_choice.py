@@ -2,8 +2,8 @@
 
 from triforce.config import SpecParams
 from triforce.model.architectures import arch_config
-from triforce.offload.profiles import load_profile
-from triforce.offload.speculation_choice import choose_speculation, measured_acceptance, plan_with_choice
+from triforce.plan.profiles import load_profile
+from triforce.plan.speculation_choice import choose_speculation, measured_acceptance, plan_with_choice
 
 MODEL = arch_config("llama2-7b-128k")
 PROFILE = load_profile("rtx4090-24g")

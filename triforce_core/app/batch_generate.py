@@ -21,9 +21,9 @@ from triforce.errors import UserError
 
 def row_plan(runtime, max_len: int, rows: int, spec=None, fixed: frozenset | None = None) -> RunPlan:
     """The plan of one row when `rows` rows share the device: the weights once, the rest split.
-    --method auto picks the method, budget and gammas for the batch (triforce.offload.batch_choice).
+    --method auto picks the method, budget and gammas for the batch (triforce.plan.batch_choice).
     spec, fixed: instead of the runtime's (a benchmark running several methods)."""
-    from triforce.offload.batch_choice import choose_for_batch, predict_batch, row_profile, spec_for
+    from triforce.plan.batch_choice import choose_for_batch, predict_batch, row_profile, spec_for
 
     lm, choice, online = runtime.lm, None, None
     spec = spec or runtime.config.spec
@@ -70,7 +70,7 @@ def lone_row_plan(runtime, run: RunPlan, max_len: int, rows: int) -> RunPlan | N
 def row_check(choice, max_len: int):
     """A row's online check under a batch's --method auto: a MethodChoice that speculates from the
     start (None where the batch chose ar)."""
-    from triforce.offload.method_choice import MethodChoice
+    from triforce.plan.method_choice import MethodChoice
 
     if choice.chosen.method == "ar":
         return None

@@ -10,13 +10,13 @@ from triforce.config import AUTO, SpecParams
 
 from triforce.config.model import ModelConfig
 from triforce.errors import UserError
-from triforce.offload.cost_model import Acceptance, Gamma2Controller, RoundPrices
-from triforce.offload.method_choice import MethodChoice, choose_method, default_acceptance
-from triforce.offload.planner import MemoryPlan, hardware, plan_memory
-from triforce.offload import host_limits
-from triforce.offload.host_limits import this_cpu, with_host
-from triforce.offload.profiles import HOST_UNBOUNDED, MemoryProfile, load_profile, parse_size
-from triforce.offload.speculation_choice import Choice, plan_with_choice
+from triforce.plan.cost_model import Acceptance, Gamma2Controller, RoundPrices
+from triforce.plan.method_choice import MethodChoice, choose_method, default_acceptance
+from triforce.plan.planner import MemoryPlan, hardware, plan_memory
+from triforce.plan import host_limits
+from triforce.plan.host_limits import this_cpu, with_host
+from triforce.plan.profiles import HOST_UNBOUNDED, MemoryProfile, load_profile, parse_size
+from triforce.plan.speculation_choice import Choice, plan_with_choice
 
 
 def auto_profile(device: torch.device) -> MemoryProfile:
@@ -47,7 +47,7 @@ def auto_profile(device: torch.device) -> MemoryProfile:
 
 def resolve_profile(spec: str | None, device: torch.device, device_budget: str | None = None) -> MemoryProfile:
     """The profile a run plans with: named, or read from the device; a card's host side is this
-    machine's memory as it is now (offload.host_limits), never what a profile assumes."""
+    machine's memory as it is now (plan.host_limits), never what a profile assumes."""
     profile = load_profile(spec) if spec else auto_profile(device)
     if profile.num_gpus > 0:
         profile = with_host(profile, host_limits.host_memory())
@@ -71,7 +71,7 @@ class RunPlan:
     choice: Choice | None            # what the cost model chose (None: nothing to choose)
     profile: MemoryProfile
     auto: MethodChoice | None = None  # --method auto: the method chosen and why
-    batch: object = None             # a batch's --method auto: its BatchChoice (triforce.offload.batch_choice)
+    batch: object = None             # a batch's --method auto: its BatchChoice (triforce.plan.batch_choice)
     dtype_bytes: int | None = None   # the run's element size: the profile's rates scale with it
 
     def method_line(self) -> str | None:

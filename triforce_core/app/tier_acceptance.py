@@ -12,7 +12,7 @@ from triforce.decoding.draft import Draft
 from triforce.decoding.engine import Engine
 from triforce.decoding.sampling import make_generator
 from triforce.model.loading import LoadedModel
-from triforce.offload.cost_model import rate_from_fraction
+from triforce.plan.cost_model import rate_from_fraction
 
 
 def evaluate_tiers(lm: LoadedModel, ids: list[int], drafts: dict[str, Draft], temperatures: list[float], gen: int,

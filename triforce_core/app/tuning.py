@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from triforce.offload import measure
-from triforce.offload.profiles import HOST_UNBOUNDED, MemoryProfile
+from triforce.plan import measure
+from triforce.plan.profiles import HOST_UNBOUNDED, MemoryProfile
 
 STEPS = ("memory", "host-to-device copy", "device-to-host copy", "device memory copy", "matrix-vector product",
          "decode-shaped matmul", "forward-pass calibration", "verify-pass attention", "CPU attention over host KV",
@@ -123,7 +123,7 @@ def tune(name: str | None, acceptance_rows: list[dict], progress=None) -> Memory
     if gpus:
         gpu_bytes = min(total for _, total, _ in gpus)
         reserved = max(total - free for free, total, _ in gpus) + (512 << 20)
-        # the cards: the host memory is read when a run plans (offload.host_limits), not frozen here
+        # the cards: the host memory is read when a run plans (plan.host_limits), not frozen here
         host_bytes, description = HOST_UNBOUNDED, f"{len(gpus)} x {gpus[0][2]}, measured"
     else:  # the CPU is the device: most of the memory for the model, a share for an emulated host store
         gpu_bytes, reserved, host_bytes = int(0.6 * available), 0, int(0.25 * available)

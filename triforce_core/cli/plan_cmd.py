@@ -46,9 +46,9 @@ def _draft_shape(draft: str | None):
 
 
 def _acceptance(text: str | None, profile):
-    from triforce.offload.cost_model import Acceptance
+    from triforce.plan.cost_model import Acceptance
     if text is None:
-        from triforce.offload.method_choice import default_acceptance
+        from triforce.plan.method_choice import default_acceptance
         return default_acceptance(profile)
     try:
         values = [float(v) for v in text.split(",")]
@@ -101,9 +101,9 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
     (MagicDec's analysis: see `triforce bench batch`).
     """
     from triforce.cli.options import build_spec
-    from triforce.offload import host_limits
-    from triforce.offload.profiles import load_profile, parse_size
-    from triforce.offload.speculation_choice import plan_with_choice
+    from triforce.plan import host_limits
+    from triforce.plan.profiles import load_profile, parse_size
+    from triforce.plan.speculation_choice import plan_with_choice
 
     if context < 1:
         raise UserError(f"--context must be >= 1, got {context}")
@@ -129,7 +129,7 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
         batch, prof, spec, fixed = _batch(shape, prof, context, batch_size, spec, fixed, dtype, tp, draft)
         method = spec.method
     if spec.method == "auto":
-        from triforce.offload.method_choice import choose_method
+        from triforce.plan.method_choice import choose_method
         auto, spec = choose_method(shape, prof, context, spec, fixed, dtype_bytes=_DTYPE_BYTES[dtype],
                                    draft=_draft_shape(draft), tp=tp, has_tier0=draft != "none",
                                    assumed=_acceptance(acceptance, prof), weights=weights)
@@ -176,7 +176,7 @@ def _batch(shape, prof, context: int, rows: int, spec, fixed, dtype: str, tp: in
     """(BatchChoice, one row's profile, the spec and fixed flags to plan): auto takes the batch's pick."""
     from dataclasses import replace
 
-    from triforce.offload.batch_choice import choose_for_batch, predict_batch, row_profile, spec_for
+    from triforce.plan.batch_choice import choose_for_batch, predict_batch, row_profile, spec_for
 
     if rows < 1:
         raise UserError(f"--batch-size must be >= 1, got {rows}")
@@ -206,7 +206,7 @@ def print_batch(choice, context: int) -> None:
 
 
 def print_plan(result, name: str, dtype: str, method: str, chosen: dict) -> None:
-    from triforce.offload.profiles import format_size as fmt
+    from triforce.plan.profiles import format_size as fmt
 
     weights = "" if result.weight_format is None else f" (weights as {result.weight_format} blocks)"
     print(f"plan: {name}, {dtype}{weights}, context {result.context} tokens, method {method}, tp {result.tp}, "

@@ -18,7 +18,7 @@ def profile_group():
 @click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON.")
 def list_cmd(as_json):
     """The shipped profiles."""
-    from triforce.offload.profiles import HOST_UNBOUNDED, format_size, list_profiles
+    from triforce.plan.profiles import HOST_UNBOUNDED, format_size, list_profiles
 
     profiles = list_profiles()
     if as_json:
@@ -36,7 +36,7 @@ def list_cmd(as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the profile as JSON.")
 def show_cmd(profile, as_json):
     """One profile, by name or .toml file, with every field."""
-    from triforce.offload.profiles import format_size, load_profile
+    from triforce.plan.profiles import format_size, load_profile
 
     p = load_profile(profile)
     if as_json:
@@ -57,9 +57,9 @@ def _as_dict(p) -> dict:
     out["extras"] = dict(p.extras)
     out["block_gbps"], out["block_tflops"] = dict(p.block_gbps), dict(p.block_tflops)
     out["device_budget_bytes"] = p.device_budget_bytes
-    from triforce.offload.profiles import HOST_UNBOUNDED
+    from triforce.plan.profiles import HOST_UNBOUNDED
 
-    if p.host_bytes == HOST_UNBOUNDED:  # a card's profile: the machine's memory decides (offload.host_limits)
+    if p.host_bytes == HOST_UNBOUNDED:  # a card's profile: the machine's memory decides (plan.host_limits)
         out["host_bytes"] = None
     return out
 
@@ -82,7 +82,7 @@ def tune_cmd(out, name, acceptance_file, threads):
     from tqdm import tqdm
 
     from triforce.errors import UserError
-    from triforce.offload.profiles import TUNED_FOOTER, TUNED_HEADER, load_profile, profile_to_toml
+    from triforce.plan.profiles import TUNED_FOOTER, TUNED_HEADER, load_profile, profile_to_toml
     from triforce.paths import write_atomically
     from triforce.app.tuning import STEPS, tune
 

@@ -69,7 +69,7 @@ PREFILL_GROUP = 8192
 METHODS = ("ar", "triforce", "retrieval", "streaming", "snapkv", "naive")
 SNAPKV_WINDOW = 32  # SnapKV's observation window (tokens), as the MagicDec paper uses it
 MAX_GRAPH_TOKENS = 16  # CUDA graphs are kept for steps of 1..16 new tokens; longer steps run eagerly
-AUTO = "auto"  # the cost model picks one of the methods (triforce.offload.method_choice)
+AUTO = "auto"  # the cost model picks one of the methods (triforce.plan.method_choice)
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class SpecParams:
     @property
     def longest_graph_step(self) -> int:
         """The longest drafting-tier step kept as a CUDA graph: the runners capture 1..this tokens
-        (decoding.tiers) and the planner reserves their logits (offload.planner)."""
+        (decoding.tiers) and the planner reserves their logits (plan.planner)."""
         return min(MAX_GRAPH_TOKENS, max(self.gamma1, self.gamma2) + 1)
 
     @property

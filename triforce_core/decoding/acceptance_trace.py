@@ -69,7 +69,7 @@ class ReplayVerifier:
 def trace_acceptance(trace: dict):
     """The acceptance a trace shows, as the cost model takes it: the full tier's per-token rate
     (from the share of drafts it kept, at the trace's gamma2) and the retrieval tier's kept share."""
-    from triforce.offload.cost_model import Acceptance, rate_from_fraction
+    from triforce.plan.cost_model import Acceptance, rate_from_fraction
 
     def kept(level: str) -> float | None:
         checks = trace["levels"].get(level, [])

@@ -1,5 +1,5 @@
 """--method auto, online: decode as ar while speculation turns out slower than ar (the offline
-half, the cost model's pick before the first token, is triforce.offload.method_choice).
+half, the cost model's pick before the first token, is triforce.plan.method_choice).
 
 The a priori choice assumes an acceptance; the text decides the real one (prose that never
 repeats itself is drafted far worse than a document the answer quotes). So the engine keeps
@@ -44,7 +44,7 @@ class SpeculationGate:
     def __init__(self, prices=None, speculate_from: int = 0, cost: Callable[[Passes, float, int], float] = wall_ms,
                  window: int = GATE_WINDOW, hold: tuple[int, int] = GATE_HOLD, calibration: int = CALIBRATION_STEPS,
                  ar_first: int = 0):
-        """prices: offload.cost_model.RoundPrices (scales the ar reference with the length; None:
+        """prices: plan.cost_model.RoundPrices (scales the ar reference with the length; None:
         no scaling). speculate_from: below this length always ar (the a priori switch-over).
         ar_first: decode this many tokens as ar before the first speculative round, which then
         decides alone (where the cost model expects ar to win, speculation is only tried: text

@@ -20,7 +20,7 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
 MAX_BYTES = 1 << 60  # 1 EiB: beyond any machine, so a larger size is a typo
-HOST_UNBOUNDED = MAX_BYTES  # a card's profile sets no host bound: the machine's memory does (offload.host_limits)
+HOST_UNBOUNDED = MAX_BYTES  # a card's profile sets no host bound: the machine's memory does (plan.host_limits)
 MAX_GPUS = 64        # per profile: more than any single host holds
 MAX_THREADS = 1 << 12
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from triforce.config.model import ModelConfig
-from triforce.offload.cost_model import (Acceptance, costs_at, full_verify_ms, naive_ms_per_token,
+from triforce.plan.cost_model import (Acceptance, costs_at, full_verify_ms, naive_ms_per_token,
                                          rate_from_fraction, triforce_ms_per_token)
-from triforce.offload.planner import hardware, plan_memory
-from triforce.offload.profiles import MemoryProfile, acceptance_table
-from triforce.offload.speculation_choice import measured_tier_acceptance, plan_with_choice
+from triforce.plan.planner import hardware, plan_memory
+from triforce.plan.profiles import MemoryProfile, acceptance_table
+from triforce.plan.speculation_choice import measured_tier_acceptance, plan_with_choice
 
 AUTO_MARGIN = 1.25
 # acceptance where the profile has none measured: the lowest the default model showed with

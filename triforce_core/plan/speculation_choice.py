@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from triforce.config.model import ModelConfig
-from triforce.offload.cost_model import Acceptance, GAMMA1_RANGE, GAMMA2_RANGE, best_gammas, gamma2_bounds
+from triforce.plan.cost_model import Acceptance, GAMMA1_RANGE, GAMMA2_RANGE, best_gammas, gamma2_bounds
 from triforce.offload.errors import OffloadError
-from triforce.offload.planner import hardware, plan_memory
-from triforce.offload.profiles import MemoryProfile, acceptance_table
+from triforce.plan.planner import hardware, plan_memory
+from triforce.plan.profiles import MemoryProfile, acceptance_table
 
 TUNABLE = ("budget", "chunk_size", "gamma1", "gamma2")
 

@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass, field, replace
 
 from triforce.config import PREFILL_CHUNKS, PREFILL_GROUP, SpecParams
 from triforce.config.model import ModelConfig
-from triforce.offload.cost_model import (Acceptance, Hardware, StepCosts, full_verify_ms, tier0_ms, tier1_ms,
+from triforce.plan.cost_model import (Acceptance, Hardware, StepCosts, full_verify_ms, tier0_ms, tier1_ms,
                                          triforce_ms_per_token)
 from triforce.offload.errors import OffloadError
-from triforce.offload.fit_advice import check_tp, too_big_reason
+from triforce.plan.fit_advice import check_tp, too_big_reason
 from triforce.offload.hybrid import HybridRates
-from triforce.offload.blocks import ALIGN_TOKENS, align_up, choose_block_tokens, promoted_tokens
-from triforce.offload.profiles import MemoryProfile, format_size
+from triforce.plan.blocks import ALIGN_TOKENS, align_up, choose_block_tokens, promoted_tokens
+from triforce.plan.profiles import MemoryProfile, format_size
 from triforce.offload.shapes import (LoadedBlocks, activation_bytes_per_token, block_bytes_per_weight,
                                      block_sums_bytes, drafting_graph_pool, full_tier_graph_pool,
                                      gather_staging_bytes, kv_bytes_per_token_layer, kv_heads_share,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from triforce.config.model import ModelConfig
 from triforce.offload.errors import OffloadError
-from triforce.offload.profiles import MemoryProfile, format_size
+from triforce.plan.profiles import MemoryProfile, format_size
 
 
 def check_tp(tp: int, model: ModelConfig, profile: MemoryProfile) -> None:

@@ -1,4 +1,4 @@
-"""How a batch should decode: MagicDec's analysis through the cost model (triforce.offload.cost_model).
+"""How a batch should decode: MagicDec's analysis through the cost model (triforce.plan.cost_model).
 
 For B sequences of a context, a pass reads the weights once and each row's KV, so as the batch
 and the context grow the KV outweighs the weights and a decoding step becomes B attentions over
@@ -18,13 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from triforce.config.model import ModelConfig
-from triforce.offload.cost_model import (GAMMA1_RANGE, GAMMA2_RANGE, Acceptance, best_gammas, full_verify_ms,
+from triforce.plan.cost_model import (GAMMA1_RANGE, GAMMA2_RANGE, Acceptance, best_gammas, full_verify_ms,
                                          tier1_ms)
-from triforce.offload.method_choice import AUTO_ASSUMED, AUTO_MARGIN
-from triforce.offload.planner import hardware, plan_memory
-from triforce.offload.profiles import MemoryProfile, acceptance_table
+from triforce.plan.method_choice import AUTO_ASSUMED, AUTO_MARGIN
+from triforce.plan.planner import hardware, plan_memory
+from triforce.plan.profiles import MemoryProfile, acceptance_table
 from triforce.offload.shapes import weight_bytes
-from triforce.offload.speculation_choice import measured_acceptance
+from triforce.plan.speculation_choice import measured_acceptance
 
 # Full-tier acceptance of each self-speculation draft policy where the profile has none measured:
 # the fractions of drafts kept on 8K-token prose by the default model

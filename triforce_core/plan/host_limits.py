@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from triforce.offload.profiles import format_size, load_profile, parse_size
+from triforce.plan.profiles import format_size, load_profile, parse_size
 
 GIB = 1 << 30
 MARGIN_SHARE = 0.10  # of the machine's memory kept for the system, the weights' page cache and other programs

@@ -64,7 +64,7 @@ def test_half_precision_inputs_merge_in_float32():
 
 def test_planner_tile_constant_matches_the_kernel():
     from triforce.kernels.partial import MAX_SCORE_ELEMENTS
-    from triforce.plan.planner import MAX_SCORE_ELEMENTS as planned
+    from triforce.plan.sizes import MAX_SCORE_ELEMENTS as planned
     assert planned == MAX_SCORE_ELEMENTS
 
 

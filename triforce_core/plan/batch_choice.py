@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from triforce.config.model import ModelConfig
 from triforce.plan.cost_model import (GAMMA1_RANGE, GAMMA2_RANGE, Acceptance, best_gammas, full_verify_ms,
-                                         tier1_ms)
+                                      tier1_ms)
 from triforce.plan.method_choice import AUTO_ASSUMED, AUTO_MARGIN
 from triforce.plan.planner import hardware, plan_memory
 from triforce.plan.profiles import MemoryProfile, acceptance_table

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from triforce.config.model import ModelConfig
 from triforce.plan.cost_model import (Acceptance, costs_at, full_verify_ms, naive_ms_per_token,
-                                         rate_from_fraction, triforce_ms_per_token)
+                                      rate_from_fraction, triforce_ms_per_token)
 from triforce.plan.planner import hardware, plan_memory
 from triforce.plan.profiles import MemoryProfile, acceptance_table
 from triforce.plan.speculation_choice import measured_tier_acceptance, plan_with_choice

@@ -7,23 +7,23 @@ store and is streamed through two staging buffers during each full verify."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 
 from triforce.config import PREFILL_CHUNKS, PREFILL_GROUP, SpecParams
 from triforce.config.model import ModelConfig
-from triforce.plan.cost_model import (Acceptance, Hardware, StepCosts, full_verify_ms, tier0_ms, tier1_ms,
-                                         triforce_ms_per_token)
 from triforce.offload.errors import OffloadError
-from triforce.plan.fit_advice import check_tp, too_big_reason
 from triforce.offload.hybrid import HybridRates
+from triforce.offload.shapes import (LoadedBlocks, block_bytes_per_weight, block_sums_bytes, drafting_graph_pool,
+                                     full_tier_graph_pool, gather_staging_bytes, kv_bytes_per_token_layer,
+                                     kv_heads_share, matmul_workspaces, weight_bytes)
 from triforce.plan.blocks import ALIGN_TOKENS, align_up, choose_block_tokens, promoted_tokens
+from triforce.plan.cost_model import (Acceptance, Hardware, StepCosts, full_verify_ms, tier0_ms, tier1_ms,
+                                      triforce_ms_per_token)
+from triforce.plan.fit_advice import check_tp, too_big_reason
 from triforce.plan.profiles import MemoryProfile, format_size
-from triforce.offload.shapes import (LoadedBlocks, activation_bytes_per_token, block_bytes_per_weight,
-                                     block_sums_bytes, drafting_graph_pool, full_tier_graph_pool,
-                                     gather_staging_bytes, kv_bytes_per_token_layer, kv_heads_share,
-                                     matmul_workspaces, weight_bytes)
+from triforce.plan.sizes import PlanSizes
 
 DEFAULT_STAGING_BYTES = 32 << 20  # one staging buffer (K and V of one block): big copies, small footprint
-MAX_SCORE_ELEMENTS = 1 << 22  # of a partial-attention tile (kernels/partial.py's, kept equal by a test: no torch here)
 
 
 @dataclass(frozen=True)
@@ -93,127 +93,109 @@ def plan_memory(model: ModelConfig, profile: MemoryProfile, context: int, spec: 
         raise OffloadError(f"--tp must be >= 1, got {tp}")
     check_tp(tp, model, profile)
     graphs = profile.num_gpus > 0 if graphs is None else graphs
-    budget = profile.device_budget_bytes
-    weight_format = getattr(weights, "name", weights)
-    per_token_layer = kv_bytes_per_token_layer(model, dtype_bytes, tp)
-    per_token = per_token_layer * model.num_layers
-    heads = kv_heads_share(model, tp) * (model.num_heads // model.num_kv_heads)
-    fixed = {
-        "target_weights": weight_bytes(model, dtype_bytes, tp, block_bytes_per_weight(weights, profile.num_gpus > 0)),
-        "draft_weights": 0,
-        "retrieval_cache": 0,
-        "streaming_cache": 0,
-    }
+    sizes = PlanSizes(model, spec, context, dtype_bytes, tp)
+    fixed = _fixed_bytes(sizes, profile, weights, draft, draft_dtype_bytes, graphs)
+    graph_pool = drafting_graph_pool(model, spec, dtype_bytes, draft, draft_dtype_bytes, tp) if graphs else 0
+    common = dict(profile=profile.name, context=context, tp=tp, gpu_budget_bytes=profile.device_budget_bytes,
+                  host_budget_bytes=profile.host_bytes, weight_format=getattr(weights, "name", weights))
+    predicted = partial(_with_predictions, model=model, profile=profile, spec=spec, dtype_bytes=dtype_bytes,
+                        draft=draft, tp=tp, acceptance=acceptance, has_tier0=has_tier0)
+    resident = _all_resident(sizes, fixed, graph_pool + graphs * full_tier_graph_pool(
+        model, spec.longest_graph_step, spec.uses_sparse_cache, dtype_bytes, tp))
+    if sum(resident.values()) <= profile.device_budget_bytes:
+        return predicted(MemoryPlan(True, "", breakdown=resident, resident_tokens=context, host_breakdown={"host_kv": 0},
+                                    block_tokens=0, prefill_chunk=PREFILL_CHUNKS[0], decode_resident_tokens=context,
+                                    **common))
+    return _offloaded(sizes, profile, fixed, graph_pool, common, predicted)
+
+
+def _fixed_bytes(sizes: PlanSizes, profile: MemoryProfile, weights, draft: ModelConfig | None,
+                 draft_dtype_bytes: int | None, graphs: bool) -> dict:
+    """What the device holds whatever the context: weights, the drafting tiers' caches, workspaces."""
+    model, spec = sizes.model, sizes.spec
+    on_gpu = profile.num_gpus > 0
+    fixed = {"target_weights": weight_bytes(model, sizes.dtype_bytes, sizes.tp, block_bytes_per_weight(weights, on_gpu)),
+             "draft_weights": 0, "retrieval_cache": 0, "streaming_cache": 0}
     if spec.uses_sparse_cache:
-        fixed["retrieval_cache"] = per_token * (spec.budget + spec.sparse_append_slots)
+        fixed["retrieval_cache"] = sizes.per_token * (spec.budget + spec.sparse_append_slots)
     if draft is not None:
-        d_bytes = draft_dtype_bytes or dtype_bytes
+        d_bytes = draft_dtype_bytes or sizes.dtype_bytes
         fixed["draft_weights"] = weight_bytes(draft, d_bytes)
         slots = spec.sink_tokens + spec.draft_window_tokens + spec.draft_slack
         fixed["streaming_cache"] = slots * kv_bytes_per_token_layer(draft, d_bytes) * draft.num_layers
-    verify_tokens = spec.gamma2 + 1
-    activation_per_token = activation_bytes_per_token(model, dtype_bytes, tp)
-    logits = 2 * max(verify_tokens, 1) * model.vocab_size * 4
-    gather = 2 * spec.budget * per_token_layer if spec.uses_sparse_cache else 0  # during a rebuild
-    gamma_slots = 2 * (spec.gamma1 + spec.gamma2_range[1]) if spec.uses_sparse_cache else 0
-    gamma_bytes = logits + gamma_slots * per_token  # what a fit error blames on the gammas
+    fixed["matmul_workspaces"] = matmul_workspaces(profile.device_budget_bytes if on_gpu else 0, graphs,
+                                                   spec.uses_sparse_cache, draft is not None,
+                                                   block_sums_bytes(model, weights, sizes.tp))
+    return fixed
 
-    def workspace(chunk: int) -> int:
-        return min(chunk, context) * activation_per_token + logits + gather
 
-    fixed["matmul_workspaces"] = matmul_workspaces(budget if profile.num_gpus > 0 else 0, graphs, spec.uses_sparse_cache,
-                                                   draft is not None, block_sums_bytes(model, weights, tp))
-    graph_pool = drafting_graph_pool(model, spec, dtype_bytes, draft, draft_dtype_bytes, tp) if graphs else 0
-    # a prefill keeps every layer's queries of its last token (SnapKV: of its observation window)
-    # until the sparse cache is selected by them
-    def kept_queries(chunk: int) -> int:
-        return model.num_layers * heads * spec.selection_window * model.head_dim * dtype_bytes \
-            if spec.uses_sparse_cache else 0
-    # mean keys of retrieval chunks, kept beside resident keys (triforce.kernels.chunk_means)
-    retrieval = spec.uses_sparse_cache and spec.sparse_policy == "retrieval"
-    means_per_token = per_token // (2 * spec.chunk_size) if retrieval else 0
-    resident_all = {**fixed, "workspace": workspace(PREFILL_CHUNKS[0]) + kept_queries(PREFILL_CHUNKS[0]),
-                    "cuda_graph_pool": graph_pool + graphs * full_tier_graph_pool(
-                        model, spec.longest_graph_step, spec.uses_sparse_cache, dtype_bytes, tp),
-                    "staging_buffers": 0, "prefill_scratch": 0, "resident_kv": context * per_token,
-                    "chunk_means": context * means_per_token}
-    common = dict(profile=profile.name, context=context, tp=tp, gpu_budget_bytes=budget,
-                  host_budget_bytes=profile.host_bytes)
-    if sum(resident_all.values()) <= budget:
-        plan = MemoryPlan(True, "", weight_format=weight_format, breakdown=resident_all, resident_tokens=context,
-                          host_breakdown={"host_kv": 0}, block_tokens=0, prefill_chunk=PREFILL_CHUNKS[0],
-                          decode_resident_tokens=context, **common)
-        return _with_predictions(plan, model, profile, spec, dtype_bytes, draft, tp, acceptance, has_tier0)
+def _all_resident(sizes: PlanSizes, fixed: dict, graph_pool: int) -> dict:
+    """The device's bytes with every token's KV on it (chunked prefill, no staging)."""
+    return {**fixed, "workspace": sizes.workspace(PREFILL_CHUNKS[0]), "cuda_graph_pool": graph_pool,
+            "staging_buffers": 0, "prefill_scratch": 0, "resident_kv": sizes.context * sizes.per_token,
+            "chunk_means": sizes.context * sizes.means_per_token}
 
-    block = choose_block_tokens(per_token_layer, _staging_bytes(profile), context)
-    staging = 2 * block * per_token_layer
-    def tile_scores(queries: int) -> int:  # the largest score tile partial attention makes
-        return min(MAX_SCORE_ELEMENTS, heads * min(queries, context) * context) * (8 if dtype_bytes == 8 else 4)
 
-    def sizes():
-        """(chunk, query group) from the largest down: a smaller group streams the host KV more
-        often but is tried before a smaller chunk, which slows every projection."""
-        for chunk in PREFILL_CHUNKS:
-            group = min(align_up(context, chunk), max(chunk, PREFILL_GROUP // chunk * chunk))
-            while True:
-                yield chunk, group
-                if group == chunk:
-                    break
-                group = max(chunk, group // 2 // chunk * chunk)
-
-    def group_attention(group: int) -> int:
-        """A layer-major query group: its queries and attention output (dtype), and the running
-        merge and one block's partial result (float32, or float64)."""
-        calc = 8 if dtype_bytes == 8 else 4
-        return min(group, context) * heads * (model.head_dim * (2 * dtype_bytes + 2 * calc) + 2 * calc)
-
-    # layer-major prefill: every prompt token's hidden state, its RoPE angles, one layer's new KV
-    prefill_scratch = context * (model.hidden_size + 2 * model.head_dim + per_token_layer // dtype_bytes) * dtype_bytes
-    for chunk, group in sizes():
-        offload = {**fixed, "workspace": workspace(chunk) + tile_scores(group) + kept_queries(chunk)
-                   + group_attention(group),
-                   "cuda_graph_pool": graph_pool,
-                   "staging_buffers": staging, "prefill_scratch": prefill_scratch}
-        room = budget - sum(offload.values())
+def _offloaded(sizes: PlanSizes, profile: MemoryProfile, fixed: dict, graph_pool: int, common: dict,
+               predicted) -> MemoryPlan:
+    """The largest prefill sizes whose buffers fit, then as many resident tokens as the room left
+    holds (aligned, below the context: the resident plan was the one above); the rest on the host."""
+    budget, per_token, per_token_layer = profile.device_budget_bytes, sizes.per_token, sizes.per_token_layer
+    block = choose_block_tokens(per_token_layer, _staging_bytes(profile), sizes.context)
+    for chunk, group in sizes.prefill_sizes():
+        device = {**fixed, "workspace": sizes.workspace(chunk) + sizes.group_attention(group),
+                  "cuda_graph_pool": graph_pool, "staging_buffers": 2 * block * per_token_layer,
+                  "prefill_scratch": sizes.prefill_scratch}
+        room = budget - sum(device.values())
         if room >= 0:
             break
     if room < 0:
-        scratch_per_token = prefill_scratch / context
-        reason = too_big_reason(offload, budget, profile, model, tp, scratch_per_token, gamma_bytes)
-        return MemoryPlan(False, reason, weight_format=weight_format, breakdown={**offload, "resident_kv": 0, "chunk_means": 0},
-                          resident_tokens=0, host_breakdown={"host_kv": 0}, block_tokens=block,
-                          prefill_chunk=chunk, prefill_group=group, **common)
-    # below the context: this branch offloads (a plan that keeps every token resident is the one above)
-    resident_tokens = min(context - 1, room // (per_token + means_per_token)) // ALIGN_TOKENS * ALIGN_TOKENS
-    host_tokens = context - resident_tokens
+        reason = too_big_reason(device, budget, profile, sizes.model, sizes.tp, sizes.prefill_scratch / sizes.context,
+                                sizes.gamma_bytes)
+        return MemoryPlan(False, reason, breakdown={**device, "resident_kv": 0, "chunk_means": 0}, resident_tokens=0,
+                          host_breakdown={"host_kv": 0}, block_tokens=block, prefill_chunk=chunk, prefill_group=group,
+                          **common)
+    resident_tokens = min(sizes.context - 1, room // (per_token + sizes.means_per_token)) // ALIGN_TOKENS * ALIGN_TOKENS
+    host_tokens = sizes.context - resident_tokens
     block = min(block, align_up(host_tokens))  # no block longer than the host range needs
-    offload["staging_buffers"] = 2 * block * per_token_layer
+    device["staging_buffers"] = 2 * block * per_token_layer
+    host = _host_bytes(sizes, host_tokens, block)
+    reason = _host_reason(sizes, profile, host, host_tokens, resident_tokens)
+    breakdown = {**device, "resident_kv": resident_tokens * per_token,
+                 "chunk_means": resident_tokens * sizes.means_per_token}
+    moved = promoted_tokens(device["prefill_scratch"], per_token, block, host_tokens)
+    return predicted(MemoryPlan(not reason, reason, breakdown=breakdown, resident_tokens=resident_tokens,
+                                host_breakdown=host, block_tokens=block, prefill_chunk=chunk, prefill_group=group,
+                                decode_resident_tokens=resident_tokens + moved, **common))
+
+
+def _host_bytes(sizes: PlanSizes, host_tokens: int, block: int) -> dict:
+    """The host's part: whole KV blocks, a retrieval gather's staging, host chunks' mean keys."""
+    model, spec = sizes.model, sizes.spec
     host_slots = -(-host_tokens // block) * block  # the host store holds whole blocks
-    host = {"host_kv": host_slots * model.num_layers * 2 * model.num_kv_heads * model.head_dim * dtype_bytes,
+    host = {"host_kv": host_slots * model.num_layers * 2 * model.num_kv_heads * model.head_dim * sizes.dtype_bytes,
             "host_staging": 0, "host_chunk_means": 0}
     if spec.uses_sparse_cache:
-        host["host_staging"] = gather_staging_bytes(tp * spec.budget * per_token_layer, model.num_layers)
+        host["host_staging"] = gather_staging_bytes(sizes.tp * spec.budget * sizes.per_token_layer, model.num_layers)
         if spec.sparse_policy == "retrieval":
             host["host_chunk_means"] = (host_tokens // spec.chunk_size) * model.num_layers \
-                * model.num_kv_heads * model.head_dim * dtype_bytes
-    breakdown = {**offload, "resident_kv": resident_tokens * per_token, "chunk_means": resident_tokens * means_per_token}
-    reason = ""
+                * model.num_kv_heads * model.head_dim * sizes.dtype_bytes
+    return host
+
+
+def _host_reason(sizes: PlanSizes, profile: MemoryProfile, host: dict, host_tokens: int, resident_tokens: int) -> str:
+    """Why an offloaded plan cannot run ('' when it can)."""
     if sum(host.values()) > profile.host_bytes:
         per_host_token = sum(host.values()) / max(host_tokens, 1)
         fits = resident_tokens + int(profile.host_bytes / per_host_token)
-        reason = (f"the offloaded KV needs {format_size(sum(host.values()))} of host memory but "
-                  f"{format_size(profile.host_bytes)} is usable beside {profile.name}'s card: the longest context "
-                  f"that fits is about {fits // 1024 * 1024} tokens (--max-context); else a model with fewer KV heads "
-                  f"or layers, or a machine with more memory (plan one with `triforce plan --host-memory`)")
-    if spec.method == "snapkv" and not reason:
-        reason = ("snapkv selects by scoring every key of a layer on the device, which an offloaded "
-                  "cache does not hold: use a context that fits the device, or --method streaming or retrieval")
-    plan = MemoryPlan(not reason, reason, weight_format=weight_format, breakdown=breakdown, resident_tokens=resident_tokens,
-                      host_breakdown=host, block_tokens=block, prefill_chunk=chunk, prefill_group=group,
-                      decode_resident_tokens=resident_tokens + promoted_tokens(offload["prefill_scratch"],
-                                                                              per_token, block, host_tokens),
-                      **common)
-    return _with_predictions(plan, model, profile, spec, dtype_bytes, draft, tp, acceptance, has_tier0)
+        return (f"the offloaded KV needs {format_size(sum(host.values()))} of host memory but "
+                f"{format_size(profile.host_bytes)} is usable beside {profile.name}'s card: the longest context "
+                f"that fits is about {fits // 1024 * 1024} tokens (--max-context); else a model with fewer KV heads "
+                f"or layers, or a machine with more memory (plan one with `triforce plan --host-memory`)")
+    if sizes.spec.method == "snapkv":
+        return ("snapkv selects by scoring every key of a layer on the device, which an offloaded "
+                "cache does not hold: use a context that fits the device, or --method streaming or retrieval")
+    return ""
 
 
 def _staging_bytes(profile: MemoryProfile) -> int:

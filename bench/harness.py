@@ -106,11 +106,12 @@ def back_to_back_ms(fn, device, repeats: int, warmup: int = 3) -> float:
 
 
 def git_commit(repo: Path | None = None) -> str:
-    """HEAD of the checkout, with '+changes' when tracked files differ from it."""
+    """HEAD of the checkout (default: the one this code runs from, an editable install's, from
+    any working directory), with '+changes' when tracked files differ from it."""
     if os.environ.get("TRIFORCE_COMMIT"):
         return os.environ["TRIFORCE_COMMIT"]
     try:
-        cwd = repo or Path.cwd()
+        cwd = repo or Path(__file__).resolve().parent
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True)
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
                                capture_output=True, text=True).stdout.strip()

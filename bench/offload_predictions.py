@@ -28,7 +28,7 @@ from triforce.config import SpecParams
 from triforce.decoding.acceptance_trace import load_trace, trace_acceptance
 from triforce.model.architectures import arch_config
 from triforce.plan.cost_model import (GAMMA2_RANGE, best_gammas, costs_at, drafted_ahead_ms_per_token,
-                                         full_verify_ms, static_tree_part, triforce_ms_per_token)
+                                      full_verify_ms, static_tree_part, triforce_ms_per_token)
 from triforce.plan.planner import hardware, plan_memory
 from triforce.plan.profiles import load_profile
 

@@ -8,7 +8,7 @@ from triforce.cli.main import main
 from triforce.config import SpecParams
 from triforce.model.architectures import arch_config
 from triforce.plan.batch_choice import (BatchPrediction, choose_for_batch, predict_batch, row_profile,
-                                           spec_for)
+                                        spec_for)
 from triforce.plan.method_choice import AUTO_MARGIN
 from triforce.plan.profiles import load_profile
 from triforce.offload.shapes import weight_bytes

@@ -65,3 +65,20 @@ def test_json_is_the_short_form_of_format_json():
     assert [runner.invoke(command, args).output.strip() for args in ([], ["--json"], ["--format", "csv"])] == \
         ["table", "json", "csv"]
     assert "Invalid value for '--format'" in runner.invoke(command, ["--format", "xml"]).output
+
+
+def test_the_commit_is_the_installed_checkout_s_from_any_folder(tmp_path, monkeypatch):
+    """The results of 2026-11-29's llama.cpp rows, run from /tmp, said 'no git checkout'."""
+    import subprocess
+    from pathlib import Path
+
+    import triforce.bench.harness as harness
+
+    checkout = Path(harness.__file__).resolve().parent
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True)
+    if head.returncode:
+        pytest.skip("triforce is installed from no git checkout here")
+    monkeypatch.delenv("TRIFORCE_COMMIT", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert harness.git_commit().removesuffix("+changes") == head.stdout.strip()
+    assert harness.provenance()["commit"] == harness.git_commit()

@@ -4,8 +4,8 @@ import pytest
 from triforce.config import SpecParams
 from triforce.model.architectures import arch_config
 from triforce.plan.cost_model import (GAMMA2_RANGE, TIE_FRACTION, Acceptance, Gamma2Controller, Hardware, StepCosts, best_gammas,
-                                         expected_tokens, full_verify_ms, gamma2_bounds, tier0_ms, tier1_ms,
-                                         rate_from_fraction, static_tree_part, triforce_ms_per_token)
+                                      expected_tokens, full_verify_ms, gamma2_bounds, tier0_ms, tier1_ms,
+                                      rate_from_fraction, static_tree_part, triforce_ms_per_token)
 from triforce.offload.errors import OffloadError
 from triforce.plan.planner import plan_memory
 from triforce.plan.profiles import load_profile

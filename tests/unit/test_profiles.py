@@ -3,7 +3,7 @@ import pytest
 
 from triforce.offload.errors import OffloadError
 from triforce.plan.profiles import (MemoryProfile, format_size, list_profiles, load_profile, parse_size,
-                                       profile_to_toml)
+                                    profile_to_toml)
 
 SHIPPED = {"rtx4090-24g", "rtx4090-24g-display", "2x-rtx4090-24g", "rtx3090-24g", "rtx4080-16g", "h100-80g", "cpu"}
 

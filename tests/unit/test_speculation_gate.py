@@ -118,7 +118,7 @@ def test_below_the_switch_over_it_is_always_ar_and_no_fallback_is_counted():
 
 def test_round_prices_are_the_cost_model_s_pass_times_at_the_length():
     from triforce.plan.cost_model import (Hardware, RoundPrices, StepCosts, costs_at, full_verify_ms, tier0_ms,
-                                             tier1_ms)
+                                          tier1_ms)
 
     costs = StepCosts(num_layers=30, weights_bytes=270_000_000, resident_kv_bytes=50_000_000,
                       host_kv_bytes=150_000_000, retrieval_kv_bytes=6_000_000, draft_bytes=20_000_000, draft_layers=4,

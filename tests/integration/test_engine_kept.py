@@ -23,15 +23,15 @@ def ask(llm, prompt, **fields):
 def test_a_second_request_keeps_the_engine_and_the_prompt_s_kv(llm):
     first = ask(llm, PROMPT)
     again = ask(llm, PROMPT)
-    assert again.stats["engine_reused"] and again.stats["prefilled_tokens"] == 0
+    assert again.stats["engine_reused"] and again.stats["cached_tokens"] == len(llm.encode(PROMPT)) - 1
     assert again.token_ids == first.token_ids
     roomier = ask(llm, PROMPT, max_tokens=16)  # past the first engine's room: the next has room to spare
     assert not roomier.stats["engine_reused"] and roomier.stats["plan"]["context"] == 1024
     longer = PROMPT + " the dog ran"
     extended = ask(llm, longer)
     assert extended.stats["engine_reused"]
-    assert 0 < extended.stats["prefilled_tokens"] <= len(llm.encode(longer)) - len(llm.encode(PROMPT))
-    assert ask(llm, "a different start").stats["prefilled_tokens"] == len(llm.encode("a different start")) - 1
+    assert len(llm.encode(PROMPT)) - 1 <= extended.stats["cached_tokens"] < len(llm.encode(longer)) - 1
+    assert ask(llm, "a different start").stats["cached_tokens"] == 0
 
 
 def test_answers_from_a_kept_engine_equal_a_fresh_one(llm, tiny_model_dir):
@@ -65,4 +65,4 @@ def test_a_failed_request_leaves_no_engine_behind(llm, monkeypatch):
     with pytest.raises(RuntimeError, match="went away"):
         ask(llm, PROMPT)
     after = ask(llm, PROMPT)
-    assert not after.stats["engine_reused"] and after.stats["prefilled_tokens"] == len(llm.encode(PROMPT)) - 1
+    assert not after.stats["engine_reused"] and after.stats["cached_tokens"] == 0

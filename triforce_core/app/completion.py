@@ -96,7 +96,7 @@ def summary_of(runtime, c: Completion, world: int = 1) -> dict:
         "time_s": round(c.time_s, 4),
         "engine_s": round(c.engine_s, 4),  # before time_s: the engine built, its graphs captured
         "engine_reused": c.engine_reused,
-        "prefilled_tokens": c.prefilled,
+        "cached_tokens": len(c.ids) - 1 - c.prefilled,  # KV the last request left (vLLM's num_cached_tokens)
         "prefill_s": round(c.prefill_s, 4),
         "decode_s": round(result.time_s, 4),
         "tokens_per_s": round(len(result.tokens) / result.time_s, 3) if result.time_s else None,

@@ -128,5 +128,5 @@ def test_server_rows_decode_as_generate_would(default_model_dir):
     assert lines[1].startswith("method auto: ")
     several, lines = build_api(config, batch_size=2, quiet=True)
     assert lines[1].startswith("method auto for a batch of 2: ") and several.scheduler.run.spec.method != "ar"
-    engine = several.scheduler.build_engine(lambda: False, row_models(several.scheduler.runtime))
+    engine = several.scheduler.build_engine(row_models(several.scheduler.runtime))
     assert engine.gate is not None and engine.gate.speculate_from == 0

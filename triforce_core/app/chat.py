@@ -35,10 +35,12 @@ def render_messages(tokenizer, messages: list[dict], add_generation_prompt: bool
 
 class Chat:
     def __init__(self, lm: LoadedModel, max_len: int, system: str | None = None,
-                 spec: SpecParams = SpecParams(), draft=None, kv_cache=None, engine: Engine | None = None):
+                 spec: SpecParams = SpecParams(), draft=None, kv_cache=None, engine: Engine | None = None,
+                 stop_requested: Callable[[], bool] | None = None):
         """engine: one built by the runtime builder (triforce.app.runtime); without it, a plain
-        engine of max_len tokens over `kv_cache` (default resident) with `spec` and `draft`."""
-        self.lm = lm
+        engine of max_len tokens over `kv_cache` (default resident) with `spec` and `draft`.
+        stop_requested: asked before each round of an answer (Ctrl-C under tensor parallelism)."""
+        self.lm, self.stop_requested = lm, stop_requested
         self.engine = engine or Engine(lm, spec, max_len, draft, kv_cache)
         self.full = self.engine.full
         self.system = system
@@ -91,7 +93,8 @@ class Chat:
         self._sync(candidate, True, progress, on_total)
         self.messages = candidate
         try:
-            result = self.engine.generate(max_new_tokens, params, self.lm.eos_ids, on_token)
+            result = self.engine.generate(max_new_tokens, params, self.lm.eos_ids, on_token,
+                                          stop_requested=self.stop_requested)
         except SYMPTOMS as e:  # the turn is dropped and the caches refilled from the text next turn
             error = located(e, self.lm, self.engine.seq)
             self.messages.pop()

@@ -1,9 +1,10 @@
 """The one path from a prompt's token ids to new tokens, shared by triforce.LLM (and through it
 `triforce generate`): encode, check the room, plan for the prompt and its answer, build the
-engine, prefill, decode; and the summary `generate --json` prints."""
+engine, prefill (the caller decodes); and the summary `generate --json` prints."""
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from triforce.app.inputs import text_bound
@@ -54,14 +55,34 @@ class Completion:
         return self.run.spec.method
 
 
-def complete(runtime, ids: list[int], params, max_new_tokens: int, stop_ids: frozenset, *, on_token=None,
-             progress=None, stop_requested=None, before_prefill=None, logprobs=None) -> Completion:
-    """Plan for the prompt and its new tokens, build (or keep) the engine, prefill, decode: the one path from
-    token ids to tokens of `triforce generate` and of triforce.LLM. logprobs: a
-    decoding.logprobs.LogprobRecorder that the emitted tokens' log-probabilities go to."""
+@dataclass
+class Prefilled:
+    """A request's engine, built or kept, with the prompt in its caches."""
+    ids: list[int]
+    run: object
+    engine: object
+    reused: bool
+    engine_s: float
+    prefill_s: float
+    started: float  # perf_counter when the prefill began
+    prefilled: int
+
+    def completion(self, result) -> Completion:
+        """The Completion of this prompt decoded to `result` (Engine.generate's)."""
+        return Completion(self.ids, result, self.run, self.engine, self.prefill_s, time.perf_counter() - self.started,
+                          self.engine_s, self.reused, self.prefilled)
+
+
+@contextmanager
+def prefilled(runtime, ids: list[int], max_new_tokens: int, *, progress=None, before_prefill=None):
+    """Plan for the prompt and its new tokens, build (or keep) the engine, prefill: the path from
+    token ids to an engine ready to decode, of `triforce generate` and of triforce.LLM, which
+    decode inside the block (their own call of Engine.generate: one frame fewer between the
+    command and the acceptance test, docs/ARCHITECTURE.md). A numerical failure in the block names
+    its layer; any failure drops the engine, which the next request must not trust."""
     max_len = len(ids) + max(max_new_tokens, 1)
     built = time.perf_counter()
-    run, engine, reused = runtime.kept_engine(max_len, stop_requested=stop_requested)
+    run, engine, reused = runtime.kept_engine(max_len)
     engine_s = time.perf_counter() - built
     try:
         if before_prefill is not None:
@@ -70,17 +91,14 @@ def complete(runtime, ids: list[int], params, max_new_tokens: int, stop_ids: fro
         if kept and progress is not None:
             progress(kept)
         started = time.perf_counter()
-        prefilled = engine.set_sequence(ids, progress)
-        prefill_s = time.perf_counter() - started
+        count = engine.set_sequence(ids, progress)
         try:
-            result = engine.generate(max_new_tokens, params, stop_ids, on_token=on_token, logprobs=logprobs)
+            yield Prefilled(ids, run, engine, reused, engine_s, time.perf_counter() - started, started, count)
         except SYMPTOMS as e:
             raise located(e, runtime.lm, engine.seq) from None
     except BaseException:
-        runtime.drop_engine()  # a request that failed half-way leaves no engine for the next to trust
+        runtime.drop_engine()
         raise
-    return Completion(ids, result, run, engine, prefill_s, time.perf_counter() - started, engine_s, reused,
-                      prefilled)
 
 
 def summary_of(runtime, c: Completion, world: int = 1) -> dict:

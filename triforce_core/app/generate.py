@@ -78,10 +78,15 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
     finally:
         for bar in bars:
             bar.close()
-    if not speaker:
-        return
+    if speaker:
+        report(r, lm, ids, answer, world)
+
+
+def report(r: GenerateRequest, lm, ids: list[int], answer, world: int) -> None:
+    """Rank 0's end of a run: the summary line on stderr (or the JSON object on stdout) and the
+    acceptance trace asked for."""
     done = answer.completion
-    result, engine, spec, plan, method = done.result, done.engine, done.run.spec, done.run.plan, done.method
+    result, engine, spec, method = done.result, done.engine, done.run.spec, done.method
     if ended_at_once(lm, result, r.as_chat):
         print("note: the model ended its answer at once. It has a chat template: an instruction model "
               "expects its prompt in that template; try --chat", file=sys.stderr)
@@ -98,21 +103,25 @@ def run_generate(r: GenerateRequest, rank: int = 0, world: int = 1) -> None:
             trace_error = e
     if r.as_json:
         print(json.dumps(summary))
-        if trace_error is not None:
-            raise trace_error
-        return
-    print()
+    else:
+        print()
+        if r.config.count_syncs:
+            print(f"host syncs: {summary['host_syncs']}", file=sys.stderr)
+        print(summary_line(r, summary, done, len(ids), world), file=sys.stderr)
+    if trace_error is not None:
+        raise trace_error
+
+
+def summary_line(r: GenerateRequest, summary: dict, done, prompt_tokens: int, world: int) -> str:
+    """`[64 tokens, 31.1 tok/s decode, prompt 2048 tokens in 3.2 s, stopped by length, ...]`"""
+    result, plan = done.result, done.run.plan
     speculation = ""
-    if method != "ar":
-        speculation = (f", {engine.describe()}, acceptance {result.stats['acceptance_rates']}, "
+    if done.method != "ar":
+        speculation = (f", {done.engine.describe()}, acceptance {result.stats['acceptance_rates']}, "
                        f"{result.stats['mean_tokens_per_full_verify']} tokens per full verify")
     offload = ""
     if plan.offloaded:
         offload = f", KV of {plan.context - plan.resident_tokens} of {plan.context} tokens offloaded to host memory"
-    if r.config.count_syncs:
-        print(f"host syncs: {summary['host_syncs']}", file=sys.stderr)
-    print(f"[{summary['new_tokens']} tokens, {summary['tokens_per_s']} tok/s decode, "
-          f"prompt {len(ids)} tokens in {summary['prefill_s']} s, stopped by {result.stopped_by}"
-          f"{speculation}{offload}{', tp %d' % world if world > 1 else ''}]", file=sys.stderr)
-    if trace_error is not None:
-        raise trace_error
+    return (f"[{summary['new_tokens']} tokens, {summary['tokens_per_s']} tok/s decode, "
+            f"prompt {prompt_tokens} tokens in {summary['prefill_s']} s, stopped by {result.stopped_by}"
+            f"{speculation}{offload}{', tp %d' % world if world > 1 else ''}]")

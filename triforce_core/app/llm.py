@@ -163,7 +163,7 @@ class LLM:
         """generate's path for token ids, with the hooks the CLI uses too: stop_flag (a
         threading.Event) stops at the next round; before_prefill(run plan) runs once the plan is
         made. The Result's .completion holds the engine and plan it ran with."""
-        from triforce.app.completion import complete, room_for, summary_of
+        from triforce.app.completion import prefilled, room_for, summary_of
         from triforce.app.stop_text import StopText
         from triforce.app.textstream import TextStream
 
@@ -182,16 +182,18 @@ class LLM:
                 if on_text is not None:
                     on_text(piece)
 
-        prefilled = [0]
+        so_far = [0]
 
         def progress(n: int) -> None:
-            prefilled[0] += n
-            on_prefill(prefilled[0], len(ids) - 1)
+            so_far[0] += n
+            on_prefill(so_far[0], len(ids) - 1)
 
-        done = complete(self.runtime, ids, params.engine_params(), new, frozenset() if params.ignore_eos else lm.eos_ids,
-                        on_token=token, progress=progress if on_prefill is not None else None,
-                        stop_requested=lambda: stops.matched or bool(stop_flag and stop_flag.is_set()),
-                        before_prefill=before_prefill, logprobs=recorder)
+        with prefilled(self.runtime, ids, new, progress=progress if on_prefill is not None else None,
+                       before_prefill=before_prefill) as ready:
+            result = ready.engine.generate(new, params.engine_params(), frozenset() if params.ignore_eos else lm.eos_ids,
+                                           on_token=token, logprobs=recorder,
+                                           stop_requested=lambda: stops.matched or bool(stop_flag and stop_flag.is_set()))
+        done = ready.completion(result)
         if not stops.matched:
             rest = stops.feed(stream.text()[stream.emitted:]) + stops.flush()
             if rest:

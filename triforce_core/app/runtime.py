@@ -112,8 +112,7 @@ class Runtime:
             raise UserError(f"the model does not fit profile {profile.name}: {run.plan.reason}")
         return run
 
-    def engine(self, max_len: int, run: RunPlan | None = None, *, kv_cache=None, replay=None,
-               stop_requested=None, lm=None, draft: Draft | None = None, graphs: str | None = None,
+    def engine(self, max_len: int, run: RunPlan | None = None, *, kv_cache=None, replay=None, lm=None, draft: Draft | None = None, graphs: str | None = None,
                draft_ahead: bool | None = None, full=None) -> Engine:
         """The engine for max_len tokens under `run` (default: self.plan(max_len)), over the full
         cache the plan calls for (or kv_cache, or `full`: another engine's full tier), with every
@@ -127,7 +126,7 @@ class Runtime:
             if lm is self.lm:  # a batch checks the room of all its rows at once
                 self.check_host_room(run, max_len)
             kv_cache = build_kv_cache(lm, max_len, run.plan, overlap=self.config.overlap, hybrid=self.config.hybrid)
-        hooks = EngineHooks(replay=replay, stop_requested=stop_requested,
+        hooks = EngineHooks(replay=replay,
                             gamma2_controller=run.gamma2_controller(self.draft.has_tier0),
                             speculation_gate=run.speculation_gate(),
                             sync_counter=SyncCounter() if self.config.count_syncs else None,
@@ -139,22 +138,20 @@ class Runtime:
                       prefill_group=run.plan.prefill_group, graphs=graphs or self.config.graphs, hooks=hooks,
                       speculate_from=run.speculate_from, draft_ahead=draft_ahead, full=full)
 
-    def kept_engine(self, max_len: int, stop_requested=None) -> tuple[RunPlan, Engine, bool]:
+    def kept_engine(self, max_len: int) -> tuple[RunPlan, Engine, bool]:
         """(run, engine, reused): the last request's engine where it has room for max_len, so its
         caches, graphs and the cached prefix of a prompt seen before carry over between requests
         (its plan, made for a longer context, serves a shorter one: auto decodes a short sequence
         as ar all the same); else a new one, built after the old is dropped. A runtime that served
         a request before plans the new one ROOM_STEP tokens roomier, for a conversation's next turn."""
         if self._kept is not None and self._kept[1].max_len >= max_len:
-            run, engine = self._kept
-            engine.hooks = replace(engine.hooks, stop_requested=stop_requested)
-            return run, engine, True
+            return (*self._kept, True)
         roomy = min(self.context, -(-max_len // ROOM_STEP) * ROOM_STEP) if self._kept is not None else max_len
         self.drop_engine()
         for length in dict.fromkeys((roomy, max_len)):
             try:
                 run = self.plan(length)
-                engine = self.engine(length, run, stop_requested=stop_requested)
+                engine = self.engine(length, run)
                 break
             except UserError:
                 if length == max_len:  # the room beyond the request does not fit: plan for the request alone

@@ -11,10 +11,7 @@ import click
 
 from triforce.app.inputs import is_utf8
 from triforce.config import RunConfig
-from triforce.cli.options import (INT, build_spec, check_non_negative, context_options,
-                                  device_option, dtype_option, quantize_option,
-                                  model_option, offload_options, runtime_options, sampling_options,
-                                  speculation_options)
+from triforce.cli.options import INT, check_non_negative, run_config, run_options, sampling_of, sampling_options
 from triforce.errors import UserError
 from triforce.model.sampling_defaults import model_sampling
 
@@ -81,23 +78,14 @@ def run_command(chat, line: str, say=print, show_progress: bool = True) -> bool:
 
 
 @click.command()
-@model_option
+@run_options(default_method="auto")
 @click.option("--system", default=None, help="System prompt.")
 @click.option("--max-new-tokens", type=INT, default=512, show_default=True, help="Longest answer, in tokens.")
-@context_options
-@speculation_options(default_method="auto")
 @sampling_options(None)  # the model's own defaults (triforce.model.sampling_defaults)
-@dtype_option
-@quantize_option
-@device_option
-@offload_options
 @click.option("--tp", type=INT, default=1, show_default=True,
               help="Tensor-parallel ranks (GPUs; gloo processes on a CPU). Rank 0 talks to the terminal and "
                    "keeps idle ranks alive; a rank stuck in one step for TRIFORCE_TP_TIMEOUT_S (900 s) fails.")
-@runtime_options(count_syncs=False)
-def chat(model, system, max_new_tokens, max_context, rope_scaling, method, draft, budget, chunk_size, gamma1, gamma2,
-         rebuild_stride, rebuild_threshold, sampling, dtype, quantize, device, profile, device_budget,
-         tp, attn, no_graphs, threads):
+def chat(system, max_new_tokens, tp, **flags):
     """Chat with a model in the terminal.
 
     The KV of earlier turns is kept, so each turn prefills only what is new. Type /help for
@@ -106,14 +94,10 @@ def chat(model, system, max_new_tokens, max_context, rope_scaling, method, draft
     check_non_negative("--max-new-tokens", max_new_tokens)
     if tp < 1:
         raise UserError(f"--tp must be >= 1, got {tp}")
-    spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, quantize=quantize, device=device, profile=profile,
-                       device_budget=device_budget, attn=attn, graphs="off" if no_graphs else "auto",
-                       max_context=max_context, rope_scaling=rope_scaling, threads=threads)
-    request = ChatRequest(config=config, system=system, max_new_tokens=max_new_tokens,
-                          params=sampling)
+    sampling, config = sampling_of(flags, None), run_config(flags)
+    request = ChatRequest(config=config, system=system, max_new_tokens=max_new_tokens, params=sampling)
     from triforce.app.parallel import run_on_ranks
-    run_on_ranks(tp, chat_rank, request, model, device)
+    run_on_ranks(tp, chat_rank, request, config.model, config.device)
 
 
 @dataclass(frozen=True)
@@ -197,37 +181,29 @@ class Console:
 
 
 def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
+    """Load, build the conversation's engine, then answer line after line until Ctrl-D or /quit."""
     from triforce.app.chat import Chat
     from triforce.app.llm import LLM
     from triforce.app.start_steps import start_step
-    from triforce.app.textstream import TextStream
 
     console = Console(rank, world)
     runtime = LLM.from_config(r.config, rank, world).runtime
-    lm = runtime.lm
     max_len = runtime.context
     stop = lambda: console.interrupted  # noqa: E731  (Ctrl-C seen since the answer began)
     if world > 1:  # every rank asks rank 0 whether Ctrl-C was pressed, once per round
         stop = lambda: console.stop_requested(engine.hooks.agree)  # noqa: E731
     run = runtime.plan(max_len)
     with start_step(f"preparing a {max_len}-token context", rank):
-        engine = runtime.engine(max_len, run, stop_requested=stop)
-    plan = run.plan
-    session = Chat(lm, max_len, system=r.system, engine=engine)
-    sampling = model_sampling(lm).given(r.params)
+        engine = runtime.engine(max_len, run)
+    session = Chat(runtime.lm, max_len, system=r.system, engine=engine, stop_requested=stop)
+    sampling = model_sampling(runtime.lm).given(r.params)
     if run.auto is not None:
         console.tell(run.auto.describe())
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
-    weights = f", weights as {lm.quantized['weights']} blocks" if lm.quantized else ""
-    console.tell(f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}{weights}), "
-                f"{session.full.max_len}-token context, {session.engine.describe()}, attention {runtime.attn_name}"
-                f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}"
-                f"{', tensor-parallel over %d ranks' % world if world > 1 else ''}; "
-                f"{sampling.describe()} (--temperature 0: greedy). "
-                "/help for commands, Ctrl-D to leave.")
+    console.tell(banner(runtime, session, run.plan, sampling, world))
     while True:
         line = console.read()
         if line is None:
@@ -237,32 +213,50 @@ def run_chat(r: ChatRequest, rank: int = 0, world: int = 1) -> None:
                 if not run_command(session, line, console.say, show_progress=rank == 0):
                     return
                 continue
-            stream = TextStream(lm.tokenizer)
-
-            def show(token: int) -> None:
-                if rank == 0:
-                    sys.stdout.write(stream.push(token))
-                    sys.stdout.flush()
-
-            bar = ProgressBar("prefill", enabled=rank == 0)
-            previous = None
-            console.interrupted = False
-            if rank == 0:  # Ctrl-C sets a flag the engine reads each round (all ranks, under --tp)
-                previous = signal.signal(signal.SIGINT, console.on_sigint)
-            try:
-                result = session.ask(line, sampling.params, r.max_new_tokens, show, bar.update, bar.total)
-            finally:
-                bar.close()
-                if previous is not None:
-                    signal.signal(signal.SIGINT, previous)
-            note = {"interrupt": " [stopped]", "length": " [answer cut at --max-new-tokens]",
-                    "context": " [context full: /reset]"}.get(result.stopped_by, "")
-            console.say(note)
-            if result.tokens and result.time_s > 0:  # as llama-cli does, after every answer
-                console.say(f"[{len(result.tokens)} tokens, {len(result.tokens) / result.time_s:.1f} tok/s]",
-                            file=sys.stderr)
+            answer(session, line, console, sampling.params, r.max_new_tokens)
         except UserError as e:
             if rank == 0:
                 print(f"error: {e}", file=sys.stderr)
         except KeyboardInterrupt:
             console.say("\n[stopped]")
+
+
+def banner(runtime, session, plan, sampling, world: int) -> str:
+    lm = runtime.lm
+    weights = f", weights as {lm.quantized['weights']} blocks" if lm.quantized else ""
+    return (f"triforce chat: {lm.path.name} on {lm.device} ({str(lm.dtype).removeprefix('torch.')}{weights}), "
+            f"{session.full.max_len}-token context, {session.engine.describe()}, attention {runtime.attn_name}"
+            f"{', KV beyond token %d offloaded to host memory' % plan.resident_tokens if plan.offloaded else ''}"
+            f"{', tensor-parallel over %d ranks' % world if world > 1 else ''}; "
+            f"{sampling.describe()} (--temperature 0: greedy). "
+            "/help for commands, Ctrl-D to leave.")
+
+
+def answer(session, line: str, console: Console, params, max_new_tokens: int) -> None:
+    """One answer streamed to the terminal, with a note on why it ended and its speed."""
+    from triforce.app.textstream import TextStream
+
+    stream, speaker = TextStream(session.lm.tokenizer), console.rank == 0
+
+    def show(token: int) -> None:
+        if speaker:
+            sys.stdout.write(stream.push(token))
+            sys.stdout.flush()
+
+    bar = ProgressBar("prefill", enabled=speaker)
+    previous = None
+    console.interrupted = False
+    if speaker:  # Ctrl-C sets a flag the engine reads each round (all ranks, under --tp)
+        previous = signal.signal(signal.SIGINT, console.on_sigint)
+    try:
+        result = session.ask(line, params, max_new_tokens, show, bar.update, bar.total)
+    finally:
+        bar.close()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    note = {"interrupt": " [stopped]", "length": " [answer cut at --max-new-tokens]",
+            "context": " [context full: /reset]"}.get(result.stopped_by, "")
+    console.say(note)
+    if result.tokens and result.time_s > 0:  # as llama-cli does, after every answer
+        console.say(f"[{len(result.tokens)} tokens, {len(result.tokens) / result.time_s:.1f} tok/s]",
+                    file=sys.stderr)

@@ -1,13 +1,12 @@
 """Flags shared by several commands, and turning them into config objects."""
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 
 import click
 
-from triforce.config import CHAT_SAMPLING, SEED_MAX, SEED_MIN, SamplingParams, build_spec  # noqa: F401  (build_spec: the commands import it here)
+from triforce.config import CHAT_SAMPLING, SEED_MAX, SEED_MIN, SamplingParams, build_spec
 from triforce.errors import UserError
 
 
@@ -113,10 +112,24 @@ class SamplingFlags:
         return any(name in self.given for name in MODEL_DEFAULT)
 
 
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "seed", "repeat_penalty", "presence_penalty", "frequency_penalty",
+                  "penalty_last_n")
+
+
+def sampling_of(flags: dict, defaults: SamplingParams | None) -> SamplingParams | SamplingFlags:
+    """The sampling flags (taken out of a command's `flags`, as sampling_options added them) as a
+    SamplingParams (checked) with `defaults`' values where a flag is not given; defaults None: a
+    SamplingFlags, laid over the model's own defaults once it is loaded
+    (triforce.model.sampling_defaults)."""
+    values = {name: flags.pop(name) for name in SAMPLING_FLAGS}
+    given = {k: v for k, v in values.items() if v is not None or k not in MODEL_DEFAULT}
+    sampling = replace(CHAT_SAMPLING if defaults is None else defaults, **given)  # checked now
+    return SamplingFlags(given) if defaults is None else sampling
+
+
 def sampling_options(defaults: SamplingParams | None):
-    """The sampling flags, handed to the command as one `sampling`: a SamplingParams (checked)
-    with `defaults`' values where a flag is not given; defaults None: a SamplingFlags, laid over
-    the model's own defaults once it is loaded (triforce.model.sampling_defaults)."""
+    """The sampling flags (sampling_of turns them into one SamplingParams or SamplingFlags):
+    `defaults` shown in --help; None: the model's own defaults."""
     model = defaults is None
     shown = SamplingParams() if model else defaults
 
@@ -124,17 +137,7 @@ def sampling_options(defaults: SamplingParams | None):
         return " Default: the model's (its generation_config.json), else triforce's chat default " \
                f"({value:g})." if model else ""
 
-    def decorate(f):
-        @functools.wraps(f)
-        def command(*args, temperature, top_p, top_k, seed, repeat_penalty, presence_penalty, frequency_penalty,
-                    penalty_last_n, **kwargs):
-            given = dict(temperature=temperature, top_p=top_p, top_k=top_k, repeat_penalty=repeat_penalty)
-            given = {k: v for k, v in given.items() if v is not None}
-            given.update(seed=seed, presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-                         penalty_last_n=penalty_last_n)
-            sampling = replace(CHAT_SAMPLING if model else defaults, **given)  # checked now
-            return f(*args, sampling=SamplingFlags(given) if model else sampling, **kwargs)
-
+    def decorate(command):
         command = click.option("--penalty-last-n", type=INT, default=64, show_default=True,
                                help="The context tokens (prompt included) the three penalties look at.")(command)
         command = click.option("--frequency-penalty", type=FiniteFloat(-2.0, 2.0), default=0.0, show_default=True,
@@ -267,6 +270,59 @@ def context_options(f):
                      help="Context size in tokens (default: the model's own). Beyond the trained context "
                           "it needs --rope-scaling.")(f)
     return f
+
+
+def schedule_options(f):
+    """--no-overlap, --no-hybrid, --draft-ahead: how a single prompt's offloaded KV moves."""
+    f = click.option("--draft-ahead", is_flag=True,
+                     help="Draft the next cycle while the full tier verifies this one; the drafts are kept when the "
+                          "verify accepts every draft and its bonus token is the one guessed. Meant for a GPU whose "
+                          "verify streams offloaded KV (not yet measured on one); on a CPU it runs in turn and costs "
+                          "time.")(f)
+    f = click.option("--no-hybrid", is_flag=True,
+                     help="Stream all offloaded KV over PCIe (by default, on a GPU whose profile measured the CPU's "
+                          "attention rates, CPU threads attend a share of it in place during decoding and verify "
+                          "passes).")(f)
+    return click.option("--no-overlap", is_flag=True,
+                        help="Copy offloaded KV with the plain schedule (no prefetch).")(f)
+
+
+special_tokens_option = click.option(
+    "--parse-special-tokens", is_flag=True,
+    help="Read control tokens written inside a chat message (e.g. <|im_end|>) as control tokens. By default a "
+         "message's text is tokenized as text, so a user cannot forge the template's role markers.")
+
+
+def run_options(default_method: str = "auto", count_syncs: bool = False, schedule: bool = False,
+                special_tokens: bool = False):
+    """The flags of every command that loads a model and decodes, which run_config makes one
+    RunConfig: --model, --method and the speculation flags, --max-context, --rope-scaling, --dtype,
+    --quantize, --device, --profile, --device-budget, --attn, --no-graphs, --threads; and where
+    asked --count-syncs, schedule_options and --parse-special-tokens."""
+    parts = [model_option, speculation_options(default_method), context_options, dtype_option, quantize_option,
+             device_option, offload_options, runtime_options(count_syncs)]
+    parts += ([schedule_options] if schedule else []) + ([special_tokens_option] if special_tokens else [])
+
+    def decorate(f):
+        for part in reversed(parts):
+            f = part(f)
+        return f
+    return decorate
+
+
+SPEC_FLAGS = ("method", "budget", "chunk_size", "gamma1", "gamma2", "rebuild_stride", "rebuild_threshold")
+RUN_FLAGS = ("model", "draft", "dtype", "quantize", "device", "profile", "device_budget", "attn", "draft_ahead",
+             "count_syncs", "max_context", "rope_scaling", "threads", "parse_special_tokens")
+
+
+def run_config(flags: dict):
+    """The RunConfig of a command's run flags, taken out of `flags` (as run_options added them)."""
+    from triforce.config import RunConfig
+
+    spec, fixed = build_spec(*(flags.pop(name) for name in SPEC_FLAGS))
+    return RunConfig(spec=spec, fixed=fixed, graphs="off" if flags.pop("no_graphs") else "auto",
+                     overlap=not flags.pop("no_overlap", False), hybrid=not flags.pop("no_hybrid", False),
+                     **{name: flags.pop(name) for name in RUN_FLAGS if name in flags})
 
 
 def int_list(text: str, name: str) -> list[int]:

@@ -5,16 +5,14 @@ import sys
 
 import click
 
-from triforce.config import RunConfig
-from triforce.cli.options import (INT, build_spec, context_options, device_option, dtype_option, quantize_option, model_option,
-                                  offload_options, runtime_options, speculation_options)
+from triforce.cli.options import INT, run_config, run_options
 from triforce.errors import UserError
 from triforce.server.assembly import DEFAULT_MAX_ROWS
 
 
 
 @click.command()
-@model_option
+@run_options(default_method="auto", special_tokens=True)
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0 opens the server to the network: set --api-key).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True,
@@ -35,25 +33,12 @@ from triforce.server.assembly import DEFAULT_MAX_ROWS
                    f"plan fits, at most {DEFAULT_MAX_ROWS}).")
 @click.option("--queue-size", type=INT, default=16, show_default=True,
               help="Requests that may wait for a free row; beyond that the server answers 503.")
-@speculation_options(default_method="auto")
-@context_options
-@dtype_option
-@quantize_option
-@device_option
-@offload_options
-@runtime_options(count_syncs=False)
 @click.option("--tp", type=INT, default=1, show_default=True,
               help="Tensor-parallel ranks: the verifier's heads and KV split over N GPUs (gloo processes on a "
                    "CPU); requests then decode one at a time. Idle ranks are kept alive; a rank stuck in one "
                    "step for TRIFORCE_TP_TIMEOUT_S (900 s) fails.")
 @click.option("--quiet", is_flag=True, help="No line per request on stderr.")
-@click.option("--parse-special-tokens", is_flag=True,
-              help="Read control tokens written inside a chat message (e.g. <|im_end|>) as control tokens. "
-                   "By default a message's text is tokenized as text, so a user cannot forge the template's "
-                   "role markers.")
-def serve(model, host, port, api_key, model_name, origins, extra_hosts, batch_size, queue_size, method, draft, budget, chunk_size, gamma1,
-          gamma2, rebuild_stride, rebuild_threshold, max_context, rope_scaling, dtype, quantize, device, profile,
-          device_budget, attn, no_graphs, threads, tp, quiet, parse_special_tokens):
+def serve(host, port, api_key, model_name, origins, extra_hosts, batch_size, queue_size, tp, quiet, **flags):
     """Serve the model over OpenAI's API: /v1/chat/completions, /v1/completions (streamed as
     server-sent events with "stream": true), /v1/models and /health.
 
@@ -85,11 +70,7 @@ def serve(model, host, port, api_key, model_name, origins, extra_hosts, batch_si
     warning = network_warning(bound, api_key)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    config = RunConfig(model=model, draft=draft, spec=spec, fixed=fixed, dtype=dtype, quantize=quantize, device=device,
-                       profile=profile, device_budget=device_budget, attn=attn,
-                       graphs="off" if no_graphs else "auto", max_context=max_context, rope_scaling=rope_scaling,
-                       threads=threads, parse_special_tokens=parse_special_tokens)
+    config = run_config(flags)
     if tp == 1:
         run_server(config, listener, api_key, model_name, batch_size, queue_size, quiet, origins, hosts=hosts)
         return
@@ -98,4 +79,4 @@ def serve(model, host, port, api_key, model_name, origins, extra_hosts, batch_si
     host, port = listener.getsockname()[:2]  # rank 0 listens again on the port found free here
     listener.close()
     request = ServeRequest(config, host, port, api_key, model_name, queue_size, quiet, tuple(origins), hosts)
-    run_on_ranks(tp, serve_rank, request, model, device)
+    run_on_ranks(tp, serve_rank, request, config.model, config.device)

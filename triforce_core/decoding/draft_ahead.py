@@ -26,6 +26,7 @@ from typing import Callable, TypeVar
 import numba
 import torch
 
+from triforce.decoding.observers import Observer
 from triforce.offload.streams import SyncStreams, streams_for
 
 T = TypeVar("T")
@@ -48,9 +49,12 @@ class Ahead:
 
 
 @dataclass
-class AheadTally:
+class AheadTally(Observer):
     rounds: int = 0  # verifies drafted ahead of
     kept: int = 0    # ... whose drafts the next cycle took
+
+    def started(self, params) -> None:
+        self.rounds = self.kept = 0
 
     def report(self) -> dict:
         return {"draft_ahead_rounds": self.rounds, "draft_ahead_kept": self.kept}

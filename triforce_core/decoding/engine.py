@@ -26,7 +26,8 @@ from triforce.decoding.hooks import EngineHooks
 from triforce.decoding.logprobs import LogprobRecorder
 from triforce.decoding.policy import SpeculationPolicy, SparseUpkeep
 from triforce.decoding.sampling import penalize, probabilities
-from triforce.decoding.statistics import GenerationResult, LevelStats, summarize
+from triforce.decoding.observers import Round
+from triforce.decoding.statistics import GenerationResult, LevelStats
 from triforce.decoding.tiers import build_levels, prepare_graphs
 from triforce.decoding.verification import Draws, Verdict, verify_greedy
 from triforce.errors import UserError
@@ -57,16 +58,20 @@ class Engine:
         self.sparse_tiers = [t for t in self.levels if t.kind == "sparse"]
         ahead = wanted(draft_ahead, self.levels, hooks.agree is not None, hooks.sync_counter is not None)
         self.ahead = AheadRunner(lm.device) if ahead else None
-        self.ahead_tally, self._carried = AheadTally(), None  # _carried: drafts made during the last verify
+        self._carried = None  # drafts made during the last verify
         self.policy = SpeculationPolicy(spec, hooks.gamma2_controller if len(self.levels) > 1 else None, ahead)
         self.upkeep = SparseUpkeep(self.sparse_tiers, self.full, self.policy, spec.selection_window)
         # drafts each verifying level checks per round: the full tier gamma2, a middle one gamma1
         self.gammas = [0] + [spec.gamma1] * (len(self.levels) - 2) + [spec.gamma2]
         self.seq: list[int] = []
-        self.params, self.logprobs = SamplingParams(), None  # logprobs: a LogprobRecorder, per generate
+        self.params = SamplingParams()
         self.draws: Draws | None = None  # a sampled request's randomness, per generate
         self.stats, self.rounds = [LevelStats() for _ in self.levels], []  # rounds: (tier, proposed, accepted)
         self.gate = hooks.speculation_gate
+        self.ahead_tally = AheadTally()
+        # what hears every round (decoding.observers); a generate call may add its logprobs
+        self.observers = [o for o in (self.gate, self.ahead_tally if ahead else None) if o is not None]
+        self._observers = self.observers
         self._passes: list[tuple[str, int]] = []  # (kind, tokens fed) of the round's passes, for the gate
         prepare_graphs(self.levels, self.spec)  # before any request: captured at its first token, they stalled it
 
@@ -100,78 +105,115 @@ class Engine:
     # ---- decoding ----------------------------------------------------------------------
     def generate(self, max_new_tokens: int, params: SamplingParams, stop_ids: frozenset[int] = frozenset(),
                  on_token: Callable[[int], None] | None = None, generator: torch.Generator | None = None,
-                 logprobs: LogprobRecorder | None = None) -> GenerationResult:
+                 logprobs: LogprobRecorder | None = None,
+                 stop_requested: Callable[[], bool] | None = None) -> GenerationResult:
+        """Up to max_new_tokens after the sequence set_sequence made, a round (step) at a time, until
+        a stop token, the length, the context's end or stop_requested() (asked before each round;
+        Ctrl-C drops the round under way, the tokens before it stay). logprobs: the emitted tokens'
+        log-probabilities go there."""
         if not self.seq:
             raise RuntimeError("generate needs input: call set_sequence first")
-        self.params, self.logprobs = params, logprobs
-        self.draws = Draws(params, self.lm.device, generator)
-        self.stats, self.rounds = [LevelStats() for _ in self.levels], []
-        self.ahead_tally, self._carried = AheadTally(), None
-        if self.gate is not None:  # a seeded sample repeats: rounds priced, not timed
-            self.gate.price_rounds(params.seed is not None and not params.greedy)
-        before = {t.name: t.time_s for t in self.levels}, sum(t.rebuilds for t in self.sparse_tiers)
-        started = time.perf_counter()
-        out: list[int] = []
+        self._begin(params, generator, logprobs)
+        before, started, out = self._counters(), time.perf_counter(), []
+        stopped_by, kept = "length", len(self.seq)
         counter = self.hooks.sync_counter
         with counter.recording(self.lm.device) if counter is not None else nullcontext():
-            stopped_by = self._generate_loop(out, max_new_tokens, stop_ids, on_token)
-        stats = summarize(self, before)
-        if self.ahead is not None:
-            stats.update(self.ahead_tally.report())
-        if counter is not None:
-            stats["host_syncs"] = counter.report(len(out))
-        return GenerationResult(out, stopped_by, time.perf_counter() - started, stats)
+            try:
+                while len(out) < max_new_tokens and stopped_by == "length":
+                    limit = min(max_new_tokens - len(out), self.max_len - len(self.seq) + 1)
+                    if limit <= 0 or (stop_requested is not None and stop_requested()):
+                        stopped_by = "context" if limit <= 0 else "interrupt"
+                        break
+                    new, stopped = self.step(limit, stop_ids, first=not out)
+                    out += new
+                    kept = len(self.seq)
+                    stopped_by = "eos" if stopped else stopped_by
+                    for token in new if on_token is not None else ():
+                        on_token(token)
+            except KeyboardInterrupt:
+                self._truncate_all(kept - 1)  # the round under way is dropped; committed tokens stay
+                del self.seq[kept:]
+                stopped_by = "interrupt"
+        return GenerationResult(out, stopped_by, time.perf_counter() - started, self.summary(before, len(out)))
+
+    def step(self, limit: int, stop_ids: frozenset[int] = frozenset(), first: bool = False) -> tuple[list[int], bool]:
+        """One round: plan it, run the checks from the bottom tier up, commit what the full tier
+        kept. Returns the tokens it emitted (at most `limit`) and whether a stop token ended them."""
+        plan = self._plan(limit, first)
+        if len(self.levels) == 1:
+            self._propose_bottom(1)
+            queries = None
+        else:
+            queries = self._round(len(self.levels) - 1, limit)[1]
+        return self._commit(plan, queries, stop_ids)
+
+    def _begin(self, params: SamplingParams, generator, logprobs) -> None:
+        self.params, self.draws = params, Draws(params, self.lm.device, generator)
+        self.stats, self.rounds, self._carried = [LevelStats() for _ in self.levels], [], None
+        self._observers = self.observers + ([logprobs] if logprobs is not None else [])
+        for observer in self._observers:
+            observer.started(params)
+
+    def _plan(self, limit: int, first: bool) -> Round:
+        base = len(self.seq)
+        plan = Round(base, limit, first, base >= self.speculate_from, self.policy.gamma2, time.perf_counter())
+        for observer in self._observers:
+            observer.planning(plan)
+        if self.gate is not None and self.hooks.agree is not None:  # rank 0's timings decide for every rank
+            plan.speculate = bool(self.hooks.agree([int(plan.speculate)])[0])
+        with self._phase("cache upkeep"):
+            self.upkeep.make_room(catch_up=base - 1 if plan.speculate else None)
+            self.full.prepare_verify()  # offloaded KV starts streaming while tiers below draft
+        self.gammas[-1] = plan.gamma2 if plan.speculate else 0
+        self._passes = plan.passes
+        return plan
+
+    def _commit(self, plan: Round, queries: Queries | None, stop_ids: frozenset[int]) -> tuple[list[int], bool]:
+        new = self.seq[plan.base:]
+        stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
+        if stop_at is not None:
+            self.stats[-1].emitted -= len(new) - (stop_at + 1)
+            del self.seq[plan.base + stop_at + 1:], new[stop_at + 1:]
+            self._truncate_all(len(self.seq) - 1)
+        with self._phase("cache upkeep"):
+            self.upkeep.after_full_verify(plan.base - 1, len(self.seq) - 1, queries, drafted=plan.speculate)
+        self.policy.next_gamma2()  # the next round's plan reads policy.gamma2
+        plan.emitted, plan.drafted = len(new), plan.speculate and len(self.levels) > 1
+        plan.seconds = time.perf_counter() - plan.started
+        for observer in self._observers:
+            observer.committed(plan)
+        return new, stop_at is not None
 
     def _phase(self, name: str):
         counter = self.hooks.sync_counter
         return counter.phase(name) if counter is not None else nullcontext()
 
-    def _generate_loop(self, out: list[int], max_new_tokens: int, stop_ids, on_token) -> str:
-        base = len(self.seq)
-        try:
-            while len(out) < max_new_tokens:
-                base = len(self.seq)
-                limit = min(max_new_tokens - len(out), self.max_len - base + 1)
-                if limit <= 0:
-                    return "context"
-                if self.hooks.stop_requested is not None and self.hooks.stop_requested():
-                    return "interrupt"
-                round_started = time.perf_counter()  # the round's time for the gate: upkeep included
-                speculate = len(self.seq) >= self.speculate_from and (not self.gate or self.gate.speculate(base, not out))
-                if self.gate is not None and self.hooks.agree is not None:  # rank 0's timings decide for every rank
-                    speculate = bool(self.hooks.agree([int(speculate)])[0])
-                with self._phase("cache upkeep"):
-                    self.upkeep.make_room(catch_up=base - 1 if speculate else None)
-                    self.full.prepare_verify()  # offloaded KV starts streaming while tiers below draft
-                gamma2 = self.gate.gamma(self.policy.gamma2) if self.gate else self.policy.gamma2  # a probe's: fewer
-                self.gammas[-1] = gamma2 if speculate else 0
-                self._passes = []
-                queries = self._round(len(self.levels) - 1, limit)[1]
-                new = self.seq[base:]
-                stop_at = next((i for i, t in enumerate(new) if t in stop_ids), None)
-                if stop_at is not None:
-                    self.stats[-1].emitted -= len(new) - (stop_at + 1)
-                    del self.seq[base + stop_at + 1:]
-                    self._truncate_all(len(self.seq) - 1)
-                if self.logprobs is not None:
-                    self.logprobs.commit(len(self.seq) - base)
-                with self._phase("cache upkeep"):
-                    self.upkeep.after_full_verify(base - 1, len(self.seq) - 1, queries, drafted=speculate)
-                self.policy.next_gamma2()  # the next round reads policy.gamma2 (above)
-                if self.gate is not None:
-                    self.gate.round_done(base, self._passes, len(self.seq) - base, speculate and len(self.levels) > 1,
-                                         time.perf_counter() - round_started)
-                for token in self.seq[base:]:
-                    out.append(token)
-                    if on_token is not None:
-                        on_token(token)
-                if stop_at is not None:
-                    return "eos"
-        except KeyboardInterrupt:
-            del self.seq[base:]  # drop the unverified round; committed tokens stay
-            self._truncate_all(len(self.seq) - 1)
-            return "interrupt"
-        return "length"
+    def _counters(self) -> tuple[dict, int]:
+        return {t.name: t.time_s for t in self.levels}, sum(t.rebuilds for t in self.sparse_tiers)
+
+    def summary(self, before: tuple[dict, int], tokens: int) -> dict:
+        """The statistics of the generate call that began when tier times and rebuilds were
+        `before` (_counters) and emitted `tokens`."""
+        times_before, rebuilds_before = before
+        top = self.stats[-1]
+        checked = [(self.levels[i].name, s) for i, s in enumerate(self.stats) if i > 0]
+        stats = {
+            "tiers": self.describe(),
+            "acceptance_rates": {name: round(s.accepted / s.proposed, 4) for name, s in checked if s.proposed},
+            "proposed": {name: s.proposed for name, s in checked},
+            "accepted": {name: s.accepted for name, s in checked},
+            "full_verifies": top.rounds,
+            "gamma2": self.gammas[-1] if len(self.levels) > 1 else None,
+            "mean_tokens_per_full_verify": round(top.emitted / top.rounds, 4) if top.rounds else None,
+            "tier_time_s": {t.name: round(t.time_s - times_before[t.name], 4) for t in self.levels},
+            # during this call (the rebuild at set_sequence is not counted)
+            "rebuilds": sum(t.rebuilds for t in self.sparse_tiers) - rebuilds_before,
+        }
+        for observer in self._observers:
+            stats.update(observer.report())
+        if self.hooks.sync_counter is not None:
+            stats["host_syncs"] = self.hooks.sync_counter.report(tokens)
+        return stats
 
     def _round(self, level: int, limit: int) -> tuple[list[torch.Tensor | None], Queries | None]:
         """One check at `level` (level 0: one sampled token). Appends the emitted tokens to seq;
@@ -211,8 +253,9 @@ class Engine:
                 verdict = Verdict(*self.hooks.agree([verdict.accepted, verdict.token]))
         del self.seq[base + verdict.accepted:]
         self.seq.append(verdict.token)
-        if tier is self.full and self.logprobs is not None:
-            self.logprobs.record(logits[len(logits) - len(drafts) - 1:][:verdict.accepted + 1], self.seq[base:])
+        if tier is self.full:
+            for observer in self._observers:
+                observer.full_logits(logits[len(logits) - len(drafts) - 1:][:verdict.accepted + 1], self.seq[base:])
         for lower in self.levels[:level + 1]:
             lower.truncate(len(self.seq) - 1)
         self.rounds.append((tier.name, len(drafts), verdict.accepted))
@@ -281,8 +324,9 @@ class Engine:
                     token = self.hooks.agree([token])[0]
             self.seq.append(token)
             dists.append(dist)
-            if tier is self.full and self.logprobs is not None:
-                self.logprobs.record(raw, [token])
+            if tier is self.full:
+                for observer in self._observers:
+                    observer.full_logits(raw, [token])
         if tier is self.full:
             self.stats[0].rounds += count
             self.stats[0].emitted += count

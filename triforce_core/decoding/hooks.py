@@ -13,7 +13,6 @@ class EngineHooks:
     replay: object = None  # a ReplayVerifier decides checks instead of the models (benchmarks)
     agree: Callable[[list[int]], list[int]] | None = None  # tensor parallelism: rank 0's decisions win
     agree_ok: Callable[[bool], bool] | None = None         # ... and graph capture succeeds everywhere or nowhere
-    stop_requested: Callable[[], bool] | None = None       # asked before each round (TP chat's Ctrl-C)
     gamma2_controller: object = None                       # picks gamma2 from the observed acceptance
     speculation_gate: object = None                        # --method auto: ar while speculation is slower
     sync_counter: SyncCounter | None = None                # host synchronisations per phase (CUDA)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from triforce.decoding.observers import Observer, Round
+
 MAX_TOP = 20  # alternatives per token, OpenAI's bound
 
 
@@ -20,13 +22,13 @@ class TokenLogprob:
 
 
 @dataclass
-class LogprobRecorder:
-    """Set as EngineHooks.logprobs for one generate: `entries` follows the emitted tokens."""
+class LogprobRecorder(Observer):
+    """Handed to one Engine.generate: `entries` follows the emitted tokens."""
     top: int = 0
     entries: list[TokenLogprob] = field(default_factory=list)
     _pending: list[TokenLogprob] = field(default_factory=list)
 
-    def record(self, logits: torch.Tensor, tokens: list[int]) -> None:
+    def full_logits(self, logits: torch.Tensor, tokens: list[int]) -> None:
         """logits [n, V]: the full model's rows for the n tokens a round emitted, in order (one
         host read for the round)."""
         logprobs = torch.log_softmax(logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32), -1)
@@ -35,7 +37,7 @@ class LogprobRecorder:
         self._pending = [TokenLogprob(t, c, list(zip(i, v))) for t, c, i, v in
                          zip(tokens, chosen, ids.tolist(), values.tolist())]
 
-    def commit(self, count: int) -> None:
-        """The round kept its first `count` tokens (a stop token ends it early)."""
-        self.entries += self._pending[:count]
+    def committed(self, plan: Round) -> None:
+        """The round kept its first plan.emitted tokens (a stop token ends it early)."""
+        self.entries += self._pending[:plan.emitted]
         self._pending = []

@@ -21,6 +21,8 @@ import statistics
 from collections import deque
 from typing import Callable
 
+from triforce.decoding.observers import Observer, Round
+
 GATE_WINDOW = 4        # speculative rounds scored together
 GATE_HOLD = (16, 512)  # tokens decoded as ar before speculation is tried again: the first hold, the longest
 CALIBRATION_STEPS = 4  # ar steps that measure the reference before the first speculative round
@@ -40,7 +42,7 @@ def wall_ms(passes: Passes, seconds: float, length: int) -> float:
     return seconds * 1000.0
 
 
-class SpeculationGate:
+class SpeculationGate(Observer):
     def __init__(self, prices=None, speculate_from: int = 0, cost: Callable[[Passes, float, int], float] = wall_ms,
                  window: int = GATE_WINDOW, hold: tuple[int, int] = GATE_HOLD, calibration: int = CALIBRATION_STEPS,
                  ar_first: int = 0):
@@ -71,6 +73,20 @@ class SpeculationGate:
             self._rounds.clear()
             self._ar.clear()
         self.cost = cost
+
+    # ---- as the engine's observer -------------------------------------------------------
+    def started(self, params) -> None:
+        self.price_rounds(params.seed is not None and not params.greedy)  # a seeded sample repeats
+
+    def planning(self, plan: Round) -> None:
+        plan.speculate = plan.speculate and self.speculate(plan.base, plan.first)
+        plan.gamma2 = self.gamma(plan.gamma2)
+
+    def committed(self, plan: Round) -> None:
+        self.round_done(plan.base, plan.passes, plan.emitted, plan.drafted, plan.seconds)
+
+    def report(self) -> dict:
+        return {"auto_fallbacks": self.fallbacks, "auto_ar_tokens": self.ar_tokens}
 
     def _priced(self, passes: Passes, seconds: float, length: int) -> float:
         return sum(self.prices.pass_ms(kind, tokens, length) for kind, tokens in passes)

@@ -199,7 +199,7 @@ class Scheduler:
             if len(self.slots) < self.width:
                 best = _Slot()
                 best.models = row_models(self.runtime)
-                best.engine = self.build_engine(best.stop_requested, best.models)
+                best.engine = self.build_engine(best.models)
                 self.slots.append(best)
                 shared[id(best)] = 0
             else:
@@ -208,15 +208,16 @@ class Scheduler:
         best.used = self._clock
         return best, shared[id(best)]
 
-    def build_engine(self, stop_requested: Callable[[], bool], models):
-        """A row's engine over its own RowModels. Under tensor parallelism every rank asks rank 0
-        whether to stop."""
+    def build_engine(self, models):
+        """A row's engine over its own RowModels."""
+        return self.runtime.engine(self.max_len, self.run, lm=models.lm, draft=models.draft, graphs="off")
+
+    def stop_check(self, slot: _Slot, engine) -> Callable[[], bool]:
+        """Whether the slot's request stops, asked before each round: under tensor parallelism every
+        rank asks rank 0."""
         if self.runtime.world > 1:
-            local, engine = stop_requested, None
-            stop_requested = lambda: bool(engine.hooks.agree([int(local())])[0])  # noqa: E731
-        engine = self.runtime.engine(self.max_len, self.run, lm=models.lm, draft=models.draft, graphs="off",
-                                     stop_requested=stop_requested)
-        return engine
+            return lambda: bool(engine.hooks.agree([int(slot.stop_requested())])[0])
+        return slot.stop_requested
 
     def _engine_for(self, slot: _Slot):
         """The slot's batch engine, or its lone one when this request runs alone (a seeded sample
@@ -227,7 +228,7 @@ class Scheduler:
             for other in self.slots:  # one lone engine at a time: the room planned holds one's tiers
                 other.lone = None
             slot.lone = self.runtime.engine(self.max_len, self.lone_run, lm=slot.models.lm, draft=slot.models.draft,
-                                            graphs="off", stop_requested=slot.stop_requested, full=slot.engine.full)
+                                            graphs="off", full=slot.engine.full)
         return slot.lone
 
     def serve_request(self, job: Job, lane=None) -> None:
@@ -262,8 +263,8 @@ class Scheduler:
                 engine.set_sequence(job.ids, progress)
                 prefilled = time.perf_counter()
                 try:
-                    result = engine.generate(job.max_new, job.params,
-                                             frozenset() if job.ignore_eos else self.stop_ids, on_token, logprobs=recorder)
+                    result = engine.generate(job.max_new, job.params, frozenset() if job.ignore_eos else self.stop_ids,
+                                             on_token, logprobs=recorder, stop_requested=self.stop_check(slot, engine))
                 except SYMPTOMS as e:  # this request fails with the layer named; the server goes on
                     raise located(e, self.runtime.lm, engine.seq) from None
             # recorded before the client hears "done": /health and tests read it after the reply

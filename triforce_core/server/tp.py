@@ -36,7 +36,7 @@ def follow_requests(runtime, run, max_len: int) -> None:
     while (request := receive()) is not None:
         ids, max_new, params, ignore_eos = request
         if engine is None:  # built where rank 0 builds its own: at the first request
-            engine = runtime.engine(max_len, run, lm=lm, draft=draft, graphs="off",
-                                    stop_requested=lambda: bool(engine.hooks.agree([0])[0]))
+            engine = runtime.engine(max_len, run, lm=lm, draft=draft, graphs="off")
         engine.set_sequence(ids)
-        engine.generate(max_new, params, frozenset() if ignore_eos else runtime.lm.eos_ids)
+        engine.generate(max_new, params, frozenset() if ignore_eos else runtime.lm.eos_ids,
+                        stop_requested=lambda: bool(engine.hooks.agree([0])[0]))

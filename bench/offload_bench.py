@@ -155,26 +155,9 @@ def host_store_bytes(method: str, s: Setup) -> int:
                                  plan.block_tokens, dtype)
 
 
-def run_method(method: str, s: Setup) -> dict:
-    """Decode `new_tokens` after a `context`-token cache; returns the row of the table."""
-    device = s.lm.device
-    if method == "transformers-offloaded":  # the peer: its own model and cache (bench/offload_peers.py)
-        from triforce.bench.offload_peers import time_hf_offloaded
-        arch = getattr(s.runtime.config, "arch", None)
-        if arch is None:
-            return {"method": method, "error": "timed with --arch only"}
-        try:
-            return time_hf_offloaded(arch, s.context, s.new_tokens, s.lm.dtype, device)
-        except (RuntimeError, ValueError, TypeError, AttributeError) as e:  # a peer's failure is a row, not the end
-            return {"method": method, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-    variant = VARIANTS[method]
-    speculative = variant.speculative
-    spec, new_tokens, counted, max_len = method_setting(method, s)
-    try:
-        run = s.runtime.plan(max_len, spec, ALL_GIVEN)
-    except UserError as e:
-        return {"method": method, "error": str(e)}
-    plan = run.plan
+def _engine_over_context(method: str, s: Setup, run, max_len: int):
+    """(cache, engine) of `method` holding the context: a real prefill of the prompt, else random KV."""
+    device, variant = s.lm.device, VARIANTS[method]
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -182,9 +165,9 @@ def run_method(method: str, s: Setup) -> dict:
         cache = HostAttentionKVCache(s.lm.config, max_len, dtype=s.lm.dtype, device=device,
                                      host_budget_bytes=s.profile.host_bytes, host_arena=s.arena)
     else:
-        cache = build_kv_cache(s.lm, max_len, plan, overlap=s.overlap, hybrid=variant.hybrid and s.hybrid,
+        cache = build_kv_cache(s.lm, max_len, run.plan, overlap=s.overlap, hybrid=variant.hybrid and s.hybrid,
                                residency=variant.residency, host_arena=s.arena)
-    replay = ReplayVerifier(s.trace) if speculative and s.trace is not None else None
+    replay = ReplayVerifier(s.trace) if variant.speculative and s.trace is not None else None
     engine = s.runtime.engine(max_len, run, kv_cache=cache, replay=replay, draft_ahead=variant.ahead)
     if s.prompt_ids is not None:
         from triforce.app.progress import prefill_bar
@@ -201,6 +184,28 @@ def run_method(method: str, s: Setup) -> dict:
         fill_random_kv(cache, s.context - 1, arena=s.arena)
         engine.full.tokens = ids[:-1]
         engine.set_sequence(ids)
+    return cache, engine
+
+
+def run_method(method: str, s: Setup) -> dict:
+    """Decode `new_tokens` after a `context`-token cache; returns the row of the table."""
+    device = s.lm.device
+    if method == "transformers-offloaded":  # the peer: its own model and cache (bench/offload_peers.py)
+        from triforce.bench.offload_peers import time_hf_offloaded
+        arch = getattr(s.runtime.config, "arch", None)
+        if arch is None:
+            return {"method": method, "error": "timed with --arch only"}
+        try:
+            return time_hf_offloaded(arch, s.context, s.new_tokens, s.lm.dtype, device)
+        except (RuntimeError, ValueError, TypeError, AttributeError) as e:  # a peer's failure is a row, not the end
+            return {"method": method, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    speculative = VARIANTS[method].speculative
+    spec, new_tokens, counted, max_len = method_setting(method, s)
+    try:
+        run = s.runtime.plan(max_len, spec, ALL_GIVEN)
+    except UserError as e:
+        return {"method": method, "error": str(e)}
+    plan, (cache, engine) = run.plan, _engine_over_context(method, s, run, max_len)
     engine.generate(2, SamplingParams(), frozenset())  # warm-up: kernels, allocator, first copies
     before, cpu_before = _transfer_bytes(cache), getattr(cache, "cpu_bytes", 0)
     windows = []
@@ -240,12 +245,17 @@ def run_method(method: str, s: Setup) -> dict:
     row.update(counted_window(engine, counted))
     sync(device)  # the counted window's prefetches land before the next method reuses their memory
     del engine, cache
+    _give_back(device)
+    return row
+
+
+def _give_back(device: torch.device) -> None:
+    """The device memory and pinned staging a method held, back before the next allocates its own."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         empty_host = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
         if empty_host is not None:
-            empty_host()  # give back pinned staging memory before the next method allocates its own
-    return row
+            empty_host()
 
 
 def counted_window(engine, tokens: int) -> dict:

@@ -36,38 +36,51 @@ def bench_rank(rank: int, world: int, request: BenchRequest) -> None:
     run_bench(request, rank, world)
 
 
-def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
-    """Every rank times the same steps in lockstep; rank 0 reports."""
+def measure_hybrid_rates(runtime, h2d: float) -> dict | None:
+    """On a card whose profile has host attention rates: this machine's link and CPU measured now,
+    which the hybrid split then follows (not the profile's nominal rates); None elsewhere."""
+    if runtime.lm.device.type != "cuda" or runtime.profile.host_attention_gbps is None:
+        return None
+    from dataclasses import replace
+
+    from triforce.plan.measure import host_attention_rates
+    cpu_gbps, cpu_tflops = host_attention_rates(runtime.lm.dtype)
+    rates = {"pcie_h2d_gbps": round(h2d, 2), "host_attention_gbps": round(cpu_gbps, 2),
+             "host_attention_tflops": round(cpu_tflops, 3)}
+    runtime.profile = replace(runtime.profile, **rates)
+    return rates
+
+
+def capped_to_profile(c, rank: int, world: int):
+    """The run's profile; on a card, the memory this process may use capped to the profile's
+    card before anything is allocated (an H200 stands in for a 24 GB one)."""
     import torch
 
     from triforce.app.parallel import rank_device
     from triforce.app.plan_and_cache import resolve_profile
-    from triforce.app.runtime import build_runtime
-    from triforce.bench.offload_bench import Setup, measure_h2d_gbps, run_method
     from triforce.model.loading import resolve_device
 
-    c = r.config
     torch_device = resolve_device(rank_device(c.device, rank) if world > 1 else c.device)
     prof = resolve_profile(c.profile, torch_device, c.device_budget)
-    if torch_device.type == "cuda":  # emulate the profile's card before anything is allocated
+    if torch_device.type == "cuda":
         total = torch.cuda.get_device_properties(torch_device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, prof.gpu_bytes / total), torch_device)
+    return prof
+
+
+def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
+    """Every rank times the same steps in lockstep; rank 0 reports."""
+    from triforce.app.runtime import build_runtime
+    from triforce.bench.offload_bench import Setup, measure_h2d_gbps, run_method
+
+    c = r.config
+    prof = capped_to_profile(c, rank, world)
     runtime = build_runtime(c, rank, world)
     lm = runtime.lm
     name = f"{c.arch} (random weights)" if c.arch is not None else lm.path.name
     runtime.say_attention()
     h2d = measure_h2d_gbps(lm.device)
-    measured_rates = None
-    if lm.device.type == "cuda" and runtime.profile.host_attention_gbps is not None:
-        # the hybrid split follows this machine's link and CPU, measured now, not the profile's nominal rates
-        from dataclasses import replace as with_rates
-
-        from triforce.plan.measure import host_attention_rates
-        cpu_gbps, cpu_tflops = host_attention_rates(lm.dtype)
-        runtime.profile = with_rates(runtime.profile, pcie_h2d_gbps=round(h2d, 2), host_attention_gbps=round(cpu_gbps, 2),
-                                     host_attention_tflops=round(cpu_tflops, 3))
-        measured_rates = {"pcie_h2d_gbps": round(h2d, 2), "host_attention_gbps": round(cpu_gbps, 2),
-                          "host_attention_tflops": round(cpu_tflops, 3)}
+    measured_rates = measure_hybrid_rates(runtime, h2d)
     prompt_ids = None
     if c.model is not None and r.trace is None:  # a model's own acceptance needs its real KV; a replay does not
         from triforce.app.evaluation import needle_prompt
@@ -102,8 +115,8 @@ def run_bench(r: BenchRequest, rank: int = 0, world: int = 1) -> None:
             journal(r.rows_path, {"row": rows[-1]})
     if rank != 0:
         return
-    title = (f"{name}, context {r.context}, {str(lm.dtype).removeprefix('torch.')} on {lm.device}, {prof.name}"
-             f"{', tp %d' % world if world > 1 else ''}")
+    title = f"{name}, context {r.context}, {str(lm.dtype).removeprefix('torch.')} on {lm.device}, {prof.name}" \
+        + (f", tp {world}" if world > 1 else "")
     plotted = write_plot(rows, h2d, title, r.plot_path)
     out = {"model": name, "context": r.context, "device": str(lm.device), "profile": prof.name, "tp": world,
            "repeats": r.repeats, "hybrid_rates_measured": measured_rates,

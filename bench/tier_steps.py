@@ -44,6 +44,32 @@ def fill_random_kv(cache: ResidentKVCache, length: int) -> None:
     cache.length = length
 
 
+def full_steps(target, full, seq: list[int], context: int, spec: SpecParams, repeats: int, kv_per_token: int) -> dict:
+    """The full tier's verify of gamma2 + 1 tokens and an ar step (its price of one), eager, with
+    their bytes floors."""
+    device, out = target.device, {}
+    tokens = torch.tensor([seq[context:context + spec.gamma2 + 1]], device=device)
+
+    def verify():
+        full.rollback(context)
+        step = full.step(tokens.shape[1])
+        target.model(tokens, step.positions, step)
+
+    out["full_ms"] = back_to_back_ms(verify, device, max(1, repeats // 4))
+    full.rollback(context)
+    out["full_floor_bytes"] = weight_bytes(target) + (context + spec.gamma2 + 1) * kv_per_token
+
+    def ar_step():  # what --method ar pays per token: the full verify's price of one token
+        full.rollback(context)
+        step = full.step(1)
+        target.model(tokens[:, :1], step.positions, step)
+
+    out["ar_ms"] = back_to_back_ms(ar_step, device, max(1, repeats // 4))
+    full.rollback(context)
+    out["ar_floor_bytes"] = weight_bytes(target) + (context + 1) * kv_per_token
+    return out
+
+
 def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats: int) -> dict:
     device = target.device
     kv_per_token = 2 * target.config.num_layers * target.config.num_kv_heads * target.config.head_dim \
@@ -92,25 +118,7 @@ def measure(target, draft, context: int, spec: SpecParams, graphs: str, repeats:
             * draft.dtype.itemsize
         out["tier0_floor_bytes"] = weight_bytes(draft) + tier0.cache.end * d_kv
     if graphs == "off":  # the full verify never runs under graphs
-        tokens = torch.tensor([seq[context:context + spec.gamma2 + 1]], device=device)
-
-        def verify():
-            full.rollback(context)
-            step = full.step(tokens.shape[1])
-            target.model(tokens, step.positions, step)
-
-        out["full_ms"] = back_to_back_ms(verify, device, max(1, repeats // 4))
-        full.rollback(context)
-        out["full_floor_bytes"] = weight_bytes(target) + (context + spec.gamma2 + 1) * kv_per_token
-
-        def ar_step():  # what --method ar pays per token: the full verify's price of one token
-            full.rollback(context)
-            step = full.step(1)
-            target.model(tokens[:, :1], step.positions, step)
-
-        out["ar_ms"] = back_to_back_ms(ar_step, device, max(1, repeats // 4))
-        full.rollback(context)
-        out["ar_floor_bytes"] = weight_bytes(target) + (context + 1) * kv_per_token
+        out.update(full_steps(target, full, seq, context, spec, repeats, kv_per_token))
     return out
 
 

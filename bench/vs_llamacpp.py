@@ -168,10 +168,39 @@ def long_row(model: str, dtype: str, binary: str, gguf: str, threads: int, depth
                    "the quiet row's.")
 @click.option("--plot", "plot_path", default=None, help="Also draw the table as a PNG here.")
 @output_option
+def side_by_side(lm, hf, binary, gguf, threads: int, kind: str, n: int, new_tokens: int, repeats: int,
+                 quantize: str | None, dtype: str) -> dict:
+    """One row: llama-bench and ours (and the reference path, transformers) on `kind` (decode after
+    n tokens of natural text, or a prefill of n), best of `repeats`, interleaved."""
+    from triforce.app.texts import natural_ids
+
+    ids = natural_ids(lm.tokenizer, n)
+    theirs, ours, reference, hf_rate = 0.0, 0.0, 0.0, 0.0
+    for _ in range(repeats):
+        if kind == "decode":
+            theirs = max(theirs, llama_bench(binary, gguf, threads, depth=n, gen=new_tokens))
+            ours = max(ours, time_triforce(lm, ids, new_tokens + 1)["decode_tokens_per_s"])
+            if quantize is None:  # the reference path de-quantizes every matrix per pass
+                reference = max(reference, reference_decode(lm, ids, new_tokens + 1))
+            if hf is not None:
+                hf_rate = max(hf_rate, time_transformers(hf, ids, new_tokens)["decode_tokens_per_s"])
+        else:
+            theirs = max(theirs, llama_bench(binary, gguf, threads, prompt=n))
+            ours = max(ours, ours_prefill(lm, ids))
+    row = {"dtype": dtype, "activations": str(lm.dtype).removeprefix("torch."), "test": kind, "tokens": n,
+           "triforce_tok_s": round(ours, 2),
+           "llamacpp_tok_s": round(theirs, 2), "ratio": round(ours / theirs, 3)}
+    if kind == "decode":
+        row["reference_tok_s"] = round(reference, 2)
+        if hf is not None:
+            row["transformers_tok_s"] = round(hf_rate, 2)
+        row["triforce_gb_s"] = round(bytes_per_token(lm, n) * ours / 1e9, 1)
+    return row
+
+
 def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth, long_budget, long_new_tokens, with_hf,
          beside, plot_path, fmt):
     """Against llama.cpp's llama-bench on the same GGUF files and depths (see the module's docstring)."""
-    from triforce.app.texts import natural_ids
     from triforce.bench.busy_neighbours import parse_beside
     from triforce.model.loading import load_model, resolve_dtype
 
@@ -203,29 +232,8 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
             hf = transformers_model(lm.path, lm.dtype)
         tests = [("decode", int(d)) for d in depths.split(",") if d.strip()] + ([("prefill", prefill)] if prefill else [])
         for kind, n in tests:
-            ids = natural_ids(lm.tokenizer, n)
-            theirs, ours, reference, hf_rate = 0.0, 0.0, 0.0, 0.0
-            for _ in range(repeats):
-                if kind == "decode":
-                    theirs = max(theirs, llama_bench(binary, gguf, threads, depth=n, gen=new_tokens))
-                    ours = max(ours, time_triforce(lm, ids, new_tokens + 1)["decode_tokens_per_s"])
-                    if quantize is None:  # the reference path de-quantizes every matrix per pass
-                        reference = max(reference, reference_decode(lm, ids, new_tokens + 1))
-                    if hf is not None:
-                        hf_rate = max(hf_rate, time_transformers(hf, ids, new_tokens)["decode_tokens_per_s"])
-                else:
-                    theirs = max(theirs, llama_bench(binary, gguf, threads, prompt=n))
-                    ours = max(ours, ours_prefill(lm, ids))
-            row = {"dtype": dtype, "activations": str(lm.dtype).removeprefix("torch."), "test": kind, "tokens": n,
-                   "triforce_tok_s": round(ours, 2),
-                   "llamacpp_tok_s": round(theirs, 2), "ratio": round(ours / theirs, 3)}
-            if kind == "decode":
-                row["reference_tok_s"] = round(reference, 2)
-                if hf is not None:
-                    row["transformers_tok_s"] = round(hf_rate, 2)
-                row["triforce_gb_s"] = round(bytes_per_token(lm, n) * ours / 1e9, 1)
-            rows.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
+            rows.append(side_by_side(lm, hf, binary, gguf, threads, kind, n, new_tokens, repeats, quantize, dtype))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         del lm, hf
         if long_depth and dtype == auto_dtype:
             rows.append(long_row(model, dtype, binary, gguf, threads, long_depth, long_new_tokens, long_budget,

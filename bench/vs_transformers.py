@@ -59,6 +59,15 @@ def time_triforce(lm, ids: list[int], new_tokens: int) -> dict:
             "decode_tokens_per_s": (new_tokens - 1) / decode_s}
 
 
+def prompt_ids(tokenizer, kind: str, tokens: int) -> list[int]:
+    """The first `tokens` ids of a natural, repeated or needle prompt."""
+    from triforce.app.evaluation import needle_prompt
+    from triforce.app.texts import prompt_text
+
+    text = needle_prompt(tokenizer, tokens).text if kind == "needle" else prompt_text(kind, tokenizer, tokens)
+    return tokenizer(text).input_ids[:tokens]
+
+
 def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
                  methods=("ar", "triforce", "retrieval", "streaming", "naive"), kinds=("natural", "needle"),
                  rounds: int = 1) -> list[dict]:
@@ -67,22 +76,15 @@ def method_speed(lm, prompt_tokens: int, new_tokens: int, budget: int,
     rounds > 1 the methods take turns that many times: a method's speed is its best round and
     its speed-up the median over rounds of ar's time in that round over its own, so a noisy
     neighbour that slows one round slows both sides of that round's ratio."""
-    from triforce.app.evaluation import needle_prompt
-    from triforce.app.texts import prompt_text
     from triforce.config import SamplingParams, SpecParams
     from triforce.decoding.engine import Engine
 
-    prompts = {
-        "natural": lambda: lm.tokenizer(prompt_text("natural", lm.tokenizer, prompt_tokens)).input_ids,
-        "repeated": lambda: lm.tokenizer(prompt_text("repeated", lm.tokenizer, prompt_tokens)).input_ids,
-        "needle": lambda: lm.tokenizer(needle_prompt(lm.tokenizer, prompt_tokens).text).input_ids,
-    }
     if lm.device.type == "cpu":  # compile the decode kernels now: on an empty cache the first round timed numba
         from triforce.kernels.cpu import warm
         warm.warm_up(lm.dtype, [(lm.config.num_kv_heads, lm.config.head_dim)])
     rows = []
     for name in kinds:
-        ids = prompts[name]()[:prompt_tokens]
+        ids = prompt_ids(lm.tokenizer, name, prompt_tokens)
         cache, runs = None, {}
         for _ in range(rounds):
             for method in methods:

@@ -26,58 +26,15 @@ def results_rows(report: dict) -> list[str]:
     for s in report["steps"]:
         r = s["result"] or {}
         if s["name"] == "user" and r.get("steps"):
-            lines += ["", f"user step on {r['device']} (default dtype {r['default_dtype']}): greedy float32 tokens "
-                          f"equal transformers' generate: {r['greedy_float32_equals_transformers']}", "",
-                      "| command | result | seconds |", "|---|---|---:|"]
-            for u in r["steps"]:
-                result = "ok" if u["ok"] else f"failed (exit {u.get('rc')}) {u.get('error', '')}".strip()
-                if u.get("stopped_s") is not None:  # serve: Ctrl-C to its process group (goal: 2 s)
-                    result += f", stopped {u['stopped_s']} s after Ctrl-C"
-                lines.append(f"| `{u['command'].split(' --model')[0]}` | {result} | {u['seconds']} |")
+            lines += user_lines(r)
         if s["name"].startswith(("offload", "decode", "peers", "desktop-decode", "paper")) and r.get("rows"):
-            cut = " (cut short: the rows timed before it ended)" if r.get("cut") else ""
-            lines += ["", f"{s['name']}: context {r.get('context')}, {r.get('profile')}, pinned H2D "
-                          f"{r.get('pinned_h2d_gbps')} GB/s, trace {r.get('replayed_trace')}, host store "
-                          f"{r.get('host_store', 'one per method')}{cut}; 4090 column: "
-                          f"{r.get('predicted_4090') or 'not predicted'}; "
-                          f"{(r.get('auto_choice') or {}).get('said', 'method auto: no choice recorded')}",
-                      "", "| method | ms/token | PCIe MB/token | H2D GB/s | syncs/token | peak GPU GiB | plan GiB | "
-                          "4090 ms/token (predicted) |",
-                      "|---|---:|---:|---:|---:|---:|---:|---:|"]
-            for row in r["rows"]:
-                if "error" in row:
-                    lines.append(f"| {row['method']} | failed or does not fit: {row['error']} | | | | | | |")
-                    continue
-                peak = f"{row['peak_gpu_bytes'] / 2**30:.2f}" if row.get("peak_gpu_bytes") else "-"
-                windows = "/".join(str(w) for w in row.get("ms_per_token_windows", []))
-                pcie = f"{row['pcie_bytes_per_token'] / 1e6:.1f}" if "pcie_bytes_per_token" in row else ""
-                plan = f"{row['plan_gpu_bytes'] / 2**30:.2f}" if "plan_gpu_bytes" in row else ""
-                syncs = row.get("syncs_per_token")
-                lines.append(f"| {row['method']} | {row['ms_per_token']} ({windows}) | {pcie} | "
-                             f"{row.get('achieved_h2d_gbps', '')} | {'' if syncs is None else syncs} | {peak} | {plan} | "
-                             f"{row.get('predicted_4090_ms_per_token') or '-'} |")
-            lines += window_lines(r["rows"])
+            lines += decode_lines(s["name"], r)
         if s["name"].startswith("llamacpp") and r.get("rows") is not None:
             lines += llamacpp_lines(s["name"], r)
         if s["name"] == "deepspeed" and r.get("peer"):
             lines += deepspeed_lines(r)
         if s["name"].startswith(("prefill", "desktop-prefill")) and r.get("ttft_s") is not None:
-            peak = f"{r['peak_gpu_bytes'] / 2**30:.2f}" if r.get("peak_gpu_bytes") else "-"
-            lines += ["", f"{s['name']}: {r['arch']} {r['dtype']} ({r.get('weights', 'float')} weights), {r['profile']}, "
-                          f"prompt {r['prompt']}", "",
-                      "| context | TTFT s | prefill s | prefill tok/s | H2D GB | D2H GB | peak GPU GiB | plan GiB |",
-                      "|---:|---:|---:|---:|---:|---:|---:|---:|",
-                      f"| {r['context']} | {r['ttft_s']} | {r['prefill_s']} | {r['prefill_tokens_per_s']} | "
-                      f"{r['h2d_bytes'] / 1e9:.2f} | {r['d2h_bytes'] / 1e9:.2f} | {peak} | "
-                      f"{r['plan_gpu_bytes'] / 2**30:.2f} |"]
-            if "no_kernel_s" in r:  # under the CUDA profiler: where the prefill's time went
-                lines += ["", device_split(r)]
-            if r.get("first_token_parts"):  # where an answer's start went
-                f, gaps = r["first_token_parts"], r.get("token_gaps_ms") or []
-                lines += ["", f"first token: {f['before_decoding_s']} s before its decoding began, {f['decoding_s']} s "
-                              f"decoding (by tier {f['tier_time_s']}); the next {len(gaps)} tokens' gaps in ms "
-                              f"({'replaying' if r.get('replayed') else 'not replaying'} a trace): "
-                              f"{' '.join(str(g) for g in gaps)}"]
+            lines += prefill_lines(s["name"], r)
         if s["name"] in ("quant-kernels", "quant-tiles") and r.get("rows"):
             lines += ["", f"block kernels: {r['arch']} projections, {r['dtype']} activations, device copy "
                           f"{r['memory_gbps_measured']} GB/s, {r.get('timing', 'each call on the host clock')}", "",
@@ -104,6 +61,67 @@ def _rows(report: dict, step: str) -> dict:
 
 def _result(report: dict, step: str) -> dict:
     return next(((s.get("result") or {}) for s in report["steps"] if s["name"] == step), {})
+
+
+def user_lines(r: dict) -> list[str]:
+    """The user step: each command a new user types, and whether it worked."""
+    lines = ["", f"user step on {r['device']} (default dtype {r['default_dtype']}): greedy float32 tokens "
+                  f"equal transformers' generate: {r['greedy_float32_equals_transformers']}", "",
+              "| command | result | seconds |", "|---|---|---:|"]
+    for u in r["steps"]:
+        result = "ok" if u["ok"] else f"failed (exit {u.get('rc')}) {u.get('error', '')}".strip()
+        if u.get("stopped_s") is not None:  # serve: Ctrl-C to its process group (goal: 2 s)
+            result += f", stopped {u['stopped_s']} s after Ctrl-C"
+        lines.append(f"| `{u['command'].split(' --model')[0]}` | {result} | {u['seconds']} |")
+    return lines
+
+
+def decode_lines(name: str, r: dict) -> list[str]:
+    """A decoding step's table: each method's ms per token, bytes moved and memory."""
+    cut = " (cut short: the rows timed before it ended)" if r.get("cut") else ""
+    lines = ["", f"{name}: context {r.get('context')}, {r.get('profile')}, pinned H2D "
+                  f"{r.get('pinned_h2d_gbps')} GB/s, trace {r.get('replayed_trace')}, host store "
+                  f"{r.get('host_store', 'one per method')}{cut}; 4090 column: "
+                  f"{r.get('predicted_4090') or 'not predicted'}; "
+                  f"{(r.get('auto_choice') or {}).get('said', 'method auto: no choice recorded')}",
+              "", "| method | ms/token | PCIe MB/token | H2D GB/s | syncs/token | peak GPU GiB | plan GiB | "
+                  "4090 ms/token (predicted) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in r["rows"]:
+        if "error" in row:
+            lines.append(f"| {row['method']} | failed or does not fit: {row['error']} | | | | | | |")
+            continue
+        peak = f"{row['peak_gpu_bytes'] / 2**30:.2f}" if row.get("peak_gpu_bytes") else "-"
+        windows = "/".join(str(w) for w in row.get("ms_per_token_windows", []))
+        pcie = f"{row['pcie_bytes_per_token'] / 1e6:.1f}" if "pcie_bytes_per_token" in row else ""
+        plan = f"{row['plan_gpu_bytes'] / 2**30:.2f}" if "plan_gpu_bytes" in row else ""
+        syncs = row.get("syncs_per_token")
+        lines.append(f"| {row['method']} | {row['ms_per_token']} ({windows}) | {pcie} | "
+                     f"{row.get('achieved_h2d_gbps', '')} | {'' if syncs is None else syncs} | {peak} | {plan} | "
+                     f"{row.get('predicted_4090_ms_per_token') or '-'} |")
+    lines += window_lines(r["rows"])
+    return lines
+
+
+def prefill_lines(name: str, r: dict) -> list[str]:
+    """A prefill step's row: time to first token, bytes moved, memory; where the time went."""
+    peak = f"{r['peak_gpu_bytes'] / 2**30:.2f}" if r.get("peak_gpu_bytes") else "-"
+    lines = ["", f"{name}: {r['arch']} {r['dtype']} ({r.get('weights', 'float')} weights), {r['profile']}, "
+                  f"prompt {r['prompt']}", "",
+              "| context | TTFT s | prefill s | prefill tok/s | H2D GB | D2H GB | peak GPU GiB | plan GiB |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|",
+              f"| {r['context']} | {r['ttft_s']} | {r['prefill_s']} | {r['prefill_tokens_per_s']} | "
+              f"{r['h2d_bytes'] / 1e9:.2f} | {r['d2h_bytes'] / 1e9:.2f} | {peak} | "
+              f"{r['plan_gpu_bytes'] / 2**30:.2f} |"]
+    if "no_kernel_s" in r:  # under the CUDA profiler: where the prefill's time went
+        lines += ["", device_split(r)]
+    if r.get("first_token_parts"):  # where an answer's start went
+        f, gaps = r["first_token_parts"], r.get("token_gaps_ms") or []
+        lines += ["", f"first token: {f['before_decoding_s']} s before its decoding began, {f['decoding_s']} s "
+                      f"decoding (by tier {f['tier_time_s']}); the next {len(gaps)} tokens' gaps in ms "
+                      f"({'replaying' if r.get('replayed') else 'not replaying'} a trace): "
+                      f"{' '.join(str(g) for g in gaps)}"]
+    return lines
 
 
 def goals_rows(report: dict) -> list[str]:

@@ -51,9 +51,41 @@ def test_no_import_goes_upward(folder):
     assert not bad, bad
 
 
-def test_no_source_file_is_over_300_lines():
-    long = [f"{p.relative_to(ROOT)}: {n}" for folder in ("triforce_core", "offload", "pinned", "kernels", "bench")
-            for p in (ROOT / folder).rglob("*.py") if (n := len(p.read_text().splitlines())) > 300]
+SOURCE = ("triforce_core", "offload", "pinned", "kernels", "bench")
+MAX_FUNCTION_LINES = 60
+MAX_FILE_LINES = 500  # a smell to look at (a file holding two concepts), not a size to squeeze a file to
+# the functions allowed past MAX_FUNCTION_LINES, each with why it reads best whole
+LONG_FUNCTIONS = {
+    "kernels/cpu/attention/bf16_key_pairs.py:score_rows":
+        "a numba @intrinsic: the LLVM IR it emits is built inside it, closing over the literal row count",
+    "bench/campaign/steps.py:steps": "the GPU campaign's steps as one list, in the order a lease runs them",
+    "bench/campaign/desktop.py:desktop_steps": "the 2026 desktop's steps as one list, in the order they run",
+}
+
+
+def function_lengths() -> dict[str, int]:
+    """'folder/file.py:name' -> lines (decorators left out) of every function in the source."""
+    lengths = {}
+    for folder in SOURCE:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    name = f"{path.relative_to(ROOT)}:{node.name}"
+                    lengths[name] = max(lengths.get(name, 0), node.end_lineno - node.lineno + 1)
+    return lengths
+
+
+def test_functions_are_short_but_the_named_few():
+    lengths = function_lengths()
+    long = {name: n for name, n in lengths.items() if n > MAX_FUNCTION_LINES}
+    assert not set(long) - set(LONG_FUNCTIONS), {n: long[n] for n in set(long) - set(LONG_FUNCTIONS)}
+    # a named exception cut short since (or gone) leaves the list
+    assert not set(LONG_FUNCTIONS) - set(long), set(LONG_FUNCTIONS) - set(long)
+
+
+def test_no_source_file_is_over_500_lines():
+    long = [f"{p.relative_to(ROOT)}: {n}" for folder in SOURCE
+            for p in (ROOT / folder).rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES]
     assert not long, long
 
 
@@ -61,7 +93,7 @@ def test_only_the_cli_imports_the_cli():
     """cli/ parses flags and prints; the use cases live in app/, server/ and bench/, which never
     reach up into it (a benchmark once imported the server's assembly from the CLI)."""
     bad = [f"{path.relative_to(ROOT)} imports {name}"
-           for folder in ("triforce_core", "offload", "pinned", "kernels", "bench")
+           for folder in SOURCE
            for path in sorted((ROOT / folder).rglob("*.py")) if "cli" not in path.relative_to(ROOT).parts
            for name in imports_of(path) if name == "triforce.cli" or name.startswith("triforce.cli.")]
     assert not bad, bad

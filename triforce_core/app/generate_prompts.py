@@ -21,8 +21,24 @@ from triforce.app.prompts_file import read_prompts
 from triforce.errors import UserError
 
 
+def prompt_lengths(encoded, count: int, context: int) -> array:
+    """The token count of each of `count` encoded prompts, each checked to leave room in the
+    context: 4 bytes a prompt, for the plan and the summary."""
+    lengths = array("I")
+    with tqdm(total=count, desc="reading prompts", unit="prompt", file=sys.stderr, disable=None, leave=False) as bar:
+        for number, ids in enumerate(encoded, 1):
+            if not ids:
+                raise UserError(f"prompt {number} is empty after tokenisation")
+            if len(ids) >= context:
+                raise UserError(f"prompt {number} has {len(ids)} tokens but the context is {context} tokens")
+            lengths.append(len(ids))
+            bar.update(1)
+    return lengths
+
+
 def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_chat: bool, params,
                        max_new_tokens: int, ignore_eos: bool, as_json: bool) -> None:
+    """Check every line, load, tokenize for the plan, then decode in rows as they free up."""
     from triforce.app.llm import LLM
 
     count = sum(1 for _ in read_prompts(prompts_file))  # every line checked before the model loads
@@ -36,15 +52,7 @@ def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_cha
         for prompt in read_prompts(prompts_file):
             yield llm.encode(prompt, as_chat)
 
-    lengths = array("I")  # the prompts' token counts: 4 bytes a prompt, for the plan and the summary
-    with tqdm(total=count, desc="reading prompts", unit="prompt", file=sys.stderr, disable=None, leave=False) as bar:
-        for number, ids in enumerate(encoded(), 1):
-            if not ids:
-                raise UserError(f"prompt {number} is empty after tokenisation")
-            if len(ids) >= context:
-                raise UserError(f"prompt {number} has {len(ids)} tokens but the context is {context} tokens")
-            lengths.append(len(ids))
-            bar.update(1)
+    lengths = prompt_lengths(encoded(), count, context)
     clipped = sum(n + max_new_tokens > context for n in lengths)
     if clipped:
         print(f"note: {clipped} prompt(s) get fewer than {max_new_tokens} new tokens, to stay within the "
@@ -76,8 +84,7 @@ def run_generate_batch(config, prompts_file: str, batch_size: int | None, as_cha
     from triforce.app.threads import threads_in_use
 
     summary.update(method=run.spec.method, model=str(lm.path), dtype=str(lm.dtype).removeprefix("torch."),
-                   threads=threads_in_use(),
-                   device=str(lm.device), attention=runtime.attn_name,
+                   threads=threads_in_use(), device=str(lm.device), attention=runtime.attn_name,
                    method_choice=run.method_json(), plan=run.plan.to_json())
     if as_json:
         print(f'], "batch": {json.dumps(summary)}}}', flush=True)

@@ -54,25 +54,10 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
 
     from triforce.app.evaluation import evaluate_acceptance
     from triforce.app.progress import PROGRESS_DELAY_S, prefill_bar
-    from triforce.cache.sparse import POLICIES
-    from triforce.config import SNAPKV_WINDOW
     from triforce.model.context_stretch import run_context, stretch_request
     from triforce.model.loading import load_model
 
-    budget_list = int_list(budgets, "--budgets")
-    policy_list = [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = set(policy_list) - set(POLICIES)
-    if unknown or not policy_list:
-        raise UserError(f"unknown policies {sorted(unknown) or policies!r} (use {', '.join(POLICIES)})")
-    if "snapkv" in policy_list and min(budget_list) <= SNAPKV_WINDOW:
-        raise UserError(f"--budgets for snapkv must exceed its {SNAPKV_WINDOW}-token observation window")
-    if gen < 1:
-        raise UserError(f"--gen must be >= 1, got {gen}")
-    if not temperature > 0:
-        raise UserError(f"--temperature must be > 0, got {temperature}")
-    for b in budget_list:
-        if b < 2 * chunk_size or b <= sink_tokens:
-            raise UserError(f"budget {b} must hold two chunks ({2 * chunk_size}) and exceed {sink_tokens} sinks")
+    budget_list, policy_list = _acceptance_grid(budgets, policies, gen, temperature, chunk_size, sink_tokens)
     temps = _temperatures(temperatures) if drafts is not None else []
     text = read_prompt(None, prompt_file)  # stdin now; a file is checked now and read below
     from triforce.app.threads import use_threads
@@ -104,6 +89,29 @@ def acceptance(model, prompt_file, budgets, policies, gen, chunk_size, sink_toke
     print(f"{'policy':10s} {'budget':>7s} {'greedy_match':>13s} {'expected_accept':>16s}")
     for r in results:
         print(f"{r['policy']:10s} {r['budget']:7d} {r['greedy_match']:13.3f} {r['expected_accept']:16.3f}")
+
+
+def _acceptance_grid(budgets: str, policies: str, gen: int, temperature: float, chunk_size: int,
+                     sink_tokens: int) -> tuple[list[int], list[str]]:
+    """The budgets and policies `eval acceptance` scores, checked."""
+    from triforce.cache.sparse import POLICIES
+    from triforce.config import SNAPKV_WINDOW
+
+    budget_list = int_list(budgets, "--budgets")
+    policy_list = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = set(policy_list) - set(POLICIES)
+    if unknown or not policy_list:
+        raise UserError(f"unknown policies {sorted(unknown) or policies!r} (use {', '.join(POLICIES)})")
+    if "snapkv" in policy_list and min(budget_list) <= SNAPKV_WINDOW:
+        raise UserError(f"--budgets for snapkv must exceed its {SNAPKV_WINDOW}-token observation window")
+    if gen < 1:
+        raise UserError(f"--gen must be >= 1, got {gen}")
+    if not temperature > 0:
+        raise UserError(f"--temperature must be > 0, got {temperature}")
+    for b in budget_list:
+        if b < 2 * chunk_size or b <= sink_tokens:
+            raise UserError(f"budget {b} must hold two chunks ({2 * chunk_size}) and exceed {sink_tokens} sinks")
+    return budget_list, policy_list
 
 
 def _temperatures(text: str) -> list[float]:

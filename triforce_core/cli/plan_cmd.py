@@ -63,6 +63,31 @@ def _acceptance(text: str | None, profile):
 _DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
 
+def _profile(profile: str | None, host_memory: str | None, device_budget: str | None):
+    """(profile, host memory) of plan's flags: a named profile with this host's (or --host-memory's)
+    RAM, else this machine's own; --device-budget replaces its GPU bytes."""
+    from triforce.plan import host_limits
+    from triforce.plan.profiles import load_profile, parse_size
+
+    host = host_limits.host_memory(host_memory)
+    prof = host_limits.with_host(load_profile(profile), host) if profile else \
+        host_limits.this_cpu(host if host_memory else None)
+    if device_budget is not None:
+        prof = prof.with_device_budget(parse_size(device_budget, "--device-budget"))
+    return prof, host
+
+
+def print_all(result, name, dtype, method, chosen, auto, batch, context: int, host_note: str | None) -> None:
+    """The plan as a person reads it: auto's choice, the batch's table, the plan, the host note."""
+    if auto is not None:
+        print(auto.describe())
+    if batch is not None:
+        print_batch(batch, context)
+    print_plan(result, name, dtype, method, chosen)
+    if host_note:
+        print(f"note: {host_note}")
+
+
 @click.command()
 @click.option("--model", default=None, help=f"The model (its shapes only): {MODEL_FORMS}.")
 @click.option("--arch", default=None, help="A named architecture, e.g. llama3.1-8b, or its Hugging Face or Ollama "
@@ -101,19 +126,13 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
     (MagicDec's analysis: see `triforce bench batch`).
     """
     from triforce.cli.options import build_spec
-    from triforce.plan import host_limits
-    from triforce.plan.profiles import load_profile, parse_size
     from triforce.plan.speculation_choice import plan_with_choice
 
     if context < 1:
         raise UserError(f"--context must be >= 1, got {context}")
     shape, name = _model_shape(model, arch)
     spec, fixed = build_spec(method, budget, chunk_size, gamma1, gamma2, rebuild_stride, rebuild_threshold)
-    host = host_limits.host_memory(host_memory)
-    prof = host_limits.with_host(load_profile(profile), host) if profile else \
-        host_limits.this_cpu(host if host_memory else None)
-    if device_budget is not None:
-        prof = prof.with_device_budget(parse_size(device_budget, "--device-budget"))
+    prof, host = _profile(profile, host_memory, device_budget)
     dtype_auto = dtype == "auto"
     if dtype == "auto":
         from triforce.model.cpu_features import native_bf16
@@ -149,13 +168,7 @@ def plan(model, arch, context, profile, device_budget, method, draft, budget, ch
                           "method_choice": auto.to_json() if auto else None, "limits": limits, "host_note": host_note,
                           "batch": batch.to_json() if batch else None, **result.to_json()}))
     else:
-        if auto is not None:
-            print(auto.describe())
-        if batch is not None:
-            print_batch(batch, context)
-        print_plan(result, name, dtype, method, chosen)
-        if host_note:
-            print(f"note: {host_note}")
+        print_all(result, name, dtype, method, chosen, auto, batch, context, host_note)
     if limits:
         raise UserError("; ".join(limits) if len(limits) == 1 else
                         " ".join(f"({i}) {limit};" for i, limit in enumerate(limits, 1)).rstrip(";"))

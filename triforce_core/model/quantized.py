@@ -33,6 +33,15 @@ from triforce.model.quantized_layers import QuantizedEmbedding, QuantizedLinear
 CHOICES = (*FORMATS, "gguf")
 
 
+def _check_asked(kind: str, on_gpu: bool, gguf_path: Path | None) -> None:
+    if kind not in CHOICES:
+        raise UserError(f"unknown --quantize '{kind}' (choose from {', '.join(CHOICES)})")
+    if on_gpu and importlib.util.find_spec("triton") is None:
+        raise UserError("--quantize on a GPU runs Triton kernels: install triton (pip install triton)")
+    if kind == "gguf" and gguf_path is None:
+        raise UserError("--quantize gguf needs a model loaded from a .gguf file (the default model is one)")
+
+
 def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bool = True,
                    device: torch.device | None = None, row_order=None, architecture: str = "llama") -> dict | None:
     """Replace `model`'s projections (and its tied or untied embeddings and head) by block
@@ -44,13 +53,8 @@ def quantize_model(model, kind: str, gguf_path: Path | None = None, required: bo
     (the model is quantized on the CPU, then moved).
     row_order: the GgufSource.row_order of a converted folder, for weights left on the meta
     device (never made float: see block_parameters); architecture: the file's (Phi-3 fuses matrices)."""
-    if kind not in CHOICES:
-        raise UserError(f"unknown --quantize '{kind}' (choose from {', '.join(CHOICES)})")
     on_gpu = device is not None and device.type != "cpu"
-    if on_gpu and importlib.util.find_spec("triton") is None:
-        raise UserError("--quantize on a GPU runs Triton kernels: install triton (pip install triton)")
-    if kind == "gguf" and gguf_path is None:
-        raise UserError("--quantize gguf needs a model loaded from a .gguf file (the default model is one)")
+    _check_asked(kind, on_gpu, gguf_path)
     source = _GgufBlocks(gguf_path, row_order, architecture) if kind == "gguf" else None
     if source is not None and not source.any_blocks(len(model.model.layers)):
         if not required:

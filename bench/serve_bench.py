@@ -76,6 +76,19 @@ def conversation(url: str, document: str, new_tokens: int, follow_ups: int) -> t
     return runs, asked
 
 
+def print_ttft(lines: list[str], rows: list[dict], runs: dict, speedup: float, summary: dict) -> None:
+    print("\n".join(lines[1:]))
+    print("| server | request | prompt tokens | cached | TTFT s | prefill tok/s | decode tok/s |\n"
+          "|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['server']} | {r['request']} | {r['prompt_tokens']} | {r['cached_tokens']} | {r['ttft_s']} | "
+              f"{r['prefill_tok_s']} | {r['decode_tok_s']} |")
+    against = "the same request cold" if "turn 2, cold" in runs else "turn 1"
+    print(f"turn 2 reaches its first token {speedup}x sooner than {against}")
+    for k, ratio in summary.get("vs_llama_server", {}).items():
+        print(f"{k}: first token {ratio['ttft']}x sooner than llama-server's, decoding {ratio['decode']}x its speed")
+
+
 @click.command()
 @click.option("--model", default="default", show_default=True)
 @click.option("--dtype", default="auto", show_default=True)
@@ -97,19 +110,6 @@ def conversation(url: str, document: str, new_tokens: int, follow_ups: int) -> t
 @click.option("--gguf", default=None, help="The GGUF file llama-server loads (default: the shipped file of "
                                            "--model default).")
 @output_option
-def print_ttft(lines: list[str], rows: list[dict], runs: dict, speedup: float, summary: dict) -> None:
-    print("\n".join(lines[1:]))
-    print("| server | request | prompt tokens | cached | TTFT s | prefill tok/s | decode tok/s |\n"
-          "|---|---|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['server']} | {r['request']} | {r['prompt_tokens']} | {r['cached_tokens']} | {r['ttft_s']} | "
-              f"{r['prefill_tok_s']} | {r['decode_tok_s']} |")
-    against = "the same request cold" if "turn 2, cold" in runs else "turn 1"
-    print(f"turn 2 reaches its first token {speedup}x sooner than {against}")
-    for k, ratio in summary.get("vs_llama_server", {}).items():
-        print(f"{k}: first token {ratio['ttft']}x sooner than llama-server's, decoding {ratio['decode']}x its speed")
-
-
 def ttft(model, dtype, method, document_tokens, max_context, rope_scaling, rows, prompt_kind, new_tokens, follow_ups,
          llama_binary, gguf, fmt):
     """The server's time to first token over a conversation about a document: turn 1, the

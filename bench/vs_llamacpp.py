@@ -141,33 +141,6 @@ def long_row(model: str, dtype: str, binary: str, gguf: str, threads: int, depth
             "speculation_tier_time_s": spec["tier_time_s"], "speculation_full_verifies": spec["full_verifies"]}
 
 
-@click.command()
-@click.option("--llama-bench", "binary", required=True, help="Path of a llama-bench binary.")
-@click.option("--gguf", "ggufs", multiple=True, required=True,
-              help="DTYPE=PATH: the GGUF of the default model in that dtype (float32, bfloat16), or WEIGHTS=PATH "
-                   "with WEIGHTS a --quantize choice: gguf (ours from the file's own blocks: give the same file), "
-                   "q8_0, q4_0, q4_1, q4_k (ours quantized at load; llama.cpp's from llama-quantize).")
-@click.option("--model", default="default", show_default=True, help="Our side: the same weights as the GGUFs.")
-@click.option("--depths", default="2048,6144", show_default=True, help="Context depths for decoding ('': none).")
-@click.option("--new-tokens", type=click.IntRange(2, 4096), default=64, show_default=True)
-@click.option("--prefill", type=click.IntRange(0, 65536), default=2048, show_default=True,
-              help="Prompt length of the prefill row (0: no prefill row).")
-@click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True)
-@click.option("--long", "long_depth", type=click.IntRange(0, 1 << 20), default=0, show_default=True,
-              help="Also a decode row at this depth (e.g. 32000) in the dtype auto picks here, with --method "
-                   "triforce too (0: none).")
-@click.option("--long-budget", type=click.IntRange(64, 1 << 20), default=2048, show_default=True,
-              help="Retrieval cache budget of the --long row's triforce run.")
-@click.option("--long-new-tokens", type=click.IntRange(2, 4096), default=128, show_default=True,
-              help="Tokens decoded in the --long row (the goal's 128; short runs see little prompt lookup).")
-@click.option("--transformers", "with_hf", is_flag=True, help="Also time transformers' generate (decode rows).")
-@click.option("--beside", default="quiet", show_default=True,
-              help="Also measure beside busy neighbours, each condition in a fresh process (ours picks its "
-                   "threads at start): quiet, busy (one process spinning a core), N-busy, busy-niceK (at nice K), "
-                   "e.g. quiet,busy,busy-nice19,2-busy; each row then carries `beside` and its speeds against "
-                   "the quiet row's.")
-@click.option("--plot", "plot_path", default=None, help="Also draw the table as a PNG here.")
-@output_option
 def side_by_side(lm, hf, binary, gguf, threads: int, kind: str, n: int, new_tokens: int, repeats: int,
                  quantize: str | None, dtype: str) -> dict:
     """One row: llama-bench and ours (and the reference path, transformers) on `kind` (decode after
@@ -198,6 +171,33 @@ def side_by_side(lm, hf, binary, gguf, threads: int, kind: str, n: int, new_toke
     return row
 
 
+@click.command()
+@click.option("--llama-bench", "binary", required=True, help="Path of a llama-bench binary.")
+@click.option("--gguf", "ggufs", multiple=True, required=True,
+              help="DTYPE=PATH: the GGUF of the default model in that dtype (float32, bfloat16), or WEIGHTS=PATH "
+                   "with WEIGHTS a --quantize choice: gguf (ours from the file's own blocks: give the same file), "
+                   "q8_0, q4_0, q4_1, q4_k (ours quantized at load; llama.cpp's from llama-quantize).")
+@click.option("--model", default="default", show_default=True, help="Our side: the same weights as the GGUFs.")
+@click.option("--depths", default="2048,6144", show_default=True, help="Context depths for decoding ('': none).")
+@click.option("--new-tokens", type=click.IntRange(2, 4096), default=64, show_default=True)
+@click.option("--prefill", type=click.IntRange(0, 65536), default=2048, show_default=True,
+              help="Prompt length of the prefill row (0: no prefill row).")
+@click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True)
+@click.option("--long", "long_depth", type=click.IntRange(0, 1 << 20), default=0, show_default=True,
+              help="Also a decode row at this depth (e.g. 32000) in the dtype auto picks here, with --method "
+                   "triforce too (0: none).")
+@click.option("--long-budget", type=click.IntRange(64, 1 << 20), default=2048, show_default=True,
+              help="Retrieval cache budget of the --long row's triforce run.")
+@click.option("--long-new-tokens", type=click.IntRange(2, 4096), default=128, show_default=True,
+              help="Tokens decoded in the --long row (the goal's 128; short runs see little prompt lookup).")
+@click.option("--transformers", "with_hf", is_flag=True, help="Also time transformers' generate (decode rows).")
+@click.option("--beside", default="quiet", show_default=True,
+              help="Also measure beside busy neighbours, each condition in a fresh process (ours picks its "
+                   "threads at start): quiet, busy (one process spinning a core), N-busy, busy-niceK (at nice K), "
+                   "e.g. quiet,busy,busy-nice19,2-busy; each row then carries `beside` and its speeds against "
+                   "the quiet row's.")
+@click.option("--plot", "plot_path", default=None, help="Also draw the table as a PNG here.")
+@output_option
 def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth, long_budget, long_new_tokens, with_hf,
          beside, plot_path, fmt):
     """Against llama.cpp's llama-bench on the same GGUF files and depths (see the module's docstring)."""

@@ -64,13 +64,13 @@ def test_each_emitted_tokens_logprob_is_the_targets_own(pair, method, params):
 def test_a_stop_token_inside_a_round_keeps_only_the_emitted_tokens_entries(pair, monkeypatch):
     """The full tier's round emitted tokens past the stop token; their entries go with them."""
     cut = []
-    real_commit = LogprobRecorder.commit
+    real_commit = LogprobRecorder.committed
 
-    def commit(self, count):
-        cut.append(len(self._pending) > count)
-        real_commit(self, count)
+    def committed(self, plan):
+        cut.append(len(self._pending) > plan.emitted)
+        real_commit(self, plan)
 
-    monkeypatch.setattr(LogprobRecorder, "commit", commit)
+    monkeypatch.setattr(LogprobRecorder, "committed", committed)
     params = SamplingParams(temperature=0.9, seed=3)
     _, whole, _ = generate(pair, "triforce", params)
     for stop in dict.fromkeys(whole.tokens[3:]):  # each distinct token after the first few

@@ -18,7 +18,7 @@ from triforce.cache.resident import ResidentKVCache
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.acceptance_trace import ReplayVerifier
 from triforce.errors import UserError
-from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.cache.offloaded import OffloadedKVCache
 
 # ar-offload: the paper's baseline (every host block over PCIe); ar-hybrid: the stronger one (the
 # CPU attends its share in place, offload.hybrid); triforce splits as the plan says, and its

@@ -133,5 +133,5 @@ GATHER_GROUP_BYTES = 64 << 20  # host staging of one group of layers in a rebuil
 
 def gather_staging_bytes(per_layer: int, num_layers: int) -> int:
     """Pinned bytes a retrieval rebuild gathers host KV through: `per_layer` (the selected tokens'
-    K and V of one layer) for each layer of the largest group (offload.sparse_reads.gather_layers)."""
+    K and V of one layer) for each layer of the largest group (cache.offloaded.OffloadedKVCache.gather_layers)."""
     return min(num_layers, max(1, GATHER_GROUP_BYTES // max(per_layer, 1))) * per_layer

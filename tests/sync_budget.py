@@ -7,7 +7,7 @@ retrieval rebuild, and ONCE per run (the rope table's first copy and the like). 
 a pass, not per draft of a verdict.
 A rebuild over host KV scores every chunk on the device (host chunks' means copied over from
 pinned memory) and waits once for every layer's chosen indices, which the CPU gathers host KV by
-(offload.sparse_reads.gather_layers: one wait a group of layers whose host staging fits 64 MiB,
+(cache.offloaded.OffloadedKVCache.gather_layers: one wait a group of layers whose host staging fits 64 MiB,
 one group for these tests' models). Before issue 73 it waited 5 times a layer (the query to the
 host, scores back, the indices, and the gathered keys and values back blocking), then once a layer."""
 from importlib import resources

@@ -2,7 +2,7 @@
 
 `CacheView`: one forward pass's access (the model only calls `attend`). `FullCache`: the target's
 full cache, which the full tier decodes over and the sparse caches select from; the resident
-cache (triforce.cache.resident) and the offloaded one (triforce.offload.offloaded_cache) both
+cache (triforce.cache.resident) and the offloaded one (triforce.cache.offloaded) both
 implement all of it. `CacheStep`: the one base of every cache's per-pass view; it writes the new
 KV, records queries when asked and attends, and a cache chooses only where its KV lives."""
 from __future__ import annotations

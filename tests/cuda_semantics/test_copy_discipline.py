@@ -22,12 +22,12 @@ ALLOWED = {
     ("offload/hybrid.py", "q_host.copy_(q, non_blocking=True)"): "q_host made with pin_memory=True",
     ("offload/hybrid.py", "return tuple(p.to(self.device, non_blocking=True) for p in pinned)"):
         "pinned made with pin_memory=True",
-    ("offload/offloaded_cache.py",
+    ("triforce_core/cache/offloaded.py",
      "k, v = self.store.block_kv(self.store.block(layer, block).to(self.device, non_blocking=True), bt)"):
         "the host store is pinned (allocate_host)",
-    ("offload/sparse_reads.py", "means = run.to(self.device, non_blocking=True).permute(1, 2, 0, 3)"):
+    ("triforce_core/cache/offloaded.py", "means = run.to(self.device, non_blocking=True).permute(1, 2, 0, 3)"):
         "host chunk means from allocate_host (pinned), a contiguous run of one layer's chunks",
-    ("offload/sparse_reads.py",
+    ("triforce_core/cache/offloaded.py",
      "host_k, host_v = host_k.to(self.device, non_blocking=True), host_v.to(self.device, non_blocking=True)"):
         "the gather staging from allocate_host (pinned); the next layer's index wait orders its reuse",
     ("triforce_core/plan/measure.py", "seconds = best_seconds(lambda: dst.copy_(src, non_blocking=pin), syncer(device))"):

@@ -106,16 +106,16 @@ def test_the_hybrid_verify_inside_the_verify_worker_keeps_the_thread_count(capsy
     import numba
 
     from sync_budget import PROMPT as LONG, small_block_profile
-    from triforce.offload import offloaded_cache
+    from triforce.cache import offloaded
 
     seen = []
-    real = offloaded_cache.host_partial
+    real = offloaded.host_partial
 
     def host_partial(*args, **kwargs):
         seen.append((threading.current_thread().name.rsplit("_", 1)[0], numba.get_num_threads()))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(offloaded_cache, "host_partial", host_partial)
+    monkeypatch.setattr(offloaded, "host_partial", host_partial)
     threads = verify_threads(monkeypatch)
     folder = str(tiny_model_dir("llama-gqa", max_position_embeddings=1024, num_layers=4))
     result = generate(capsys, card, followed, folder, "--temperature", "0", "--draft-ahead", "--dtype", "float32",

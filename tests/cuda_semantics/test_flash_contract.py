@@ -13,7 +13,7 @@ from triforce.kernels import SDPA, attention
 from triforce.kernels import partial as partial_module
 from triforce.kernels.cpu.attention import decode as cpu_attention
 from triforce.kernels.partial import partial_attention
-from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.cache.offloaded import OffloadedKVCache
 
 HALF = (torch.bfloat16, torch.float16)
 

@@ -1,5 +1,5 @@
 """A prefill through the offloaded cache averages the retrieval tier's chunks on the card as each
-layer's keys go home (offload.sparse_reads.SparseReads.summarize_home). Before (issue 73) the
+layer's keys go home (cache.offloaded.OffloadedKVCache.summarize_home). Before (issue 73) the
 rebuild after a prefill read every host key back on the CPU, layer by layer, to average them
 again: at 32K on the H200 that re-read was a suspect of the 6.17 s prefill against ~1.5 s of
 FLOPs and copies."""
@@ -8,7 +8,7 @@ import pytest
 from cli_json import run_json
 from sync_budget import ONCE, PROMPT, REBUILD, small_block_profile
 from triforce.decoding import engine
-from triforce.offload import sparse_reads
+from triforce.cache.offloaded import OffloadedKVCache
 
 
 LAYERS = 4
@@ -23,7 +23,7 @@ def generate(capsys, card, folder, profile, monkeypatch, summarize: bool):
     """generate on the card, triforce with the KV offloaded; the host keys read back on the CPU
     while the prompt was prefilled and its retrieval cache built."""
     reads, prefilling, syncs = [], [], []
-    read_keys, set_sequence = sparse_reads.SparseReads._host_keys, engine.Engine.set_sequence
+    read_keys, set_sequence = OffloadedKVCache._host_keys, engine.Engine.set_sequence
 
     def counted_read(self, layer, start, end):
         if prefilling:
@@ -40,10 +40,10 @@ def generate(capsys, card, folder, profile, monkeypatch, summarize: bool):
             syncs.append(len(tensors.syncs) - before)
 
     with monkeypatch.context() as patch, card.placement() as tensors:  # the card's own patches stay
-        patch.setattr(sparse_reads.SparseReads, "_host_keys", counted_read)
+        patch.setattr(OffloadedKVCache, "_host_keys", counted_read)
         patch.setattr(engine.Engine, "set_sequence", counted_prefill)
         if not summarize:
-            patch.setattr(sparse_reads.SparseReads, "summarize_home", lambda *args: None)
+            patch.setattr(OffloadedKVCache, "summarize_home", lambda *args: None)
         report = run_json(capsys, "generate", "--model", folder, "--prompt", PROMPT, "--device", "cuda",
                           "--max-new-tokens", 12, "--ignore-eos", "--json", "--budget", "48", "--chunk-size", "4",
                           "--method", "triforce", "--draft", "lookup", "--dtype", "float32", "--device-budget",

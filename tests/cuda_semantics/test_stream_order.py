@@ -9,7 +9,7 @@ from transformers import LlamaConfig
 from checked_streams import CopyDisciplineError, StreamOrderError
 from triforce.cache.resident import ResidentKVCache
 from triforce.config.model import ModelConfig
-from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.cache.offloaded import OffloadedKVCache
 from triforce.offload.prefetcher import Prefetcher
 from triforce.pinned import HostKVStore
 
@@ -143,7 +143,7 @@ def test_hybrid_schedule_is_ordered_and_equals_resident(checked, cfg):
 
 def test_planted_bug_hybrid_read_before_the_writes_land_is_caught(checked, monkeypatch):
     """The CPU's share read without waiting for the last pass's writes to the host store."""
-    from triforce.offload.offloaded_cache import OffloadedKVCache as Cache
+    from triforce.cache.offloaded import OffloadedKVCache as Cache
 
     real = Cache.host_share
     monkeypatch.setattr(Cache, "host_share", lambda self, layer, q, blocks, start, first:

@@ -12,7 +12,7 @@ import pytest
 
 from cli_json import run_json
 from sync_budget import PROMPT, allowed_syncs, small_block_profile
-from triforce.offload import offloaded_cache
+from triforce.cache import offloaded
 
 NEW_TOKENS = 16
 QUANTIZED_TOKENS = 8  # Triton's interpreter runs a block kernel on a CPU in ~40 ms: 16 tokens took 41 s
@@ -55,13 +55,13 @@ def test_offloaded_hybrid_decoding_stays_within_the_budget(capsys, card, checked
                                                            method, temperature, seed):
     card.install_graphs(monkeypatch)
     seen = []
-    real = offloaded_cache.host_partial
+    real = offloaded.host_partial
 
     def host_partial(*args, **kwargs):
         seen.append((threading.current_thread().name, numba.get_num_threads()))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(offloaded_cache, "host_partial", host_partial)
+    monkeypatch.setattr(offloaded, "host_partial", host_partial)
     draft = ["--draft", "lookup"] if method == "triforce" else []
     report = generate(capsys, card, folder, "--method", method, *draft, "--dtype", "float32", "--device-budget",
                       DEVICE_BUDGET[method], "--profile", profile, "--threads", "1", "--temperature", temperature, *seed)

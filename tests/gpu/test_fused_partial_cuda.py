@@ -9,7 +9,7 @@ from triforce.cache.resident import ResidentKVCache
 from triforce.config.model import ModelConfig
 from triforce.kernels import SDPA
 from triforce.kernels.partial import partial_attention
-from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.cache.offloaded import OffloadedKVCache
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

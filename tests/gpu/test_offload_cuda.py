@@ -6,7 +6,7 @@ import torch
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.model.loading import load_model
-from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.cache.offloaded import OffloadedKVCache
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -68,7 +68,7 @@ def test_a_step_cut_by_its_limit_keeps_the_rows_it_wrote(tmp_path):
 def test_the_methods_share_one_host_store_and_build_their_variants(capsys, monkeypatch, tmp_path):
     """At 127K each method used to allocate, pin and fill 62 GiB again; now one arena is allocated
     once and every host store borrows it. Each triforce variant builds the cache its name says."""
-    from triforce.offload.offloaded_cache import OffloadedKVCache
+    from triforce.cache.offloaded import OffloadedKVCache
     from triforce.pinned import host_arena, host_kv_store
 
     allocated, built = [], []

@@ -9,9 +9,9 @@ from triforce.config import SamplingParams
 from triforce.decoding.engine import Engine
 from triforce.kernels.cpu.attention import host as host_attention
 from triforce.model.loading import load_model
-from triforce.offload import offloaded_cache
+from triforce.cache import offloaded
 from triforce.offload.hybrid import HybridRates, split_blocks
-from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.cache.offloaded import OffloadedKVCache
 from test_offload import PROMPTS, spec_for
 
 GREEDY = SamplingParams()
@@ -65,7 +65,7 @@ def test_a_block_the_split_drops_is_caught(target, monkeypatch):
     def lossy(blocks, share):
         cpu, streamed = split_blocks(blocks, share)
         return cpu[:-1], streamed
-    monkeypatch.setattr(offloaded_cache, "split_blocks", lossy)
+    monkeypatch.setattr(offloaded, "split_blocks", lossy)
     assert not torch.allclose(verify_logits(target, 0.7), verify_logits(target, False), atol=1e-6)
 
 
@@ -76,7 +76,7 @@ def test_a_wrong_merge_weight_is_caught(target, monkeypatch):
     def heavy(*args, **kw):
         out, lse = real(*args, **kw)
         return out, lse + 0.6931471805599453
-    monkeypatch.setattr(offloaded_cache, "host_partial", heavy)
+    monkeypatch.setattr(offloaded, "host_partial", heavy)
     assert not torch.allclose(verify_logits(target, 0.7), verify_logits(target, False), atol=1e-6)
 
 

@@ -10,7 +10,7 @@ from triforce.cache.resident import ResidentKVCache
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
 from triforce.model.loading import load_model
-from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.cache.offloaded import OffloadedKVCache
 from test_greedy_equivalence import tiny_spec
 
 GREEDY = SamplingParams()

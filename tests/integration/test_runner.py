@@ -63,7 +63,7 @@ def test_the_full_tier_runs_its_short_passes_at_a_fixed_shape(pair, method):
 
 
 def test_the_full_tier_stays_eager_where_its_shape_cannot_be_fixed(tiny_model_dir):
-    from triforce.offload.offloaded_cache import OffloadedKVCache
+    from triforce.cache.offloaded import OffloadedKVCache
 
     windowed = load_model(str(tiny_model_dir("gemma3")), dtype="float64", device="cpu")
     assert Engine(windowed, spec(method="ar"), 64, graphs="static").full.runner is None

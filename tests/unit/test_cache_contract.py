@@ -8,7 +8,7 @@ from triforce.cache.sparse import SelectionPolicy, SparseKVCache
 from triforce.cache.streaming import StreamingKVCache
 from triforce.cache_contract import CacheStep, FullCache
 from triforce.model.architectures import arch_config
-from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.cache.offloaded import OffloadedKVCache
 
 CFG = arch_config("tiny-test")
 

@@ -9,7 +9,7 @@ from transformers import LlamaConfig
 from triforce.cache.resident import ResidentKVCache
 from triforce.cache.sparse import SelectionPolicy, SparseKVCache
 from triforce.config.model import ModelConfig
-from triforce.offload.offloaded_cache import OffloadedKVCache
+from triforce.cache.offloaded import OffloadedKVCache
 
 HF = LlamaConfig(vocab_size=10, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
@@ -105,8 +105,8 @@ def test_sparse_rebuild_from_the_offloaded_cache_equals_from_the_resident_one(ki
     """A rebuild gathers every layer's selection through one wait for their indices (or a group's:
     group_bytes shrinks the groups to a layer each); the same KV as from the resident cache."""
     if group_bytes is not None:
-        from triforce.offload import sparse_reads
-        monkeypatch.setattr(sparse_reads, "GATHER_GROUP_BYTES", group_bytes)
+        from triforce.cache import offloaded
+        monkeypatch.setattr(offloaded, "GATHER_GROUP_BYTES", group_bytes)
     full, off = pair(cfg, max_len=120, resident=16, block=8)
     feed([full, off], 70, seed=0)
     policy = SelectionPolicy(kind, budget=24, chunk_size=4, sink_tokens=4)
@@ -215,21 +215,3 @@ def test_moved_blocks_are_not_streamed_and_only_filled_tokens_are():
         streamed.append(off.prefetcher.stats.h2d_bytes - before)
     per_token = CFG.num_layers * off.store.block(0, 0)[0].nbytes
     assert streamed == [21 * per_token, 5 * per_token]
-
-
-def test_the_sparse_reads_half_declares_every_attribute_it_reads_and_the_cache_makes_them():
-    import ast
-    import inspect
-    import typing
-
-    from triforce.offload import sparse_reads
-    from triforce.offload.sparse_reads import SparseReads
-
-    tree = ast.parse(inspect.getsource(sparse_reads))
-    read = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name) and node.value.id == "self"}
-    declared = set(typing.get_type_hints(SparseReads))
-    methods = {name for name, value in vars(SparseReads).items() if callable(value)}
-    assert read - methods <= declared, sorted(read - methods - declared)
-    _, offloaded = pair()
-    assert not [name for name in declared if not hasattr(offloaded, name)]

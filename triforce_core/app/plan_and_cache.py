@@ -143,7 +143,7 @@ def build_kv_cache(lm, max_len: int, plan: MemoryPlan | None, *, overlap: bool =
     if plan is None or plan.resident_tokens >= max_len:
         cache = ResidentKVCache(lm.config, max_len, dtype=lm.dtype, device=lm.device, attn=lm.attn)
     else:
-        from triforce.offload.offloaded_cache import OffloadedKVCache
+        from triforce.cache.offloaded import OffloadedKVCache
 
         cache = OffloadedKVCache(lm.config, max_len, plan.resident_tokens, plan.block_tokens, dtype=lm.dtype,
                                  device=lm.device, overlap=overlap, host_budget_bytes=plan.host_budget_bytes,

@@ -116,7 +116,7 @@ def test_logprobs_are_the_targets_with_their_alternatives_whole_and_streamed(ser
 def test_server_rows_decode_as_generate_would(default_model_dir):
     """One row plans as `generate` (its method choice and online check); several rows take the
     batch's method and each row still checks its rounds against ar steps, so a row the batch's
-    method slows (on text it drafts badly) decodes as ar (a row alone: test_serve_alone)."""
+    method slows (on text it drafts badly) decodes as ar (a row alone: tests/unit/server/test_scheduler.py)."""
     from triforce.app.batch_generate import row_models
     from triforce.config import RunConfig, SpecParams
     from triforce.server.assembly import build_api

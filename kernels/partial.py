@@ -192,8 +192,9 @@ class PartialAccumulator:
         self.lse: torch.Tensor | None = None   # [B, H, T]
 
     def add(self, out: torch.Tensor, lse: torch.Tensor) -> None:
-        if self.out is None:  # its own copy, merged into in place: no temporaries of the output's size
-            self.out, self.lse = out.to(lse.dtype, copy=True), lse  # (three of them ran a 24 GB card out, 2026-11-28)
+        if self.out is None:  # its own copy, merged into in place: temporaries of the output's size ran
+            # a 24 GB card out of memory (bench/history/2026-11-28-gpu-campaign-h200.md)
+            self.out, self.lse = out.to(lse.dtype, copy=True), lse
             return
         total = torch.logaddexp(self.lse, lse)
         finite = torch.isfinite(total)

@@ -8,8 +8,8 @@ one query row per KV head (per query head sharing it) is bound by reading memory
 rows by arithmetic (4 x head dim FLOPs per row and key against 2 x head dim x element bytes read:
 rows / element bytes FLOP per byte), so C falls as the pass grows. Both rates are the profile's,
 measured by `triforce profile tune`, each alone; running together they share the host's memory,
-and the CPU's part waits for each layer's queries (on an H200 at 32K the CPU attended 20 GB/s of
-the 52 measured alone and the link carried 17.5 of 55: bench/history/2026-11-28-gpu-campaign-h200.md).
+and the CPU's part waits for each layer's queries (each ran at a fraction of its rate alone on the
+H200: bench/history/2026-11-28-gpu-campaign-h200.md).
 So on a GPU the split follows the passes as they run (ShareTuner): each layer's two halves are
 timed, the CPU on the host's clock from its queries' arrival, the device by events from the same
 point to its streamed blocks' last partial, and the share moves toward the one that would have
@@ -70,8 +70,8 @@ class ShareTuner:
         self.rates, self.streams = rates, streams
         self.shares: dict[int, float] = {}
         # a length not yet timed starts from the rates' share times this: what the last timed pass
-        # made of its own (on the H200 each new verify width restarted from the rates' optimistic
-        # share; the first 32 tokens ran 1.6x streaming's: bench/history/2026-11-28-gpu-campaign-h200-second.md)
+        # made of its own (each new verify width restarted from the rates' optimistic share:
+        # bench/history/2026-11-28-gpu-campaign-h200-second.md)
         self.learned = 1.0
         self.pending: list[tuple] = []  # (tokens, cpu bytes, cpu seconds, device bytes, start event, end event)
         self.passes = 0                 # passes that moved a share

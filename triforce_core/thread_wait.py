@@ -2,9 +2,8 @@
 read OMP_WAIT_POLICY once, when they load).
 
 Waking sleeping threads for each of a token's parallel kernels costs about half the decoding speed
-on a machine that runs nothing else (67 against 123 tok/s, 1K context, Zen 4); spinning ones take
-the cores another busy program needs (44 against 77 tok/s beside a one-core busy loop; with an
-explicit GOMP_SPINCOUNT of 1e5, 2.9). So TRIFORCE_THREAD_WAIT=auto (the default) lets them spin
+on a machine that runs nothing else; spinning ones take the cores another busy program needs
+(bench/RESULTS.md, idle threads; bench/history/2026-11-27-suite-workers-and-thread-waits.md). So TRIFORCE_THREAD_WAIT=auto (the default) lets them spin
 (libgomp's own spin-then-sleep) only where the cores this process may use were idle when it
 started, and sleep otherwise; `sleep` and `spin` decide alone; an OMP_WAIT_POLICY already set wins."""
 from __future__ import annotations

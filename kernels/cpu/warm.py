@@ -23,7 +23,7 @@ from triforce.kernels.cpu import layer
 from triforce.kernels.cpu.attention import decode
 from triforce.kernels.cpu.linear import dense
 
-CHILD_TIMEOUT_S = 600  # the child's compile takes ~8 s on a 2-core Zen 3; a hung one must not hang a start
+CHILD_TIMEOUT_S = 600  # far above a compile's seconds: a hung child must not hang a start
 
 
 def fresh(dtype: torch.dtype, kv_shapes) -> bool:

@@ -86,7 +86,8 @@ class SparseUpkeep:
         """queries: the verify pass's, one row per token it fed from committed_before on.
         drafted: whether the round drafted through the tiers. An ar step (--method auto's check
         found speculation slower) leaves them as they are until catch_up: kept in step, a low
-        acceptance rebuilt a 6K selection every few ar steps (~350 ms each, 19 ms a step)."""
+        acceptance rebuilt a selection every few ar steps, each rebuild costing many steps
+        (bench/history/2026-11-28-long-document-server.md)."""
         if not self.tiers:
             return
         rows = committed - committed_before  # the committed tokens' rows in the verify pass

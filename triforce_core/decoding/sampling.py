@@ -52,8 +52,8 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return calc.softmax(-1)
 
 
-# candidates for top-p's nucleus on a CPU: sorting a 49K vocabulary took 4.4 ms a token at chat's
-# defaults on 2 cores (83 tok/s against 134 greedy); a peaked distribution's nucleus is a few tokens
+# candidates for top-p's nucleus: sorting the whole vocabulary cost chat's sampling over a third of its
+# speed on a CPU (bench/history/2026-11-28-long-document-server.md); a peaked nucleus is a few tokens
 NUCLEUS_CANDIDATES = 64
 
 

@@ -10,7 +10,7 @@ the hold, a winning one brings speculation back. A hold is long enough that what
 cost beyond ar's steps stays under PROBE_SHARE of it, and a probe drafts at most PROBE_GAMMA.
 
 Times are measured (the cost model's absolute times can be off by 2-3x on a CPU its profile was
-not tuned on: 34 ms predicted for an ar step at 8K against 78 measured on an AVX2 host); the cost
+not tuned on); the cost
 model only carries an ar step's measured time to the current length (an ar step at 12K costs more
 than the one measured at 8K). The first ar steps calibrate the reference. `cost` turns a round
 into milliseconds: wall time by default; tests price the passes instead, so decisions repeat."""

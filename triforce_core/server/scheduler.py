@@ -108,7 +108,7 @@ class Scheduler:
         """Run serve_http (the HTTP server, whose lifespan calls start and close) on a thread and
         decode on this one until it returns. libgomp lets idle workers spin between a token's
         kernels only under the process's first thread (it throttles the spin once it manages more
-        threads than cores): elsewhere a row decoded at half speed (51 vs 113 tok/s, 2K, Zen 4)."""
+        threads than cores): elsewhere a row decoded at half speed (bench/RESULTS.md, the server)."""
         self._here = True
 
         def http() -> None:

@@ -4,16 +4,11 @@ blocks streamed by the prefetcher (or attended in place by the CPU) and themselv
 log-sum-exp."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from triforce.cache_contract import CacheStep
 from triforce.kernels import PartialAccumulator, block_visible
 from triforce.offload.prefetcher import TransferPlan
-
-if TYPE_CHECKING:
-    from triforce.cache.offloaded import OffloadedKVCache
 
 # an all-resident query group attends in one call when its [T, S] mask has at most this many
 # elements; longer groups go through the tiled partial path, whose temporaries are bounded
@@ -23,9 +18,10 @@ ONE_SHOT_MASK_ELEMENTS = 1 << 25
 class OffloadedCacheStep(CacheStep):
     """One forward pass over new tokens [start, end). In a layer-major prefill the model calls
     attend once per query group of a layer, in order; each call streams the layer's host blocks
-    once, so a group as long as the prompt reads the host KV once per layer."""
+    once, so a group as long as the prompt reads the host KV once per layer. `cache`: the
+    cache.offloaded.OffloadedKVCache it runs over (which makes it: no import back)."""
 
-    def __init__(self, cache: OffloadedKVCache, start: int, end: int, record_queries: bool, plan: TransferPlan,
+    def __init__(self, cache, start: int, end: int, record_queries: bool, plan: TransferPlan,
                  prefill: bool = False, in_place: tuple[tuple[int, ...], ...] = ()):
         super().__init__(start, end, torch.arange(start, end, device=cache.device)[None], cache.num_layers,
                          record_queries)

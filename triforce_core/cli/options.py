@@ -316,13 +316,17 @@ RUN_FLAGS = ("model", "draft", "dtype", "quantize", "device", "profile", "device
 
 
 def run_config(flags: dict):
-    """The RunConfig of a command's run flags, taken out of `flags` (as run_options added them)."""
+    """The RunConfig of a command's run flags, taken out of `flags` (as run_options added them;
+    the sampling flags taken out before, by sampling_of)."""
     from triforce.config import RunConfig
 
     spec, fixed = build_spec(*(flags.pop(name) for name in SPEC_FLAGS))
-    return RunConfig(spec=spec, fixed=fixed, graphs="off" if flags.pop("no_graphs") else "auto",
-                     overlap=not flags.pop("no_overlap", False), hybrid=not flags.pop("no_hybrid", False),
-                     **{name: flags.pop(name) for name in RUN_FLAGS if name in flags})
+    config = RunConfig(spec=spec, fixed=fixed, graphs="off" if flags.pop("no_graphs") else "auto",
+                       overlap=not flags.pop("no_overlap", False), hybrid=not flags.pop("no_hybrid", False),
+                       **{name: flags.pop(name) for name in RUN_FLAGS if name in flags})
+    if flags:  # a flag added to run_options but not here would be dropped without a word
+        raise TypeError(f"flags no RunConfig field takes: {sorted(flags)}")
+    return config
 
 
 def int_list(text: str, name: str) -> list[int]:

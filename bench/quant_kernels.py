@@ -15,6 +15,9 @@ launch and a sync, tens of microseconds against a projection's few; on a CPU eac
     triforce bench kernels --arch llama2-7b-128k --rows 1,16 --json
     triforce bench kernels --formats q4_k --tiles 16:8:4:3:auto,32:8:4:3:4 --write-table T.json  # a GPU's sweep
 
+`--lanes 8,16` times a CPU's block kernels at each vector width given (16: AVX-512 hosts only), a row
+each: `triforce bench kernels --arch smollm2-135m --rows 1 --formats q4_0,q4_1,q8_0 --lanes 8,16`.
+
 `--tiles` times the Triton kernels (a GPU's) at each BLOCK_N:STEP:WARPS:STAGES:SPLIT given
 (triforce.kernels.cuda.quant_launch.Tiles) instead of the shipped ones, a row each.
 """
@@ -52,9 +55,11 @@ def shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
             "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size), "down": (cfg.hidden_size, cfg.intermediate_size)}
 
 
-def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device, seed: int, tiles=None):
+def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torch.device, seed: int, tiles=None,
+               lanes: int | None = None):
     """Linears of one shape (copies_for of them): callables x -> x W^T, and the bytes one reads.
-    tiles: the Triton kernels' (blocks on a GPU) instead of the shipped ones."""
+    tiles: the Triton kernels' (blocks on a GPU) instead of the shipped ones; lanes: the CPU block
+    kernels' vector width instead of the host's."""
     g = torch.Generator(device=device).manual_seed(seed)
     if kind == "float":
         from triforce.kernels.cpu.linear.dense import FusedLinear
@@ -71,7 +76,31 @@ def layers_for(kind: str, rows: int, cols: int, dtype: torch.dtype, device: torc
     if tiles is not None:
         from triforce.kernels.cuda.quant_triton import blocks_linear
         return [lambda x, b=b: blocks_linear(x, b, tiles=tiles) for b in blocks], blocks[0].nbytes
-    return [block_linear(b) for b in blocks], blocks[0].nbytes
+    linears = [block_linear(b) for b in blocks]
+    if lanes is not None:
+        for linear in linears:
+            linear.lanes = lanes
+    return linears, blocks[0].nbytes
+
+
+def lane_widths(text: str | None, device: torch.device) -> list[int | None]:
+    """--lanes as a list (None: the host's width)."""
+    if not text:
+        return [None]
+    from triforce.kernels.cpu.linear.block_dot import WIDE_BLOCKS
+    from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA
+
+    widths = []
+    for part in (p.strip() for p in text.split(",")):
+        if part not in ("8", "16"):
+            raise click.BadParameter(f"'{part}' is not a vector width: 8 or 16", param_hint="--lanes")
+        widths.append(int(part))
+    if device.type == "cuda":
+        raise click.UsageError("--lanes sets the CPU block kernels' vector width: a CPU's")
+    if not HAS_F32_FMA or (16 in widths and not WIDE_BLOCKS):
+        raise click.UsageError(f"this CPU runs no {'16-lane' if HAS_F32_FMA else 'vector'} block kernels "
+                               f"({'AVX-512' if HAS_F32_FMA else 'FMA and AVX2'} missing)")
+    return widths
 
 
 def launch_of(kind: str, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, tiles) -> dict:
@@ -118,8 +147,11 @@ def write_table(path: Path, capability: str, entries: dict[str, str]) -> None:
 @click.option("--write-table", "table_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="With --tiles: merge the fastest tiles per kernel, format and shape into this tile table "
                    "(kernels/cuda/tile_table.json is the one the runtime reads) under this card's capability.")
+@click.option("--lanes", "lane_list", default=None,
+              help="Comma-separated vector widths of a CPU's block kernels to time (8, 16: AVX-512 only); "
+                   "default: the host's.")
 @output_option
-def main(arch, row_counts, formats, dtype, device, repeats, tile_list, table_path, fmt):
+def main(arch, row_counts, formats, dtype, device, repeats, tile_list, table_path, lane_list, fmt):
     """Block-weight kernels against the float matmul and the bytes floor, at a model's projection shapes."""
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
@@ -138,11 +170,14 @@ def main(arch, row_counts, formats, dtype, device, repeats, tile_list, table_pat
     gbps = memory_gbps(device)
     kinds = ["float", *(f.strip() for f in formats.split(",") if f.strip())]
     rows_out = []
-    runs = [(kind, tiles) for kind in kinds for tiles in (sweep if kind != "float" else [None])]
+    widths = lane_widths(lane_list, device)
+    runs = [(kind, tiles, lanes) for kind in kinds for tiles in (sweep if kind != "float" else [None])
+            for lanes in (widths if kind != "float" else [None])]
     for name, (n, k) in shapes(cfg).items():
-        for kind, tiles in runs:
-            print(f"{name} [{n} x {k}] {kind}{f' tiles {tiles}' if tiles else ''} ...", file=sys.stderr)
-            linears, nbytes = layers_for(kind, n, k, torch_dtype, device, seed=len(rows_out), tiles=tiles)
+        for kind, tiles, lanes in runs:
+            print(f"{name} [{n} x {k}] {kind}{f' tiles {tiles}' if tiles else ''}{f' {lanes} lanes' if lanes else ''} ...",
+                  file=sys.stderr)
+            linears, nbytes = layers_for(kind, n, k, torch_dtype, device, seed=len(rows_out), tiles=tiles, lanes=lanes)
             for m in (int(r) for r in row_counts.split(",")):
                 xs = [torch.randn(m, k, dtype=torch_dtype, device=device) for _ in range(len(linears))]
                 turn = iter(range(1 << 30))
@@ -155,7 +190,8 @@ def main(arch, row_counts, formats, dtype, device, repeats, tile_list, table_pat
                 ms = timing.median_ms
                 floor_ms = nbytes / (gbps * 1e9) * 1e3
                 rows_out.append({"matrix": name, "shape": [n, k], "weights": kind, "rows": m, "ms": round(ms, 4),
-                                 **({"tiles": str(tiles)} if tiles else {}), **launch_of(kind, m, n, k, torch_dtype,
+                                 **({"tiles": str(tiles)} if tiles else {}), **({"lanes": lanes} if lanes else {}),
+                                 **launch_of(kind, m, n, k, torch_dtype,
                                                                                         device, tiles),
                                  "weight_bytes": nbytes, "gbps": round(nbytes / ms / 1e6, 1),
                                  "x_floor": round(ms / floor_ms, 2), "spread": round(timing.spread, 3)})
@@ -177,7 +213,8 @@ def table(out: dict, rows_out: list[dict]) -> None:
           f"device memory bandwidth measured now: {out['memory_gbps_measured']} GB/s")
     print(f"{'matrix':8s} {'weights':8s} {'rows':>4s} {'ms':>9s} {'MB read':>8s} {'GB/s':>7s} {'x floor':>8s} {'spread':>7s}")
     for r in rows_out:
-        print(f"{r['matrix']:8s} {r['weights'] + (' ' + r['tiles'] if 'tiles' in r else ''):8s} {r['rows']:4d} {r['ms']:9.4f} {r['weight_bytes'] / 1e6:8.1f} "
+        weights = r['weights'] + (' ' + r['tiles'] if 'tiles' in r else '') + (f" x{r['lanes']}" if 'lanes' in r else '')
+        print(f"{r['matrix']:8s} {weights:8s} {r['rows']:4d} {r['ms']:9.4f} {r['weight_bytes'] / 1e6:8.1f} "
               f"{r['gbps']:7.1f} {r['x_floor']:8.2f} {r['spread']:7.3f}")
     if "tile_table" in out:
         t = out["tile_table"]

@@ -17,7 +17,9 @@ from triforce.config import SamplingParams
 from triforce.decoding.engine import Engine
 from triforce.kernels.cpu.linear.block_formats import FORMATS, HELD_BYTES, BlockWeight
 from triforce.kernels.cpu.linear.q4_k import quantize_q4_k
+from triforce.kernels.cpu.linear import blocks
 from triforce.kernels.cpu.linear.blocks import QuantLinear
+from triforce.kernels.cpu.simd.features import kernels_may_use
 from triforce.model import quantized
 from triforce.model.loading import load_model
 from test_greedy_equivalence import TINY_PROMPTS, tiny_spec
@@ -47,11 +49,17 @@ def test_blocks_dequantize_as_the_gguf_package(kind):
     assert block.nbytes <= (1.2 if kind != "q4_k" else 4 / 3) * block.file_nbytes  # Q4_K: float32 sub-block scales
 
 
+# the vector widths this host runs: 8 lanes wherever there is FMA, 16 where AVX-512 is there too
+LANE_CHOICES = [False] + ([True] if kernels_may_use("avx512f", "fma") else [])
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_kernels_equal_dequantize_then_matmul(kind, dtype):
+@pytest.mark.parametrize("wide", LANE_CHOICES, ids=lambda w: "16-lanes" if w else "8-lanes")
+def test_kernels_equal_dequantize_then_matmul(kind, dtype, wide, monkeypatch):
+    monkeypatch.setattr(blocks, "WIDE_BLOCKS", wide)
     g = torch.Generator().manual_seed(1)
-    cols = WIDTH.get(kind, 160)
+    cols = WIDTH.get(kind, 320)  # 10 blocks: the offsets' dot has a vector part and a tail
     block = BlockWeight.quantize(kind, torch.randn(80, cols, generator=g) * 0.1)
     bias = torch.randn(80, generator=g)
     linear = QuantLinear(block, bias)

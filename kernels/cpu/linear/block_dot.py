@@ -1,107 +1,147 @@
-"""One block of quantized weights against 32 float32 inputs, on explicit 8-lane vectors (AVX2 and
-FMA, as triforce.kernels.cpu.simd.f32_dot).
+"""One block of quantized weights against 32 float32 inputs, on explicit vectors: 8 lanes (AVX2 and
+FMA, as triforce.kernels.cpu.simd.f32_dot) or 16 (AVX-512), chosen by the accumulator's type.
 
 Why: left to LLVM's vectoriser, unpacking nibbles and bytes and multiplying them into float sums
 ran at about 2.5 G weights/s on two Zen 3 cores (a fifth of what float32 rows stream at). Here a
-4-bit block is one 16-byte load, split into low and high nibbles, widened to four 8-lane float
-vectors (weights 0-7, 8-15, 16-23, 24-31: byte j holds j and j + 16) and multiplied into the
-inputs by fused multiply-adds; a Q8_0 block is one 32-byte load of signed bytes. The block's sum
-of q x is scaled by its d into a running 8-lane accumulator, so every block of a row takes the
-same steps in the same order, whatever else the call computes."""
+4-bit block is one 16-byte load, split into low and high nibbles, widened to float vectors
+(byte j holds weights j and j + 16: 8 lanes take weights 0-7, 8-15, 16-23, 24-31; 16 lanes 0-15
+and 16-31) and multiplied into the inputs by fused multiply-adds; a Q8_0 block is one 32-byte load
+of signed bytes. 16 lanes take half the widening, conversion and multiply instructions of 8 for a
+block, which is what bounds these kernels (bench/RESULTS.md, "16 lanes"). The block's sum of q x
+is scaled by its d into a running accumulator, so every block of a row takes the same steps in the
+same order, whatever else the call computes; the lane count is part of the bits (one per host)."""
 from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
-from triforce.kernels.cpu.simd.f32_dot import LANES8, f32x8, fma_instruction, is_f32_row, load8
+from triforce.kernels.cpu.simd.bf16_dot import f32x16, splat
+from triforce.kernels.cpu.simd.f32_dot import f32x8, is_f32_row
+from triforce.kernels.cpu.simd.features import kernels_may_use
+from triforce.kernels.cpu.simd.lanes import lane_tree
 
-_I8x16 = ir.VectorType(ir.IntType(8), 16)
+# 16-lane blocks where numba may use AVX-512 (the host's, see features.kernels_may_use)
+WIDE_BLOCKS = kernels_may_use("avx512f", "fma")
+
 _I32 = ir.IntType(32)
+
+
+def _lanes_of(acc) -> int | None:
+    """The lanes of an accumulator type (f32x8 or f32x16), else None."""
+    return 8 if acc == f32x8 else 16 if acc == f32x16 else None
+
+
+def _floats(lanes: int) -> ir.VectorType:
+    return ir.VectorType(ir.FloatType(), lanes)
 
 
 def _mask(lanes):
     return ir.Constant(ir.VectorType(_I32, len(lanes)), lanes)
 
 
-def _bytes(context, builder, array_type, array, start, vector):
+def _fma(builder, lanes: int):
+    """The declaration of llvm.fma on `lanes` float32 lanes in the function's module."""
+    vector = _floats(lanes)
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(vector, [vector] * 3),
+                                          f"llvm.fma.v{lanes}f32")
+
+
+def _load(context, builder, array_type, array, start, vector):
     data = context.make_array(array_type)(context, builder, array).data
     return builder.load(builder.bitcast(builder.gep(data, [start]), vector.as_pointer()), align=1)
 
 
-def _splat(builder, value):
-    one = builder.insert_element(ir.Constant(LANES8, None), value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, one, _mask([0] * 8))
+def _inputs(context, builder, x_type, x, xstart, lanes, count):
+    """`count` vectors of `lanes` float32 inputs from x[xstart], one after the other."""
+    return [_load(context, builder, x_type, x, builder.add(xstart, ir.Constant(xstart.type, lanes * k)),
+                  _floats(lanes)) for k in range(count)]
 
 
-def _scaled_dot(context, builder, signature, args, weights8):
-    """acc + d * (sum over k of weights8[k] * x[xstart + 8k : + 8]) for the 8-lane weights (four
-    for a 32-weight block, two for 16)."""
+def _dot(builder, weights, xs, lanes):
+    """sum over k of weights[k] * xs[k], lane by lane: a product, then fused multiply-adds."""
+    dot = builder.fmul(weights[0], xs[0])
+    for w, xv in zip(weights[1:], xs[1:]):
+        dot = builder.call(_fma(builder, lanes), [w, xv, dot])
+    return dot
+
+
+def _scaled_dot(context, builder, signature, args, weights, lanes):
+    """acc + d * (sum over k of weights[k] * x[xstart + lanes k : + lanes])."""
     acc, x, xstart, d = args[0], args[3], args[4], args[5]
-    fma = fma_instruction(builder)
-    xs = [load8(context, builder, signature.args[3], x, builder.add(xstart, ir.Constant(xstart.type, 8 * k)))
-          for k in range(len(weights8))]
-    dot = builder.fmul(weights8[0], xs[0])
-    for w, xv in zip(weights8[1:], xs[1:]):
-        dot = builder.call(fma, [w, xv, dot])
-    return builder.call(fma, [_splat(builder, d), dot, acc])
+    xs = _inputs(context, builder, signature.args[3], x, xstart, lanes, len(weights))
+    return builder.call(_fma(builder, lanes), [splat(builder, d, _floats(lanes)), _dot(builder, weights, xs, lanes), acc])
 
 
-def _scaled_dots4(context, builder, signature, args, weights8):
+def _scaled_dots4(context, builder, signature, args, weights, lanes):
     """_scaled_dot for four input rows at once, the weights unpacked once: args are
     (a0, a1, a2, a3, quants, qstart, x0, x1, x2, x3, xstart, d); each row takes the steps it
     would take alone."""
-    fma = fma_instruction(builder)
-    xstart, d = args[10], _splat(builder, args[11])
+    xstart, d = args[10], splat(builder, args[11], _floats(lanes))
     out = []
     for row in range(4):
-        x, x_type = args[6 + row], signature.args[6 + row]
-        xs = [load8(context, builder, x_type, x, builder.add(xstart, ir.Constant(xstart.type, 8 * k))) for k in range(4)]
-        dot = builder.fmul(weights8[0], xs[0])
-        for w, xv in zip(weights8[1:], xs[1:]):
-            dot = builder.call(fma, [w, xv, dot])
-        out.append(builder.call(fma, [d, dot, args[row]]))
+        xs = _inputs(context, builder, signature.args[6 + row], args[6 + row], xstart, lanes, len(weights))
+        out.append(builder.call(_fma(builder, lanes), [d, _dot(builder, weights, xs, lanes), args[row]]))
     return context.make_tuple(builder, signature.return_type, out)
 
 
-def _nibbles8(builder, raw):
-    low = builder.and_(raw, ir.Constant(_I8x16, [15] * 16))
-    high = builder.lshr(raw, ir.Constant(_I8x16, [4] * 16))
-    return [builder.uitofp(builder.shuffle_vector(v, v, _mask(list(range(h, h + 8)))), LANES8)
+def _nibbles(builder, raw, lanes):
+    """The 32 weights of 16 bytes of nibbles (byte j: weight j low, j + 16 high) as float vectors of
+    `lanes`, in weight order."""
+    if lanes == 16:
+        wide = builder.zext(raw, ir.VectorType(_I32, 16))
+        low = builder.and_(wide, ir.Constant(wide.type, [15] * 16))
+        high = builder.lshr(wide, ir.Constant(wide.type, [4] * 16))
+        return [builder.uitofp(v, _floats(16)) for v in (low, high)]
+    low = builder.and_(raw, ir.Constant(raw.type, [15] * 16))
+    high = builder.lshr(raw, ir.Constant(raw.type, [4] * 16))
+    return [builder.uitofp(builder.shuffle_vector(v, v, _mask(list(range(h, h + 8)))), _floats(8))
             for v in (low, high) for h in (0, 8)]
 
 
-@intrinsic
-def q4_block4(typingctx, a0, a1, a2, a3, quants, qstart, x0, x1, x2, x3, xstart, d):
-    """q4_block for four input rows, the block's nibbles unpacked once."""
-    rows = (x0, x1, x2, x3)
-    if any(a != f32x8 for a in (a0, a1, a2, a3)) or not _is_bytes_row(quants, types.uint8) \
-            or not all(is_f32_row(x) for x in rows) or d != types.float32:
-        return None
-
-    def codegen(context, builder, signature, args):
-        raw = _bytes(context, builder, signature.args[4], args[4], args[5], _I8x16)
-        return _scaled_dots4(context, builder, signature, args, _nibbles8(builder, raw))
-
-    return types.UniTuple(f32x8, 4)(a0, a1, a2, a3, quants, qstart, x0, x1, x2, x3, xstart, d), codegen
+def _signed_bytes(builder, raw, width, lanes):
+    """`width` signed bytes as float vectors of `lanes`, in order."""
+    return [builder.sitofp(builder.shuffle_vector(raw, raw, _mask(list(range(h, h + lanes)))), _floats(lanes))
+            for h in range(0, width, lanes)]
 
 
 def _is_bytes_row(a, dtype) -> bool:
     return isinstance(a, types.Array) and a.dtype == dtype and a.ndim == 1 and a.layout == "C"
 
 
+_I8x16 = ir.VectorType(ir.IntType(8), 16)
+
+
+@intrinsic
+def q4_block4(typingctx, a0, a1, a2, a3, quants, qstart, x0, x1, x2, x3, xstart, d):
+    """q4_block for four input rows, the block's nibbles unpacked once."""
+    rows = (x0, x1, x2, x3)
+    lanes = _lanes_of(a0)
+    if lanes is None or any(a != a0 for a in (a1, a2, a3)) or not _is_bytes_row(quants, types.uint8) \
+            or not all(is_f32_row(x) for x in rows) or d != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        raw = _load(context, builder, signature.args[4], args[4], args[5], _I8x16)
+        return _scaled_dots4(context, builder, signature, args, _nibbles(builder, raw, lanes), lanes)
+
+    return types.UniTuple(a0, 4)(a0, a1, a2, a3, quants, qstart, x0, x1, x2, x3, xstart, d), codegen
+
+
 @intrinsic
 def q4_block(typingctx, acc, quants, qstart, x, xstart, d):
     """acc + d * (q . x[xstart:xstart + 32]), the block's 32 nibbles at quants[qstart:qstart + 16]
     (uint8: weight j low, j + 16 high), unsigned (the caller subtracts a bias through x's sum)."""
-    if acc != f32x8 or not (_is_bytes_row(quants, types.uint8) and is_f32_row(x)) or d != types.float32:
+    lanes = _lanes_of(acc)
+    if lanes is None or not (_is_bytes_row(quants, types.uint8) and is_f32_row(x)) or d != types.float32:
         return None
 
     def codegen(context, builder, signature, args):
-        raw = _bytes(context, builder, signature.args[1], args[1], args[2], _I8x16)
-        return _scaled_dot(context, builder, signature, args, _nibbles8(builder, raw))
+        raw = _load(context, builder, signature.args[1], args[1], args[2], _I8x16)
+        return _scaled_dot(context, builder, signature, args, _nibbles(builder, raw, lanes), lanes)
 
-    return f32x8(acc, quants, qstart, x, xstart, d), codegen
+    return acc(acc, quants, qstart, x, xstart, d), codegen
 
 
 def _signed_bytes_block(width: int):
@@ -110,16 +150,15 @@ def _signed_bytes_block(width: int):
     vector = ir.VectorType(ir.IntType(8), width)
 
     def block(typingctx, acc, quants, qstart, x, xstart, d):
-        if acc != f32x8 or not (_is_bytes_row(quants, types.int8) and is_f32_row(x)) or d != types.float32:
+        lanes = _lanes_of(acc)
+        if lanes is None or not (_is_bytes_row(quants, types.int8) and is_f32_row(x)) or d != types.float32:
             return None
 
         def codegen(context, builder, signature, args):
-            raw = _bytes(context, builder, signature.args[1], args[1], args[2], vector)
-            weights8 = [builder.sitofp(builder.shuffle_vector(raw, raw, _mask(list(range(h, h + 8)))), LANES8)
-                        for h in range(0, width, 8)]
-            return _scaled_dot(context, builder, signature, args, weights8)
+            raw = _load(context, builder, signature.args[1], args[1], args[2], vector)
+            return _scaled_dot(context, builder, signature, args, _signed_bytes(builder, raw, width, lanes), lanes)
 
-        return f32x8(acc, quants, qstart, x, xstart, d), codegen
+        return acc(acc, quants, qstart, x, xstart, d), codegen
 
     block.__name__ = f"q8_block{width}"
     return intrinsic(block)
@@ -127,3 +166,20 @@ def _signed_bytes_block(width: int):
 
 q8_block = _signed_bytes_block(32)     # a Q8_0 block
 q8_block16 = _signed_bytes_block(16)   # a Q6_K block (a scale per 16 weights)
+
+
+@intrinsic
+def block_total(typingctx, acc):
+    """The sum of an accumulator's lanes in lane_tree's order (8 lanes: after adding zeros, as
+    f32_dot.sum_lanes8 of it and zeros8 sums)."""
+    lanes = _lanes_of(acc)
+    if lanes is None:
+        return None
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        if lanes == 8:
+            v = builder.fadd(v, ir.Constant(_floats(8), None))
+        return lane_tree(builder, v)
+
+    return types.float32(acc), codegen

@@ -4,8 +4,8 @@ Why: a decoding step reads every weight once, so on a CPU its time is the weight
 block is 0.625 bytes a weight against float32's 4. Up to SMALL_ROWS input rows (decoding, verify
 passes) a numba kernel reads each weight row's blocks for every input row, split over the cores:
 per block it sums q x over the block's 32 inputs and scales once (d (q . x) + m sum(x)); float32
-inputs on CPUs with FMA take explicit vectors (triforce.kernels.cpu.linear.block_dot), others (float64,
-in tests) plain loops. A row's result does not depend on how many rows the pass has, so every
+inputs on CPUs with FMA take explicit vectors (triforce.kernels.cpu.linear.block_dot: 16 lanes with
+AVX-512, else 8), others (float64, in tests) plain loops. A row's result does not depend on how many rows the pass has, so every
 method's passes see the same numbers. Longer passes (prefill) de-quantize
 WIDEN_BYTES of weight rows at a time into a float GEMM."""
 from __future__ import annotations
@@ -17,12 +17,13 @@ import torch.nn.functional as F
 from numba import prange, types
 from numba.extending import overload
 
-from triforce.kernels.cpu.linear.block_dot import q4_block, q4_block4, q8_block, q8_block16
+from triforce.kernels.cpu.linear.block_dot import WIDE_BLOCKS, block_total, q4_block, q4_block4, q8_block, q8_block16
 from triforce.kernels.cpu.linear.block_formats import BLOCK, BYTE_QUANTS, Q4_BIAS, BlockWeight
 from triforce.kernels.cpu.linear.dense import SMALL_ROWS, WIDEN_BYTES, small_rows_linear
 from triforce.kernels.cpu.row_jobs import job_span, row_jobs
 from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT
-from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, sum_lanes8, zeros8
+from triforce.kernels.cpu.simd.bf16_dot import zeros as zeros16
+from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, fma_step, zeros8
 
 # a prefill's bfloat16 rows multiply bfloat16 weight tiles where the CPU has BF16 dot products: its
 # GEMM runs ~4x float32's there (946 against 215 GFLOP/s, a 1024x576x1536 product on Zen 4)
@@ -44,67 +45,119 @@ def block_sums(x):
     return sums
 
 
+@numba.njit(inline="always")
+def _q4_row(x, qr, scales, offsets, r, bias, sums, has_offsets, zero, out):
+    """Output column r of every input row over weight row r's 4-bit blocks; zero: an empty
+    accumulator of the lanes to use (8 or 16)."""
+    rows = x.shape[0]
+    blocks = scales.shape[1]
+    i = 0
+    while i + 4 <= rows:  # four rows share each block's unpacking; each sums as alone
+        a0, a1, a2, a3 = zero, zero, zero, zero
+        for b in range(blocks):
+            a0, a1, a2, a3 = q4_block4(a0, a1, a2, a3, qr, b * (BLOCK // 2), x[i], x[i + 1], x[i + 2],
+                                       x[i + 3], b * BLOCK, scales[r, b])
+        out[i, r] = block_total(a0) + _rest(scales[r], offsets, r, bias, sums[i], has_offsets)
+        out[i + 1, r] = block_total(a1) + _rest(scales[r], offsets, r, bias, sums[i + 1], has_offsets)
+        out[i + 2, r] = block_total(a2) + _rest(scales[r], offsets, r, bias, sums[i + 2], has_offsets)
+        out[i + 3, r] = block_total(a3) + _rest(scales[r], offsets, r, bias, sums[i + 3], has_offsets)
+        i += 4
+    while i < rows:
+        acc = zero
+        for b in range(blocks):
+            acc = q4_block(acc, qr, b * (BLOCK // 2), x[i], b * BLOCK, scales[r, b])
+        out[i, r] = block_total(acc) + _rest(scales[r], offsets, r, bias, sums[i], has_offsets)
+        i += 1
+
+
 @numba.njit(parallel=True, cache=True)
 def linear_q4_fma(x, quants, scales, offsets, bias, out):
-    """linear_blocks of 4-bit blocks for float32 x on explicit vectors (triforce.kernels.cpu.linear.block_dot); HAS_F32_FMA only."""
-    rows = x.shape[0]
-    n, blocks = scales.shape
+    """linear_blocks of 4-bit blocks for float32 x on 8-lane vectors (triforce.kernels.cpu.linear.block_dot);
+    HAS_F32_FMA only."""
+    n = scales.shape[0]
     sums = block_sums(x)
-    has_offsets = offsets.shape[1] > 0
     for job in prange(row_jobs(n)):
         start, stop = job_span(job, n)
         for r in range(start, stop):
-            qr = quants[r]
-            i = 0
-            while i + 4 <= rows:  # four rows share each block's unpacking; each sums as alone
-                a0, a1, a2, a3 = zeros8(), zeros8(), zeros8(), zeros8()
-                for b in range(blocks):
-                    a0, a1, a2, a3 = q4_block4(a0, a1, a2, a3, qr, b * (BLOCK // 2), x[i], x[i + 1], x[i + 2],
-                                               x[i + 3], b * BLOCK, scales[r, b])
-                out[i, r] = sum_lanes8(a0, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i], has_offsets)
-                out[i + 1, r] = sum_lanes8(a1, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i + 1], has_offsets)
-                out[i + 2, r] = sum_lanes8(a2, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i + 2], has_offsets)
-                out[i + 3, r] = sum_lanes8(a3, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i + 3], has_offsets)
-                i += 4
-            while i < rows:
-                acc = zeros8()
-                for b in range(blocks):
-                    acc = q4_block(acc, qr, b * (BLOCK // 2), x[i], b * BLOCK, scales[r, b])
-                out[i, r] = sum_lanes8(acc, zeros8()) + _rest(scales[r], offsets, r, bias, sums[i], has_offsets)
-                i += 1
+            _q4_row(x, quants[r], scales, offsets, r, bias, sums, offsets.shape[1] > 0, zeros8(), out)
+
+
+@numba.njit(parallel=True, cache=True)
+def linear_q4_wide(x, quants, scales, offsets, bias, out):
+    """linear_q4_fma on 16-lane vectors; WIDE_BLOCKS only."""
+    n = scales.shape[0]
+    sums = block_sums(x)
+    for job in prange(row_jobs(n)):
+        start, stop = job_span(job, n)
+        for r in range(start, stop):
+            _q4_row(x, quants[r], scales, offsets, r, bias, sums, offsets.shape[1] > 0, zeros16(), out)
 
 
 @numba.njit(inline="always")
 def _rest(scales_r, offsets, r, bias, sums_i, has_offsets):
-    """The blocks' offset and bias terms of one row: sum over b of (m_b - d_b bias) sum(x_b)."""
+    """The blocks' offset and bias terms of one row: sum over b of (m_b - d_b bias) sum(x_b),
+    as m . sums - bias (d . sums) (a format has offsets or a bias, never both) on vectors: a scalar
+    loop's chain of additions cost these kernels ~40% of their time (bench/RESULTS.md, "16 lanes")."""
     rest = np.float32(0.0)
-    for b in range(scales_r.shape[0]):
-        m = offsets[r, b] if has_offsets else np.float32(0.0)
-        rest += (m - scales_r[b] * bias) * sums_i[b]
+    if has_offsets:
+        rest += _short_dot(offsets[r], sums_i)
+    if bias != 0:
+        rest -= bias * _short_dot(scales_r, sums_i)
     return rest
+
+
+@numba.njit(inline="always")
+def _short_dot(a, b):
+    """a . b for two float32 rows of one length: 8 lanes at a time, then the tail in order."""
+    n = a.shape[0]
+    acc = zeros8()
+    k = 0
+    while k + 8 <= n:
+        acc = fma_step(acc, a, b, k)
+        k += 8
+    total = block_total(acc)
+    while k < n:
+        total += a[k] * b[k]
+        k += 1
+    return total
+
+
+@numba.njit(inline="always")
+def _q8_row(x, qr, scales_r, zero, r, out):
+    """Output column r of every input row over weight row r's signed-byte blocks (Q8_0's 32 or
+    Q6_K's 16 weights a scale); zero: an empty accumulator of the lanes to use."""
+    blocks = scales_r.shape[0]
+    group = qr.shape[0] // blocks
+    for i in range(x.shape[0]):
+        xi = x[i]
+        acc = zero
+        if group == BLOCK:
+            for b in range(blocks):
+                acc = q8_block(acc, qr, b * BLOCK, xi, b * BLOCK, scales_r[b])
+        else:
+            for b in range(blocks):
+                acc = q8_block16(acc, qr, b * 16, xi, b * 16, scales_r[b])
+        out[i, r] = block_total(acc)
 
 
 @numba.njit(parallel=True, cache=True)
 def linear_q8_fma(x, quants, scales, out):
-    """linear_blocks of signed-byte blocks for float32 x on explicit vectors; HAS_F32_FMA only.
-    Q8_0's blocks of 32, or Q6_K's of 16 (a scale per 16 quants)."""
-    rows = x.shape[0]
-    n, blocks = scales.shape
-    group = quants.shape[1] // blocks
+    """linear_blocks of signed-byte blocks for float32 x on 8-lane vectors; HAS_F32_FMA only."""
+    n = scales.shape[0]
     for job in prange(row_jobs(n)):
         start, stop = job_span(job, n)
         for r in range(start, stop):
-            qr = quants[r]
-            for i in range(rows):
-                xi = x[i]
-                acc = zeros8()
-                if group == BLOCK:
-                    for b in range(blocks):
-                        acc = q8_block(acc, qr, b * BLOCK, xi, b * BLOCK, scales[r, b])
-                else:
-                    for b in range(blocks):
-                        acc = q8_block16(acc, qr, b * 16, xi, b * 16, scales[r, b])
-                out[i, r] = sum_lanes8(acc, zeros8())
+            _q8_row(x, quants[r], scales[r], zeros8(), r, out)
+
+
+@numba.njit(parallel=True, cache=True)
+def linear_q8_wide(x, quants, scales, out):
+    """linear_q8_fma on 16-lane vectors; WIDE_BLOCKS only."""
+    n = scales.shape[0]
+    for job in prange(row_jobs(n)):
+        start, stop = job_span(job, n)
+        for r in range(start, stop):
+            _q8_row(x, quants[r], scales[r], zeros16(), r, out)
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)
@@ -177,10 +230,11 @@ def _project_for(x, w, out):
     kernel_args tuple its block kernel (4-bit: quants, scales, offsets, bias; Q8_0: quants, scales)."""
     if isinstance(w, types.Array):
         return lambda x, w, out: small_rows_linear(x, w, out)
+    q4, q8 = (linear_q4_wide, linear_q8_wide) if WIDE_BLOCKS else (linear_q4_fma, linear_q8_fma)
     if isinstance(w, types.BaseTuple) and len(w) == 4:
-        return lambda x, w, out: linear_q4_fma(x, w[0], w[1], w[2], w[3], out)
+        return lambda x, w, out: q4(x, w[0], w[1], w[2], w[3], out)
     if isinstance(w, types.BaseTuple) and len(w) == 2:
-        return lambda x, w, out: linear_q8_fma(x, w[0], w[1], out)
+        return lambda x, w, out: q8(x, w[0], w[1], out)
     return None
 
 
@@ -194,6 +248,7 @@ class QuantLinear:
         self.out_features, self.in_features = block.rows, block.cols
         self._bias = np.float32(Q4_BIAS.get(block.kind, 0.0))
         self._bias32 = None if bias is None else self.bias.to(torch.float32)
+        self.lanes = 16 if WIDE_BLOCKS else 8  # of the block kernels' vectors (`triforce bench kernels --lanes`)
 
     @property
     def kernel_args(self) -> tuple:
@@ -227,9 +282,9 @@ class QuantLinear:
         if not vectors:
             linear_blocks(x, b.quants, b.scales, b.offsets, self._bias, b.kind not in BYTE_QUANTS, o)
         elif b.kind in BYTE_QUANTS:
-            linear_q8_fma(x, b.quants, b.scales, o)
+            (linear_q8_wide if self.lanes == 16 else linear_q8_fma)(x, b.quants, b.scales, o)
         else:
-            linear_q4_fma(x, b.quants, b.scales, b.offsets, self._bias, o)
+            (linear_q4_wide if self.lanes == 16 else linear_q4_fma)(x, b.quants, b.scales, b.offsets, self._bias, o)
         return out
 
     def _widened(self, rows: torch.Tensor) -> torch.Tensor:

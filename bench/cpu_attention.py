@@ -38,8 +38,21 @@ def time_cell(heads: int, kv_heads: int, dim: int, rows: int, keys: int, dtype, 
     ours = each_call(lambda: decode.attention(q, k, v, scale=scale), "cpu", repeats)
     sdpa = each_call(lambda: attention(q, k, v, scale=scale, cpu_kernel=False), "cpu", repeats)
     return {"rows": rows, "keys": keys, "ours_ms": round(ours.median_ms, 3), "sdpa_ms": round(sdpa.median_ms, 3),
+            "no_tiles_ms": _without_tiles(decode, q, k, v, scale, repeats),
             "ours_over_sdpa": round(sdpa.median_ms / ours.median_ms, 2),
             "routed": "ours" if decode.takes(q, k, v, None) else "sdpa"}
+
+
+def _without_tiles(decode, q, k, v, scale: float, repeats: int) -> float | None:
+    """Where our kernel runs on AMX tiles, its median on the path this CPU had before them
+    (AVX512-BF16 dots), timed beside it; None elsewhere."""
+    if decode.attend_kernel(q.dtype, q.shape[-1]) is not decode._attend_amx:
+        return None
+    decode.HAS_AMX = False
+    try:
+        return round(each_call(lambda: decode.attention(q, k, v, scale=scale), "cpu", repeats).median_ms, 3)
+    finally:
+        decode.HAS_AMX = True
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -89,10 +102,11 @@ def main(model, heads, kv_heads, head_dim, keys, rows, dtype, repeats, fmt):
         click.echo(f"attention on this CPU ({shapes}, {dtype}, {summary['threads']} threads, "
                    f"AMX {'yes' if summary['amx_bf16'] else 'no'}, AVX512-BF16 "
                    f"{'yes' if summary['avx512_bf16'] else 'no'}): median ms per call")
-        click.echo("| keys | rows | ours ms | SDPA ms | ours x faster | routed |\n|---:|---:|---:|---:|---:|---|")
+        click.echo("| keys | rows | ours ms | without AMX tiles ms | SDPA ms | ours x faster | routed |\n"
+                   "|---:|---:|---:|---:|---:|---:|---|")
         for c in cells:
-            click.echo(f"| {c['keys']} | {c['rows']} | {c['ours_ms']} | {c['sdpa_ms']} | {c['ours_over_sdpa']} | "
-                       f"{c['routed']} |")
+            click.echo(f"| {c['keys']} | {c['rows']} | {c['ours_ms']} | {c['no_tiles_ms'] or '-'} | {c['sdpa_ms']} | "
+                       f"{c['ours_over_sdpa']} | {c['routed']} |")
 
     emit(fmt, summary, cells, table)
 

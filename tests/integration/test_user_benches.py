@@ -8,6 +8,8 @@ import json
 import pytest
 
 from triforce.cli.main import main
+from triforce.kernels.cpu.attention import decode
+from triforce.kernels.cpu.simd.amx import HAS_AMX
 
 
 def run(capsys, *args) -> str:
@@ -153,6 +155,15 @@ def test_cpu_attention_against_sdpa_by_rows_on_the_default_models_heads(capsys):
     assert one["ours_ms"] > 0 and one["sdpa_ms"] > 0 and one["ours_over_sdpa"] > 0
     assert (one["routed"], wide["routed"]) == ("ours", "sdpa")  # beyond SMALL_QUERIES rows: SDPA
     assert report["provenance"]["cpu_flags"] and isinstance(report["amx_bf16"], bool)
+    assert one["no_tiles_ms"] is None  # float32 never runs on AMX tiles: no second column
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX")
+def test_cpu_attention_times_the_tiles_beside_the_path_before_them(capsys):
+    report = json.loads(run(capsys, "bench", "attention", "--keys", "600", "--rows", "5", "--repeats", "3", "--json"))
+    (row,) = report["rows"]
+    assert row["no_tiles_ms"] > 0 and row["ours_ms"] > 0
+    assert decode.HAS_AMX  # put back after the timing
 
 
 def test_cpu_attention_refuses_bad_lists_in_one_line(capsys):

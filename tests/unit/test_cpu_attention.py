@@ -10,6 +10,10 @@ from triforce.decoding.engine import Engine
 from triforce.kernels import SDPA, SdpaReference, attention, causal_mask
 from triforce.kernels.cpu.attention import decode as cpu_attention
 from triforce.kernels.cpu.attention.decode import SMALL_QUERIES, SPLIT, takes
+from triforce.kernels.cpu.simd.amx import HAS_AMX
+
+# Each bfloat16 case on both kernels this CPU may run: AMX tiles where it has them, the rest without
+TILES = [False, pytest.param(True, marks=pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX"))]
 
 
 def _cache_views(dtype, keys, capacity, kv_heads=3, dim=64, seed=0):
@@ -27,10 +31,12 @@ def _reference(q, k, v, scale):
     return F.scaled_dot_product_attention(q.double(), k64, v64, attn_mask=mask, scale=scale)
 
 
+@pytest.mark.parametrize("tiles", TILES)
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("keys, queries", [(keys, queries) for keys in (1, 7, SPLIT, SPLIT + 1, 3 * SPLIT - 5)
                                            for queries in (1, 3, SMALL_QUERIES) if queries <= keys])
-def test_kernel_matches_float64(dtype, tol, keys, queries):
+def test_kernel_matches_float64(dtype, tol, keys, queries, tiles, monkeypatch):
+    monkeypatch.setattr(cpu_attention, "HAS_AMX", tiles)
     k, v = _cache_views(dtype, keys, keys + 40)
     q = torch.randn(1, 9, queries, 64, generator=torch.Generator().manual_seed(keys)).to(dtype)
     assert takes(q, k, v, None)
@@ -39,11 +45,13 @@ def test_kernel_matches_float64(dtype, tol, keys, queries):
     torch.testing.assert_close(out.double(), _reference(q, k, v, 0.125), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("tiles", TILES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dim", [64, 80])  # 80: the widening path on every CPU (see attend_kernel)
-def test_a_query_gets_the_same_bits_alone_or_among_others(dtype, dim):
+def test_a_query_gets_the_same_bits_alone_or_among_others(dtype, dim, tiles, monkeypatch):
     """Verifying T tokens computes each as decoding it alone would: what makes greedy
     speculation equal AR in bfloat16 (with the small-rows linear kernels)."""
+    monkeypatch.setattr(cpu_attention, "HAS_AMX", tiles)
     keys, queries = 2 * SPLIT + 37, SMALL_QUERIES
     k, v = _cache_views(dtype, keys, keys + 8, dim=dim)
     q = torch.randn(1, 9, queries, dim, generator=torch.Generator().manual_seed(1)).to(dtype)
@@ -120,6 +128,7 @@ def test_each_dtype_cpu_and_head_dim_compiles_one_path(monkeypatch):
     multiple of 64 on FMA CPUs, the bfloat16 pairs (for scores and values, or scores only) on
     CPUs with the bfloat16 dot, the widening one for everything else."""
     ca = cpu_attention
+    monkeypatch.setattr(ca, "HAS_AMX", False)
     for fma in (True, False):
         monkeypatch.setattr(ca, "HAS_F32_FMA", fma)
         assert ca.attend_kernel(torch.float32, 64) is (ca._attend_f32_fma if fma else ca._attend_widened)
@@ -134,6 +143,26 @@ def test_each_dtype_cpu_and_head_dim_compiles_one_path(monkeypatch):
             assert ca.attend_kernel(torch.bfloat16, 64) is (ca._attend_bf16_pairs if dot else widened)
             assert ca.attend_kernel(torch.bfloat16, 96) is (ca._attend_bf16_scores if dot else ca._attend_widened)
             assert ca.attend_kernel(torch.bfloat16, 80) is ca._attend_widened
+    monkeypatch.setattr(ca, "HAS_AMX", True)  # AMX tiles: bfloat16 head dims that are a multiple of 64
+    assert ca.attend_kernel(torch.bfloat16, 64) is ca.attend_kernel(torch.bfloat16, 128) is ca._attend_amx
+    assert ca.attend_kernel(torch.bfloat16, 96) is not ca._attend_amx
+    assert ca.attend_kernel(torch.float32, 64) is not ca._attend_amx
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX")
+@pytest.mark.parametrize("dim, queries", [(64, 1), (64, 9), (128, 6)])
+def test_amx_tiles_never_read_the_cache_past_the_view(dim, queries):
+    """The tiles take 16 keys and 16 query rows at a time: slots past the view (here NaN, as an
+    unwritten cache may hold) and rows past the call's never reach a result; 6 x 3 rows and a
+    head dim of 128 take two row blocks and two passes of the values."""
+    keys = SPLIT + 21
+    k_buf, v_buf = (torch.randn(1, 3, keys + 40, dim).bfloat16() for _ in range(2))
+    k_buf[:, :, keys:], v_buf[:, :, keys:] = float("nan"), float("inf")
+    k, v = k_buf[:, :, :keys], v_buf[:, :, :keys]
+    q = torch.randn(1, 9, queries, dim).bfloat16()
+    assert cpu_attention.attend_kernel(torch.bfloat16, dim) is cpu_attention._attend_amx
+    out = cpu_attention.attention(q, k, v, scale=dim ** -0.5)
+    torch.testing.assert_close(out.double(), _reference(q, k, v, dim ** -0.5), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.skipif(not cpu_attention.HAS_F32_FMA, reason="this CPU has no FMA/AVX2")
@@ -142,6 +171,7 @@ def test_bfloat16_on_the_fma_path_is_the_float32_result_of_its_values_rounded_on
     """Without the bfloat16 dot, a job widens its keys and values into float32 scratch for the FMA
     kernels: exactly what float32 copies of q, k and v give, rounded to bfloat16 once."""
     monkeypatch.setattr(cpu_attention, "HAS_BF16_DOT", False)
+    monkeypatch.setattr(cpu_attention, "HAS_AMX", False)
     keys = 2 * SPLIT + 37
     k, v = _cache_views(torch.bfloat16, keys, keys + 8)
     q = torch.randn(1, 9, queries, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)

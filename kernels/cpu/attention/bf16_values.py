@@ -110,6 +110,18 @@ def _item(context, builder, array_type, array, i, j):
 _U32x16 = ir.VectorType(ir.IntType(32), 16)
 
 
+def rounded16(context, builder, array_type, array, start):
+    """The 16 floats array[start:start + 16] (1-D float32, contiguous) rounded to bfloat16 bits
+    (to nearest even; a NaN stays a NaN, as bf16_bits.narrow), each in the low half of a 32-bit lane."""
+    source = context.make_array(array_type)(context, builder, array).data
+    bits = builder.load(builder.bitcast(builder.gep(source, [start]), _U32x16.as_pointer()), align=4)
+    const = lambda v: ir.Constant(_U32x16, [v] * 16)  # noqa: E731
+    odd = builder.and_(builder.lshr(bits, const(16)), const(1))
+    rounded = builder.lshr(builder.add(builder.add(bits, const(0x7FFF)), odd), const(16))
+    nan = builder.icmp_unsigned(">", builder.and_(bits, const(0x7FFFFFFF)), const(0x7F800000))
+    return builder.select(nan, builder.or_(builder.lshr(bits, const(16)), const(0x40)), rounded)
+
+
 @intrinsic
 def _round16(typingctx, p, start, out):
     """The 16 floats p[start:start + 16] rounded to bfloat16 bits (to nearest even; a NaN stays a
@@ -117,13 +129,7 @@ def _round16(typingctx, p, start, out):
     out 1-D uint32, both contiguous; start even): lane-wise integer operations, where narrow's
     scalar loop took 0.4 ns per value."""
     def codegen(context, builder, signature, args):
-        source = context.make_array(signature.args[0])(context, builder, args[0]).data
-        bits = builder.load(builder.bitcast(builder.gep(source, [args[1]]), _U32x16.as_pointer()), align=4)
-        const = lambda v: ir.Constant(_U32x16, [v] * 16)  # noqa: E731
-        odd = builder.and_(builder.lshr(bits, const(16)), const(1))
-        rounded = builder.lshr(builder.add(builder.add(bits, const(0x7FFF)), odd), const(16))
-        nan = builder.icmp_unsigned(">", builder.and_(bits, const(0x7FFFFFFF)), const(0x7F800000))
-        halves = builder.select(nan, builder.or_(builder.lshr(bits, const(16)), const(0x40)), rounded)
+        halves = rounded16(context, builder, signature.args[0], args[0], args[1])
         target = context.make_array(signature.args[2])(context, builder, args[2]).data
         half = builder.gep(builder.bitcast(target, ir.IntType(16).as_pointer()), [args[1]])
         builder.store(builder.trunc(halves, ir.VectorType(ir.IntType(16), 16)),

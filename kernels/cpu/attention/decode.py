@@ -18,6 +18,8 @@ as read and rounded once when written (triforce.kernels.cpu.simd.bf16_bits; on C
 scores and weighted values take the bits as they are: triforce.kernels.cpu.attention.bf16_scores and
 bf16_values; float32, and bfloat16 without that instruction, on CPUs with FMA and AVX2 take
 triforce.kernels.cpu.attention.f32_parts, see triforce.kernels.cpu.attention.paths);
+on CPUs with AMX tiles bfloat16 head dims that are a multiple of 64 take them instead
+(triforce.kernels.cpu.attention.amx_parts: a verify's 15-27 rows per KV head at a step's cost);
 scores, softmax and sums are float32, as in PyTorch's CPU kernels for this dtype,
 exp 16 lanes at a time (triforce.kernels.cpu.simd.f32_lanes.exp_sum). The kernels index a C-contiguous [heads, rows, dim] block laid over the
 view's storage (a view of a cache buffer's first `keys` rows); numba vectorises only such arrays."""
@@ -30,6 +32,8 @@ from numba import prange
 
 from triforce.kernels.cpu.attention.paths import (BF16_FMA, BF16_PAIRS, F32_FMA, WIDEN_AS_LOADED, WIDENED, scores_of,
                                              values_of)
+from triforce.kernels.cpu.attention.amx_parts import CHUNK as AMX_CHUNK, scores_amx, values_amx
+from triforce.kernels.cpu.simd.amx import HAS_AMX, TILE_ROWS, configure, release, tile_config
 from triforce.kernels.cpu.simd.bf16_bits import bits_of, narrow, to_float32
 from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT
 from triforce.kernels.cpu.attention.bf16_values import CHUNK
@@ -162,9 +166,54 @@ def _attend_bf16_scores(q, k, v, scale, keys, queries, out, threads):
     _attend(q, k, v, scale, keys, queries, out, threads, BF16_PAIRS, WIDENED)
 
 
+@numba.njit(parallel=True, cache=True)
+def _attend_amx(q, k, v, scale, keys, queries, out, threads):
+    """_attend's contract on AMX tiles (triforce.kernels.cpu.attention.amx_parts): bfloat16 bits, head
+    dims a multiple of its CHUNK."""
+    heads, rows, dim = q.shape
+    splits = (keys + SPLIT - 1) // SPLIT
+    padded = (rows + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
+    q16 = np.zeros((heads, padded, dim), np.uint16)
+    q16[:, :rows] = q
+    m = np.empty((heads, splits, rows), np.float32)
+    l = np.empty((heads, splits, rows), np.float32)
+    acc = np.empty((heads, splits, rows, dim), np.float32)
+    # per thread, a job's tiles' rows (those past `rows` are never read: left as they come, as
+    # allocations of a few hundred KB come back as fresh pages on every call)
+    scratch_sc = np.empty((threads, padded, SPLIT), np.float32)
+    scratch_even = np.empty((threads, padded, SPLIT), np.uint32)
+    scratch_odd = np.empty((threads, padded, SPLIT), np.uint32)
+    scratch_acc = np.empty((threads, padded, dim), np.float32)
+    scratch_turned = np.empty((threads, 16 * dim), np.uint16)
+    scratch_tail = np.empty((threads, 16, dim), np.uint16)
+    config = tile_config()
+    for job in prange(heads * splits):
+        h = job // splits
+        c = job - h * splits
+        lo = c * SPLIT
+        n = min(keys, lo + SPLIT) - lo
+        t = numba.get_thread_id()
+        visible = np.empty(rows, np.int64)
+        for r in range(rows):
+            visible[r] = min(n, keys - queries + r % queries + 1 - lo)
+        configure(config)
+        scores_amx(q16[h], k[h, lo:lo + n], n, scale, scratch_sc[t], scratch_turned[t], scratch_tail[t], rows)
+        _softmax(scratch_sc[t, :rows], visible, m[h, c], l[h, c])
+        values_amx(scratch_sc[t], v[h, lo:lo + n], n, rows, scratch_acc[t], scratch_even[t], scratch_odd[t],
+                   scratch_tail[t])
+        acc[h, c] = scratch_acc[t, :rows]
+        release()
+    row = np.empty(dim, np.float32)
+    for h in range(heads):
+        for r in range(rows):
+            _merge(m, l, acc, h, r, out, row)
+
+
 def attend_kernel(dtype: torch.dtype, dim: int):
     """The compiled attention for `dtype` and head dim `dim` on this CPU (see
     triforce.kernels.cpu.attention.paths)."""
+    if dtype == torch.bfloat16 and HAS_AMX and dim % AMX_CHUNK == 0:
+        return _attend_amx
     if dtype == torch.bfloat16 and HAS_BF16_DOT and dim % 32 == 0:
         return _attend_bf16_pairs if dim % CHUNK == 0 else _attend_bf16_scores
     if HAS_F32_FMA and f32_fits(dim):

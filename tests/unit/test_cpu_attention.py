@@ -143,18 +143,18 @@ def test_each_dtype_cpu_and_head_dim_compiles_one_path(monkeypatch):
             assert ca.attend_kernel(torch.bfloat16, 64) is (ca._attend_bf16_pairs if dot else widened)
             assert ca.attend_kernel(torch.bfloat16, 96) is (ca._attend_bf16_scores if dot else ca._attend_widened)
             assert ca.attend_kernel(torch.bfloat16, 80) is ca._attend_widened
-    monkeypatch.setattr(ca, "HAS_AMX", True)  # AMX tiles: bfloat16 head dims that are a multiple of 64
-    assert ca.attend_kernel(torch.bfloat16, 64) is ca.attend_kernel(torch.bfloat16, 128) is ca._attend_amx
-    assert ca.attend_kernel(torch.bfloat16, 96) is not ca._attend_amx
+    monkeypatch.setattr(ca, "HAS_AMX", True)  # AMX tiles: bfloat16 head dims that are a multiple of 32
+    assert ca.attend_kernel(torch.bfloat16, 64) is ca.attend_kernel(torch.bfloat16, 96) is ca._attend_amx
+    assert ca.attend_kernel(torch.bfloat16, 80) is not ca._attend_amx
     assert ca.attend_kernel(torch.float32, 64) is not ca._attend_amx
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX")
-@pytest.mark.parametrize("dim, queries", [(64, 1), (64, 9), (128, 6)])
+@pytest.mark.parametrize("dim, queries", [(64, 1), (64, 9), (96, 6), (128, 16)])
 def test_amx_tiles_never_read_the_cache_past_the_view(dim, queries):
-    """The tiles take 16 keys and 16 query rows at a time: slots past the view (here NaN, as an
-    unwritten cache may hold) and rows past the call's never reach a result; 6 x 3 rows and a
-    head dim of 128 take two row blocks and two passes of the values."""
+    """The tiles take 16 keys and up to 16 query rows at a time: slots past the view (here NaN,
+    as an unwritten cache may hold) and rows past the call's never reach a result; 6 and 16
+    tokens of 3 rows take two and three row blocks, head dims 96 and 128 three and four passes."""
     keys = SPLIT + 21
     k_buf, v_buf = (torch.randn(1, 3, keys + 40, dim).bfloat16() for _ in range(2))
     k_buf[:, :, keys:], v_buf[:, :, keys:] = float("nan"), float("inf")

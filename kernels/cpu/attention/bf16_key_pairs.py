@@ -149,3 +149,27 @@ def score_rows(typingctx, turned, q, r, scale, out, first, size, blocks):
         return context.get_dummy_value()
 
     return types.none(turned, q, types.intp, scale, out, types.intp, size, types.intp), codegen
+
+
+@intrinsic
+def turn_scores(typingctx, scores, scale, out, row, first, count):
+    """out[row + r, first:first + 16] = scale * scores[:, r] for r < count: a tile of 16 keys x
+    16 query rows of sums (scores float32 [16, 16], C-contiguous) turned into rows of out
+    (float32, 2-D, rows contiguous) by the same in-register transpose as turn_block."""
+    def codegen(context, builder, signature, args):
+        source, sc, target, row_at, first_key, rows = args
+        data = builder.bitcast(_data(context, builder, signature.args[0], source).data, _INTS.as_pointer())
+        turned = _transpose(builder, [builder.load(builder.gep(data, [ir.Constant(ir.IntType(64), j)]), align=4)
+                                      for j in range(GROUP)])
+        out_array = _data(context, builder, signature.args[2], target)
+        factor = splat(builder, sc, LANES)
+        for r, vector in enumerate(turned):
+            with builder.if_then(builder.icmp_signed(">", rows, ir.Constant(rows.type, r))):
+                at = cgutils.get_item_pointer(context, builder, signature.args[2], out_array,
+                                              [builder.add(row_at, ir.Constant(row_at.type, r)), first_key],
+                                              wraparound=False)
+                builder.store(builder.fmul(builder.bitcast(vector, LANES), factor),
+                              builder.bitcast(at, LANES.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return types.none(scores, scale, out, types.intp, types.intp, types.intp), codegen

@@ -18,7 +18,7 @@ as read and rounded once when written (triforce.kernels.cpu.simd.bf16_bits; on C
 scores and weighted values take the bits as they are: triforce.kernels.cpu.attention.bf16_scores and
 bf16_values; float32, and bfloat16 without that instruction, on CPUs with FMA and AVX2 take
 triforce.kernels.cpu.attention.f32_parts, see triforce.kernels.cpu.attention.paths);
-on CPUs with AMX tiles bfloat16 head dims that are a multiple of 64 take them instead
+on CPUs with AMX tiles bfloat16 head dims that are a multiple of 32 take them instead
 (triforce.kernels.cpu.attention.amx_parts: a verify's 15-27 rows per KV head at a step's cost);
 scores, softmax and sums are float32, as in PyTorch's CPU kernels for this dtype,
 exp 16 lanes at a time (triforce.kernels.cpu.simd.f32_lanes.exp_sum). The kernels index a C-contiguous [heads, rows, dim] block laid over the
@@ -32,8 +32,9 @@ from numba import prange
 
 from triforce.kernels.cpu.attention.paths import (BF16_FMA, BF16_PAIRS, F32_FMA, WIDEN_AS_LOADED, WIDENED, scores_of,
                                              values_of)
-from triforce.kernels.cpu.attention.amx_parts import CHUNK as AMX_CHUNK, scores_amx, values_amx
-from triforce.kernels.cpu.simd.amx import HAS_AMX, TILE_ROWS, configure, release, tile_config
+from triforce.kernels.cpu.attention.amx_parts import (CHUNK as AMX_CHUNK, block_rows, scores_amx, tile_shapes,
+                                                     turned_queries, values_amx)
+from triforce.kernels.cpu.simd.amx import HAS_AMX, configure, release, tile_config
 from triforce.kernels.cpu.simd.bf16_bits import bits_of, narrow, to_float32
 from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT
 from triforce.kernels.cpu.attention.bf16_values import CHUNK
@@ -172,21 +173,20 @@ def _attend_amx(q, k, v, scale, keys, queries, out, threads):
     dims a multiple of its CHUNK."""
     heads, rows, dim = q.shape
     splits = (keys + SPLIT - 1) // SPLIT
-    padded = (rows + TILE_ROWS - 1) // TILE_ROWS * TILE_ROWS
-    q16 = np.zeros((heads, padded, dim), np.uint16)
-    q16[:, :rows] = q
+    r_block = block_rows(rows)
+    padded = (rows + r_block - 1) // r_block * r_block
+    turned = turned_queries(q, padded)
     m = np.empty((heads, splits, rows), np.float32)
     l = np.empty((heads, splits, rows), np.float32)
     acc = np.empty((heads, splits, rows, dim), np.float32)
-    # per thread, a job's tiles' rows (those past `rows` are never read: left as they come, as
-    # allocations of a few hundred KB come back as fresh pages on every call)
+    # per thread, a job's tiles' rows (those past `rows` are never read: left as they come)
     scratch_sc = np.empty((threads, padded, SPLIT), np.float32)
-    scratch_even = np.empty((threads, padded, SPLIT), np.uint32)
-    scratch_odd = np.empty((threads, padded, SPLIT), np.uint32)
+    scratch_even = np.empty((threads, padded * SPLIT), np.uint32)
+    scratch_odd = np.empty((threads, padded * SPLIT), np.uint32)
     scratch_acc = np.empty((threads, padded, dim), np.float32)
-    scratch_turned = np.empty((threads, 16 * dim), np.uint16)
+    scratch_scores = np.empty((threads, 16, 16), np.float32)
     scratch_tail = np.empty((threads, 16, dim), np.uint16)
-    config = tile_config()
+    config = tile_config(tile_shapes(rows))
     for job in prange(heads * splits):
         h = job // splits
         c = job - h * splits
@@ -197,12 +197,12 @@ def _attend_amx(q, k, v, scale, keys, queries, out, threads):
         for r in range(rows):
             visible[r] = min(n, keys - queries + r % queries + 1 - lo)
         configure(config)
-        scores_amx(q16[h], k[h, lo:lo + n], n, scale, scratch_sc[t], scratch_turned[t], scratch_tail[t], rows)
+        scores_amx(turned[h], k[h, lo:lo + n], n, scale, scratch_sc[t], scratch_scores[t], scratch_tail[t], rows)
         _softmax(scratch_sc[t, :rows], visible, m[h, c], l[h, c])
         values_amx(scratch_sc[t], v[h, lo:lo + n], n, rows, scratch_acc[t], scratch_even[t], scratch_odd[t],
                    scratch_tail[t])
-        acc[h, c] = scratch_acc[t, :rows]
         release()
+        acc[h, c] = scratch_acc[t, :rows]
     row = np.empty(dim, np.float32)
     for h in range(heads):
         for r in range(rows):

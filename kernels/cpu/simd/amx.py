@@ -6,9 +6,9 @@ Why: a verify pass multiplies 15-27 query rows per KV head against every key; on
 project's AMX Xeon the AVX512-BF16 paths did that at 40-50 GFLOP/s (bench/RESULTS.md, "AMX
 attention"), one 16-lane instruction at a time, where one tile instruction does 256 lanes' work.
 
-Every tile here has one shape (TILE_ROWS rows of TILE_BYTES bytes: 16 float32 or 32 bfloat16),
-so one configuration serves every kernel, loaded per job (`configure`) and dropped after it
-(`release`, so the kernel saves no tile state on a context switch). Tile numbers are literals
+A kernel sets each tile's shape once per call (`tile_config`: at most TILE_ROWS rows of
+TILE_BYTES bytes, 16 float32 or 32 bfloat16), loads it per job (`configure`) and drops it after
+(`release`, so the thread saves no tile state on a context switch). Tile numbers are literals
 (LLVM's immediate-tile intrinsics). A row of a product depends only on that row of the left
 operand: a query row's scores have the same bits whatever other rows share its tile.
 
@@ -47,13 +47,15 @@ HAS_AMX = kernels_may_use("amx_tile", "amx_bf16", "avx512_bf16") and _granted()
 
 
 @numba.njit(cache=True)
-def tile_config():
-    """The 64-byte configuration `configure` loads: palette 1, all eight tiles TILE_ROWS x TILE_BYTES."""
+def tile_config(shapes):
+    """The 64-byte configuration `configure` loads: palette 1, tile t `shapes[t, 0]` rows of
+    `shapes[t, 1]` bytes (shapes int64 [8, 2]; rows 0: the tile unused)."""
     config = np.zeros(64, np.uint8)
     config[0] = 1
     for tile in range(8):
-        config[16 + 2 * tile] = TILE_BYTES
-        config[48 + tile] = TILE_ROWS
+        config[16 + 2 * tile] = shapes[tile, 1] & 255
+        config[17 + 2 * tile] = shapes[tile, 1] >> 8
+        config[48 + tile] = shapes[tile, 0]
     return config
 
 

@@ -102,6 +102,20 @@ def _merge(m, l, acc, h, r, out, row):
 
 
 @numba.njit(inline="always")
+def _job(job, splits, keys, queries, rows):
+    """Job `job`'s KV head, split, first key and key count, and how many of them each query row
+    sees (row r = g * queries + t: the new tokens are the view's last ones)."""
+    h = job // splits
+    c = job - h * splits
+    lo = c * SPLIT
+    n = min(keys, lo + SPLIT) - lo
+    visible = np.empty(rows, np.int64)
+    for r in range(rows):
+        visible[r] = min(n, keys - queries + r % queries + 1 - lo)
+    return h, c, lo, n, visible
+
+
+@numba.njit(inline="always")
 def _attend(q, k, v, scale, keys, queries, out, threads, scores_by, values_by):
     """q [Hkv, R, D] (row r = g * queries + t), k, v [Hkv, >= keys, D], out [Hkv, R, D]: float32,
     or bfloat16 bits, all alike. Row r sees keys s <= keys - queries + t (the new tokens are the
@@ -122,15 +136,9 @@ def _attend(q, k, v, scale, keys, queries, out, threads, scores_by, values_by):
     wide = SPLIT if scores_by == BF16_FMA and rows > WIDEN_AS_LOADED else 0
     scratch_wide = np.empty((threads, wide, dim), np.float32)  # keys, then values, widened
     for job in prange(heads * splits):
-        h = job // splits
-        c = job - h * splits
-        lo = c * SPLIT
-        n = min(keys, lo + SPLIT) - lo
+        h, c, lo, n, visible = _job(job, splits, keys, queries, rows)
         t = numba.get_thread_id()
         sc = scratch_sc[t]
-        visible = np.empty(rows, np.int64)
-        for r in range(rows):
-            visible[r] = min(n, keys - queries + r % queries + 1 - lo)
         scores_of(q[h], q32[h], k[h, lo:lo + n], n, scale, sc, scratch_wide[t], scores_by)
         _softmax(sc, visible, m[h, c], l[h, c])
         values_of(sc, v[h, lo:lo + n], n, acc[h, c], np.empty((4, dim), v.dtype), scratch_pairs[t], scratch_wide[t],
@@ -188,14 +196,8 @@ def _attend_amx(q, k, v, scale, keys, queries, out, threads):
     scratch_tail = np.empty((threads, 16, dim), np.uint16)
     config = tile_config(tile_shapes(rows))
     for job in prange(heads * splits):
-        h = job // splits
-        c = job - h * splits
-        lo = c * SPLIT
-        n = min(keys, lo + SPLIT) - lo
+        h, c, lo, n, visible = _job(job, splits, keys, queries, rows)
         t = numba.get_thread_id()
-        visible = np.empty(rows, np.int64)
-        for r in range(rows):
-            visible[r] = min(n, keys - queries + r % queries + 1 - lo)
         configure(config)
         scores_amx(turned[h], k[h, lo:lo + n], n, scale, scratch_sc[t], scratch_scores[t], scratch_tail[t], rows)
         _softmax(scratch_sc[t, :rows], visible, m[h, c], l[h, c])

@@ -110,32 +110,27 @@ def zero(typingctx, tile):
     return types.none(tile), codegen
 
 
-@intrinsic
-def load(typingctx, tile, array, offset, stride):
-    """Tile `tile` = TILE_ROWS rows of TILE_BYTES from element `offset` of `array`, rows `stride` bytes apart."""
-    if not _literal(tile):
-        return None
+def _mover(instruction: str, what: str):
+    """An intrinsic (tile, array, offset, stride) running `instruction` between tile `tile` and
+    TILE_ROWS rows of `array` from element `offset` (C-contiguous data), rows `stride` bytes apart."""
+    @intrinsic
+    def move(typingctx, tile, array, offset, stride):
+        if not _literal(tile):
+            return None
 
-    def codegen(context, builder, signature, args):
-        _call(builder, "llvm.x86.tileloadd64", [_I8, _BYTES, _I64],
-              [_tile(tile), _at(context, builder, signature.args[1], args[1], args[2]), args[3]])
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            _call(builder, instruction, [_I8, _BYTES, _I64],
+                  [_tile(tile), _at(context, builder, signature.args[1], args[1], args[2]), args[3]])
+            return context.get_dummy_value()
 
-    return types.none(tile, array, types.intp, types.intp), codegen
+        return types.none(tile, array, types.intp, types.intp), codegen
+
+    move.__doc__ = what
+    return move
 
 
-@intrinsic
-def store(typingctx, tile, array, offset, stride):
-    """`load`'s converse: tile `tile`'s rows into `array` from element `offset`, `stride` bytes apart."""
-    if not _literal(tile):
-        return None
-
-    def codegen(context, builder, signature, args):
-        _call(builder, "llvm.x86.tilestored64", [_I8, _BYTES, _I64],
-              [_tile(tile), _at(context, builder, signature.args[1], args[1], args[2]), args[3]])
-        return context.get_dummy_value()
-
-    return types.none(tile, array, types.intp, types.intp), codegen
+load = _mover("llvm.x86.tileloadd64", "Tile `tile` = rows of `array` from element `offset`, `stride` bytes apart.")
+store = _mover("llvm.x86.tilestored64", "`load`'s converse: tile `tile`'s rows into `array`.")
 
 
 @intrinsic

@@ -97,9 +97,16 @@ def scores_amx(turned, k, n, scale, out, scores, tail, seen_rows):
         ask_rows(k, first + AHEAD, GROUP)
         _score_group(turned, k, first * (stride // 2), stride, out, scores, scale, first, seen_rows, dim)
     if full < n:
-        tail[:] = 0
-        tail[:n - full] = k[full:n]
-        _score_group(turned, tail, 0, 2 * dim, out, scores, scale, full, seen_rows, dim)
+        _score_group(turned, _last_keys(k, full, n, tail), 0, 2 * dim, out, scores, scale, full, seen_rows, dim)
+
+
+@numba.njit(inline="always")
+def _last_keys(rows, full, n, tail):
+    """tail = rows full .. n - 1 (fewer than GROUP), then zeros: a tile's 16 rows that never
+    reach past the view."""
+    tail[:] = 0
+    tail[:n - full] = rows[full:n]
+    return tail
 
 
 @numba.njit(inline="always")
@@ -136,8 +143,7 @@ def values_amx(p, v, n, seen_rows, acc, even, odd, tail):
             _spread(p[r], g * GROUP, even, odd, (g * rows + r) * 16)
     full = n - n % GROUP
     if full < n:
-        tail[:] = 0
-        tail[:n - full] = v[full:n]
+        _last_keys(v, full, n, tail)
     stride, r_block = v.strides[0], block_rows(seen_rows)
     for block in range(0, rows, r_block):
         for dim0 in range(0, dim, 32):

@@ -18,21 +18,32 @@ def cores_used_by_others(seconds: float = SAMPLE_S) -> float:
     """Cores' worth of CPU time the cores this process may use spent busy over `seconds`, while
     this process sleeps (so all of it is other programs'), leaving out programs at a lower priority
     (nice > 0: the kernel gives their time to ours, so spinning costs them, not us; counting them
-    cost 38% beside a nice 19 busy loop, issue 76)."""
+    cost 38% beside a nice 19 busy loop, issue 76). Read from the cores' own counters:
+    psutil 7.2's cpu_times_percent takes a window under a second for a whole one (0.1 s read as
+    90% busy on a quiet machine), and threads then slept where spinning ran 1.26x faster."""
+    import time
+
     import psutil
 
-    times = psutil.cpu_times_percent(interval=seconds, percpu=True)
+    before = psutil.cpu_times(percpu=True)
+    time.sleep(seconds)
+    after = psutil.cpu_times(percpu=True)
     try:
         mine = os.sched_getaffinity(0)
     except AttributeError:  # not on Linux
-        mine = range(len(times))
-    return sum(_busy_at_our_priority(times[i]) for i in mine if i < len(times)) / 100
+        mine = range(len(after))
+    return sum(_busy_at_our_priority(before[i], after[i]) for i in mine if i < min(len(before), len(after)))
 
 
-def _busy_at_our_priority(t) -> float:
-    """Percent of a core's time busy, less what niced programs and waits for disks took."""
-    idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "nice", 0.0)  # guest_nice is inside nice
-    return max(0.0, 100.0 - idle)
+def _busy_at_our_priority(before, after) -> float:
+    """The share of a core's time between two readings of its counters spent busy, less what
+    niced programs and waits for disks took (guest time is inside user and nice already)."""
+    delta = {field: getattr(after, field) - getattr(before, field) for field in after._fields}
+    total = sum(delta.values()) - delta.get("guest", 0.0) - delta.get("guest_nice", 0.0)
+    if total <= 0:
+        return 0.0
+    idle = delta["idle"] + delta.get("iowait", 0.0) + delta.get("nice", 0.0)
+    return max(0.0, total - idle) / total
 
 
 def decide(environ, others=cores_used_by_others) -> str:

@@ -61,3 +61,49 @@ def test_beside_busy_neighbours_each_condition_runs_with_its_own(tmp_path, tiny_
 def test_beside_refuses_what_it_cannot_run():
     result = CliRunner().invoke(vs_llamacpp.main, ["--llama-bench", "x", "--gguf", "float32=y", "--beside", "busy-nice30"])
     assert result.exit_code == 2 and "'busy-nice30': give quiet, busy, N-busy" in result.output
+
+
+FAKE_DRIFTING_LLAMA_BENCH = """#!{python}
+import json, os, sys
+import psutil
+starter = psutil.Process(os.getppid()).ppid()
+spinning = [p.nice() for p in psutil.Process(starter).children() if p.cmdline()[-2:] == ["-c", "while True: pass"]]
+with open({log!r}, "a") as log:
+    log.write(json.dumps(spinning) + "\\n")
+calls = sum(1 for _ in open({log!r}))
+print(json.dumps([{{"avg_ts": 10.0 * calls}}]))  # the machine speeds up call by call
+"""
+
+
+def test_rounds_rotate_the_conditions_and_keep_each_sides_best(tmp_path, tiny_model_dir, capsys):
+    """Issue 76: `--rounds 2` runs quiet then nice 19, then nice 19 then quiet, and each row keeps
+    llama.cpp's best of its two rounds (the drift no longer lands on one condition)."""
+    import json
+    import sys
+
+    import pytest
+
+    from triforce.cli.main import main
+
+    log = tmp_path / "neighbours.log"
+    fake = tmp_path / "llama-bench"
+    fake.write_text(FAKE_DRIFTING_LLAMA_BENCH.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    flags = ["bench", "llamacpp", "--llama-bench", str(fake), "--gguf", f"float32={tmp_path / 'm.gguf'}",
+             "--model", str(tiny_model_dir("llama-gqa")), "--depths", "24", "--new-tokens", "4", "--prefill", "0",
+             "--repeats", "1", "--beside", "quiet,busy-nice19", "--rounds", "2", "--json"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(flags)
+    out, err = capsys.readouterr()
+    assert exit_info.value.code == 0, err
+    assert [json.loads(line) for line in log.read_text().splitlines()] == [[], [19], [19], []]
+    quiet, busy = json.loads(out)["rows"]
+    assert (quiet["beside"], busy["beside"]) == ("quiet", "busy-nice19")
+    assert (quiet["llamacpp_tok_s"], busy["llamacpp_tok_s"]) == (40.0, 30.0) and quiet["rounds"] == busy["rounds"] == 2
+    assert busy["llamacpp_vs_quiet"] == 0.75
+    assert busy["ratio"] == round(busy["triforce_tok_s"] / 30.0, 3)
+
+
+def test_rounds_without_conditions_to_cycle_is_a_usage_error():
+    result = CliRunner().invoke(vs_llamacpp.main, ["--llama-bench", "x", "--gguf", "float32=y", "--rounds", "3"])
+    assert result.exit_code == 2 and "--rounds cycles through --beside's conditions" in result.output

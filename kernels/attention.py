@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import triforce.kernels.cpu.attention.decode as cpu_attention
+from triforce.kernels.cpu.attention.buffers import BufferDecoder
 from triforce.kernels.device_kind import on_cuda
 from triforce.kernels.partial import (block_kind, causal_pieces, fusable, fused_partial, fused_shape,
                                       partial_attention)
@@ -95,6 +96,11 @@ class SdpaAttention:
 
     def attend(self, q, k, v, *, scale: float, sliding_window: int | None = None) -> torch.Tensor:
         return attention(q, k, v, scale=scale, sliding_window=sliding_window, cpu_kernel=self.cpu_kernel)
+
+    def buffer_decoder(self, k_buf: torch.Tensor, v_buf: torch.Tensor, scale: float) -> BufferDecoder | None:
+        """What writes and attends a cache's decoding steps over these buffers [L, B, Hkv, C, D]
+        without `attend`'s views, where the CPU kernel takes them (None elsewhere)."""
+        return BufferDecoder.over(k_buf, v_buf, scale) if self.cpu_kernel else None
 
     fused_partial_failed: str | None = None  # why the fused path was given up, if it was
 

@@ -98,14 +98,19 @@ class CacheStep:
         self._filled = [0] * num_layers
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        first = self.claim(layer, q)
+        self.write(layer, first, k, v)
+        return self.attend_written(layer, q, first)
+
+    def claim(self, layer: int, q: torch.Tensor) -> int:
+        """Take the slots of q's tokens in `layer` (recording q where asked); returns the first."""
         first = self.start + self._filled[layer]
         if first + q.shape[2] > self.end:
             raise ValueError(f"layer {layer} attended past the step's {self.end - self.start} new tokens")
         self._filled[layer] += q.shape[2]
         if self.queries is not None:
             self.queries[layer] = q
-        self.write(layer, first, k, v)
-        return self.attend_written(layer, q, first)
+        return first
 
     def layer_done(self, layer: int) -> bool:
         """Whether every new token of `layer` has been attended."""
@@ -128,6 +133,17 @@ class BufferStep(CacheStep):
         super().__init__(start, end, positions, cache.k_buf.shape[0], record_queries)
         self.cache = cache
         self.sliding_windows = sliding_windows
+        self.decoder = _decoder(cache)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        decoder = self.decoder
+        if decoder is not None:  # a decoding step the CPU kernel takes: straight over the buffers
+            keys = self.start + self._filled[layer] + q.shape[2]
+            window = self.sliding_windows[layer] if self.sliding_windows is not None else None
+            if keys <= self.end and decoder.serves(q, k, keys, window):
+                decoder.write(layer, self.claim(layer, q), k, v)
+                return decoder.attend(layer, q, keys)
+        return super().attend(layer, q, k, v)
 
     def write(self, layer: int, first: int, k: torch.Tensor, v: torch.Tensor) -> None:
         self.cache.k_buf[layer, :, :, first:first + k.shape[2]] = k
@@ -138,3 +154,14 @@ class BufferStep(CacheStep):
         window = self.sliding_windows[layer] if self.sliding_windows is not None else None
         return c.attn.attend(q, c.k_buf[layer, :, :, :hi], c.v_buf[layer, :, :, :hi], scale=c.scale,
                              sliding_window=window)
+
+
+def _decoder(cache):
+    """The cache's attention backend's direct path over its buffers (None where it has none),
+    made once per cache and backend: its numpy views hold nothing the buffers do not."""
+    held = cache.__dict__.get("_buffer_decoder")
+    if held is None or held[0] is not cache.attn:
+        make = getattr(cache.attn, "buffer_decoder", None)
+        held = (cache.attn, make(cache.k_buf, cache.v_buf, cache.scale) if make is not None else None)
+        cache._buffer_decoder = held
+    return held[1]

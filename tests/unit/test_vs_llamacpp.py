@@ -24,37 +24,45 @@ spinning = sorted(p.nice() for p in psutil.Process(starter).children()
                   if p.cmdline()[-2:] == ["-c", "while True: pass"])
 with open({log!r}, "a") as log:
     log.write(json.dumps(spinning) + "\\n")
-print(json.dumps([{{"avg_ts": 50.0}}]))
+calls = sum(1 for _ in open({log!r}))
+print(json.dumps([{{"avg_ts": 10.0 * calls if {drifting} else 50.0}}]))  # drifting: faster call by call
 """
 
 
-def test_beside_busy_neighbours_each_condition_runs_with_its_own(tmp_path, tiny_model_dir, capsys):
-    """Issue 76: `--beside` measures both sides again beside busy neighbours (here one at nice 19),
-    which spin while both run and are gone after; each row says beside what, and how it fared
-    against its quiet twin."""
+def _beside(tmp_path, tiny_model_dir, capsys, drifting: bool, *flags) -> tuple[list[dict], list[list[int]]]:
+    """`triforce bench llamacpp --beside quiet,busy-nice19 FLAGS` on a fake llama-bench: the rows,
+    and the nice levels of the neighbours spinning at each of its calls."""
     import json
     import sys
 
-    import psutil
     import pytest
 
     from triforce.cli.main import main
 
     log = tmp_path / "neighbours.log"
     fake = tmp_path / "llama-bench"
-    fake.write_text(FAKE_LLAMA_BENCH.format(python=sys.executable, log=str(log)))
+    fake.write_text(FAKE_LLAMA_BENCH.format(python=sys.executable, log=str(log), drifting=drifting))
     fake.chmod(0o755)
-    flags = ["bench", "llamacpp", "--llama-bench", str(fake), "--gguf", f"float32={tmp_path / 'm.gguf'}",
-             "--model", str(tiny_model_dir("llama-gqa")), "--depths", "24", "--new-tokens", "4", "--prefill", "0",
-             "--repeats", "1", "--beside", "quiet,busy-nice19", "--json"]
+    args = ["bench", "llamacpp", "--llama-bench", str(fake), "--gguf", f"float32={tmp_path / 'm.gguf'}",
+            "--model", str(tiny_model_dir("llama-gqa")), "--depths", "24", "--new-tokens", "4", "--prefill", "0",
+            "--repeats", "1", "--beside", "quiet,busy-nice19", *flags, "--json"]
     with pytest.raises(SystemExit) as exit_info:
-        main(flags)
+        main(args)
     out, err = capsys.readouterr()
     assert exit_info.value.code == 0, err
-    quiet, busy = json.loads(out)["rows"]
+    return json.loads(out)["rows"], [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_beside_busy_neighbours_each_condition_runs_with_its_own(tmp_path, tiny_model_dir, capsys):
+    """Issue 76: `--beside` measures both sides again beside busy neighbours (here one at nice 19),
+    which spin while both run and are gone after; each row says beside what, and how it fared
+    against its quiet twin."""
+    import psutil
+
+    (quiet, busy), spinning = _beside(tmp_path, tiny_model_dir, capsys, False)
     assert (quiet["beside"], busy["beside"]) == ("quiet", "busy-nice19")
     assert busy["llamacpp_vs_quiet"] == 1.0 and busy["triforce_vs_quiet"] > 0
-    assert [json.loads(line) for line in log.read_text().splitlines()] == [[], [19]]
+    assert spinning == [[], [19]]
     assert not [p for p in psutil.Process().children() if p.cmdline()[-2:] == ["-c", "while True: pass"]]
 
 
@@ -63,41 +71,11 @@ def test_beside_refuses_what_it_cannot_run():
     assert result.exit_code == 2 and "'busy-nice30': give quiet, busy, N-busy" in result.output
 
 
-FAKE_DRIFTING_LLAMA_BENCH = """#!{python}
-import json, os, sys
-import psutil
-starter = psutil.Process(os.getppid()).ppid()
-spinning = [p.nice() for p in psutil.Process(starter).children() if p.cmdline()[-2:] == ["-c", "while True: pass"]]
-with open({log!r}, "a") as log:
-    log.write(json.dumps(spinning) + "\\n")
-calls = sum(1 for _ in open({log!r}))
-print(json.dumps([{{"avg_ts": 10.0 * calls}}]))  # the machine speeds up call by call
-"""
-
-
 def test_rounds_rotate_the_conditions_and_keep_each_sides_best(tmp_path, tiny_model_dir, capsys):
     """Issue 76: `--rounds 2` runs quiet then nice 19, then nice 19 then quiet, and each row keeps
     llama.cpp's best of its two rounds (the drift no longer lands on one condition)."""
-    import json
-    import sys
-
-    import pytest
-
-    from triforce.cli.main import main
-
-    log = tmp_path / "neighbours.log"
-    fake = tmp_path / "llama-bench"
-    fake.write_text(FAKE_DRIFTING_LLAMA_BENCH.format(python=sys.executable, log=str(log)))
-    fake.chmod(0o755)
-    flags = ["bench", "llamacpp", "--llama-bench", str(fake), "--gguf", f"float32={tmp_path / 'm.gguf'}",
-             "--model", str(tiny_model_dir("llama-gqa")), "--depths", "24", "--new-tokens", "4", "--prefill", "0",
-             "--repeats", "1", "--beside", "quiet,busy-nice19", "--rounds", "2", "--json"]
-    with pytest.raises(SystemExit) as exit_info:
-        main(flags)
-    out, err = capsys.readouterr()
-    assert exit_info.value.code == 0, err
-    assert [json.loads(line) for line in log.read_text().splitlines()] == [[], [19], [19], []]
-    quiet, busy = json.loads(out)["rows"]
+    (quiet, busy), spinning = _beside(tmp_path, tiny_model_dir, capsys, True, "--rounds", "2")
+    assert spinning == [[], [19], [19], []]
     assert (quiet["beside"], busy["beside"]) == ("quiet", "busy-nice19")
     assert (quiet["llamacpp_tok_s"], busy["llamacpp_tok_s"]) == (40.0, 30.0) and quiet["rounds"] == busy["rounds"] == 2
     assert busy["llamacpp_vs_quiet"] == 0.75

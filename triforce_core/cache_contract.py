@@ -140,7 +140,7 @@ class BufferStep(CacheStep):
         if decoder is not None:  # a decoding step the CPU kernel takes: straight over the buffers
             keys = self.start + self._filled[layer] + q.shape[2]
             window = self.sliding_windows[layer] if self.sliding_windows is not None else None
-            if keys <= self.end and decoder.serves(q, k, keys, window):
+            if keys <= self.end and decoder.serves(q, k, v, keys, window):
                 decoder.write(layer, self.claim(layer, q), k, v)
                 return decoder.attend(layer, q, keys)
         return super().attend(layer, q, k, v)

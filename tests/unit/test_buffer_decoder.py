@@ -77,3 +77,13 @@ def test_a_step_still_refuses_tokens_past_its_slots():
     q, k, v = _new(_config(), torch.float32, 2, seed=4)
     with pytest.raises(ValueError, match="attended past the step's 1 new tokens"):
         step.attend(0, q, k, v)
+
+
+def test_new_rows_in_another_dtype_are_left_to_the_torch_copy():
+    """The decoder copies rows as they are (bfloat16 travels as bits): float32 values for a
+    bfloat16 cache go through torch's copy, which rounds them, as before."""
+    fast, views = _filled(_config(), torch.bfloat16, SDPA), _filled(_config(), torch.bfloat16, ThroughViews())
+    q, k, v = _new(_config(), torch.bfloat16, 1, seed=5)
+    wide = v.float() + 1e-3
+    outs = [cache.step(1).attend(0, q, k, wide) for cache in (fast, views)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(fast.v_buf, views.v_buf)

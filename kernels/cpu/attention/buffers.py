@@ -37,10 +37,11 @@ class BufferDecoder:
         self.scale = np.float32(scale)
         self.kernel = attend_kernel(self.dtype, self.dim)
 
-    def serves(self, q: torch.Tensor, k: torch.Tensor, keys: int, window: int | None) -> bool:
-        """Whether a call of q [1, H, T, D] with new keys k, seeing `keys` slots, is this kernel's
-        (as decode.takes would say of the buffers' views)."""
-        return (q.dtype == self.dtype and k.dtype == self.dtype and q.shape[0] == 1
+    def serves(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: int, window: int | None) -> bool:
+        """Whether a call of q [1, H, T, D] with new keys and values k, v, seeing `keys` slots, is
+        this kernel's (as decode.takes would say of the buffers' views; the new rows in the buffers'
+        dtype, which `write` copies as they are)."""
+        return (q.dtype == k.dtype == v.dtype == self.dtype and q.shape[0] == 1
                 and 0 < q.shape[2] <= min(SMALL_QUERIES, keys) and q.shape[1] % self.kv_heads == 0
                 and (window is None or keys <= window) and on_host(q))
 

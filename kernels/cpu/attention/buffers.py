@@ -56,7 +56,7 @@ class BufferDecoder:
         j <= keys - T + t) -> [1, H, T, D] in q's dtype."""
         _, heads, queries, dim = q.shape
         rows = heads // self.kv_heads * queries
-        out = torch.empty(1, heads, queries, dim, dtype=q.dtype)
+        out = torch.empty(1, heads, queries, dim, dtype=q.dtype, device="cpu")
         turned = np.ascontiguousarray(bits_of(q)[0].reshape(self.kv_heads, rows, dim))
         self.kernel(turned, self.k[layer], self.v[layer], self.scale, keys, queries,
                     bits_of(out)[0].reshape(self.kv_heads, rows, dim), numba.config.NUMBA_NUM_THREADS)

@@ -8,11 +8,10 @@ the numpy blocks and the kernel are taken once per cache; a step writes its rows
 calls the same kernel on the same arrays, so its results are the same bits."""
 from __future__ import annotations
 
-import numba
 import numpy as np
 import torch
 
-from triforce.kernels.cpu.attention.decode import MIN_KV_WIDTH, SMALL_QUERIES, attend_kernel
+from triforce.kernels.cpu.attention.decode import MIN_KV_WIDTH, attend_blocks, attend_kernel, takes_step
 from triforce.kernels.cpu.simd.bf16_bits import bits_of
 from triforce.kernels.device_kind import on_host
 
@@ -32,18 +31,16 @@ class BufferDecoder:
         return BufferDecoder(k_buf, v_buf, scale) if fits else None
 
     def __init__(self, k_buf: torch.Tensor, v_buf: torch.Tensor, scale: float):
-        self.dtype, self.kv_heads, self.dim = k_buf.dtype, k_buf.shape[2], k_buf.shape[4]
+        self.dtype, self.kv_heads = k_buf.dtype, k_buf.shape[2]
         self.k, self.v = bits_of(k_buf)[:, 0], bits_of(v_buf)[:, 0]  # [L, Hkv, capacity, D] over the storage
         self.scale = np.float32(scale)
-        self.kernel = attend_kernel(self.dtype, self.dim)
+        self.kernel = attend_kernel(self.dtype, k_buf.shape[4])
 
     def serves(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: int, window: int | None) -> bool:
         """Whether a call of q [1, H, T, D] with new keys and values k, v, seeing `keys` slots, is
-        this kernel's (as decode.takes would say of the buffers' views; the new rows in the buffers'
-        dtype, which `write` copies as they are)."""
-        return (q.dtype == k.dtype == v.dtype == self.dtype and q.shape[0] == 1
-                and 0 < q.shape[2] <= min(SMALL_QUERIES, keys) and q.shape[1] % self.kv_heads == 0
-                and (window is None or keys <= window) and on_host(q))
+        this kernel's: decode.takes' conditions on the queries (its others held for these buffers
+        when they were taken), the new rows in the buffers' dtype, which `write` copies as they are."""
+        return q.dtype == k.dtype == v.dtype == self.dtype and takes_step(q, self.kv_heads, keys, window)
 
     def write(self, layer: int, first: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [1, Hkv, T, D] into slots [first, first + T) of `layer`."""
@@ -54,10 +51,4 @@ class BufferDecoder:
     def attend(self, layer: int, q: torch.Tensor, keys: int) -> torch.Tensor:
         """q [1, H, T, D] over `layer`'s first `keys` slots (query t sees slot j iff
         j <= keys - T + t) -> [1, H, T, D] in q's dtype."""
-        _, heads, queries, dim = q.shape
-        rows = heads // self.kv_heads * queries
-        out = torch.empty(1, heads, queries, dim, dtype=q.dtype, device="cpu")
-        turned = np.ascontiguousarray(bits_of(q)[0].reshape(self.kv_heads, rows, dim))
-        self.kernel(turned, self.k[layer], self.v[layer], self.scale, keys, queries,
-                    bits_of(out)[0].reshape(self.kv_heads, rows, dim), numba.config.NUMBA_NUM_THREADS)
-        return out
+        return attend_blocks(self.kernel, q, self.k[layer], self.v[layer], self.scale, keys)

@@ -236,7 +236,13 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int
     SMALL_QUERIES new tokens, KV heads x head dim >= MIN_KV_WIDTH, no sliding window that hides
     keys, and k, v laid out as rows of a cache buffer (contiguous rows, heads whole rows apart,
     the block within the storage)."""
-    return 0 < q.shape[2] <= min(SMALL_QUERIES, k.shape[2]) and _serves(q, k, v, sliding_window)
+    return takes_step(q, k.shape[1], k.shape[2], sliding_window) and _serves(q, k, v)
+
+
+def takes_step(q: torch.Tensor, kv_heads: int, keys: int, sliding_window: int | None) -> bool:
+    """`takes`' conditions on the queries alone: one sequence on the CPU, 1 to SMALL_QUERIES new
+    tokens, its heads grouped over kv_heads, no sliding window hiding any of `keys`."""
+    return 0 < q.shape[2] <= min(SMALL_QUERIES, keys) and _groups(q, kv_heads, keys, sliding_window)
 
 
 def takes_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int | None) -> bool:
@@ -247,17 +253,19 @@ def takes_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_win
     as every chunk does where torch's kernel has AMX (SDPA_ON_AMX)."""
     dim = q.shape[-1]
     return (q.dtype == torch.bfloat16 and HAS_BF16_DOT and not SDPA_ON_AMX and dim % CHUNK == 0
-            and SMALL_QUERIES < q.shape[2] < k.shape[2] and _serves(q, k, v, sliding_window))
+            and SMALL_QUERIES < q.shape[2] < k.shape[2] and _groups(q, k.shape[1], k.shape[2], sliding_window)
+            and _serves(q, k, v))
 
 
-def _serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int | None) -> bool:
-    if not on_host(q) or q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype:
-        return False
-    if q.shape[0] != 1 or q.shape[1] % k.shape[1]:
+def _groups(q: torch.Tensor, kv_heads: int, keys: int, sliding_window: int | None) -> bool:
+    return (on_host(q) and q.shape[0] == 1 and q.shape[1] % kv_heads == 0
+            and (sliding_window is None or keys <= sliding_window))
+
+
+def _serves(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    if q.dtype not in (torch.float32, torch.bfloat16) or k.dtype != q.dtype:
         return False
     if k.shape[1] * k.shape[3] < MIN_KV_WIDTH:
-        return False
-    if sliding_window is not None and k.shape[2] > sliding_window:
         return False
     return all(_lays_out(t, k.shape) for t in (k, v))
 
@@ -275,13 +283,21 @@ def _lays_out(t: torch.Tensor, shape) -> bool:
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:
     """q [1, H, T, D]; k, v [1, Hkv, S, D] (see `takes`): causal, bottom-right aligned (query t
     sees key j iff j <= S - T + t). Returns [1, H, T, D] in q's dtype."""
+    return attend_blocks(attend_kernel(q.dtype, q.shape[-1]), q, _whole(k[0]), _whole(v[0]), np.float32(scale),
+                         k.shape[2])
+
+
+def attend_blocks(kernel, q: torch.Tensor, k: np.ndarray, v: np.ndarray, scale: np.float32,
+                  keys: int) -> torch.Tensor:
+    """q [1, H, T, D] through `kernel` (attend_kernel's) over the first `keys` rows of one layer's
+    numpy blocks k, v [Hkv, >= keys, D], causal as in `attention` -> [1, H, T, D] in q's dtype."""
     _, heads, queries, dim = q.shape
-    kv_heads, keys = k.shape[1], k.shape[2]
+    kv_heads = k.shape[0]
     rows = heads // kv_heads * queries
     out = torch.empty(1, heads, queries, dim, dtype=q.dtype, device="cpu")
-    attend = attend_kernel(q.dtype, dim)
-    attend(bits_of(q[0].reshape(kv_heads, rows, dim).contiguous()), _whole(k[0]), _whole(v[0]), np.float32(scale),
-           keys, queries, bits_of(out[0].view(kv_heads, rows, dim)), numba.config.NUMBA_NUM_THREADS)
+    turned = np.ascontiguousarray(bits_of(q)[0].reshape(kv_heads, rows, dim))
+    kernel(turned, k, v, scale, keys, queries, bits_of(out)[0].reshape(kv_heads, rows, dim),
+           numba.config.NUMBA_NUM_THREADS)
     return out
 
 

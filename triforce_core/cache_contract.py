@@ -126,14 +126,15 @@ class CacheStep:
 class BufferStep(CacheStep):
     """A step of a cache that keeps all its KV in device buffers k_buf, v_buf
     [L, B, Hkv, capacity, D]: the new tokens go to their slots and each query sees the slots
-    before its own (and, with a sliding window, only the latest of them)."""
+    before its own (and, with a sliding window, only the latest of them). The cache's `decoder`
+    (`buffer_decoder`'s) takes the decoding steps it serves."""
 
     def __init__(self, cache, start: int, end: int, positions: torch.Tensor, record_queries: bool = False,
                  sliding_windows: tuple | None = None):
         super().__init__(start, end, positions, cache.k_buf.shape[0], record_queries)
         self.cache = cache
         self.sliding_windows = sliding_windows
-        self.decoder = _decoder(cache)
+        self.decoder = cache.decoder
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         decoder = self.decoder
@@ -156,12 +157,9 @@ class BufferStep(CacheStep):
                              sliding_window=window)
 
 
-def _decoder(cache):
-    """The cache's attention backend's direct path over its buffers (None where it has none),
-    made once per cache and backend: its numpy views hold nothing the buffers do not."""
-    held = cache.__dict__.get("_buffer_decoder")
-    if held is None or held[0] is not cache.attn:
-        make = getattr(cache.attn, "buffer_decoder", None)
-        held = (cache.attn, make(cache.k_buf, cache.v_buf, cache.scale) if make is not None else None)
-        cache._buffer_decoder = held
-    return held[1]
+def buffer_decoder(attn, k_buf: torch.Tensor, v_buf: torch.Tensor, scale: float):
+    """What a BufferStep hands its decoding steps to: the attention backend's direct path over a
+    cache's buffers (None where it has none). A cache makes it once, beside its buffers: its numpy
+    views hold nothing the buffers do not."""
+    make = getattr(attn, "buffer_decoder", None)
+    return make(k_buf, v_buf, scale) if make is not None else None

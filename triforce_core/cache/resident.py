@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from triforce.cache_contract import BufferStep
+from triforce.cache_contract import BufferStep, buffer_decoder
 from triforce.config.model import ModelConfig
 from triforce.errors import UserError
 from triforce.kernels import SDPA, RetrievalKernels
@@ -32,6 +32,7 @@ class ResidentKVCache:
         self.max_len = max_len
         self.length = 0
         self.scale = cfg.head_dim ** -0.5
+        self.decoder = buffer_decoder(attn, self.k_buf, self.v_buf, self.scale)
         self.sliding_windows = cfg.sliding_windows
         self.kernels = RetrievalKernels.for_device(self.k_buf.device)
         self._means: dict[int, ChunkMeans] = {}  # by chunk size, made at the first retrieval

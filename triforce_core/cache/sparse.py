@@ -14,7 +14,7 @@ import torch
 
 from triforce.cache.selection import (select_by_chunk_scores, select_retrieval, select_snapkv, select_streaming,
                                       select_topk)
-from triforce.cache_contract import BufferStep, FullCache
+from triforce.cache_contract import BufferStep, FullCache, buffer_decoder
 from triforce.config import SNAPKV_WINDOW
 from triforce.config.model import ModelConfig
 from triforce.kernels import SDPA
@@ -125,6 +125,7 @@ class SparseKVCache:
         self.k_buf = torch.zeros(shape, dtype=dtype, device=device)
         self.v_buf = torch.zeros(shape, dtype=dtype, device=device)
         self.scale = cfg.head_dim ** -0.5
+        self.decoder = buffer_decoder(attn, self.k_buf, self.v_buf, self.scale)
         self.sliding_windows = cfg.sliding_windows
         self.windowed: tuple[int | None, ...] = (None,) * cfg.num_layers  # the layers holding their latest tokens
         self.num_selected = 0

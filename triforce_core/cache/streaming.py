@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from triforce.cache_contract import BufferStep
+from triforce.cache_contract import BufferStep, buffer_decoder
 from triforce.config.model import ModelConfig
 from triforce.kernels import SDPA
 from triforce.model.rope import RotaryEmbedding, apply_rope
@@ -30,6 +30,7 @@ class StreamingKVCache:
         self.k_buf = torch.zeros(shape, dtype=dtype, device=device)
         self.v_buf = torch.zeros(shape, dtype=dtype, device=device)
         self.scale = cfg.head_dim ** -0.5
+        self.decoder = buffer_decoder(attn, self.k_buf, self.v_buf, self.scale)
         ropes = rope if isinstance(rope, tuple) else (rope,) * cfg.num_layers
         # the layers each RoPE turns (Gemma 3's local and global layers differ): slices where all share one
         groups: dict[int, list[int]] = {}

@@ -32,7 +32,8 @@ def cores_used_by_others(seconds: float = SAMPLE_S) -> float:
         mine = os.sched_getaffinity(0)
     except AttributeError:  # not on Linux
         mine = range(len(after))
-    return sum(_busy_at_our_priority(before[i], after[i]) for i in mine if i < min(len(before), len(after)))
+    read = min(len(before), len(after))  # cores both readings list
+    return sum(_busy_at_our_priority(before[i], after[i]) for i in mine if i < read)
 
 
 def _busy_at_our_priority(before, after) -> float:

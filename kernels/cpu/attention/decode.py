@@ -242,7 +242,7 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int
 def takes_step(q: torch.Tensor, kv_heads: int, keys: int, sliding_window: int | None) -> bool:
     """`takes`' conditions on the queries alone: one sequence on the CPU, 1 to SMALL_QUERIES new
     tokens, its heads grouped over kv_heads, no sliding window hiding any of `keys`."""
-    return 0 < q.shape[2] <= min(SMALL_QUERIES, keys) and _groups(q, kv_heads, keys, sliding_window)
+    return 0 < q.shape[2] <= min(SMALL_QUERIES, keys) and _one_grouped_sequence(q, kv_heads, keys, sliding_window)
 
 
 def takes_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int | None) -> bool:
@@ -253,11 +253,11 @@ def takes_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_win
     as every chunk does where torch's kernel has AMX (SDPA_ON_AMX)."""
     dim = q.shape[-1]
     return (q.dtype == torch.bfloat16 and HAS_BF16_DOT and not SDPA_ON_AMX and dim % CHUNK == 0
-            and SMALL_QUERIES < q.shape[2] < k.shape[2] and _groups(q, k.shape[1], k.shape[2], sliding_window)
-            and _serves(q, k, v))
+            and SMALL_QUERIES < q.shape[2] < k.shape[2]
+            and _one_grouped_sequence(q, k.shape[1], k.shape[2], sliding_window) and _serves(q, k, v))
 
 
-def _groups(q: torch.Tensor, kv_heads: int, keys: int, sliding_window: int | None) -> bool:
+def _one_grouped_sequence(q: torch.Tensor, kv_heads: int, keys: int, sliding_window: int | None) -> bool:
     return (on_host(q) and q.shape[0] == 1 and q.shape[1] % kv_heads == 0
             and (sliding_window is None or keys <= sliding_window))
 

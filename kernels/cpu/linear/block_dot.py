@@ -9,7 +9,10 @@ and 16-31) and multiplied into the inputs by fused multiply-adds; a Q8_0 block i
 of signed bytes. 16 lanes take half the widening, conversion and multiply instructions of 8 for a
 block, which is what bounds these kernels (bench/RESULTS.md, "16 lanes"). The block's sum of q x
 is scaled by its d into a running accumulator, so every block of a row takes the same steps in the
-same order, whatever else the call computes; the lane count is part of the bits (one per host)."""
+same order, whatever else the call computes; the lane count is part of the bits (one per host).
+The arrays are whole C-contiguous matrices and the starts flat element indices: a row view made
+per weight row cost each row a reference count taken and dropped on the array both threads share
+(bench/RESULTS.md, "Views per row")."""
 from __future__ import annotations
 
 from llvmlite import ir
@@ -18,7 +21,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from triforce.kernels.cpu.simd.bf16_dot import f32x16, splat
-from triforce.kernels.cpu.simd.f32_dot import f32x8, is_f32_row
+from triforce.kernels.cpu.simd.f32_dot import f32x8
 from triforce.kernels.cpu.simd.features import kernels_may_use
 from triforce.kernels.cpu.simd.lanes import lane_tree
 
@@ -76,12 +79,14 @@ def _scaled_dot(context, builder, signature, args, weights, lanes):
 
 def _scaled_dots4(context, builder, signature, args, weights, lanes):
     """_scaled_dot for four input rows at once, the weights unpacked once: args are
-    (a0, a1, a2, a3, quants, qstart, x0, x1, x2, x3, xstart, d); each row takes the steps it
-    would take alone."""
-    xstart, d = args[10], splat(builder, args[11], _floats(lanes))
+    (a0, a1, a2, a3, quants, qstart, x, xstart, width, d), row k's inputs from xstart + k width;
+    each row takes the steps it would take alone."""
+    x_type, x, xstart, width = signature.args[6], args[6], args[7], args[8]
+    d = splat(builder, args[9], _floats(lanes))
     out = []
     for row in range(4):
-        xs = _inputs(context, builder, signature.args[6 + row], args[6 + row], xstart, lanes, len(weights))
+        start = builder.add(xstart, builder.mul(width, ir.Constant(width.type, row)))
+        xs = _inputs(context, builder, x_type, x, start, lanes, len(weights))
         out.append(builder.call(_fma(builder, lanes), [d, _dot(builder, weights, xs, lanes), args[row]]))
     return context.make_tuple(builder, signature.return_type, out)
 
@@ -106,35 +111,37 @@ def _signed_bytes(builder, raw, width, lanes):
             for h in range(0, width, lanes)]
 
 
-def _is_bytes_row(a, dtype) -> bool:
-    return isinstance(a, types.Array) and a.dtype == dtype and a.ndim == 1 and a.layout == "C"
+def _is_c_array(a, dtype) -> bool:
+    return isinstance(a, types.Array) and a.dtype == dtype and a.layout == "C"
 
 
 _I8x16 = ir.VectorType(ir.IntType(8), 16)
 
 
 @intrinsic
-def q4_block4(typingctx, a0, a1, a2, a3, quants, qstart, x0, x1, x2, x3, xstart, d):
-    """q4_block for four input rows, the block's nibbles unpacked once."""
-    rows = (x0, x1, x2, x3)
+def q4_block4(typingctx, a0, a1, a2, a3, quants, qstart, x, xstart, width, d):
+    """q4_block for four input rows (x's from flat index xstart, `width` apart), the block's
+    nibbles unpacked once."""
     lanes = _lanes_of(a0)
-    if lanes is None or any(a != a0 for a in (a1, a2, a3)) or not _is_bytes_row(quants, types.uint8) \
-            or not all(is_f32_row(x) for x in rows) or d != types.float32:
+    if lanes is None or any(a != a0 for a in (a1, a2, a3)) or not _is_c_array(quants, types.uint8) \
+            or not _is_c_array(x, types.float32) or not isinstance(width, types.Integer) or d != types.float32:
         return None
 
     def codegen(context, builder, signature, args):
         raw = _load(context, builder, signature.args[4], args[4], args[5], _I8x16)
         return _scaled_dots4(context, builder, signature, args, _nibbles(builder, raw, lanes), lanes)
 
-    return types.UniTuple(a0, 4)(a0, a1, a2, a3, quants, qstart, x0, x1, x2, x3, xstart, d), codegen
+    return types.UniTuple(a0, 4)(a0, a1, a2, a3, quants, qstart, x, xstart, width, d), codegen
 
 
 @intrinsic
 def q4_block(typingctx, acc, quants, qstart, x, xstart, d):
     """acc + d * (q . x[xstart:xstart + 32]), the block's 32 nibbles at quants[qstart:qstart + 16]
-    (uint8: weight j low, j + 16 high), unsigned (the caller subtracts a bias through x's sum)."""
+    (uint8: weight j low, j + 16 high), unsigned (the caller subtracts a bias through x's sum);
+    starts are flat indices into the C-contiguous arrays."""
     lanes = _lanes_of(acc)
-    if lanes is None or not (_is_bytes_row(quants, types.uint8) and is_f32_row(x)) or d != types.float32:
+    if lanes is None or not (_is_c_array(quants, types.uint8) and _is_c_array(x, types.float32)) \
+            or d != types.float32:
         return None
 
     def codegen(context, builder, signature, args):
@@ -146,12 +153,13 @@ def q4_block(typingctx, acc, quants, qstart, x, xstart, d):
 
 def _signed_bytes_block(width: int):
     """An intrinsic (acc, quants, qstart, x, xstart, d) -> acc + d * (q . x[xstart:xstart + width])
-    for `width` (32 or 16) signed bytes at quants[qstart:]."""
+    for `width` (32 or 16) signed bytes at quants[qstart:] (flat indices, as q4_block)."""
     vector = ir.VectorType(ir.IntType(8), width)
 
     def block(typingctx, acc, quants, qstart, x, xstart, d):
         lanes = _lanes_of(acc)
-        if lanes is None or not (_is_bytes_row(quants, types.int8) and is_f32_row(x)) or d != types.float32:
+        if lanes is None or not (_is_c_array(quants, types.int8) and _is_c_array(x, types.float32)) \
+                or d != types.float32:
             return None
 
         def codegen(context, builder, signature, args):

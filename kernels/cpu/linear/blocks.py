@@ -23,7 +23,7 @@ from triforce.kernels.cpu.linear.dense import SMALL_ROWS, WIDEN_BYTES, small_row
 from triforce.kernels.cpu.row_jobs import job_span, row_jobs
 from triforce.kernels.cpu.simd.bf16_dot import HAS_BF16_DOT
 from triforce.kernels.cpu.simd.bf16_dot import zeros as zeros16
-from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, fma_step, zeros8
+from triforce.kernels.cpu.simd.f32_dot import HAS_F32_FMA, fma_at, zeros8
 
 # a prefill's bfloat16 rows multiply bfloat16 weight tiles where the CPU has BF16 dot products: its
 # GEMM runs ~4x float32's there (946 against 215 GFLOP/s, a 1024x576x1536 product on Zen 4)
@@ -46,27 +46,28 @@ def block_sums(x):
 
 
 @numba.njit(inline="always")
-def _q4_row(x, qr, scales, offsets, r, bias, sums, has_offsets, zero, out):
+def _q4_row(x, quants, scales, offsets, r, bias, sums, has_offsets, zero, out):
     """Output column r of every input row over weight row r's 4-bit blocks; zero: an empty
-    accumulator of the lanes to use (8 or 16)."""
-    rows = x.shape[0]
+    accumulator of the lanes to use (8 or 16). Flat indices, no row views (block_dot says why)."""
+    rows, width = x.shape
     blocks = scales.shape[1]
+    q = r * quants.shape[1]
     i = 0
     while i + 4 <= rows:  # four rows share each block's unpacking; each sums as alone
         a0, a1, a2, a3 = zero, zero, zero, zero
         for b in range(blocks):
-            a0, a1, a2, a3 = q4_block4(a0, a1, a2, a3, qr, b * (BLOCK // 2), x[i], x[i + 1], x[i + 2],
-                                       x[i + 3], b * BLOCK, scales[r, b])
-        out[i, r] = block_total(a0) + _rest(scales[r], offsets, r, bias, sums[i], has_offsets)
-        out[i + 1, r] = block_total(a1) + _rest(scales[r], offsets, r, bias, sums[i + 1], has_offsets)
-        out[i + 2, r] = block_total(a2) + _rest(scales[r], offsets, r, bias, sums[i + 2], has_offsets)
-        out[i + 3, r] = block_total(a3) + _rest(scales[r], offsets, r, bias, sums[i + 3], has_offsets)
+            a0, a1, a2, a3 = q4_block4(a0, a1, a2, a3, quants, q + b * (BLOCK // 2), x, i * width + b * BLOCK,
+                                       width, scales[r, b])
+        out[i, r] = block_total(a0) + _rest(scales, offsets, r, bias, sums, i, has_offsets)
+        out[i + 1, r] = block_total(a1) + _rest(scales, offsets, r, bias, sums, i + 1, has_offsets)
+        out[i + 2, r] = block_total(a2) + _rest(scales, offsets, r, bias, sums, i + 2, has_offsets)
+        out[i + 3, r] = block_total(a3) + _rest(scales, offsets, r, bias, sums, i + 3, has_offsets)
         i += 4
     while i < rows:
         acc = zero
         for b in range(blocks):
-            acc = q4_block(acc, qr, b * (BLOCK // 2), x[i], b * BLOCK, scales[r, b])
-        out[i, r] = block_total(acc) + _rest(scales[r], offsets, r, bias, sums[i], has_offsets)
+            acc = q4_block(acc, quants, q + b * (BLOCK // 2), x, i * width + b * BLOCK, scales[r, b])
+        out[i, r] = block_total(acc) + _rest(scales, offsets, r, bias, sums, i, has_offsets)
         i += 1
 
 
@@ -79,7 +80,7 @@ def linear_q4_fma(x, quants, scales, offsets, bias, out):
     for job in prange(row_jobs(n)):
         start, stop = job_span(job, n)
         for r in range(start, stop):
-            _q4_row(x, quants[r], scales, offsets, r, bias, sums, offsets.shape[1] > 0, zeros8(), out)
+            _q4_row(x, quants, scales, offsets, r, bias, sums, offsets.shape[1] > 0, zeros8(), out)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -90,53 +91,56 @@ def linear_q4_wide(x, quants, scales, offsets, bias, out):
     for job in prange(row_jobs(n)):
         start, stop = job_span(job, n)
         for r in range(start, stop):
-            _q4_row(x, quants[r], scales, offsets, r, bias, sums, offsets.shape[1] > 0, zeros16(), out)
+            _q4_row(x, quants, scales, offsets, r, bias, sums, offsets.shape[1] > 0, zeros16(), out)
 
 
 @numba.njit(inline="always")
-def _rest(scales_r, offsets, r, bias, sums_i, has_offsets):
-    """The blocks' offset and bias terms of one row: sum over b of (m_b - d_b bias) sum(x_b),
-    as m . sums - bias (d . sums) (a format has offsets or a bias, never both) on vectors: a scalar
-    loop's chain of additions cost these kernels ~40% of their time (bench/RESULTS.md, "16 lanes")."""
+def _rest(scales, offsets, r, bias, sums, i, has_offsets):
+    """The blocks' offset and bias terms of weight row r and input row i: sum over b of
+    (m_b - d_b bias) sum(x_b), as m . sums - bias (d . sums) (a format has offsets or a bias,
+    never both) on vectors: a scalar loop's chain of additions cost these kernels ~40% of their
+    time (bench/RESULTS.md, "16 lanes")."""
     rest = np.float32(0.0)
     if has_offsets:
-        rest += _short_dot(offsets[r], sums_i)
+        rest += _short_dot(offsets, r, sums, i)
     if bias != 0:
-        rest -= bias * _short_dot(scales_r, sums_i)
+        rest -= bias * _short_dot(scales, r, sums, i)
     return rest
 
 
 @numba.njit(inline="always")
-def _short_dot(a, b):
-    """a . b for two float32 rows of one length: 8 lanes at a time, then the tail in order."""
-    n = a.shape[0]
+def _short_dot(a, ra, b, rb):
+    """a[ra] . b[rb] for two float32 matrices of one width: 8 lanes at a time, then the tail in order."""
+    n = a.shape[1]
     acc = zeros8()
     k = 0
     while k + 8 <= n:
-        acc = fma_step(acc, a, b, k)
+        acc = fma_at(acc, a, ra * n + k, b, rb * n + k)
         k += 8
     total = block_total(acc)
     while k < n:
-        total += a[k] * b[k]
+        total += a[ra, k] * b[rb, k]
         k += 1
     return total
 
 
 @numba.njit(inline="always")
-def _q8_row(x, qr, scales_r, zero, r, out):
+def _q8_row(x, quants, scales, zero, r, out):
     """Output column r of every input row over weight row r's signed-byte blocks (Q8_0's 32 or
-    Q6_K's 16 weights a scale); zero: an empty accumulator of the lanes to use."""
-    blocks = scales_r.shape[0]
-    group = qr.shape[0] // blocks
-    for i in range(x.shape[0]):
-        xi = x[i]
+    Q6_K's 16 weights a scale); zero: an empty accumulator of the lanes to use. Flat indices."""
+    rows, width = x.shape
+    blocks = scales.shape[1]
+    group = quants.shape[1] // blocks
+    q = r * quants.shape[1]
+    for i in range(rows):
+        xi = i * width
         acc = zero
         if group == BLOCK:
             for b in range(blocks):
-                acc = q8_block(acc, qr, b * BLOCK, xi, b * BLOCK, scales_r[b])
+                acc = q8_block(acc, quants, q + b * BLOCK, x, xi + b * BLOCK, scales[r, b])
         else:
             for b in range(blocks):
-                acc = q8_block16(acc, qr, b * 16, xi, b * 16, scales_r[b])
+                acc = q8_block16(acc, quants, q + b * 16, x, xi + b * 16, scales[r, b])
         out[i, r] = block_total(acc)
 
 
@@ -147,7 +151,7 @@ def linear_q8_fma(x, quants, scales, out):
     for job in prange(row_jobs(n)):
         start, stop = job_span(job, n)
         for r in range(start, stop):
-            _q8_row(x, quants[r], scales[r], zeros8(), r, out)
+            _q8_row(x, quants, scales, zeros8(), r, out)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -157,7 +161,7 @@ def linear_q8_wide(x, quants, scales, out):
     for job in prange(row_jobs(n)):
         start, stop = job_span(job, n)
         for r in range(start, stop):
-            _q8_row(x, quants[r], scales[r], zeros16(), r, out)
+            _q8_row(x, quants, scales, zeros16(), r, out)
 
 
 @numba.njit(parallel=True, fastmath=True, cache=True)

@@ -66,7 +66,7 @@ def fma_instruction(builder):
 
 
 def vector_pointer(context, builder, array_type, array, start):
-    """A pointer to 8-lane vectors at index `start` of a 1-D contiguous float32 array."""
+    """A pointer to 8-lane vectors at flat index `start` of a contiguous float32 array."""
     data = context.make_array(array_type)(context, builder, array).data
     return builder.bitcast(builder.gep(data, [start]), LANES8.as_pointer())
 
@@ -104,6 +104,22 @@ def fma_step(typingctx, acc, w, x, start):
             load8(context, builder, signature.args[2], args[2], args[3]), args[0]])
 
     return f32x8(acc, w, x, start), codegen
+
+
+@intrinsic
+def fma_at(typingctx, acc, w, wstart, x, xstart):
+    """acc + w[wstart:wstart + 8] * x[xstart:xstart + 8] for C-contiguous float32 arrays of any
+    shape, the starts flat indices (no row views taken: see triforce.kernels.cpu.linear.block_dot)."""
+    flat = all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (w, x))
+    if acc != f32x8 or not flat:
+        return None
+
+    def codegen(context, builder, signature, args):
+        w8, x8 = (builder.load(vector_pointer(context, builder, signature.args[k], args[k], args[k + 1]), align=4)
+                  for k in (1, 3))
+        return builder.call(fma_instruction(builder), [w8, x8, args[0]])
+
+    return f32x8(acc, w, wstart, x, xstart), codegen
 
 
 @intrinsic

@@ -35,6 +35,7 @@ import platform
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import click
 import torch
@@ -167,7 +168,8 @@ def side_by_side(lm, hf, binary, gguf, threads: int, kind: str, n: int, new_toke
         else:
             theirs = max(theirs, llama_bench(binary, gguf, threads, prompt=n))
             ours = max(ours, ours_prefill(lm, ids))
-    row = {"dtype": dtype, "activations": str(lm.dtype).removeprefix("torch."), "test": kind, "tokens": n,
+    row = {"dtype": dtype, "file": Path(gguf).name, "activations": str(lm.dtype).removeprefix("torch."),
+           "ours_weights": lm.quantized["weights"] if lm.quantized else dtype, "test": kind, "tokens": n,
            "triforce_tok_s": round(ours, 2),
            "llamacpp_tok_s": round(theirs, 2), "ratio": round(ours / theirs, 3)}
     if kind == "decode":
@@ -181,10 +183,12 @@ def side_by_side(lm, hf, binary, gguf, threads: int, kind: str, n: int, new_toke
 @click.command()
 @click.option("--llama-bench", "binary", required=True, help="Path of a llama-bench binary.")
 @click.option("--gguf", "ggufs", multiple=True, required=True,
-              help="DTYPE=PATH: the GGUF of the default model in that dtype (float32, bfloat16), or WEIGHTS=PATH "
-                   "with WEIGHTS a --quantize choice: gguf (ours from the file's own blocks: give the same file), "
-                   "q8_0, q4_0, q4_1, q4_k (ours quantized at load; llama.cpp's from llama-quantize).")
-@click.option("--model", default="default", show_default=True, help="Our side: the same weights as the GGUFs.")
+              help="DTYPE=PATH: the GGUF of --model in that dtype (float32, bfloat16), or WEIGHTS=PATH with WEIGHTS "
+                   "a --quantize choice: gguf (ours reads PATH's own blocks: the same file on both sides; repeat "
+                   "it for several files), q8_0, q4_0, q4_1, q4_k (ours: --model quantized at load; llama.cpp's "
+                   "from llama-quantize).")
+@click.option("--model", default="default", show_default=True,
+              help="Our side of the DTYPE and quantized-at-load rows: the same weights as their GGUFs.")
 @click.option("--depths", default="2048,6144", show_default=True, help="Context depths for decoding ('': none).")
 @click.option("--new-tokens", type=click.IntRange(2, 4096), default=64, show_default=True)
 @click.option("--prefill", type=click.IntRange(0, 65536), default=2048, show_default=True,
@@ -237,7 +241,8 @@ def main(binary, ggufs, model, depths, new_tokens, prefill, repeats, long_depth,
         dtype, _, gguf = item.partition("=")
         quantize = dtype if dtype in QUANTIZED else None
         # blocks: activations and KV in the dtype --dtype auto picks here, as the default run holds them
-        lm = load_model(model, dtype=auto_dtype if quantize else dtype, device="cpu", quantize=quantize)
+        lm = load_model(gguf if dtype == "gguf" else model, dtype=auto_dtype if quantize else dtype, device="cpu",
+                        quantize=quantize)
         hf = None
         if with_hf:
             from triforce.model.loading import transformers_model
@@ -274,16 +279,21 @@ def beside_rows(conditions, flags: list[str], rounds: int = 1) -> tuple[dict, li
             report = json.loads(done.stdout)
             info = info or {k: v for k, v in report.items() if k not in ("rows", "provenance")}
             for row in report["rows"]:
-                key = (condition.name, row["dtype"], row["test"], row["tokens"])
+                key = (condition.name, *_row_key(row))
                 best[key] = _best_of(best.get(key), {"beside": condition.name, **row})
     rows = list(best.values())
-    quiet = {(r["dtype"], r["test"], r["tokens"]): r for r in rows if r["beside"] == "quiet"}
+    quiet = {_row_key(r): r for r in rows if r["beside"] == "quiet"}
     for row in rows:
-        base = quiet.get((row["dtype"], row["test"], row["tokens"]))
+        base = quiet.get(_row_key(row))
         if base is not None and row is not base:
             row["triforce_vs_quiet"] = round(row["triforce_tok_s"] / base["triforce_tok_s"], 3)
             row["llamacpp_vs_quiet"] = round(row["llamacpp_tok_s"] / base["llamacpp_tok_s"], 3)
     return info, rows
+
+
+def _row_key(row: dict) -> tuple:
+    """What one row measures: its weights (and file), test and depth."""
+    return row["dtype"], row.get("file"), row["test"], row["tokens"]
 
 
 def _best_of(kept: dict | None, row: dict) -> dict:
@@ -310,7 +320,8 @@ def table(info: dict, rows: list[dict]) -> None:
         if "triforce_vs_quiet" in r:  # beside neighbours: each side against its own quiet speed
             ours, theirs = f"{ours} ({r['triforce_vs_quiet']}x)", f"{theirs} ({r['llamacpp_vs_quiet']}x)"
         first = f"| {r['beside']} " if beside else ""
-        print(first + f"| {r['dtype']} | {r['test']} | {r['tokens']} | {ours} | {theirs} | "
+        weights = f"{r['dtype']} ({r['file']})" if r.get("file") and r["dtype"] == "gguf" else r["dtype"]
+        print(first + f"| {weights} | {r['test']} | {r['tokens']} | {ours} | {theirs} | "
               f"{r['ratio']} | {r.get('triforce_gb_s', '')} | {r.get('reference_tok_s', '')} | "
               f"{r.get('transformers_tok_s', '')} | {spec} |")
 

@@ -60,7 +60,7 @@ def test_beside_busy_neighbours_each_condition_runs_with_its_own(tmp_path, tiny_
     import psutil
 
     (quiet, busy), spinning = _beside(tmp_path, tiny_model_dir, capsys, False)
-    assert (quiet["beside"], busy["beside"]) == ("quiet", "busy-nice19")
+    assert (quiet["beside"], busy["beside"]) == ("quiet", "busy-nice19") and quiet["file"] == "m.gguf"
     assert busy["llamacpp_vs_quiet"] == 1.0 and busy["triforce_vs_quiet"] > 0
     assert spinning == [[], [19]]
     assert not [p for p in psutil.Process().children() if p.cmdline()[-2:] == ["-c", "while True: pass"]]
@@ -85,3 +85,14 @@ def test_rounds_rotate_the_conditions_and_keep_each_sides_best(tmp_path, tiny_mo
 def test_rounds_without_conditions_to_cycle_is_a_usage_error():
     result = CliRunner().invoke(vs_llamacpp.main, ["--llama-bench", "x", "--gguf", "float32=y", "--rounds", "3"])
     assert result.exit_code == 2 and "--rounds cycles through --beside's conditions" in result.output
+
+
+
+def test_a_gguf_row_runs_ours_on_its_own_file(tmp_path, tiny_model_dir):
+    """Issue 76: `--gguf gguf=FILE` times ours on FILE's blocks, whatever --model says (a row once
+    ran ours on --model while llama.cpp read FILE): a FILE that is not there stops the row before
+    any timing, though --model is a model ours could run."""
+    flags = ["--llama-bench", "x", "--gguf", f"gguf={tmp_path / 'absent.gguf'}",
+             "--model", str(tiny_model_dir("llama-gqa")), "--depths", "24", "--prefill", "0"]
+    result = CliRunner().invoke(vs_llamacpp.main, flags)
+    assert result.exit_code != 0 and "absent.gguf" in str(result.exception or "") + result.output

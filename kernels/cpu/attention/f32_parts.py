@@ -20,8 +20,8 @@ from numba.extending import intrinsic, overload
 
 from triforce.kernels.cpu.simd.bf16_dot import splat
 from triforce.kernels.cpu.simd.prefetch import ask_rows
-from triforce.kernels.cpu.simd.f32_dot import (LANES8, STEP, dot, dot4, f32x8, fma_instruction, is_f32_row, is_row, load8,
-                                     vector_pointer)
+from triforce.kernels.cpu.simd.f32_dot import (LANES8, STEP, dot, dot4, dot4_at, dot_at, f32x8, fma_instruction,
+                                               is_flat, load8, vector_pointer)
 
 VALUE_DIMS = 64  # dimensions a row keeps in registers (8 vectors): head dims must be a multiple
 _VECTORS = VALUE_DIMS // 8
@@ -48,6 +48,46 @@ def _key_row(k, s):
     if isinstance(k, types.BaseTuple) and len(k) == 4 and isinstance(k[0], types.Array) and k[0].ndim == 5:
         return lambda k, s: k[0][s, k[1], k[2], k[3]]
     return None
+
+
+def key_dot4(q, r, k, s, dim):
+    raise NotImplementedError("numba only: see the overload")
+
+
+@overload(key_dot4, inline="always")
+def _key_dot4(q, r, k, s, dim):
+    """dot4 of q's row r with keys s .. s + 3 (key_row's sources): a 2-D view's rows read at flat
+    indices (no view per key, see f32_dot.fma_at), a host block's through key_row."""
+    if isinstance(k, types.Array) and k.ndim == 2:
+        return lambda q, r, k, s, dim: dot4_at(q, r * dim, k, s * dim, (s + 1) * dim, (s + 2) * dim, (s + 3) * dim,
+                                               dim)
+    return lambda q, r, k, s, dim: dot4(q[r], key_row(k, s), key_row(k, s + 1), key_row(k, s + 2),
+                                        key_row(k, s + 3), dim)
+
+
+def key_dot(q, r, k, s, dim):
+    raise NotImplementedError("numba only: see the overload")
+
+
+@overload(key_dot, inline="always")
+def _key_dot(q, r, k, s, dim):
+    """dot of q's row r with key s, as key_dot4 reads them."""
+    if isinstance(k, types.Array) and k.ndim == 2:
+        return lambda q, r, k, s, dim: dot_at(q, r * dim, k, s * dim, dim)
+    return lambda q, r, k, s, dim: dot(q[r], key_row(k, s), dim)
+
+
+def weigh_value(a, weight, v, s, start):
+    raise NotImplementedError("numba only: see the overload")
+
+
+@overload(weigh_value, inline="always")
+def _weigh_value(a, weight, v, s, start):
+    """_weigh with value row s (key_row's sources) from dimension `start`, at a flat index where
+    the values are a 2-D view."""
+    if isinstance(v, types.Array) and v.ndim == 2:
+        return lambda a, weight, v, s, start: _weigh(a, weight, v, s * v.shape[1] + start)
+    return lambda a, weight, v, s, start: _weigh(a, weight, key_row(v, s), start)
 
 
 def ask_key_rows(k, first, count):
@@ -81,15 +121,14 @@ def scores_f32_fma(q, k, n, out):
     rows, dim = q.shape
     s = 0
     while s + 4 <= n:
-        k0, k1, k2, k3 = key_row(k, s), key_row(k, s + 1), key_row(k, s + 2), key_row(k, s + 3)
         if s + AHEAD + 4 <= n:
             ask_key_rows(k, s + AHEAD, 4)
         for r in range(rows):
-            out[r, s], out[r, s + 1], out[r, s + 2], out[r, s + 3] = dot4(q[r], k0, k1, k2, k3, dim)
+            out[r, s], out[r, s + 1], out[r, s + 2], out[r, s + 3] = key_dot4(q, r, k, s, dim)
         s += 4
     while s < n:
         for r in range(rows):
-            out[r, s] = dot(q[r], key_row(k, s), dim)
+            out[r, s] = key_dot(q, r, k, s, dim)
         s += 1
 
 
@@ -99,8 +138,8 @@ def _vector(builder, base, i):
 
 @intrinsic
 def _get(typingctx, a, start):
-    """a[start:start + VALUE_DIMS] (a 1-D contiguous float32 array) as vectors."""
-    if not is_f32_row(a):
+    """a[start:start + VALUE_DIMS] (a C-contiguous float32 array, start a flat index) as vectors."""
+    if not (is_flat(a) and a.dtype == types.float32):
         return None
 
     def codegen(context, builder, signature, args):
@@ -113,8 +152,8 @@ def _get(typingctx, a, start):
 
 @intrinsic
 def _put(typingctx, a, start, vectors):
-    """a[start:start + VALUE_DIMS] = the vectors."""
-    if not is_f32_row(a):
+    """a[start:start + VALUE_DIMS] = the vectors (as _get)."""
+    if not (is_flat(a) and a.dtype == types.float32):
         return None
 
     def codegen(context, builder, signature, args):
@@ -129,8 +168,8 @@ def _put(typingctx, a, start, vectors):
 @intrinsic
 def _weigh(typingctx, a, weight, v, start):
     """The accumulators plus weight times v[start:start + VALUE_DIMS], one fused multiply-add per
-    lane (v float32 or bfloat16 bits, widened as loaded)."""
-    if not is_row(v):
+    lane (v float32 or bfloat16 bits, widened as loaded; any shape, start a flat index)."""
+    if not is_flat(v):
         return None
 
     def codegen(context, builder, signature, args):
@@ -155,7 +194,7 @@ def values_f32_fma(p, v, n, acc):
         hi = min(n, lo + KEY_BLOCK)
         for r in range(rows):
             for c in range(0, dim, VALUE_DIMS):
-                a = _get(acc[r], c)
+                a = _get(acc, r * dim + c)
                 for s in range(lo, hi):
-                    a = _weigh(a, p[r, s], key_row(v, s), c)
-                _put(acc[r], c, a)
+                    a = weigh_value(a, p[r, s], v, s, c)
+                _put(acc, r * dim + c, a)

@@ -72,8 +72,8 @@ def vector_pointer(context, builder, array_type, array, start):
 
 
 def load8(context, builder, array_type, array, start):
-    """8 float32 values of a 1-D contiguous row (is_row) from index `start`, as one vector:
-    bfloat16 bits widened."""
+    """8 float32 values of a contiguous array (is_row, is_flat) from flat index `start`, as one
+    vector: bfloat16 bits widened."""
     if array_type.dtype == types.float32:
         return builder.load(vector_pointer(context, builder, array_type, array, start), align=4)
     data = context.make_array(array_type)(context, builder, array).data
@@ -106,17 +106,21 @@ def fma_step(typingctx, acc, w, x, start):
     return f32x8(acc, w, x, start), codegen
 
 
+def is_flat(a) -> bool:
+    """A C-contiguous array of float32 values or bfloat16 bits, any shape: read at flat indices."""
+    return isinstance(a, types.Array) and a.dtype in (types.float32, types.uint16) and a.layout == "C"
+
+
 @intrinsic
 def fma_at(typingctx, acc, w, wstart, x, xstart):
-    """acc + w[wstart:wstart + 8] * x[xstart:xstart + 8] for C-contiguous float32 arrays of any
-    shape, the starts flat indices (no row views taken: see triforce.kernels.cpu.linear.block_dot)."""
-    flat = all(isinstance(a, types.Array) and a.dtype == types.float32 and a.layout == "C" for a in (w, x))
-    if acc != f32x8 or not flat:
+    """acc + w[wstart:wstart + 8] * x[xstart:xstart + 8] for arrays of any shape (is_flat), the
+    starts flat indices: no row views, whose reference counts cost each row two atomic operations
+    on a count both threads share (bench/RESULTS.md, "Views per row")."""
+    if acc != f32x8 or not (is_flat(w) and is_flat(x)):
         return None
 
     def codegen(context, builder, signature, args):
-        w8, x8 = (builder.load(vector_pointer(context, builder, signature.args[k], args[k], args[k + 1]), align=4)
-                  for k in (1, 3))
+        w8, x8 = (load8(context, builder, signature.args[k], args[k], args[k + 1]) for k in (1, 3))
         return builder.call(fma_instruction(builder), [w8, x8, args[0]])
 
     return f32x8(acc, w, wstart, x, xstart), codegen
@@ -185,4 +189,28 @@ def dot4(w, x0, x1, x2, x3, width):
         b0, b1 = fma_step(b0, w, x1, k), fma_step(b1, w, x1, k + 8)
         c0, c1 = fma_step(c0, w, x2, k), fma_step(c1, w, x2, k + 8)
         d0, d1 = fma_step(d0, w, x3, k), fma_step(d1, w, x3, k + 8)
+    return sum_lanes8x4(a0, a1, b0, b1, c0, c1, d0, d1)
+
+
+@numba.njit(inline="always")
+def dot_at(w, wstart, x, xstart, width):
+    """dot of the rows of w and x (is_flat arrays) that start at those flat indices: the same steps."""
+    a0, a1 = zeros8(), zeros8()
+    for k in range(0, width, STEP):
+        a0 = fma_at(a0, w, wstart + k, x, xstart + k)
+        a1 = fma_at(a1, w, wstart + k + 8, x, xstart + k + 8)
+    return sum_lanes8(a0, a1)
+
+
+@numba.njit(inline="always")
+def dot4_at(w, wstart, x, x0, x1, x2, x3, width):
+    """dot4 of w's row at wstart with x's rows at x0 .. x3 (flat indices): the same steps."""
+    a0, a1, b0, b1 = zeros8(), zeros8(), zeros8(), zeros8()
+    c0, c1, d0, d1 = zeros8(), zeros8(), zeros8(), zeros8()
+    for k in range(0, width, STEP):
+        w0, w1 = wstart + k, wstart + k + 8
+        a0, a1 = fma_at(a0, w, w0, x, x0 + k), fma_at(a1, w, w1, x, x0 + k + 8)
+        b0, b1 = fma_at(b0, w, w0, x, x1 + k), fma_at(b1, w, w1, x, x1 + k + 8)
+        c0, c1 = fma_at(c0, w, w0, x, x2 + k), fma_at(c1, w, w1, x, x2 + k + 8)
+        d0, d1 = fma_at(d0, w, w0, x, x3 + k), fma_at(d1, w, w1, x, x3 + k + 8)
     return sum_lanes8x4(a0, a1, b0, b1, c0, c1, d0, d1)

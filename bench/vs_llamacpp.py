@@ -27,7 +27,10 @@ cost: nice 19 read 0.85x where 12 shuffled rounds in one process read 0.976x, is
 
     triforce bench llamacpp --llama-bench ~/.cache/llamacpp/bin/llama-bench \\
         --gguf gguf=SmolLM2-135M-Instruct.Q4_1.gguf --depths 2048 --prefill 0 --repeats 2 \\
-        --beside quiet,busy,busy-nice19 --rounds 3"""
+        --beside quiet,busy,busy-nice19 --rounds 3
+
+A `gguf=FILE` row runs ours on FILE's own blocks, so several files are compared in one run, each
+row naming its file: `--gguf gguf=model-Q4_0.gguf --gguf gguf=model-Q8_0.gguf`."""
 from __future__ import annotations
 
 import json

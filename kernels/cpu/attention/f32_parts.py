@@ -50,19 +50,28 @@ def _key_row(k, s):
     return None
 
 
-def key_dot4(q, r, k, s, dim):
+def score_four_keys(q, k, s, out):
     raise NotImplementedError("numba only: see the overload")
 
 
-@overload(key_dot4, inline="always")
-def _key_dot4(q, r, k, s, dim):
-    """dot4 of q's row r with keys s .. s + 3 (key_row's sources): a 2-D view's rows read at flat
-    indices (no view per key, see f32_dot.fma_at), a host block's through key_row."""
+@overload(score_four_keys, inline="always")
+def _score_four_keys(q, k, s, out):
+    """out[r, s:s + 4] = dot4 of every row of q with keys s .. s + 3 (key_row's sources): a 2-D
+    view's rows read at flat indices (no view per key, see f32_dot.fma_at), a host block's four
+    rows taken once for all of q's rows."""
     if isinstance(k, types.Array) and k.ndim == 2:
-        return lambda q, r, k, s, dim: dot4_at(q, r * dim, k, s * dim, (s + 1) * dim, (s + 2) * dim, (s + 3) * dim,
-                                               dim)
-    return lambda q, r, k, s, dim: dot4(q[r], key_row(k, s), key_row(k, s + 1), key_row(k, s + 2),
-                                        key_row(k, s + 3), dim)
+        def flat(q, k, s, out):
+            dim = q.shape[1]
+            for r in range(q.shape[0]):
+                out[r, s], out[r, s + 1], out[r, s + 2], out[r, s + 3] = dot4_at(
+                    q, r * dim, k, s * dim, (s + 1) * dim, (s + 2) * dim, (s + 3) * dim, dim)
+        return flat
+
+    def rows_of(q, k, s, out):
+        k0, k1, k2, k3 = key_row(k, s), key_row(k, s + 1), key_row(k, s + 2), key_row(k, s + 3)
+        for r in range(q.shape[0]):
+            out[r, s], out[r, s + 1], out[r, s + 2], out[r, s + 3] = dot4(q[r], k0, k1, k2, k3, q.shape[1])
+    return rows_of
 
 
 def key_dot(q, r, k, s, dim):
@@ -71,7 +80,7 @@ def key_dot(q, r, k, s, dim):
 
 @overload(key_dot, inline="always")
 def _key_dot(q, r, k, s, dim):
-    """dot of q's row r with key s, as key_dot4 reads them."""
+    """dot of q's row r with key s, read as score_four_keys reads them."""
     if isinstance(k, types.Array) and k.ndim == 2:
         return lambda q, r, k, s, dim: dot_at(q, r * dim, k, s * dim, dim)
     return lambda q, r, k, s, dim: dot(q[r], key_row(k, s), dim)
@@ -123,8 +132,7 @@ def scores_f32_fma(q, k, n, out):
     while s + 4 <= n:
         if s + AHEAD + 4 <= n:
             ask_key_rows(k, s + AHEAD, 4)
-        for r in range(rows):
-            out[r, s], out[r, s + 1], out[r, s + 2], out[r, s + 3] = key_dot4(q, r, k, s, dim)
+        score_four_keys(q, k, s, out)
         s += 4
     while s < n:
         for r in range(rows):

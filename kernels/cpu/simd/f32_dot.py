@@ -172,11 +172,7 @@ def sum_lanes8x4(typingctx, a0, a1, b0, b1, c0, c1, d0, d1):
 @numba.njit(inline="always")
 def dot(w, x, width):
     """w . x for float32 rows, width a multiple of STEP, in the module's fixed order."""
-    a0, a1 = zeros8(), zeros8()
-    for k in range(0, width, STEP):
-        a0 = fma_step(a0, w, x, k)
-        a1 = fma_step(a1, w, x, k + 8)
-    return sum_lanes8(a0, a1)
+    return dot_at(w, 0, x, 0, width)
 
 
 @numba.njit(inline="always")
@@ -194,7 +190,7 @@ def dot4(w, x0, x1, x2, x3, width):
 
 @numba.njit(inline="always")
 def dot_at(w, wstart, x, xstart, width):
-    """dot of the rows of w and x (is_flat arrays) that start at those flat indices: the same steps."""
+    """dot of the rows of w and x (is_flat arrays) that start at those flat indices."""
     a0, a1 = zeros8(), zeros8()
     for k in range(0, width, STEP):
         a0 = fma_at(a0, w, wstart + k, x, xstart + k)

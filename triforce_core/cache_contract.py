@@ -112,6 +112,11 @@ class CacheStep:
             self.queries[layer] = q
         return first
 
+    def kernel_slots(self, layer: int, dtype: torch.dtype, batch: int, heads: int, tokens: int):
+        """(decoder, first slot, keys, queries) where a caller may write `layer`'s new KV and attend
+        straight over the cache's CPU blocks (BufferStep's), the slots claimed; None: call `attend`."""
+        return None
+
     def layer_done(self, layer: int) -> bool:
         """Whether every new token of `layer` has been attended."""
         return self._filled[layer] == self.end - self.start
@@ -145,6 +150,22 @@ class BufferStep(CacheStep):
                 decoder.write(layer, self.claim(layer, q), k, v)
                 return decoder.attend(layer, q, keys)
         return super().attend(layer, q, k, v)
+
+    def kernel_slots(self, layer: int, dtype: torch.dtype, batch: int, heads: int, tokens: int):
+        """For a step whose queries, keys and values the cache's decoder takes as they come (on the
+        CPU, in `dtype`): claims the `tokens` slots of `layer` and returns (decoder, first slot, keys
+        seen, the per-layer list the queries go in or None), for the caller to write them and
+        attend; else None."""
+        decoder = self.decoder
+        if decoder is None:
+            return None
+        first = self.start + self._filled[layer]
+        keys = first + tokens
+        window = self.sliding_windows[layer] if self.sliding_windows is not None else None
+        if keys > self.end or not decoder.serves_step(dtype, batch, heads, tokens, keys, window):
+            return None
+        self._filled[layer] += tokens
+        return decoder, first, keys, self.queries
 
     def write(self, layer: int, first: int, k: torch.Tensor, v: torch.Tensor) -> None:
         self.cache.k_buf[layer, :, :, first:first + k.shape[2]] = k

@@ -6,7 +6,10 @@ Why: decoding one token through eager PyTorch ran ~50 small operators per layer 
 memory streams (weights, KV), each a few microseconds of dispatch, conversion and allocation:
 on the default model ~6 ms of a 23 ms bfloat16 token on this project's 2-core box. Here each
 half is one call that runs the projections through the small-rows linear kernel
-(triforce.kernels.cpu.linear.dense) and the rest in place.
+(triforce.kernels.cpu.linear.dense) and the rest in place. Where the pass's cache offers its CPU
+blocks (`decode`), pre writes the keys and values straight into them and the attention kernel runs
+between the halves on numpy arrays: the torch views, slices and copies between three kernels cost
+~2 ms of a 17-19 ms token (bench/RESULTS.md, "Straight into the cache").
 
 Numerics follow the eager layer's (triforce.model.decoder): activations are rounded to the
 model's dtype wherever the eager layer holds a tensor of that dtype, the norms and sums are
@@ -59,13 +62,11 @@ def _rope(row, base, dim, cos, sin, like, out):
                                + _round(other * to_float32(sin[d]), like), like), like)
 
 
-# parallel=True on both halves although they have no prange of their own: see small_rows_linear.
-@numba.njit(parallel=True, cache=True)
-def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
-    """x [B * T, hidden] (row i: sequence i // T, token i % T) -> qkv_out [B, heads + 2 kv_heads,
-    T, D] (queries and keys rotated)."""
+@numba.njit(inline="always")
+def _projected(x, norm, eps, w_qkv, b_qkv):
+    """x [rows, hidden] -> [rows, q/k/v outputs] float32: RMSNorm, the projection and its bias,
+    rounded to x's dtype."""
     rows, hidden = x.shape
-    length, dim = qkv_out.shape[2], qkv_out.shape[3]
     xf = np.empty((rows, hidden), np.float32)
     for i in range(rows):
         for j in range(hidden):
@@ -77,13 +78,45 @@ def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
     for i in range(rows):
         for j in range(proj.shape[1]):
             proj[i, j] = _round(proj[i, j] + b_qkv[j], x)
+    return proj
+
+
+@numba.njit(inline="always")
+def _place(proj, i, head, dim, cos, sin, turned, like, out):
+    """Head `head` of projected row i into out [D]: rotated where `turned`, else as it is."""
+    if turned:
+        _rope(proj[i], head * dim, dim, cos[i], sin[i], like, out)
+    else:
+        for d in range(dim):
+            out[d] = narrow(proj[i, head * dim + d], like)
+
+
+# parallel=True on the halves although they have no prange of their own: see small_rows_linear.
+@numba.njit(parallel=True, cache=True)
+def _pre(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, qkv_out):
+    """x [B * T, hidden] (row i: sequence i // T, token i % T) -> qkv_out [B, heads + 2 kv_heads,
+    T, D] (queries and keys rotated)."""
+    length, dim = qkv_out.shape[2], qkv_out.shape[3]
+    proj = _projected(x, norm, eps, w_qkv, b_qkv)
+    for i in range(x.shape[0]):
         seq, token = i // length, i % length
         for head in range(heads + 2 * kv_heads):
-            if head < heads + kv_heads:
-                _rope(proj[i], head * dim, dim, cos[i], sin[i], x, qkv_out[seq, head, token])
-            else:
-                for d in range(dim):
-                    qkv_out[seq, head, token, d] = narrow(proj[i, head * dim + d], x)
+            _place(proj, i, head, dim, cos, sin, head < heads + kv_heads, x, qkv_out[seq, head, token])
+
+
+@numba.njit(parallel=True, cache=True)
+def _pre_cached(x, norm, eps, w_qkv, b_qkv, cos, sin, heads, kv_heads, q_out, k_cache, v_cache, first):
+    """_pre for one sequence's T rows whose keys and values go straight into a cache's blocks:
+    q_out [heads, T, D]; row t's key and value heads into k_cache, v_cache [Hkv, capacity, D] at
+    slot first + t (the bits _pre would give them)."""
+    dim = q_out.shape[2]
+    proj = _projected(x, norm, eps, w_qkv, b_qkv)
+    for t in range(x.shape[0]):
+        for head in range(heads):
+            _place(proj, t, head, dim, cos, sin, True, x, q_out[head, t])
+        for h in range(kv_heads):
+            _place(proj, t, heads + h, dim, cos, sin, True, x, k_cache[h, first + t])
+            _place(proj, t, heads + kv_heads + h, dim, cos, sin, False, x, v_cache[h, first + t])
 
 
 @numba.njit(parallel=True, cache=True)
@@ -174,12 +207,37 @@ class CpuLayer:
 
     def post(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """x [B, T, hidden], attn [B, H, T, D] -> the layer's output [B, T, hidden]."""
+        return self._post(x, bits_of(attn.contiguous()))
+
+    def _post(self, x: torch.Tensor, attn: np.ndarray) -> torch.Tensor:
         batch, length, hidden = x.shape
         out = torch.empty_like(x)
         (w_o, b_o), (w_gu, b_gu), (w_d, b_d) = self._linears[1:]
-        _post(bits_of(x.view(batch * length, hidden)), bits_of(attn.contiguous()), w_o, b_o, self._norms[1],
-              self._eps, w_gu, b_gu, w_d, b_d, bits_of(out.view(batch * length, hidden)))
+        _post(bits_of(x.view(batch * length, hidden)), attn, w_o, b_o, self._norms[1], self._eps, w_gu, b_gu,
+              w_d, b_d, bits_of(out.view(batch * length, hidden)))
         return out
+
+    def decode(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, view) -> torch.Tensor:
+        """The layer over x [B, T, hidden] (`takes(x)`) through `view` (the pass's CacheView):
+        straight into the cache's CPU blocks where the view offers them (`kernel_slots`, as a
+        BufferStep does), else pre, the view's attend and post. Same bits either way."""
+        offer = getattr(view, "kernel_slots", None)  # a view may offer only attend (the protocol's one call)
+        slots = offer(layer, self.dtype, x.shape[0], self.heads, x.shape[1]) if offer is not None else None
+        if slots is None:
+            return self.post(x, view.attend(layer, *self.pre(x, cos, sin)))
+        decoder, first, keys, queries = slots
+        length, hidden = x.shape[1], x.shape[2]
+        rows = bits_of(x.view(length, hidden))
+        if queries is None:
+            q = np.empty((self.heads, length, self.head_dim), rows.dtype)
+        else:  # recorded for the sparse tiers, as attend records them
+            queries[layer] = torch.empty(1, self.heads, length, self.head_dim, dtype=x.dtype)
+            q = bits_of(queries[layer])[0]
+        w, b = self._linears[0]
+        _pre_cached(rows, self._norms[0], self._eps, w, b, *_angles(cos, sin), self.heads, self.kv_heads, q,
+                    decoder.k[layer], decoder.v[layer], first)
+        attn = decoder.attend_rows(layer, q, keys)
+        return self._post(x, attn.reshape(1, self.heads, length, self.head_dim))
 
 
 _last_angles: tuple = (None, None, None)  # (cos, sin, their arrays): the same for every layer of a pass
@@ -216,5 +274,7 @@ def warm_up(dtype: torch.dtype) -> None:
     eps, x, angles = np.float32(1e-5), bits(1, hidden), bits(1, dim)
     qkv = (heads + 2) * dim
     _pre(x, bits(hidden), eps, bits(qkv, hidden), zeros(qkv), angles, angles, heads, 1, bits(1, heads + 2, 1, dim))
+    _pre_cached(x, bits(hidden), eps, bits(qkv, hidden), zeros(qkv), angles, angles, heads, 1, bits(heads, 1, dim),
+                bits(1, 2, dim), bits(1, 2, dim), 0)
     _post(x, bits(1, heads, 1, dim), bits(hidden, heads * dim), zeros(hidden), bits(hidden), eps,
           bits(2 * hidden, hidden), zeros(2 * hidden), bits(hidden, hidden), zeros(hidden), bits(1, hidden))

@@ -140,3 +140,47 @@ def test_the_default_model_decodes_through_them(default_lm):
         for layer, cpu in zip(layers, kept):
             layer.cpu_layer = cpu
     torch.testing.assert_close(logits["halves"], logits["eager"], rtol=1e-4, atol=1e-4)
+
+
+class AttendOnly:
+    """A pass's view that offers only the protocol's attend (as the tiers' wrapping views do)."""
+
+    def __init__(self, step):
+        self.step, self.positions = step, step.positions
+
+    def attend(self, layer, q, k, v):
+        return self.step.attend(layer, q, k, v)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_steps_straight_into_the_cache_give_the_bits_of_pre_attend_and_post(tiny_model_dir, monkeypatch, dtype,
+                                                                            tokens):
+    """CpuLayer.decode writes a step's keys and values into the cache's blocks and attends there
+    (BufferStep.kernel_slots) with no torch tensor between the kernels: the logits and both
+    caches' buffers equal those of pre, the cache's attend and post, step after step."""
+    from triforce.cache.resident import ResidentKVCache
+    from triforce.kernels.cpu.attention.buffers import BufferDecoder
+
+    monkeypatch.setattr(cpu_linear, "MIN_WEIGHTS", 1)
+    # 2 KV heads of 64: wide enough for the cache's CPU kernel (decode.MIN_KV_WIDTH)
+    lm = load_model(str(tiny_model_dir("llama-gqa", hidden_size=256)), dtype=dtype, device="cpu")
+    assert all(layer.cpu_layer is not None for layer in lm.model.model.layers)
+    straight = []
+    rows = BufferDecoder.attend_rows
+    monkeypatch.setattr(BufferDecoder, "attend_rows", lambda self, *a: straight.append(a) or rows(self, *a))
+    caches = [ResidentKVCache(lm.config, 64, dtype=lm.dtype, attn=lm.attn) for _ in range(2)]
+    g = torch.Generator().manual_seed(7)
+    start = 0
+    for turn, count in enumerate((20, tokens, tokens, tokens)):  # a prefill (the eager layers), then steps
+        ids = torch.randint(0, lm.config.vocab_size, (1, count), generator=g)
+        positions = torch.arange(start, start + count)[None]
+        steps = [cache.step(count, record_queries=turn == 2) for cache in caches]  # a verify for the sparse tiers
+        logits = [lm.model(ids, positions, view) for view in (steps[0], AttendOnly(steps[1]))]
+        assert torch.equal(logits[0], logits[1])
+        if turn == 2:
+            assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(steps[0].queries, steps[1].queries))
+        start += count
+    assert len(straight) == 3 * lm.config.num_layers  # every step's every layer, none of the prefill's
+    for buffers in ("k_buf", "v_buf"):
+        assert torch.equal(getattr(caches[0], buffers), getattr(caches[1], buffers))

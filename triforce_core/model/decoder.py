@@ -193,7 +193,7 @@ class DecoderLayer(nn.Module):
         attend call over all T tokens. Otherwise x is updated in place, group by group."""
         length = x.shape[1]
         if self.cpu_layer is not None and self.cpu_layer.takes(x):  # a decoding step on the CPU
-            return self.cpu_layer.post(x, cache_view.attend(layer, *self.cpu_layer.pre(x, cos, sin)))
+            return self.cpu_layer.decode(x, cos, sin, layer, cache_view)
         if (chunk is None or chunk >= length) and (group is None or group >= length):
             return self.feed_forward(self.after_attention(x, cache_view.attend(layer, *self.self_attn.project(
                 self.input_layernorm(x), cos, sin))))

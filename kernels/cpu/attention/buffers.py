@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from triforce.kernels.cpu.attention.decode import MIN_KV_WIDTH, attend_blocks, attend_kernel, takes_step
+from triforce.kernels.cpu.attention.decode import MIN_KV_WIDTH, attend_arrays, attend_blocks, attend_kernel, step_fits
 from triforce.kernels.cpu.simd.bf16_bits import bits_of
 from triforce.kernels.device_kind import on_host
 
@@ -40,7 +40,13 @@ class BufferDecoder:
         """Whether a call of q [1, H, T, D] with new keys and values k, v, seeing `keys` slots, is
         this kernel's: decode.takes' conditions on the queries (its others held for these buffers
         when they were taken), the new rows in the buffers' dtype, which `write` copies as they are."""
-        return q.dtype == k.dtype == v.dtype == self.dtype and takes_step(q, self.kv_heads, keys, window)
+        return (q.dtype == k.dtype == v.dtype and on_host(q)
+                and self.serves_step(q.dtype, *q.shape[:3], keys, window))
+
+    def serves_step(self, dtype: torch.dtype, batch: int, heads: int, tokens: int, keys: int,
+                    window: int | None) -> bool:
+        """`serves` for a step whose queries, keys and values, on the CPU, will be of `dtype`."""
+        return dtype == self.dtype and step_fits(batch, heads, tokens, self.kv_heads, keys, window)
 
     def write(self, layer: int, first: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v [1, Hkv, T, D] into slots [first, first + T) of `layer`."""
@@ -52,3 +58,10 @@ class BufferDecoder:
         """q [1, H, T, D] over `layer`'s first `keys` slots (query t sees slot j iff
         j <= keys - T + t) -> [1, H, T, D] in q's dtype."""
         return attend_blocks(self.kernel, q, self.k[layer], self.v[layer], self.scale, keys)
+
+    def attend_rows(self, layer: int, q: np.ndarray, keys: int) -> np.ndarray:
+        """`attend` on numpy arrays: q [H, T, D] C-contiguous in the buffers' numpy dtype (raw bits
+        for bfloat16) -> [H, T, D] of the same."""
+        out = np.empty_like(q)
+        attend_arrays(self.kernel, q, self.k[layer], self.v[layer], self.scale, keys, out)
+        return out

@@ -242,7 +242,13 @@ def takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int
 def takes_step(q: torch.Tensor, kv_heads: int, keys: int, sliding_window: int | None) -> bool:
     """`takes`' conditions on the queries alone: one sequence on the CPU, 1 to SMALL_QUERIES new
     tokens, its heads grouped over kv_heads, no sliding window hiding any of `keys`."""
-    return 0 < q.shape[2] <= min(SMALL_QUERIES, keys) and _one_grouped_sequence(q, kv_heads, keys, sliding_window)
+    return on_host(q) and step_fits(q.shape[0], q.shape[1], q.shape[2], kv_heads, keys, sliding_window)
+
+
+def step_fits(batch: int, heads: int, tokens: int, kv_heads: int, keys: int, sliding_window: int | None) -> bool:
+    """takes_step's conditions on the shapes alone (the queries on the CPU being the caller's to know)."""
+    return (0 < tokens <= min(SMALL_QUERIES, keys) and batch == 1 and heads % kv_heads == 0
+            and (sliding_window is None or keys <= sliding_window))
 
 
 def takes_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int | None) -> bool:
@@ -291,14 +297,19 @@ def attend_blocks(kernel, q: torch.Tensor, k: np.ndarray, v: np.ndarray, scale: 
                   keys: int) -> torch.Tensor:
     """q [1, H, T, D] through `kernel` (attend_kernel's) over the first `keys` rows of one layer's
     numpy blocks k, v [Hkv, >= keys, D], causal as in `attention` -> [1, H, T, D] in q's dtype."""
-    _, heads, queries, dim = q.shape
-    kv_heads = k.shape[0]
-    rows = heads // kv_heads * queries
-    out = torch.empty(1, heads, queries, dim, dtype=q.dtype, device="cpu")
-    turned = np.ascontiguousarray(bits_of(q)[0].reshape(kv_heads, rows, dim))
-    kernel(turned, k, v, scale, keys, queries, bits_of(out)[0].reshape(kv_heads, rows, dim),
-           numba.config.NUMBA_NUM_THREADS)
+    out = torch.empty(q.shape, dtype=q.dtype, device="cpu")
+    attend_arrays(kernel, np.ascontiguousarray(bits_of(q)[0]), k, v, scale, keys, bits_of(out)[0])
     return out
+
+
+def attend_arrays(kernel, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: np.float32, keys: int,
+                  out: np.ndarray) -> None:
+    """attend_blocks on numpy arrays: q and out [H, T, D] C-contiguous (raw bits for bfloat16)."""
+    heads, queries, dim = q.shape
+    kv_heads = k.shape[0]
+    rows = heads // kv_heads * queries  # a KV head's queries: its heads' rows one after the other
+    kernel(q.reshape(kv_heads, rows, dim), k, v, scale, keys, queries, out.reshape(kv_heads, rows, dim),
+           numba.config.NUMBA_NUM_THREADS)
 
 
 def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float) -> torch.Tensor:

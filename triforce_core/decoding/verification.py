@@ -15,6 +15,7 @@ import torch
 from triforce.decoding.graph_runner import host_ids
 from triforce.decoding.numerics import NonFiniteLogits
 from triforce.decoding.sampling import PositionNoise, make_generator, sample
+from triforce.kernels.cpu import greedy
 
 
 @dataclass
@@ -25,6 +26,9 @@ class Verdict:
 
 def verify_greedy(drafts: list[int], target_logits: torch.Tensor) -> Verdict:
     """target_logits: [len(drafts) + 1, V]; row i predicts the token after draft i - 1."""
+    if greedy.takes(target_logits):  # host logits: one pass of a loop (kernels.cpu.greedy says why)
+        *best, bad = greedy.choices(target_logits)
+        return _kept(drafts, best, bad)
     return _agreeing(drafts, torch.argmax(target_logits, dim=-1), target_logits)
 
 
@@ -33,6 +37,10 @@ def _agreeing(drafts: list[int], choices: torch.Tensor, rows: torch.Tensor) -> V
     emit the target's; `rows` (what the choices came from) must be finite. One read of both."""
     bad = (~torch.isfinite(rows)).any()
     *best, bad = torch.cat([choices, bad[None].long()]).tolist()
+    return _kept(drafts, best, bad)
+
+
+def _kept(drafts: list[int], best: list[int], bad) -> Verdict:
     if bad:
         raise NonFiniteLogits()
     accepted = 0

@@ -1,4 +1,5 @@
 """Verification math on hand-made distributions."""
+import pytest
 import torch
 
 from triforce.decoding.tiers import LookupDrafter
@@ -37,3 +38,27 @@ def test_lookup_proposes_continuation_of_latest_match():
     assert drafter.propose(seq, 2) == [7, 8]  # the latest earlier "1 2 3" is followed by 7 8
     assert drafter.propose([5, 6, 7], 3) == []
     assert drafter.propose([4, 4, 4, 4], 2) == [4]  # match near the end: shorter proposal
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_greedy_on_host_logits_chooses_as_torch_argmax_does(dtype):
+    """The host loop (kernels.cpu.greedy) against torch's argmax path: ties go to the first index,
+    a vocabulary-sized row, a strided one, and any inf or NaN raises wherever it is."""
+    from triforce.decoding import verification
+    from triforce.decoding.numerics import NonFiniteLogits
+
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randint(-4, 5, (4, 49152), generator=g).to(dtype)  # many ties at each row's max
+    rows[1, 100:] = rows[1, :100].max() - 1  # row 1's max among its first 100
+    for logits in (rows, rows[:, ::2]):
+        best = torch.argmax(logits, dim=-1).tolist()
+        for drafts in ([], best[:2], best[:1] + [best[1] + 1, 0], best[:3]):
+            drafts = drafts[:logits.shape[0] - 1]
+            ours, reference = verify_greedy(drafts, logits), verification._agreeing(
+                drafts, torch.argmax(logits, dim=-1), logits)
+            assert (ours.accepted, ours.token) == (reference.accepted, reference.token)
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        broken = rows.clone()
+        broken[3, 7] = bad  # in the last row, past every draft
+        with pytest.raises(NonFiniteLogits):
+            verify_greedy([], broken)

@@ -9,6 +9,7 @@ import torch
 
 from triforce.config import SamplingParams
 from triforce.decoding.graph_runner import host_ids
+from triforce.kernels.cpu.draw import NO_MASS, draw
 from triforce.kernels.device_kind import on_cuda
 
 
@@ -140,15 +141,23 @@ def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token from probs [V]; NaN or infinite ones raise NonFiniteLogits. The CPU's
-    multinomial checks them itself; a card's would end in a device-side assert (the process's CUDA
-    context lost), so there the draw is from a sanitised distribution and the check is read with
-    the token, in the one transfer the token needs anyway."""
+    """Draw one token from probs [V]; NaN or infinite ones raise NonFiniteLogits. On the CPU a
+    loop over the cumulative sums checks them as it draws; a card's multinomial would end in a
+    device-side assert (the process's CUDA context lost), so there the draw is from a sanitised
+    distribution and the check is read with the token, in the one transfer the token needs anyway."""
     if on_cuda(probs):
         bad = ~torch.isfinite(probs).all()
         drawn = torch.multinomial(torch.where(bad, torch.ones_like(probs), probs), 1, generator=generator)
         token, broken = torch.cat((drawn, bad[None].long())).tolist()
         if broken:
+            from triforce.decoding.numerics import NonFiniteLogits
+            raise NonFiniteLogits()
+        return token
+    if probs.dim() == 1 and probs.dtype in (torch.float32, torch.float64):  # ~16x multinomial (kernels.cpu.draw)
+        token = draw(probs.contiguous().numpy(), float(torch.rand((), dtype=torch.float64, generator=generator)))
+        if token == NO_MASS:
+            raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")  # as multinomial
+        if token < 0:  # multinomial's words for NaN, inf and negative alike
             from triforce.decoding.numerics import NonFiniteLogits
             raise NonFiniteLogits()
         return token

@@ -105,3 +105,35 @@ def test_top_p_from_candidates_keeps_what_sorting_the_vocabulary_keeps(temperatu
     assert bool(sorts) == (widest >= sampling.NUCLEUS_CANDIDATES) and (temperature != 0.2 or not sorts)
     assert torch.equal(fast > 0, sorted_ > 0)
     torch.testing.assert_close(fast, sorted_, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_host_draw_follows_its_distribution_and_never_draws_a_word_without_mass(dtype):
+    """sample's loop over cumulative sums (kernels.cpu.draw) against the probabilities, words of
+    probability zero among them; the edge of [0, 1) lands on the last word with mass."""
+    import numpy as np
+    from scipy.stats import chisquare
+
+    from triforce.decoding.sampling import sample
+    from triforce.kernels.cpu.draw import draw
+
+    p = torch.tensor([0.0, 0.1, 0.0, 0.25, 0.05, 0.6, 0.0], dtype=dtype) * 3  # unnormalised, as multinomial takes
+    g = torch.Generator().manual_seed(5)
+    drawn = torch.tensor([sample(p, g) for _ in range(20000)])
+    counts = torch.bincount(drawn, minlength=len(p))
+    assert counts[p == 0].sum() == 0
+    kept = p > 0
+    assert chisquare(counts[kept].tolist(), (p[kept] / p.sum() * len(drawn)).tolist()).pvalue > 0.001
+    assert draw(p.numpy(), np.nextafter(1.0, 0.0)) == 5 and draw(p.numpy(), 0.0) == 1
+
+
+def test_a_host_draw_refuses_what_multinomial_refuses():
+    from triforce.decoding.numerics import NonFiniteLogits
+    from triforce.decoding.sampling import sample
+
+    g = torch.Generator().manual_seed(0)
+    for broken in ([0.5, float("nan")], [0.5, float("inf")], [0.5, -0.1]):
+        with pytest.raises(NonFiniteLogits):
+            sample(torch.tensor(broken), g)
+    with pytest.raises(RuntimeError, match="sum of probabilities <= 0"):
+        sample(torch.zeros(3), g)

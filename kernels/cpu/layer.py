@@ -9,7 +9,7 @@ half is one call that runs the projections through the small-rows linear kernel
 (triforce.kernels.cpu.linear.dense) and the rest in place. Where the pass's cache offers its CPU
 blocks (`decode`), pre writes the keys and values straight into them and the attention kernel runs
 between the halves on numpy arrays: the torch views, slices and copies between three kernels cost
-~2 ms of a 17-19 ms token (bench/RESULTS.md, "Straight into the cache").
+~2 ms of a 19 ms token (bench/RESULTS.md, "Straight into the cache").
 
 Numerics follow the eager layer's (triforce.model.decoder): activations are rounded to the
 model's dtype wherever the eager layer holds a tensor of that dtype, the norms and sums are

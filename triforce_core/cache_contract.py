@@ -142,14 +142,16 @@ class BufferStep(CacheStep):
         self.decoder = cache.decoder
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        decoder = self.decoder
-        if decoder is not None:  # a decoding step the CPU kernel takes: straight over the buffers
-            keys = self.start + self._filled[layer] + q.shape[2]
-            window = self.sliding_windows[layer] if self.sliding_windows is not None else None
-            if keys <= self.end and decoder.serves(q, k, v, keys, window):
-                decoder.write(layer, self.claim(layer, q), k, v)
-                return decoder.attend(layer, q, keys)
-        return super().attend(layer, q, k, v)
+        slots = None
+        if self.decoder is not None and self.decoder.takes_rows(q, k, v):  # straight over the buffers
+            slots = self.kernel_slots(layer, q.dtype, *q.shape[:3])
+        if slots is None:
+            return super().attend(layer, q, k, v)
+        decoder, first, keys, queries = slots
+        if queries is not None:
+            queries[layer] = q
+        decoder.write(layer, first, k, v)
+        return decoder.attend(layer, q, keys)
 
     def kernel_slots(self, layer: int, dtype: torch.dtype, batch: int, heads: int, tokens: int):
         """For a step whose queries, keys and values the cache's decoder takes as they come (on the

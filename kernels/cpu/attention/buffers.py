@@ -36,16 +36,16 @@ class BufferDecoder:
         self.scale = np.float32(scale)
         self.kernel = attend_kernel(self.dtype, k_buf.shape[4])
 
-    def serves(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys: int, window: int | None) -> bool:
-        """Whether a call of q [1, H, T, D] with new keys and values k, v, seeing `keys` slots, is
-        this kernel's: decode.takes' conditions on the queries (its others held for these buffers
-        when they were taken), the new rows in the buffers' dtype, which `write` copies as they are."""
-        return (q.dtype == k.dtype == v.dtype and on_host(q)
-                and self.serves_step(q.dtype, *q.shape[:3], keys, window))
+    def takes_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """Whether new q, k, v [1, H or Hkv, T, D] are rows `write` copies as they are and `attend`
+        reads: on the CPU, all three in one dtype (serves_step says the rest)."""
+        return q.dtype == k.dtype == v.dtype and on_host(q)
 
     def serves_step(self, dtype: torch.dtype, batch: int, heads: int, tokens: int, keys: int,
                     window: int | None) -> bool:
-        """`serves` for a step whose queries, keys and values, on the CPU, will be of `dtype`."""
+        """Whether this kernel takes a step of `tokens` new rows in `dtype` (on the CPU) seeing
+        `keys` slots: decode.takes' conditions on the queries (its others held for these buffers
+        when they were taken), the rows in the buffers' dtype."""
         return dtype == self.dtype and step_fits(batch, heads, tokens, self.kv_heads, keys, window)
 
     def write(self, layer: int, first: int, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -42,4 +42,4 @@ def _first_max_and_bad(rows):
 
 def warm_up() -> None:
     """Compile (or load) the loop for float32 logits, a model's on the CPU."""
-    choices(torch.zeros(1, 2))
+    choices(torch.zeros(1, 2, device="cpu"))

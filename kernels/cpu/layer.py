@@ -231,7 +231,7 @@ class CpuLayer:
         if queries is None:
             q = np.empty((self.heads, length, self.head_dim), rows.dtype)
         else:  # recorded for the sparse tiers, as attend records them
-            queries[layer] = torch.empty(1, self.heads, length, self.head_dim, dtype=x.dtype)
+            queries[layer] = torch.empty(1, self.heads, length, self.head_dim, dtype=x.dtype, device="cpu")
             q = bits_of(queries[layer])[0]
         w, b = self._linears[0]
         _pre_cached(rows, self._norms[0], self._eps, w, b, *_angles(cos, sin), self.heads, self.kv_heads, q,

@@ -154,7 +154,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
             raise NonFiniteLogits()
         return token
     if probs.dim() == 1 and probs.dtype in (torch.float32, torch.float64):  # ~16x multinomial (kernels.cpu.draw)
-        token = draw(probs.contiguous().numpy(), float(torch.rand((), dtype=torch.float64, generator=generator)))
+        token = draw(probs.contiguous().numpy(), float(torch.rand((), dtype=torch.float64, generator=generator,
+                                                                  device=probs.device)))
         if token == NO_MASS:
             raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")  # as multinomial
         if token < 0:  # multinomial's words for NaN, inf and negative alike

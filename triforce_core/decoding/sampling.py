@@ -9,6 +9,7 @@ import torch
 
 from triforce.config import SamplingParams
 from triforce.decoding.graph_runner import host_ids
+from triforce.kernels.cpu import distribution
 from triforce.kernels.cpu.draw import NO_MASS, draw
 from triforce.kernels.device_kind import on_cuda
 
@@ -44,13 +45,23 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.greedy:
         raise ValueError("greedy decoding has no distribution; use argmax")
     calc = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    if distribution.takes(calc, params.top_k):  # host float32: one loop a row (kernels.cpu.distribution says why)
+        probs, flagged = distribution.distributions(calc, params.temperature, params.top_k, params.top_p)
+        for row in flagged:  # a nucleus wider than the loop's candidates: this row by sorting
+            probs.view(-1, probs.shape[-1])[row] = _filtered(calc.reshape(-1, calc.shape[-1])[row], params).softmax(-1)
+        return probs
+    return _filtered(calc, params).softmax(-1)
+
+
+def _filtered(calc: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """calc / temperature with -inf where top-k, then top-p, drop (torch's operators on any device)."""
     calc = calc / params.temperature
     if params.top_k and params.top_k < calc.shape[-1]:
         kth = torch.topk(calc, params.top_k, dim=-1).values[..., -1:]
         calc = calc.masked_fill(calc < kth, float("-inf"))
     if params.top_p < 1.0:
         calc = _nucleus(calc, params.top_p)
-    return calc.softmax(-1)
+    return calc
 
 
 # candidates for top-p's nucleus: sorting the whole vocabulary cost chat's sampling over a third of its

@@ -97,6 +97,7 @@ def test_top_p_from_candidates_keeps_what_sorting_the_vocabulary_keeps(temperatu
     params = SamplingParams(temperature=temperature, top_p=0.9)
     with monkeypatch.context() as patched:
         patched.setattr(sampling, "NUCLEUS_CANDIDATES", 1 << 20)  # more than the vocabulary: always sorted
+        patched.setattr(sampling.distribution, "takes", lambda *a: False)  # and torch's operators, not the loop
         sorted_ = probabilities(logits, params)
     sorts, real_sort = [], torch.sort
     monkeypatch.setattr(torch, "sort", lambda *a, **k: sorts.append(1) or real_sort(*a, **k))
@@ -105,6 +106,71 @@ def test_top_p_from_candidates_keeps_what_sorting_the_vocabulary_keeps(temperatu
     assert bool(sorts) == (widest >= sampling.NUCLEUS_CANDIDATES) and (temperature != 0.2 or not sorts)
     assert torch.equal(fast > 0, sorted_ > 0)
     torch.testing.assert_close(fast, sorted_, rtol=1e-6, atol=1e-7)
+
+
+def _torch_operators(logits, params, monkeypatch):
+    from triforce.decoding import sampling
+
+    with monkeypatch.context() as patched:
+        patched.setattr(sampling.distribution, "takes", lambda *a: False)
+        return probabilities(logits, params)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.2, 0, 0.9), (1.0, 0, 1.0), (0.7, 5, 1.0), (1.0, 40, 0.5),
+                                                     (5.0, 0, 0.95), (1.0, 1, 0.9), (0.7, 64, 0.99)])
+def test_the_host_loop_gives_the_distribution_torch_operators_give(temperature, top_k, top_p, monkeypatch):
+    """kernels.cpu.distribution (float32 host logits) against torch's operators in float64: the
+    same words kept, the same probabilities within a few float32 roundings (torch's float32
+    softmax is off by 2e-5 here); rows with ties at the top and -inf logits among them; wide
+    nuclei (temperature 5) through the sorting path, row by row."""
+    from triforce.decoding import sampling
+
+    g = torch.Generator().manual_seed(top_k * 7 + int(temperature * 10))
+    logits = torch.randn(5, 49152, generator=g) * 4
+    logits[1, [3, 70, 9000]] = logits[1].max() + 1  # three words tied first
+    logits[2, ::3] = float("-inf")
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    calls, loop = [], sampling.distribution.distributions
+    monkeypatch.setattr(sampling.distribution, "distributions", lambda *a: calls.append(1) or loop(*a))
+    got = probabilities(logits, params)
+    want = _torch_operators(logits.double(), params, monkeypatch)
+    if top_k or top_p < 1:
+        assert torch.equal(got > 0, want > 0)
+    else:  # unfiltered: below exp's floor (~1.6e-38 a word) the loop's weights are zero
+        assert bool((want[got > 0] > 0).all()) and bool((got[want > 1e-36] > 0).all())
+    assert calls
+    torch.testing.assert_close(got, want.float(), rtol=5e-6, atol=1e-12)
+    assert torch.equal(probabilities(logits[3], params), got[3])  # a [V] row as the same row of a batch
+    if top_k:
+        assert int((got > 0).sum(-1).max()) <= top_k + 2  # the three tied words are the only ties
+
+
+def test_each_row_of_the_host_loop_is_its_own(monkeypatch):
+    """A verify's rows come out as each row would alone: a flat row (a nucleus wider than the
+    loop's candidates) beside peaked ones changes none of them."""
+    g = torch.Generator().manual_seed(3)
+    flat, peaked = torch.randn(1, 49152, generator=g) * 0.01, torch.randn(2, 49152, generator=g) * 8
+    params = SamplingParams(temperature=0.7, top_p=0.9)
+    batch = torch.cat([peaked[:1], flat, peaked[1:]])
+    together = probabilities(batch, params)
+    alone = [probabilities(row, params) for row in batch]
+    assert all(torch.equal(together[i], alone[i]) for i in range(3))
+    assert int((together[1] > 0).sum()) > 64 and int((together[0] > 0).sum()) < 64
+    torch.testing.assert_close(together, _torch_operators(batch.double(), params, monkeypatch).float(),
+                               rtol=5e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("broken", [float("nan"), float("inf")])
+def test_the_host_loop_passes_a_broken_row_on_as_torch_does(broken):
+    from triforce.decoding.numerics import NonFiniteLogits
+    from triforce.decoding.sampling import sample
+
+    logits = torch.randn(2, 49152, generator=torch.Generator().manual_seed(1))
+    logits[1, 17] = broken
+    probs = probabilities(logits, SamplingParams(temperature=0.7, top_p=0.9))
+    assert bool(probs[0].isfinite().all()) and bool(probs[1].isnan().all())
+    with pytest.raises(NonFiniteLogits):
+        sample(probs[1], torch.Generator().manual_seed(0))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -1,0 +1,127 @@
+"""Host logits to a sampled token's distribution: temperature, top-k, top-p and softmax in one
+loop per row (triforce.decoding.sampling.probabilities).
+
+Why: torch's ops for one 49152-word row (the division, topk, logsumexp, cumsum, the scatter of
+the nucleus, softmax) took ~1.3 ms a sampled token on two Zen 3 cores; most of a nucleus is a
+few words. Here one pass keeps the CANDIDATES most likely words in order beside the scaled
+logits, one vectorised exp gives every word's weight, and the nucleus is read off the candidates.
+A row whose nucleus reaches past them is flagged for the caller's sorting path. Each row's
+result depends on that row alone, whatever rows share the call."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import torch
+
+from triforce.kernels.cpu.simd.exp import exp_in_place
+from triforce.kernels.device_kind import on_host
+
+CANDIDATES = 64  # as sampling's NUCLEUS_CANDIDATES: a peaked nucleus is a few words
+EXP_FLOOR = -87.0  # exp_in_place's clamp: weights below it are taken as zero (exp(-87) ~ 1.6e-38)
+
+
+def takes(calc: torch.Tensor, top_k: int) -> bool:
+    """Whether `distributions` serves these float32 logits ([V] or [R, V] in host memory, wider
+    than the candidates) and this top-k (0, off, or one the candidates hold)."""
+    return (calc.dtype == torch.float32 and calc.dim() in (1, 2) and on_host(calc)
+            and calc.shape[-1] > CANDIDATES and 0 <= top_k <= CANDIDATES)
+
+
+def distributions(calc: torch.Tensor, temperature: float, top_k: int, top_p: float) -> tuple[torch.Tensor, list[int]]:
+    """calc: float32 logits (`takes`) -> (probabilities of calc's shape, the rows whose nucleus
+    reaches past the candidates: their values are to be replaced by the caller's). A row with NaN
+    or +inf, or with no finite logit, comes out NaN (as softmax gives it)."""
+    rows = calc.reshape(-1, calc.shape[-1]).contiguous().numpy()
+    out = np.empty(rows.shape, np.float32)
+    flagged = _distributions(rows, np.float32(temperature), top_k, top_p, out)
+    return torch.from_numpy(out).reshape(calc.shape), np.flatnonzero(flagged).tolist()
+
+
+@numba.njit(cache=True)
+def _distributions(rows, temperature, top_k, top_p, out):
+    n, width = rows.shape
+    flagged = np.zeros(n, np.uint8)
+    values = np.empty(CANDIDATES, np.float32)
+    index = np.empty(CANDIDATES, np.int64)
+    powers = np.empty(width, np.int32)
+    for r in range(n):
+        row = out[r]
+        count = _scaled_candidates(rows[r], temperature, row, values, index)
+        if count < 0:
+            row[:] = np.nan
+            continue
+        kth = values[top_k - 1] if 0 < top_k < width else -np.inf  # top-k keeps every word tied with the kth
+        total, beside = _weights(rows[r], temperature, values[0], kth, row, powers)
+        if top_p < 1.0:
+            flagged[r] = _nucleus(row, values, index, count, kth, beside, total, top_p)
+        else:
+            scale = 1.0 / total
+            for i in range(width):
+                row[i] = np.float32(row[i] * scale)
+    return flagged
+
+
+@numba.njit(inline="always")
+def _scaled_candidates(logits, temperature, row, values, index):
+    """row = logits / temperature; values, index: the CANDIDATES largest, descending, the first
+    index first among ties. Returns how many it holds, or -1 for a NaN or +inf, or no finite value."""
+    count = 0
+    for i in range(logits.shape[0]):
+        s = logits[i] / temperature
+        row[i] = s
+        if s != s or s == np.inf:
+            return -1
+        if count < CANDIDATES:
+            count += 1
+        elif not s > values[CANDIDATES - 1]:
+            continue
+        j = count - 1
+        while j > 0 and values[j - 1] < s:
+            values[j], index[j] = values[j - 1], index[j - 1]
+            j -= 1
+        values[j], index[j] = s, i
+    return count if values[0] > -np.inf else -1
+
+
+@numba.njit(inline="always")
+def _weights(logits, temperature, top, kth, row, powers):
+    """row (the scaled logits) -> exp(row - top) where the word is at or above kth, else 0. Returns
+    their float64 sum and how many words have weight."""
+    width = row.shape[0]
+    for i in range(width):
+        row[i] -= top
+    exp_in_place(row, width, powers)
+    total, beside = 0.0, 0
+    for i in range(width):
+        s = logits[i] / temperature
+        if s < kth or s - top < EXP_FLOOR:
+            row[i] = 0.0
+        else:
+            total += row[i]
+            beside += 1
+    return total, beside
+
+
+@numba.njit(inline="always")
+def _nucleus(row, values, index, count, kth, beside, total, top_p):
+    """row: the weights -> top-p's distribution: each candidate kept whose more likely candidates
+    hold less than top_p of the mass (the first always). Returns 1, the row left as it is, when
+    every candidate is kept and words with weight lie beyond them."""
+    kept, above = 0, 0.0
+    while kept < count and values[kept] >= kth and (kept == 0 or above < top_p * total):
+        above += row[index[kept]]
+        kept += 1
+    if kept == count and beside > count:
+        return 1
+    weights = np.empty(kept, np.float32)
+    for j in range(kept):
+        weights[j] = row[index[j]]
+    row[:] = 0.0
+    for j in range(kept):
+        row[index[j]] = np.float32(weights[j] / above)
+    return 0
+
+
+def warm_up() -> None:
+    """Compile (or load) the loop for float32 logits, a model's on the CPU."""
+    distributions(torch.zeros(1, CANDIDATES + 1, device="cpu"), 0.5, 0, 0.9)

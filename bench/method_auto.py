@@ -8,7 +8,7 @@ have its last prompt token re-run by the sparse tiers' set-up, which in bfloat16
 token's KV in the last bit); each run decodes `--new-tokens` greedy tokens (the same tokens for
 every method: checked), or with `--sampling chat` samples them as chat does (temperature 0.2,
 top-p 0.9, repeat penalty 1.1, unseeded: auto's check times its rounds), `chat-seeded` with seed 0
-(the check then prices rounds by the cost model, so an answer repeats). Each method's answer differs. Goal
+(each token drawn from the seed and its position: every method gives the same answer). Goal
 (issue 15): auto never below 0.95x of ar, and clearly above it where speculation helps.
 Every method is timed `--repeats` times in turn and keeps its best, so a noisy moment costs all;
 its spread over the repeats is reported beside it."""
@@ -62,7 +62,7 @@ def decode(runtime, ids: list[int], new_tokens: int, method: str, sampling=None)
                                       "case for speculation.")
 @click.option("--sampling", type=click.Choice(["greedy", "chat", "chat-seeded"]), default="greedy", show_default=True,
               help="greedy: the same tokens from every method (checked); chat: chat's sampling defaults, unseeded "
-                   "as chat draws; chat-seeded: the same with seed 0 (repeatable; auto's check prices its rounds).")
+                   "as chat draws; chat-seeded: the same with seed 0 (the same tokens from every method).")
 @output_option
 def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile, max_context, rope_scaling, prompt_kind,
          sampling, fmt):

@@ -3,6 +3,7 @@ and the engine's switch from ar-style steps to speculation at the chosen length 
 import json
 
 import pytest
+import torch
 
 from triforce.config import SamplingParams, SpecParams
 from triforce.decoding.engine import Engine
@@ -186,10 +187,12 @@ def test_the_prefill_count_is_known_before_the_prefill(tiny_model_dir, method):
         assert expected <= len(ids) - 1
 
 
-def test_a_seeded_sample_repeats_whatever_the_clock_says(tiny_model_dir, monkeypatch):
-    """Which rounds speculate decides which random numbers each token draws: under a seed the
-    online check prices its rounds instead of timing them, so two runs whose clocks disagree give
-    the same answer; unseeded (and greedy) runs keep timing them."""
+@pytest.mark.parametrize("own_generator", [False, True])
+def test_a_seeded_sample_repeats_whatever_the_clock_says(own_generator, tiny_model_dir, monkeypatch):
+    """A seed's draws depend on the position alone: two runs whose clocks disagree (the check
+    falls back to ar at different rounds, timing them) give the same answer. With a generator of
+    its own beside the seed the draws follow the rounds: the check prices them instead, so the
+    rounds, and the answer, repeat. Unseeded (and greedy) runs keep timing them."""
     import triforce.decoding.engine as engine_module
     from triforce.decoding.hooks import EngineHooks
     from triforce.decoding.speculation_gate import SpeculationGate, wall_ms
@@ -211,9 +214,12 @@ def test_a_seeded_sample_repeats_whatever_the_clock_says(tiny_model_dir, monkeyp
         engine = Engine(lm, SpecParams(method="naive", gamma2=4), len(ids) + 80, "lookup",
                         hooks=EngineHooks(speculation_gate=gate))
         engine.set_sequence(ids)
-        answers.append(engine.generate(80, SamplingParams(temperature=0.9, seed=11)).tokens)
-        gates.append(gate)
+        generator = torch.Generator().manual_seed(3) if own_generator else None
+        answers.append(engine.generate(80, SamplingParams(temperature=0.9, seed=11), generator=generator).tokens)
+        assert (gate.cost is wall_ms) != own_generator
+        gates.append(gate.fallbacks)
         engine.set_sequence(ids)
         engine.generate(4, SamplingParams(temperature=0.9))
         assert gate.cost is wall_ms  # unseeded: timed again
-    assert answers[0] == answers[1] and gates[0].fallbacks == gates[1].fallbacks
+    assert answers[0] == answers[1]
+    assert (gates[0] == gates[1]) == own_generator  # timed, the racing clock made the check fall back

@@ -153,6 +153,8 @@ class Engine:
         self._observers = self.observers + ([logprobs] if logprobs is not None else [])
         for observer in self._observers:
             observer.started(params)
+        if self.gate is not None:  # a seed's draws by position repeat whatever the clock says; others must not
+            self.gate.price_rounds(self.draws.follow_rounds)
 
     def _plan(self, limit: int, first: bool) -> Round:
         base = len(self.seq)

@@ -65,9 +65,11 @@ class SpeculationGate(Observer):
         self.ar_tokens = 0     # tokens emitted by ar steps from speculate_from on
 
     def price_rounds(self, on: bool) -> None:
-        """on: decide by the cost model's prices of the passes, not wall time, so a seeded sampled
-        answer repeats (which rounds speculate decides which random numbers each token draws).
-        Switching clears what was scored the other way."""
+        """on: decide by the cost model's prices of the passes, not wall time, so a sampled answer
+        whose draws follow the rounds (a seed beside a generator of its own) repeats. A plain
+        seed's draws depend on the position alone (sampling.PositionNoise): its rounds are timed,
+        as the prices under-price a CPU's probes (bench/RESULTS.md). Switching clears what was
+        scored the other way."""
         cost = self._priced if on and self.prices is not None else self._timed
         if cost != self.cost:
             self._rounds.clear()
@@ -75,9 +77,6 @@ class SpeculationGate(Observer):
         self.cost = cost
 
     # ---- as the engine's observer -------------------------------------------------------
-    def started(self, params) -> None:
-        self.price_rounds(params.seed is not None and not params.greedy)  # a seeded sample repeats
-
     def planning(self, plan: Round) -> None:
         plan.speculate = plan.speculate and self.speculate(plan.base, plan.first)
         plan.gamma2 = self.gamma(plan.gamma2)

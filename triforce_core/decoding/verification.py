@@ -57,8 +57,14 @@ class Draws:
 
     def __init__(self, params, device: torch.device, generator: torch.Generator | None = None):
         self.generator = generator or make_generator(params, device)
-        self.noise = PositionNoise(params.seed) if params.seed is not None and generator is None \
-            and not params.greedy else None
+        self.seeded = params.seed is not None and not params.greedy
+        self.noise = PositionNoise(params.seed) if self.seeded and generator is None else None
+
+    @property
+    def follow_rounds(self) -> bool:
+        """Whether a seeded request's draws depend on which rounds speculate (a generator given
+        beside the seed): its text repeats only where those rounds do."""
+        return self.noise is None and self.seeded
 
     def token(self, dist: torch.Tensor, position: int) -> int:
         """One token of `dist` ([V]) for sequence position `position`."""

@@ -9,7 +9,7 @@ import torch
 
 from triforce.config import SamplingParams
 from triforce.decoding.graph_runner import host_ids
-from triforce.kernels.cpu import distribution
+from triforce.kernels.cpu import distribution, penalties
 from triforce.kernels.cpu.draw import NO_MASS, draw
 from triforce.kernels.device_kind import on_cuda
 
@@ -27,9 +27,12 @@ def penalize(rows: torch.Tensor, seq: list[int], params: SamplingParams) -> torc
     width = max(len(w) for w in windows)
     if width == 0:
         return rows
+    calc = rows.to(torch.float64 if rows.dtype == torch.float64 else torch.float32)
+    if penalties.takes(calc):  # host rows: one loop over the windows (kernels.cpu.penalties says why)
+        return penalties.penalized(calc, windows, params.repeat_penalty, params.frequency_penalty,
+                                   params.presence_penalty)
     padded = [w + [vocab] * (width - len(w)) for w in windows]  # vocab: a column cut below
     ids = host_ids(padded, rows.device).to(rows.device, non_blocking=True)
-    calc = rows.to(torch.float64 if rows.dtype == torch.float64 else torch.float32)
     counts = torch.zeros(count, vocab + 1, dtype=calc.dtype, device=rows.device)
     counts = counts.scatter_add_(1, ids, torch.ones(ids.shape, dtype=calc.dtype, device=rows.device))[:, :vocab]
     present = counts > 0

@@ -79,6 +79,30 @@ def test_each_row_is_penalized_by_its_own_context():
     assert penalize(rows, seq, SamplingParams(temperature=1.0)) is rows  # no penalty: nothing done
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_host_penalties_in_a_loop_give_what_torch_operators_give(dtype, monkeypatch):
+    """kernels.cpu.penalties against torch's operators on a verify's rows over a 49152-word
+    vocabulary: windows with repeats, a window shorter than the rest, positive, negative, zero
+    and -inf logits; the same bits (one rounding per operator either way)."""
+    from triforce.decoding import sampling
+
+    g = torch.Generator().manual_seed(2)
+    rows = (torch.randn(4, 49152, generator=g) * 4).to(dtype)
+    seq = [int(t) for t in torch.randint(0, 200, (70,), generator=g)] + [5, 5, 5, 7]
+    rows[:, 5], rows[:, 7], rows[1, seq[40]] = 0.0, float("-inf"), -3.0
+    params = SamplingParams(temperature=1.0, repeat_penalty=1.3, presence_penalty=0.25, frequency_penalty=0.5)
+    calls, loop = [], sampling.penalties.penalized
+    monkeypatch.setattr(sampling.penalties, "penalized", lambda *a: calls.append(1) or loop(*a))
+    for context in (seq, seq[:5]):  # full windows; then windows of 2 to 5 tokens
+        got = sampling.penalize(rows, context, params)
+        with monkeypatch.context() as patched:
+            patched.setattr(sampling.penalties, "takes", lambda calc: False)
+            want = sampling.penalize(rows, context, params)
+        assert got.dtype == want.dtype and torch.equal(got, want)
+        assert not torch.equal(got, rows.to(got.dtype))
+    assert len(calls) == 2
+
+
 def test_penalties_out_of_range_are_refused():
     for bad in (dict(repeat_penalty=0), dict(presence_penalty=2.5), dict(frequency_penalty=-3),
                 dict(penalty_last_n=0)):

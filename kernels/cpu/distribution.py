@@ -43,17 +43,17 @@ def _distributions(rows, temperature, top_k, top_p, out):
     flagged = np.zeros(n, np.uint8)
     values = np.empty(CANDIDATES, np.float32)
     index = np.empty(CANDIDATES, np.int64)
+    scaled = np.empty(width, np.float32)
     powers = np.empty(width, np.int32)
     for r in range(n):
         row = out[r]
-        count = _scaled_candidates(rows[r], temperature, row, values, index)
-        if count < 0:
+        if not _scaled(rows[r], temperature, scaled) or _candidates(scaled, values, index) == 0:
             row[:] = np.nan
             continue
         kth = values[top_k - 1] if 0 < top_k < width else -np.inf  # top-k keeps every word tied with the kth
-        total, beside = _weights(rows[r], temperature, values[0], kth, row, powers)
+        total, beside = _weights(scaled, values[0], kth, row, powers)
         if top_p < 1.0:
-            flagged[r] = _nucleus(row, values, index, count, kth, beside, total, top_p)
+            flagged[r] = _nucleus(row, values, index, kth, beside, total, top_p)
         else:
             scale = 1.0 / total
             for i in range(width):
@@ -62,15 +62,23 @@ def _distributions(rows, temperature, top_k, top_p, out):
 
 
 @numba.njit(inline="always")
-def _scaled_candidates(logits, temperature, row, values, index):
-    """row = logits / temperature; values, index: the CANDIDATES largest, descending, the first
-    index first among ties. Returns how many it holds, or -1 for a NaN or +inf, or no finite value."""
-    count = 0
+def _scaled(logits, temperature, scaled):
+    """scaled = logits / temperature; False where one is NaN or +inf (a loop that vectorises)."""
+    bad = 0
     for i in range(logits.shape[0]):
         s = logits[i] / temperature
-        row[i] = s
-        if s != s or s == np.inf:
-            return -1
+        scaled[i] = s
+        bad |= not s < np.inf
+    return bad == 0
+
+
+@numba.njit(inline="always")
+def _candidates(scaled, values, index):
+    """values, index: the CANDIDATES largest of scaled (no NaN), descending, the first index first
+    among ties. Returns how many, or 0 where every value is -inf."""
+    count = 0
+    for i in range(scaled.shape[0]):
+        s = scaled[i]
         if count < CANDIDATES:
             count += 1
         elif not s > values[CANDIDATES - 1]:
@@ -80,34 +88,34 @@ def _scaled_candidates(logits, temperature, row, values, index):
             values[j], index[j] = values[j - 1], index[j - 1]
             j -= 1
         values[j], index[j] = s, i
-    return count if values[0] > -np.inf else -1
+    return count if values[0] > -np.inf else 0
 
 
-@numba.njit(inline="always")
-def _weights(logits, temperature, top, kth, row, powers):
-    """row (the scaled logits) -> exp(row - top) where the word is at or above kth, else 0. Returns
-    their float64 sum and how many words have weight."""
+# reassoc: the float64 sum in lanes (one order per build and row; NaN checks stay, unlike fastmath=True)
+@numba.njit(fastmath={"reassoc", "contract"}, cache=True)
+def _weights(scaled, top, kth, row, powers):
+    """row = exp(scaled - top) where the word is at or above kth and its weight above the exp's
+    floor, else 0. Returns their float64 sum and how many words have weight."""
     width = row.shape[0]
     for i in range(width):
-        row[i] -= top
+        row[i] = scaled[i] - top
     exp_in_place(row, width, powers)
     total, beside = 0.0, 0
     for i in range(width):
-        s = logits[i] / temperature
-        if s < kth or s - top < EXP_FLOOR:
-            row[i] = 0.0
-        else:
-            total += row[i]
-            beside += 1
+        kept = scaled[i] >= kth and scaled[i] - top >= EXP_FLOOR
+        weight = row[i] if kept else np.float32(0.0)
+        row[i] = weight
+        total += weight
+        beside += kept
     return total, beside
 
 
 @numba.njit(inline="always")
-def _nucleus(row, values, index, count, kth, beside, total, top_p):
+def _nucleus(row, values, index, kth, beside, total, top_p):
     """row: the weights -> top-p's distribution: each candidate kept whose more likely candidates
     hold less than top_p of the mass (the first always). Returns 1, the row left as it is, when
     every candidate is kept and words with weight lie beyond them."""
-    kept, above = 0, 0.0
+    kept, above, count = 0, 0.0, CANDIDATES
     while kept < count and values[kept] >= kth and (kept == 0 or above < top_p * total):
         above += row[index[kept]]
         kept += 1

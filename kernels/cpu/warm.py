@@ -19,7 +19,7 @@ from pathlib import Path
 import numba
 import torch
 
-from triforce.kernels.cpu import distribution, draw, greedy, layer, penalties
+from triforce.kernels.cpu import distribution, draw, greedy, gumbel_max, layer, penalties
 from triforce.kernels.cpu.attention import decode
 from triforce.kernels.cpu.linear import dense
 
@@ -48,7 +48,7 @@ def warm_up(dtype: torch.dtype, kv_shapes, say=None, blocks=None, run_step=None)
         else (lambda name, step: _timed(tell, name, step))
     timed(f"1/{groups} linear", lambda: dense.warm_up(dtype))
     timed(f"2/{groups} layer halves", lambda: (layer.warm_up(dtype), greedy.warm_up(), draw.warm_up(),
-                                               distribution.warm_up(), penalties.warm_up()))
+                                               distribution.warm_up(), penalties.warm_up(), gumbel_max.warm_up()))
 
     def attention():
         if child is not None:

@@ -59,6 +59,24 @@ def test_filters_and_penalties_keep_it(folders):
     assert _texts(_llm(folders, "triforce"), **params) == _texts(_llm(folders, "ar"), **params)
 
 
+def test_a_vocabulary_wider_than_the_host_loops_candidates_keeps_it(tiny_model_dir, monkeypatch):
+    """97 words: chat's filters go through the host loop (kernels.cpu.distribution, 64 candidates),
+    a verify's rows and a draft's single row alike, and rows whose nucleus is wider through the
+    sorting path beside them."""
+    import string
+
+    from triforce.decoding import sampling
+
+    wide = dict(alphabet=string.printable[:94], num_layers=1, hidden_size=32, weight_std=0.35)
+    wide_folders = tuple(str(tiny_model_dir("llama-gqa", seed=seed, **wide)) for seed in (11, 12))
+    shapes, loop = [], sampling.distribution.distributions
+    monkeypatch.setattr(sampling.distribution, "distributions",
+                        lambda calc, *a: shapes.append(calc.shape) or loop(calc, *a))
+    params = dict(temperature=0.7, top_p=0.9, repeat_penalty=1.1)
+    assert _texts(_llm(wide_folders, "triforce"), **params) == _texts(_llm(wide_folders, "ar"), **params)
+    assert {len(shape) for shape in shapes} == {1, 2} and max(shape[0] for shape in shapes if len(shape) == 2) > 1
+
+
 def test_a_cache_that_holds_the_prompt_gives_the_same_text(folders, plain):
     llm = _llm(folders, "triforce")
     assert _texts(llm) == plain and _texts(llm) == plain  # the second time over a warm engine

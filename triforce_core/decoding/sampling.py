@@ -9,7 +9,7 @@ import torch
 
 from triforce.config import SamplingParams
 from triforce.decoding.graph_runner import host_ids
-from triforce.kernels.cpu import distribution, penalties
+from triforce.kernels.cpu import distribution, gumbel_max, penalties
 from triforce.kernels.cpu.draw import NO_MASS, draw
 from triforce.kernels.device_kind import on_cuda
 
@@ -119,7 +119,9 @@ class PositionNoise:
     same g_t: a draft is accepted where it equals the target's own choice, so the text a seed gives
     is the one plain decoding gives, whatever drafts, cache reuse or batch placement came before
     (drafter-invariant speculative decoding: Daliri, Musco and Suresh, 2024). The price: drafts
-    agree a little less often than with speculative sampling's acceptance test, used unseeded."""
+    agree a little less often than with speculative sampling's acceptance test, used unseeded.
+    Host and card draw g_t from two streams (kernels.cpu.gumbel_max's and torch's generator): a
+    request's rows are all on one of them."""
 
     KEEP = 64  # positions whose noise is kept: a round's drafts, its verify and the next round's
 
@@ -140,9 +142,18 @@ class PositionNoise:
 
     def choose(self, probs: torch.Tensor, first_position: int) -> torch.Tensor:
         """probs: [R, V], row r the distribution of position first_position + r -> [R] token ids."""
+        if gumbel_max.takes(probs):
+            return torch.tensor(self.host_choices(probs, first_position)[:-1], device="cpu")
         noise = torch.stack([self.gumbel(first_position + r, probs.shape[-1], probs.device)
                              for r in range(probs.shape[0])])
         return (probs.to(torch.float64).log() + noise).argmax(-1)
+
+    def host_choices(self, probs: torch.Tensor, first_position: int) -> list[int]:
+        """choose's ids for host probabilities (`gumbel_max.takes`), then 1 if any is inf or NaN,
+        else 0: one loop, the noise drawn for the words with probability alone (from each
+        position's key by SplitMix64: not the card's stream, which `gumbel` draws)."""
+        keys = [_mix64((self.key + first_position + r) & _MASK64) for r in range(probs.shape[0])]
+        return gumbel_max.choices(probs, keys)
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:

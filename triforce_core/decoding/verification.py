@@ -15,7 +15,7 @@ import torch
 from triforce.decoding.graph_runner import host_ids
 from triforce.decoding.numerics import NonFiniteLogits
 from triforce.decoding.sampling import PositionNoise, make_generator, sample
-from triforce.kernels.cpu import greedy
+from triforce.kernels.cpu import greedy, gumbel_max
 
 
 @dataclass
@@ -82,6 +82,9 @@ def verify_coupled(drafts: list[int], target_probs: torch.Tensor, noise, first_p
     """target_probs: [len(drafts) + 1, V], row i the distribution of position first_position + i;
     noise: the request's PositionNoise. The target's choices are exact samples of its distributions
     whatever the drafts were, so the accepted prefix and the token after it are too."""
+    if gumbel_max.takes(target_probs):  # host rows: one loop (kernels.cpu.gumbel_max says why)
+        *best, bad = noise.host_choices(target_probs, first_position)
+        return _kept(drafts, best, bad)
     return _agreeing(drafts, noise.choose(target_probs, first_position), target_probs)
 
 

@@ -5,7 +5,8 @@ Why: drawing the noise with torch (a generator seeded per position, 49152 float6
 logarithms of each) and adding it to the rows' logarithms cost more than any other part of a
 seeded token on two Zen 3 cores (bench/RESULTS.md, "Sampling in loops"), where a nucleus holds
 a few words. Here a word's uniform is SplitMix64's output number j + 1 from the position's key
-(random access: only words with probability are drawn for) and only their logarithms are taken."""
+(random access: only words with probability are drawn for) and only their logarithms are taken;
+a card draws the same numbers for every word (sampling._uniforms)."""
 from __future__ import annotations
 
 import numba

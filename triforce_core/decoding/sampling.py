@@ -120,8 +120,9 @@ class PositionNoise:
     is the one plain decoding gives, whatever drafts, cache reuse or batch placement came before
     (drafter-invariant speculative decoding: Daliri, Musco and Suresh, 2024). The price: drafts
     agree a little less often than with speculative sampling's acceptance test, used unseeded.
-    Host and card draw g_t from two streams (kernels.cpu.gumbel_max's and torch's generator): a
-    request's rows are all on one of them."""
+    g_t's uniforms are SplitMix64's outputs from a key of (seed, t), word by word: the host's loop
+    (kernels.cpu.gumbel_max) draws those of the words with probability, a card every word's, the
+    same numbers."""
 
     KEEP = 64  # positions whose noise is kept: a round's drafts, its verify and the next round's
 
@@ -135,9 +136,8 @@ class PositionNoise:
         if slot not in self._held:
             if len(self._held) >= self.KEEP:
                 del self._held[next(iter(self._held))]
-            gen = torch.Generator(device=device).manual_seed(_mix64((self.key + position) & _MASK64))
-            u = torch.rand(vocab, generator=gen, dtype=torch.float64, device=device)
-            self._held[slot] = -torch.log(-torch.log(u))  # u = 0 gives -inf: never chosen
+            u = _uniforms(_mix64((self.key + position) & _MASK64), vocab, device)
+            self._held[slot] = -torch.log(-torch.log(u))
         return self._held[slot]
 
     def choose(self, probs: torch.Tensor, first_position: int) -> torch.Tensor:
@@ -150,10 +150,31 @@ class PositionNoise:
 
     def host_choices(self, probs: torch.Tensor, first_position: int) -> list[int]:
         """choose's ids for host probabilities (`gumbel_max.takes`), then 1 if any is inf or NaN,
-        else 0: one loop, the noise drawn for the words with probability alone (from each
-        position's key by SplitMix64: not the card's stream, which `gumbel` draws)."""
+        else 0: one loop, the noise drawn for the words with probability alone (the uniforms
+        `gumbel` draws for every word)."""
         keys = [_mix64((self.key + first_position + r) & _MASK64) for r in range(probs.shape[0])]
         return gumbel_max.choices(probs, keys)
+
+
+def _uniforms(key: int, vocab: int, device: torch.device) -> torch.Tensor:
+    """[vocab] float64 uniforms in (0, 1) under a 64-bit key, word j's as kernels.cpu.gumbel_max's
+    `uniform` draws it (SplitMix64's output j + 1), on any device: int64 arithmetic, which wraps
+    as uint64's does, with logical shifts."""
+    x = torch.arange(1, vocab + 1, dtype=torch.int64, device=device) * _signed(0x9E3779B97F4A7C15) + _signed(key)
+    x = (x ^ _shifted(x, 30)) * _signed(0xBF58476D1CE4E5B9)
+    x = (x ^ _shifted(x, 27)) * _signed(0x94D049BB133111EB)
+    x = x ^ _shifted(x, 31)
+    return (_shifted(x, 11).to(torch.float64) + 0.5) * 2.0 ** -53
+
+
+def _signed(bits: int) -> int:
+    """64 bits as the int64 that holds them."""
+    return bits - (1 << 64) if bits >= 1 << 63 else bits
+
+
+def _shifted(x: torch.Tensor, by: int) -> torch.Tensor:
+    """x >> by as on uint64 (torch's >> on int64 keeps the sign)."""
+    return (x >> by) & ((1 << (64 - by)) - 1)
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:

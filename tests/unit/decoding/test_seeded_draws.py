@@ -58,17 +58,20 @@ def test_verify_coupled_keeps_the_drafts_the_target_would_have_chosen():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_host_loop_chooses_what_torch_operators_choose_from_the_same_noise(dtype):
-    """kernels.cpu.gumbel_max against argmax(log p + g) in torch over the same uniforms: words
-    without mass among them, keys at both ends of 64 bits; an inf or NaN anywhere is reported."""
+    """kernels.cpu.gumbel_max against argmax(log p + g) in torch over the uniforms a card draws
+    (the same bits as the loop's): words without mass among them, keys at both ends of 64 bits;
+    an inf or NaN anywhere is reported."""
     import numpy as np
 
+    from triforce.decoding.sampling import _uniforms
     from triforce.kernels.cpu import gumbel_max
 
     g = torch.Generator().manual_seed(4)
     p = torch.softmax(torch.randn(3, 3000, generator=g, dtype=torch.float64) * 3, -1).to(dtype)
     p[0, ::2] = 0
     keys = [0, 2**64 - 1, 12345]
-    u = torch.tensor([[gumbel_max.uniform(np.uint64(k), j) for j in range(3000)] for k in keys], dtype=torch.float64)
+    u = torch.stack([_uniforms(k, 3000, torch.device("cpu")) for k in keys])
+    assert u.tolist() == [[gumbel_max.uniform(np.uint64(k), j) for j in range(3000)] for k in keys]
     assert bool(((u > 0) & (u < 1)).all())
     *got, bad = gumbel_max.choices(p, keys)
     assert got == (p.double().log() - torch.log(-torch.log(u))).argmax(-1).tolist() and bad == 0

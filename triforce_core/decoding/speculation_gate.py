@@ -5,9 +5,10 @@ The a priori choice assumes an acceptance; the text decides the real one (prose 
 repeats itself is drafted far worse than a document the answer quotes). So the engine keeps
 score: the time of each full verify's round (drafting and verify) per token it emitted, over the
 last GATE_WINDOW speculative rounds, against the time of an ar step. When speculation loses, the
-engine decodes as ar for a hold of tokens, then tries one round (a probe); a losing probe doubles
-the hold, a winning one brings speculation back. A hold is long enough that what a losing round
-cost beyond ar's steps stays under PROBE_SHARE of it, and a probe drafts at most PROBE_GAMMA.
+engine decodes as ar for a hold of tokens, then tries speculation again in probes: rounds that
+draft at most PROBE_GAMMA and are scored together after each one. A losing score doubles the hold;
+PROBE_ROUNDS winning ones bring speculation back in full. A hold is long enough that what a
+losing probe cost beyond ar's steps stays under PROBE_SHARE of it.
 
 Times are measured (the cost model's absolute times can be off by 2-3x on a CPU its profile was
 not tuned on); the cost
@@ -31,9 +32,12 @@ AR_SAMPLES = 8         # recent ar steps whose median is the reference
 # the most of the time losing probes may take: a probe that cost 11 ar steps for one token (26K on
 # a CPU, sampled) came back after 16 tokens, and 64-token answers ran at 0.81x ar (issue 60)
 PROBE_SHARE = 0.1
-# the drafts a probe checks at most: probes lose more often than not (there the probe's 11 ar
-# steps were mostly its retrieval tier's drafting passes), and 4 accepted of 4 already pays
-PROBE_GAMMA = 4
+# the drafts a probe checks at most: probes lose more often than not, and on a CPU each draft
+# costs a retrieval pass and a verify row (bench/RESULTS.md, 26K sampled); 2 accepted of 2 pays
+PROBE_GAMMA = 2
+# probes that must win together before speculation drafts in full: one lucky probe brought back
+# gamma2 8 on prose it could not draft, and 9-token verifies lost (Xeon, 26K sampled: 0.82x)
+PROBE_ROUNDS = 2
 
 Passes = list[tuple[str, int]]  # (kind, tokens fed) of each forward pass of a round
 
@@ -59,7 +63,7 @@ class SpeculationGate(Observer):
         self._ar: deque[tuple[float, int]] = deque(maxlen=AR_SAMPLES)  # (ms of one ar step, its length)
         self._calibration = calibration
         self._ar_until = 0     # decode as ar while the sequence is shorter than this
-        self._probing = ar_first > 0  # the next speculative round decides alone
+        self._probing = ar_first > 0  # the next speculative rounds are probes
         self._ar_first = ar_first     # set against the first length seen
         self.fallbacks = 0     # times speculation was found slower and ar took over
         self.ar_tokens = 0     # tokens emitted by ar steps from speculate_from on
@@ -92,7 +96,7 @@ class SpeculationGate(Observer):
 
     @property
     def probing(self) -> bool:
-        """Whether the next speculative round decides alone (a probe)."""
+        """Whether the next speculative round is a probe (few drafts, scored as soon as it ends)."""
         return self._probing
 
     def gamma(self, gamma2: int) -> int:
@@ -125,7 +129,7 @@ class SpeculationGate(Observer):
             return
         self._rounds.append((ms, emitted))
         if not self._probing and len(self._rounds) < self._rounds.maxlen:
-            return
+            return  # probes are scored after each one, other rounds once the window is full
         spec_ms = sum(ms for ms, _ in self._rounds) / sum(n for _, n in self._rounds)
         ar_ms = self.ar_ms(length)
         if spec_ms > ar_ms:
@@ -137,7 +141,7 @@ class SpeculationGate(Observer):
             self._rounds.clear()
             self._probing = True
             self.fallbacks += 1
-        elif self._probing:
+        elif self._probing and len(self._rounds) >= PROBE_ROUNDS:
             self._probing, self._hold = False, self.first_hold
 
     def ar_ms(self, length: int) -> float:

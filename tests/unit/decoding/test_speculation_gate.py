@@ -1,9 +1,9 @@
 """--method auto's online check without a model: ar steps calibrate the reference, speculative
 rounds are scored per token against it, ar takes over while they lose, a probe follows a hold
-that doubles while probes lose, and speculation comes back when a probe wins. Round costs are
+that doubles while probes lose, and speculation comes back when probes win. Round costs are
 given (as tests do) rather than read from a clock, so decisions repeat exactly."""
-from triforce.decoding.speculation_gate import (CALIBRATION_STEPS, GATE_HOLD, GATE_WINDOW, PROBE_GAMMA, PROBE_SHARE,
-                                                SpeculationGate)
+from triforce.decoding.speculation_gate import (CALIBRATION_STEPS, GATE_HOLD, GATE_WINDOW, PROBE_GAMMA, PROBE_ROUNDS,
+                                                PROBE_SHARE, SpeculationGate)
 
 AR_MS = 10.0
 
@@ -80,8 +80,27 @@ def test_a_costly_losing_probe_waits_until_its_cost_is_a_small_share():
     assert not gate.speculate(length + hold - 1) and gate.speculate(length + hold)
     spec_round(gate, length + hold, emitted=1, ms=11 * AR_MS)
     assert not gate.speculate(length + 3 * hold - 1) and gate.speculate(length + 3 * hold)
-    spec_round(gate, length + 3 * hold, emitted=PROBE_GAMMA + 1, ms=3 * AR_MS)  # a winning probe
-    assert gate.speculate(length + 3 * hold + PROBE_GAMMA + 1) and gate.gamma(12) == 12
+    length += 3 * hold
+    for _ in range(PROBE_ROUNDS):  # winning probes
+        assert gate.speculate(length) and gate.gamma(12) == PROBE_GAMMA
+        spec_round(gate, length, emitted=PROBE_GAMMA + 1, ms=2 * AR_MS)
+        length += PROBE_GAMMA + 1
+    assert gate.speculate(length) and gate.gamma(12) == 12
+
+
+def test_one_lucky_probe_does_not_bring_back_full_drafts():
+    """Prose at 26K, sampled (Xeon): a probe's drafts happened to pass, speculation came back
+    at gamma2 8, and four 9-token verifies lost before the window said so (0.82x ar). Probes are
+    scored together after each one until PROBE_ROUNDS of them win."""
+    gate = SpeculationGate(cost=given_ms, ar_first=32)
+    length = calibrated(gate)
+    while not gate.speculate(length):
+        length += 1
+    spec_round(gate, length, emitted=PROBE_GAMMA + 1, ms=2 * AR_MS)  # lucky: 3 tokens for 2 steps
+    length += PROBE_GAMMA + 1
+    assert gate.speculate(length) and gate.gamma(12) == PROBE_GAMMA and gate.fallbacks == 0
+    spec_round(gate, length, emitted=1, ms=3 * AR_MS)  # the next finds nothing: 5 steps for 4 tokens
+    assert gate.fallbacks == 1 and not gate.speculate(length + 1)
 
 
 def test_the_hold_stops_doubling_at_its_cap():

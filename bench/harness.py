@@ -125,9 +125,19 @@ VECTOR_FLAGS = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "av
                           "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8", "asimd", "asimdhp", "sve", "bf16"})
 
 
+STARTED_AT_COMMIT = "triforce.started_at_commit"  # click's context meta: the commit a `triforce bench` run began at
+
+
+def remember_commit() -> None:
+    """Note the commit now, as a run starts: its code is what it imported, and a commit made while
+    it runs (a 26K row takes minutes) must not relabel its results."""
+    click.get_current_context().meta[STARTED_AT_COMMIT] = git_commit()
+
+
 def provenance(repo: Path | None = None) -> dict:
-    """What every benchmark's JSON records beside its numbers: the commit, the time (UTC), the
-    machine (CPU model and the cores this process may use), its vector flags, torch and the GPU."""
+    """What every benchmark's JSON records beside its numbers: the commit (the one the run started
+    at, where `triforce bench` noted it), the time (UTC), the machine (CPU model and the cores this
+    process may use), its vector flags, torch and the GPU."""
     import datetime
     import platform
 
@@ -143,7 +153,9 @@ def provenance(repo: Path | None = None) -> dict:
     except (OSError, StopIteration):
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"commit": git_commit(repo), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    context = click.get_current_context(silent=True)
+    started = context.meta.get(STARTED_AT_COMMIT) if context is not None and repo is None else None
+    return {"commit": started or git_commit(repo), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{model}, {available_cores()} cores", "cpu_flags": sorted(host_flags() & VECTOR_FLAGS),
             "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": gpu, "threads": torch.get_num_threads()}
 

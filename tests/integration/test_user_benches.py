@@ -158,6 +158,18 @@ def test_cpu_attention_against_sdpa_by_rows_on_the_default_models_heads(capsys):
     assert one["no_tiles_ms"] is None  # float32 never runs on AMX tiles: no second column
 
 
+def test_a_bench_records_the_commit_it_started_at(capsys, monkeypatch):
+    """A 26K row runs for minutes; results committed meanwhile labelled it with the later commit."""
+    import triforce.bench.harness as harness
+
+    commits = iter(["started-here", "committed-meanwhile"])
+    monkeypatch.setattr(harness, "git_commit", lambda repo=None: next(commits))
+    report = json.loads(run(capsys, "bench", "attention", "--model", "none", "--heads", "2", "--kv-heads", "1",
+                            "--keys", "64", "--rows", "1", "--dtype", "float32", "--repeats", "3", "--json"))
+    assert report["provenance"]["commit"] == "started-here"
+    assert harness.provenance()["commit"] == "committed-meanwhile"  # outside a bench run: asked now
+
+
 @pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX")
 def test_cpu_attention_times_the_tiles_beside_the_path_before_them(capsys):
     report = json.loads(run(capsys, "bench", "attention", "--keys", "600", "--rows", "5", "--repeats", "3", "--json"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from triforce.bench.harness import output_option
+from triforce.bench.harness import output_option, remember_commit
 from triforce.config import RunConfig
 from triforce.cli.options import (INT, MODEL_FORMS, check_output_path, device_option, dtype_option, offload_options,
                                   quantize_option, runtime_options)
@@ -65,6 +65,7 @@ class BenchGroup(click.Group):
 def bench_group():
     """Benchmarks against baselines; every JSON records what it ran on (results: bench/RESULTS.md).
     Each runs on a CPU; `triforce bench NAME --help` explains its flags."""
+    remember_commit()
 
 
 @bench_group.command("offload")

@@ -11,10 +11,14 @@ top-p 0.9, repeat penalty 1.1, unseeded: auto's check times its rounds), `chat-s
 (each token drawn from the seed and its position: every method gives the same answer). Goal
 (issue 15): auto never below 0.95x of ar, and clearly above it where speculation helps.
 Every method is timed `--repeats` times in turn and keeps its best, so a noisy moment costs all;
-its spread over the repeats is reported beside it."""
+its spread over the repeats is reported beside it. Runs of two methods lie minutes apart at 26K
+(each prefills), and a VM's speed drifts more than auto's 5% in that time, so auto's row also
+says how it ran against the ar steps it took itself in the same run (`auto_vs_its_ar_steps`: its
+tokens at the mean of those steps' times, over its rounds' time; median over the repeats)."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 
@@ -24,22 +28,43 @@ from triforce.app.texts import PROMPT_KINDS
 from triforce.bench.harness import emit, markdown, output_option, spread
 
 
+MIN_AR_STEPS = 8  # ar steps a run must take for its own ar rate to be read from them
+
+
 def decode(runtime, ids: list[int], new_tokens: int, method: str, sampling=None):
-    """(GenerationResult, RunPlan, Engine) of one run of `method` after `ids` ('auto': the config's),
-    greedy or as `sampling` says."""
+    """(GenerationResult, RunPlan, Engine, its rounds' (speculated, tokens, seconds)) of one run of
+    `method` after `ids` ('auto': the config's), greedy or as `sampling` says."""
     from dataclasses import replace
 
     from triforce.config import SamplingParams
+    from triforce.decoding.observers import Observer
+
+    class RoundClock(Observer):
+        def __init__(self):
+            self.rounds = []
+
+        def committed(self, plan) -> None:
+            self.rounds.append((plan.speculate, plan.emitted, plan.seconds))
 
     max_len = len(ids) + new_tokens
     spec = None if method == "auto" else replace(runtime.config.spec, method=method)
     run = runtime.plan(max_len, spec=spec, fixed=frozenset())
-    engine = runtime.engine(max_len, run)
+    engine, clock = runtime.engine(max_len, run), RoundClock()
+    engine.observers.append(clock)
     started = time.perf_counter()
     engine.set_sequence(ids)
     print(f"{method}: {len(ids)} tokens prefilled in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     result = engine.generate(new_tokens, sampling or SamplingParams(), frozenset())
-    return result, run, engine
+    return result, run, engine, clock.rounds
+
+
+def against_its_ar_steps(rounds: list[tuple[bool, int, float]]) -> float | None:
+    """A run's speed against the ar steps it took itself: its tokens at their mean time over the
+    time its rounds took (None: fewer than MIN_AR_STEPS of them)."""
+    steps = [seconds for speculated, tokens, seconds in rounds if not speculated and tokens == 1]
+    if len(steps) < MIN_AR_STEPS:
+        return None
+    return sum(tokens for _, tokens, _ in rounds) * statistics.mean(steps) / sum(seconds for *_, seconds in rounds)
 
 
 @click.command()
@@ -82,21 +107,24 @@ def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile
     drawn = {"chat": CHAT_SAMPLING, "chat-seeded": replace(CHAT_SAMPLING, seed=0)}.get(sampling)  # None: greedy
     for n in (int(c) for c in contexts.split(",")):
         ids = tok(prompt_text(prompt_kind, tok, n + 8), add_special_tokens=False).input_ids[:n - new_tokens]
-        rates, tokens, row = {}, {}, {"context": n, "prompt_tokens": len(ids)}
+        rates, tokens, row, paired = {}, {}, {"context": n, "prompt_tokens": len(ids)}, []
         for _ in range(repeats):
             for method in methods.split(","):
-                result, run, engine = decode(runtime, ids, new_tokens, method, drawn)
+                result, run, engine, rounds = decode(runtime, ids, new_tokens, method, drawn)
                 rates.setdefault(method, []).append(len(result.tokens) / result.time_s)
                 tokens[method] = result.tokens
                 if method == "auto":
                     row["auto"] = run.auto.to_json()
                     row["auto_tiers"] = engine.describe()
+                    paired.append(against_its_ar_steps(rounds))
         first = methods.split(",")[0]
         best = {method: max(r) for method, r in rates.items()}
         for method, rate in best.items():
             row[f"{method}_tok_s"] = round(rate, 2)
             row[f"{method}_vs_{first}"] = round(rate / best[first], 3)
             row[f"{method}_spread"] = round(spread(rates[method]), 3)  # over its repeats
+        if paired:
+            row["auto_vs_its_ar_steps"] = None if None in paired else round(statistics.median(paired), 3)
         row["same_tokens"] = all(t == tokens[first] for t in tokens.values())  # sampled: equal only by chance
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)  # a run stopped later keeps what it measured

@@ -41,8 +41,21 @@ def test_speed_by_context_sampled_as_chat_samples(capsys, monkeypatch):
                                 "--methods", "ar,auto", "--dtype", "float32", "--sampling", sampling, "--format", "json"))
         row, = report["rows"]
         assert report["sampling"] == sampling and row["ar_tok_s"] > 0 and row["auto_vs_ar"] > 0
+        assert "auto_vs_its_ar_steps" in row  # None: 6 tokens are too few ar steps to read a rate from
         assert [(s.temperature, s.top_p, s.repeat_penalty, s.seed) for s in seen] == \
             [(CHAT_SAMPLING.temperature, CHAT_SAMPLING.top_p, CHAT_SAMPLING.repeat_penalty, seed)] * 2
+
+
+def test_auto_against_the_ar_steps_of_its_own_run():
+    """At 26K a VM drifted 10% between two methods' runs, minutes apart: auto's own ar steps are
+    its paired reference."""
+    from triforce.bench.method_auto import MIN_AR_STEPS, against_its_ar_steps
+
+    steps = [(False, 1, 0.010)] * MIN_AR_STEPS
+    assert against_its_ar_steps(steps + [(True, 2, 0.030)]) == pytest.approx(10 * 0.010 / 0.110)
+    assert against_its_ar_steps(steps + [(True, 4, 0.020)]) == pytest.approx(12 * 0.010 / 0.100)  # a winning round
+    assert against_its_ar_steps(steps[1:] + [(True, 2, 0.030)]) is None  # too few steps to read a rate from
+    assert against_its_ar_steps(steps + [(False, 0, 0.001)]) == pytest.approx(8 * 0.010 / 0.081)  # a stop: no step
 
 
 def test_against_transformers_as_csv(capsys):

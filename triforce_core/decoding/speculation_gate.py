@@ -34,7 +34,7 @@ AR_SAMPLES = 8         # recent ar steps whose median is the reference
 PROBE_SHARE = 0.1
 # the drafts a probe checks at most: probes lose more often than not, and on a CPU each draft
 # costs a retrieval pass and a verify row (bench/RESULTS.md, 26K sampled); 2 accepted of 2 pays
-PROBE_GAMMA = 2
+PROBE_GAMMA = 1
 # probes that must win together before speculation drafts in full: one lucky probe brought back
 # gamma2 8 on prose it could not draft, and 9-token verifies lost (Xeon, 26K sampled: 0.82x)
 PROBE_ROUNDS = 2

@@ -16,7 +16,7 @@ import torch
 from triforce.kernels.cpu.simd.exp import exp_in_place
 from triforce.kernels.device_kind import on_host
 
-CANDIDATES = 64  # as sampling's NUCLEUS_CANDIDATES: a peaked nucleus is a few words
+CANDIDATES = 64  # a peaked nucleus is a few words (sampling's torch path keeps as many)
 EXP_FLOOR = -87.0  # exp_in_place's clamp: weights below it are taken as zero (exp(-87) ~ 1.6e-38)
 
 

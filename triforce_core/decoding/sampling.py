@@ -67,9 +67,9 @@ def _filtered(calc: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return calc
 
 
-# candidates for top-p's nucleus: sorting the whole vocabulary cost chat's sampling over a third of its
-# speed on a CPU (bench/history/2026-11-28-long-document-server.md); a peaked nucleus is a few tokens
-NUCLEUS_CANDIDATES = 64
+# candidates for top-p's nucleus, the host loop's own: sorting the whole vocabulary cost chat's sampling
+# over a third of its speed on a CPU (bench/history/2026-11-28-long-document-server.md)
+NUCLEUS_CANDIDATES = distribution.CANDIDATES
 
 
 def _nucleus(calc: torch.Tensor, top_p: float) -> torch.Tensor:

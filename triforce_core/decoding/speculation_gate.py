@@ -32,8 +32,9 @@ AR_SAMPLES = 8         # recent ar steps whose median is the reference
 # the most of the time losing probes may take: a probe that cost 11 ar steps for one token (26K on
 # a CPU, sampled) came back after 16 tokens, and 64-token answers ran at 0.81x ar (issue 60)
 PROBE_SHARE = 0.1
-# the drafts a probe checks at most: probes lose more often than not, and on a CPU each draft
-# costs a retrieval pass and a verify row (bench/RESULTS.md, 26K sampled); 2 accepted of 2 pays
+# the drafts a probe checks at most: probes lose more often than not, and on a CPU each draft costs
+# a retrieval pass and a verify row (26K sampled, Zen 3: a first probe of 4 took 4.3 ar steps, of 2
+# 2.9; with probes of 1 auto ran 0.979x its own ar steps: bench/RESULTS.md); one accepted pays
 PROBE_GAMMA = 1
 # probes that must win together before speculation drafts in full: one lucky probe brought back
 # gamma2 8 on prose it could not draft, and 9-token verifies lost (Xeon, 26K sampled: 0.82x)

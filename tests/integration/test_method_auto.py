@@ -108,9 +108,10 @@ def test_low_acceptance_falls_back_to_ar_with_the_same_tokens(tiny_model_dir, te
     assert result.stats["auto_ar_tokens"] == gate.ar_tokens >= GATE_HOLD[0]
     checked = [proposed for tier, proposed, _ in engine.rounds if tier == "full"]
     assert checked.count(0) >= gate.ar_tokens  # one token per ar pass (and rounds lookup had nothing for)
-    rounds = list(zip(decided, checked))  # a probe checks at most PROBE_GAMMA drafts (1 here)
-    probes, others = [n for (go, probe), n in rounds if go and probe], [n for (go, probe), n in rounds if not probe]
-    assert probes and max(probes) <= 1 and (temperature or max(others) > 1)
+    rounds = list(zip(decided, checked))  # a probe after ar steps checks at most PROBE_GAMMA drafts (1 here)
+    firsts = [n for ((go, probe), n), ((went, _), _) in zip(rounds[1:], rounds) if go and probe and not went]
+    others = [n for (go, probe), n in rounds if not probe]
+    assert firsts and max(firsts) <= 1 and (temperature or max(others) > 1)
 
 
 class DraftHeavyPrices(VerifyHeavyPrices):

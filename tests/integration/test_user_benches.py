@@ -20,6 +20,13 @@ def run(capsys, *args) -> str:
     return out
 
 
+def run_failing(capsys, *args) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
 def test_speed_by_context_same_tokens_for_each_method(capsys):
     report = json.loads(run(capsys, "bench", "context", "--contexts", "160", "--new-tokens", "6", "--repeats", "1",
                             "--methods", "ar,triforce", "--dtype", "float32", "--format", "json"))
@@ -56,6 +63,17 @@ def test_auto_against_the_ar_steps_of_its_own_run():
     assert against_its_ar_steps(steps + [(True, 4, 0.020)]) == pytest.approx(12 * 0.010 / 0.100)  # a winning round
     assert against_its_ar_steps(steps[1:] + [(True, 2, 0.030)]) is None  # too few steps to read a rate from
     assert against_its_ar_steps(steps + [(False, 0, 0.001)]) == pytest.approx(8 * 0.010 / 0.081)  # a stop: no step
+
+
+def test_sampling_steps_loops_against_torch_s_operators(capsys):
+    report = json.loads(run(capsys, "bench", "sampling", "--vocab", "500", "--context", "40", "--rows", "3",
+                            "--repeats", "5", "--json"))
+    assert [row["step"] for row in report["rows"]] == ["penalties", "probabilities", "seeded choice",
+                                                       "seeded verify of 3 rows"]
+    assert all(row["loop_us"] > 0 and row["torch_us"] > 0 and row["torch_over_loop"] > 0 for row in report["rows"])
+    assert report["vocab"] == 500 and report["provenance"]["commit"]
+    err = run_failing(capsys, "bench", "sampling", "--vocab", "64")
+    assert "Invalid value for '--vocab'" in err  # no wider than the loops' candidates: nothing to compare
 
 
 def test_against_transformers_as_csv(capsys):

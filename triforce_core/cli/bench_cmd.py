@@ -31,6 +31,8 @@ MODULE_BENCHES = {
                   "The server's throughput with several clients at once against one by one."),
     "kernels": ("triforce.bench.quant_kernels", "main",
                "Block-weight kernels against the float matmul and the bytes floor."),
+    "sampling": ("triforce.bench.sampling_steps", "main",
+                 "A sampled token's steps outside the model: host loops against torch's operators."),
     "start": ("triforce.bench.start_time", "main",
               "How long `triforce chat` takes to its prompt: a first start, then later ones."),
     "campaign": ("triforce.bench.gpu_campaign", "main",

@@ -5,10 +5,10 @@ The a priori choice assumes an acceptance; the text decides the real one (prose 
 repeats itself is drafted far worse than a document the answer quotes). So the engine keeps
 score: the time of each full verify's round (drafting and verify) per token it emitted, over the
 last GATE_WINDOW speculative rounds, against the time of an ar step. When speculation loses, the
-engine decodes as ar for a hold of tokens, then tries speculation again in probes: rounds that
-draft at most PROBE_GAMMA and are scored together after each one. A losing score doubles the hold;
-PROBE_ROUNDS winning ones bring speculation back in full. A hold is long enough that what a
-losing probe cost beyond ar's steps stays under PROBE_SHARE of it.
+engine decodes as ar for a hold of tokens, then tries speculation again in probes, scored together
+after each one: the first drafts PROBE_GAMMA, each next one twice the last while their score wins,
+until one checks the full gamma2 and wins; a losing score doubles the hold. A hold is long enough
+that what a losing probe cost beyond ar's steps stays under PROBE_SHARE of it.
 
 Times are measured (the cost model's absolute times can be off by 2-3x on a CPU its profile was
 not tuned on); the cost
@@ -32,13 +32,11 @@ AR_SAMPLES = 8         # recent ar steps whose median is the reference
 # the most of the time losing probes may take: a probe that cost 11 ar steps for one token (26K on
 # a CPU, sampled) came back after 16 tokens, and 64-token answers ran at 0.81x ar (issue 60)
 PROBE_SHARE = 0.1
-# the drafts a probe checks at most: probes lose more often than not, and on a CPU each draft costs
-# a retrieval pass and a verify row (26K sampled, Zen 3: a first probe of 4 took 4.3 ar steps, of 2
-# 2.9; with probes of 1 auto ran 0.979x its own ar steps: bench/RESULTS.md); one accepted pays
+# the drafts a first probe checks: probes lose more often than not, and on a CPU each draft costs a
+# retrieval pass and a verify row (26K sampled, Zen 3: a probe of 4 took 4.3 ar steps, of 2 2.9).
+# Doubling from there: one lucky small probe that brought back gamma2 8 on prose it could not draft
+# lost four 9-token verifies (Xeon, 26K sampled: 0.82x; bench/RESULTS.md)
 PROBE_GAMMA = 1
-# probes that must win together before speculation drafts in full: one lucky probe brought back
-# gamma2 8 on prose it could not draft, and 9-token verifies lost (Xeon, 26K sampled: 0.82x)
-PROBE_ROUNDS = 2
 
 Passes = list[tuple[str, int]]  # (kind, tokens fed) of each forward pass of a round
 
@@ -65,6 +63,8 @@ class SpeculationGate(Observer):
         self._calibration = calibration
         self._ar_until = 0     # decode as ar while the sequence is shorter than this
         self._probing = ar_first > 0  # the next speculative rounds are probes
+        self._probe_gamma = PROBE_GAMMA  # the drafts the next probe checks at most
+        self._full_gamma = 0  # the drafts the engine asked for last
         self._ar_first = ar_first     # set against the first length seen
         self.fallbacks = 0     # times speculation was found slower and ar took over
         self.ar_tokens = 0     # tokens emitted by ar steps from speculate_from on
@@ -101,8 +101,9 @@ class SpeculationGate(Observer):
         return self._probing
 
     def gamma(self, gamma2: int) -> int:
-        """The drafts a speculative round checks: a probe's at most PROBE_GAMMA."""
-        return min(gamma2, PROBE_GAMMA) if self._probing else gamma2
+        """The drafts a speculative round checks: a probe's fewer, from PROBE_GAMMA up."""
+        self._full_gamma = gamma2
+        return min(gamma2, self._probe_gamma) if self._probing else gamma2
 
     def speculate(self, length: int, first: bool = False) -> bool:
         """Whether the round at `length` checks drafts. first: the round brings a request's first
@@ -140,10 +141,12 @@ class SpeculationGate(Observer):
             self._ar_until = length + hold
             self._hold = min(2 * hold, self.max_hold)
             self._rounds.clear()
-            self._probing = True
+            self._probing, self._probe_gamma = True, PROBE_GAMMA
             self.fallbacks += 1
-        elif self._probing and len(self._rounds) >= PROBE_ROUNDS:
-            self._probing, self._hold = False, self.first_hold
+        elif self._probing and self._probe_gamma >= self._full_gamma:  # a probe of full drafts won
+            self._probing, self._hold, self._probe_gamma = False, self.first_hold, PROBE_GAMMA
+        elif self._probing:
+            self._probe_gamma *= 2
 
     def ar_ms(self, length: int) -> float:
         """An ar step's time at `length`: the median of the recent ar steps, each carried from the

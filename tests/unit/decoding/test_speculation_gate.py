@@ -2,8 +2,8 @@
 rounds are scored per token against it, ar takes over while they lose, a probe follows a hold
 that doubles while probes lose, and speculation comes back when probes win. Round costs are
 given (as tests do) rather than read from a clock, so decisions repeat exactly."""
-from triforce.decoding.speculation_gate import (CALIBRATION_STEPS, GATE_HOLD, GATE_WINDOW, PROBE_GAMMA, PROBE_ROUNDS,
-                                                PROBE_SHARE, SpeculationGate)
+from triforce.decoding.speculation_gate import (CALIBRATION_STEPS, GATE_HOLD, GATE_WINDOW, PROBE_GAMMA, PROBE_SHARE,
+                                                SpeculationGate)
 
 AR_MS = 10.0
 
@@ -81,25 +81,29 @@ def test_a_costly_losing_probe_waits_until_its_cost_is_a_small_share():
     spec_round(gate, length + hold, emitted=1, ms=11 * AR_MS)
     assert not gate.speculate(length + 3 * hold - 1) and gate.speculate(length + 3 * hold)
     length += 3 * hold
-    for _ in range(PROBE_ROUNDS):  # winning probes
-        assert gate.speculate(length) and gate.gamma(12) == PROBE_GAMMA
-        spec_round(gate, length, emitted=PROBE_GAMMA + 1, ms=2 * AR_MS)
-        length += PROBE_GAMMA + 1
+    asked = []
+    while gate.probing:  # winning probes, each checking twice the drafts of the last up to all 12
+        assert gate.speculate(length)
+        asked.append(gate.gamma(12))
+        spec_round(gate, length, emitted=asked[-1] + 1, ms=2 * AR_MS)
+        length += asked[-1] + 1
+    assert asked == [PROBE_GAMMA, 2 * PROBE_GAMMA, 4 * PROBE_GAMMA, 8 * PROBE_GAMMA, 12] and PROBE_GAMMA == 1
     assert gate.speculate(length) and gate.gamma(12) == 12
 
 
 def test_one_lucky_probe_does_not_bring_back_full_drafts():
     """Prose at 26K, sampled (Xeon): a probe's drafts happened to pass, speculation came back
     at gamma2 8, and four 9-token verifies lost before the window said so (0.82x ar). Probes are
-    scored together after each one until PROBE_ROUNDS of them win."""
+    scored together after each one, each drafting twice the last, until one of full drafts wins."""
     gate = SpeculationGate(cost=given_ms, ar_first=32)
     length = calibrated(gate)
     while not gate.speculate(length):
         length += 1
-    spec_round(gate, length, emitted=PROBE_GAMMA + 1, ms=2 * AR_MS)  # lucky: 3 tokens for 2 steps
+    assert gate.gamma(12) == PROBE_GAMMA
+    spec_round(gate, length, emitted=PROBE_GAMMA + 1, ms=1.5 * AR_MS)  # lucky: 2 tokens for 1.5 steps
     length += PROBE_GAMMA + 1
-    assert gate.speculate(length) and gate.gamma(12) == PROBE_GAMMA and gate.fallbacks == 0
-    spec_round(gate, length, emitted=1, ms=3 * AR_MS)  # the next finds nothing: 5 steps for 4 tokens
+    assert gate.speculate(length) and gate.gamma(12) == 2 * PROBE_GAMMA and gate.fallbacks == 0
+    spec_round(gate, length, emitted=1, ms=2 * AR_MS)  # the next finds nothing: 3.5 steps for 3 tokens
     assert gate.fallbacks == 1 and not gate.speculate(length + 1)
 
 

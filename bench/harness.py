@@ -155,7 +155,8 @@ def provenance(repo: Path | None = None) -> dict:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     context = click.get_current_context(silent=True)
     started = context.meta.get(STARTED_AT_COMMIT) if context is not None and repo is None else None
-    return {"commit": started or git_commit(repo), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return {"commit": started or git_commit(repo), "date": now,
             "machine": f"{model}, {available_cores()} cores", "cpu_flags": sorted(host_flags() & VECTOR_FLAGS),
             "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": gpu, "threads": torch.get_num_threads()}
 

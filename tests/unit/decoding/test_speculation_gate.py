@@ -159,7 +159,7 @@ def test_round_prices_are_the_cost_model_s_pass_times_at_the_length():
 
 def test_ar_first_tries_speculation_once_after_the_hold_and_keeps_it_where_it_pays():
     gate = SpeculationGate(cost=given_ms, ar_first=32)
-    length = calibrated(gate)  # ar steps, which also start the hold at the first length seen
+    calibrated(gate)  # ar steps, which also start the hold at the first length seen
     assert not gate.speculate(100 + 31) and gate.speculate(100 + 32)
     spec_round(gate, 132, emitted=9, ms=19.0)  # the probe wins alone: speculation stays
     assert gate.speculate(141) and gate.fallbacks == 0

@@ -6,6 +6,7 @@ from triforce.decoding.speculation_gate import (CALIBRATION_STEPS, GATE_HOLD, GA
                                                 SpeculationGate)
 
 AR_MS = 10.0
+GAMMA2 = 8  # the drafts the engine asks for
 
 
 def given_ms(passes, seconds, length):
@@ -20,8 +21,19 @@ def calibrated(gate, length=100, ms=AR_MS):
     return length + CALIBRATION_STEPS
 
 
-def spec_round(gate, length, emitted, ms):
-    gate.round_done(length, [("lookup", 0), ("full", 9)], emitted, speculated=True, seconds=ms)
+def spec_round(gate, length, emitted, ms, gamma2=GAMMA2):
+    """A speculative round as the engine runs one: it asks the gate for the drafts first."""
+    asked = gate.gamma(gamma2)
+    gate.round_done(length, [("lookup", 0), ("full", asked + 1)], emitted, speculated=True, seconds=ms)
+    return asked
+
+
+def winning_probes(gate, length, ms=1.2 * AR_MS):
+    """Probes that each bring back all their drafts, until one of full drafts has won."""
+    while gate.probing:
+        assert gate.speculate(length)
+        length += spec_round(gate, length, emitted=gate.gamma(GAMMA2) + 1, ms=ms) + 1
+    return length
 
 
 def test_ar_steps_calibrate_before_the_first_speculative_round():
@@ -54,10 +66,8 @@ def test_losing_rounds_hand_over_to_ar_then_probe_with_a_doubling_hold():
     spec_round(gate, length, emitted=1, ms=19.0)  # a losing probe decides alone: the hold doubles
     assert gate.fallbacks == 2
     assert not gate.speculate(length + 2 * GATE_HOLD[0] - 1) and gate.speculate(length + 2 * GATE_HOLD[0])
-    length += 2 * GATE_HOLD[0]
-    spec_round(gate, length, emitted=9, ms=19.0)  # a winning probe: speculation stays
-    length += 9
-    assert gate.speculate(length)
+    length = winning_probes(gate, length + 2 * GATE_HOLD[0])  # speculation comes back
+    assert gate.speculate(length) and gate.gamma(GAMMA2) == GAMMA2
     for _ in range(GATE_WINDOW):
         spec_round(gate, length, emitted=1, ms=19.0)
         length += 1
@@ -73,7 +83,7 @@ def test_a_costly_losing_probe_waits_until_its_cost_is_a_small_share():
     length = calibrated(gate)
     while not gate.speculate(length):
         length += 1
-    assert gate.gamma(12) == PROBE_GAMMA  # a probe checks few drafts: it is likelier to lose
+    assert gate.gamma(GAMMA2) == PROBE_GAMMA  # a probe checks few drafts: it is likelier to lose
     spec_round(gate, length, emitted=1, ms=11 * AR_MS)
     hold = round(10 / PROBE_SHARE)
     assert gate.fallbacks == 1 and hold > GATE_HOLD[0]
@@ -85,7 +95,7 @@ def test_a_costly_losing_probe_waits_until_its_cost_is_a_small_share():
     while gate.probing:  # winning probes, each checking twice the drafts of the last up to all 12
         assert gate.speculate(length)
         asked.append(gate.gamma(12))
-        spec_round(gate, length, emitted=asked[-1] + 1, ms=2 * AR_MS)
+        spec_round(gate, length, emitted=asked[-1] + 1, ms=2 * AR_MS, gamma2=12)
         length += asked[-1] + 1
     assert asked == [PROBE_GAMMA, 2 * PROBE_GAMMA, 4 * PROBE_GAMMA, 8 * PROBE_GAMMA, 12] and PROBE_GAMMA == 1
     assert gate.speculate(length) and gate.gamma(12) == 12
@@ -99,10 +109,10 @@ def test_one_lucky_probe_does_not_bring_back_full_drafts():
     length = calibrated(gate)
     while not gate.speculate(length):
         length += 1
-    assert gate.gamma(12) == PROBE_GAMMA
+    assert gate.gamma(GAMMA2) == PROBE_GAMMA
     spec_round(gate, length, emitted=PROBE_GAMMA + 1, ms=1.5 * AR_MS)  # lucky: 2 tokens for 1.5 steps
     length += PROBE_GAMMA + 1
-    assert gate.speculate(length) and gate.gamma(12) == 2 * PROBE_GAMMA and gate.fallbacks == 0
+    assert gate.speculate(length) and gate.gamma(GAMMA2) == 2 * PROBE_GAMMA and gate.fallbacks == 0
     spec_round(gate, length, emitted=1, ms=2 * AR_MS)  # the next finds nothing: 3.5 steps for 3 tokens
     assert gate.fallbacks == 1 and not gate.speculate(length + 1)
 
@@ -161,8 +171,10 @@ def test_ar_first_tries_speculation_once_after_the_hold_and_keeps_it_where_it_pa
     gate = SpeculationGate(cost=given_ms, ar_first=32)
     calibrated(gate)  # ar steps, which also start the hold at the first length seen
     assert not gate.speculate(100 + 31) and gate.speculate(100 + 32)
-    spec_round(gate, 132, emitted=9, ms=19.0)  # the probe wins alone: speculation stays
-    assert gate.speculate(141) and gate.fallbacks == 0
+    spec_round(gate, 132, emitted=2, ms=12.0)  # a probe of one draft wins: the next checks two
+    assert gate.probing and gate.speculate(134) and gate.gamma(GAMMA2) == 2
+    length = winning_probes(gate, 134)  # ... until one of all the drafts wins: speculation stays
+    assert gate.speculate(length) and not gate.probing and gate.fallbacks == 0
     other = SpeculationGate(cost=given_ms, ar_first=32)
     calibrated(other)
     spec_round(other, 132, emitted=1, ms=19.0)  # the probe loses alone: ar for a hold

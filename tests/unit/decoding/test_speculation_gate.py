@@ -117,6 +117,25 @@ def test_one_lucky_probe_does_not_bring_back_full_drafts():
     assert gate.fallbacks == 1 and not gate.speculate(length + 1)
 
 
+def test_a_probe_that_stops_short_keeps_its_drafts_for_the_next():
+    """26K seeded (Zen 3): a probe of one draft passed, the next of two stopped at its first, and
+    the score (still winning) brought a probe of four: 406 ms for 2 tokens beside 115 ms steps.
+    Only a probe whose drafts all passed doubles the next; while the score wins, the others keep."""
+    gate = SpeculationGate(cost=given_ms, ar_first=32)
+    length = calibrated(gate)
+    while not gate.speculate(length):
+        length += 1
+    length += spec_round(gate, length, emitted=2, ms=1.2 * AR_MS) + 1  # its draft passed
+    assert gate.gamma(GAMMA2) == 2
+    spec_round(gate, length, emitted=2, ms=1.4 * AR_MS)  # one of two passed: 5 tokens for 2.6 steps
+    length += 2
+    assert gate.probing and gate.speculate(length) and gate.gamma(GAMMA2) == 2 and gate.fallbacks == 0
+    length += spec_round(gate, length, emitted=3, ms=1.4 * AR_MS) + 1  # both passed: the next checks four
+    assert gate.speculate(length) and gate.gamma(GAMMA2) == 4
+    spec_round(gate, length, emitted=1, ms=5 * AR_MS)  # none passed, five steps: the score loses
+    assert gate.fallbacks == 1 and not gate.speculate(length + 1)
+
+
 def test_the_hold_stops_doubling_at_its_cap():
     gate = SpeculationGate(cost=given_ms)
     length = calibrated(gate)

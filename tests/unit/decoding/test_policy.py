@@ -27,6 +27,17 @@ def test_a_struggling_cache_is_rebuilt_once_it_has_taken_two_verifies():
     assert policy.rolling_acceptance is None and not policy.should_rebuild(8)
 
 
+def test_a_few_rejected_drafts_are_no_word_on_the_cache_until_they_make_a_round():
+    """--method auto's probes check one or two drafts: one rejection is not a struggling cache."""
+    policy = SpeculationPolicy(spec())
+    policy.full_verified(1, 0)
+    assert policy.rolling_acceptance == 0.0 and not policy.should_rebuild(50)
+    policy.full_verified(2, 0)
+    assert not policy.should_rebuild(50)
+    policy.full_verified(1, 1)
+    assert policy.rolling_acceptance == 0.25 and policy.should_rebuild(50)  # four drafts: a round's worth
+
+
 def test_the_rolling_window_forgets_old_verifies():
     policy = SpeculationPolicy(spec())
     policy.full_verified(4, 0)

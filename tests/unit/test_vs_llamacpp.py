@@ -87,7 +87,6 @@ def test_rounds_without_conditions_to_cycle_is_a_usage_error():
     assert result.exit_code == 2 and "--rounds cycles through --beside's conditions" in result.output
 
 
-
 def test_a_gguf_row_runs_ours_on_its_own_file(tmp_path, tiny_model_dir, monkeypatch):
     """Issue 76: `--gguf gguf=FILE` times ours on FILE's blocks, whatever --model says (a row once
     ran ours on --model while llama.cpp read FILE): a FILE that is not there stops the row before

@@ -77,7 +77,6 @@ def _softmax(sc, visible, m_out, l_out):
         l_out[r] = exp_sum(sc[r], seen, m_out[r])
 
 
-
 @numba.njit(cache=True)
 def _merge(m, l, acc, h, r, out, row):
     """out[h, r] = the splits' weighted values by log-sum-exp, split by split in order (no

@@ -16,8 +16,9 @@ class SpeculationPolicy:
 
     A sparse cache is rebuilt when it has taken `rebuild_stride` tokens since its selection
     (stale), or when the rolling acceptance, over at least a full round's drafts, falls below
-    `rebuild_threshold` once it has taken at least two verifies' worth (struggling). gamma2 follows the controller (the cost model's
-    choice at the rolling acceptance) when there is one, else stays where it started."""
+    `rebuild_threshold` once it has taken at least two verifies' worth (struggling). gamma2
+    follows the controller (the cost model's choice at the rolling acceptance) when there is one,
+    else stays where it started."""
 
     def __init__(self, spec: SpecParams, gamma2_controller=None, drafts_ahead: bool = False):
         self.spec = spec

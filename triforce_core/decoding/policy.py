@@ -38,7 +38,7 @@ class SpeculationPolicy:
     def should_rebuild(self, appended: int) -> bool:
         """Whether a sparse cache that has taken `appended` tokens since its selection is due. The
         acceptance speaks once the window holds a full round's drafts: --method auto's probes of
-        one draft each rebuilt a 26K selection after every lost probe (68 ms beside ar steps of 73,
+        one draft rebuilt a 26K selection after a lost probe (68 ms beside ar steps of 73 ms,
         Zen 3), on the word of a single rejected draft."""
         if appended >= self.spec.rebuild_stride:
             return True

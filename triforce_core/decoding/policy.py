@@ -42,9 +42,9 @@ class SpeculationPolicy:
         Zen 3), on the word of a single rejected draft."""
         if appended >= self.spec.rebuild_stride:
             return True
-        rolling = self.rolling_acceptance
-        return (rolling is not None and sum(p for p, _ in self._rolling) >= self.spec.gamma2
-                and rolling < self.spec.rebuild_threshold and appended >= 2 * self.spec.gamma2)
+        proposed = sum(p for p, _ in self._rolling)
+        return (proposed >= max(self.spec.gamma2, 1) and appended >= 2 * self.spec.gamma2
+                and sum(a for _, a in self._rolling) / proposed < self.spec.rebuild_threshold)
 
     def rebuilt(self) -> None:
         """A fresh selection: the acceptance seen with the old one no longer speaks for it."""

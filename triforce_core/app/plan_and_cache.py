@@ -10,7 +10,7 @@ from triforce.config import AUTO, SpecParams
 
 from triforce.config.model import ModelConfig
 from triforce.errors import UserError
-from triforce.plan.cost_model import Acceptance, Gamma2Controller, RoundPrices
+from triforce.plan.cost_model import Acceptance, Gamma1Controller, Gamma2Controller, RoundPrices
 from triforce.plan.method_choice import MethodChoice, choose_method, default_acceptance
 from triforce.plan.planner import MemoryPlan, hardware, plan_memory
 from triforce.plan import host_limits
@@ -73,6 +73,7 @@ class RunPlan:
     auto: MethodChoice | None = None  # --method auto: the method chosen and why
     batch: object = None             # a batch's --method auto: its BatchChoice (triforce.plan.batch_choice)
     dtype_bytes: int | None = None   # the run's element size: the profile's rates scale with it
+    gamma1_fixed: bool = False       # the user named gamma1: it stays as given
 
     def method_line(self) -> str | None:
         """What --method auto chose and why (None: the user named the method)."""
@@ -98,6 +99,12 @@ class RunPlan:
         prices = RoundPrices(self.plan.step_costs, hardware(self.profile, self.dtype_bytes),
                              self.plan.decode_resident_tokens)
         return SpeculationGate(prices, self.speculate_from, ar_first=PROBE_HOLD if self.auto.probe else 0)
+
+    def gamma1_controller(self, has_tier0: bool) -> Gamma1Controller | None:
+        """Adapts the tier-0 drafts per retrieval check to their observed rate, unless named."""
+        if self.gamma1_fixed or not has_tier0 or self.spec.method != "triforce" or self.plan.step_costs is None:
+            return None
+        return Gamma1Controller(self.plan.step_costs, hardware(self.profile, self.dtype_bytes), self.spec.gamma1)
 
     def gamma2_controller(self, has_tier0: bool) -> Gamma2Controller | None:
         """Adapts gamma2 to the observed acceptance when its range is open."""
@@ -125,7 +132,7 @@ def plan_run(cfg: ModelConfig, profile: MemoryProfile, context: int, spec: SpecP
     plan, spec, choice = plan_with_choice(cfg, profile, context, spec, fixed, dtype_bytes=_size(dtype),
                                           draft=draft_cfg, draft_dtype_bytes=_size(draft_dtype) if draft_dtype else None,
                                           tp=tp, assumed=assumed, has_tier0=has_tier0, weights=weights)
-    return RunPlan(plan, spec, choice, profile, auto, dtype_bytes=_size(dtype))
+    return RunPlan(plan, spec, choice, profile, auto, dtype_bytes=_size(dtype), gamma1_fixed="gamma1" in fixed)
 
 
 def _size(dtype: torch.dtype) -> int:

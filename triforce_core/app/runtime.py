@@ -128,6 +128,8 @@ class Runtime:
             kv_cache = build_kv_cache(lm, max_len, run.plan, overlap=self.config.overlap, hybrid=self.config.hybrid)
         hooks = EngineHooks(replay=replay,
                             gamma2_controller=run.gamma2_controller(self.draft.has_tier0),
+                            # a replayed trace's checks were recorded with the planned gamma1
+                            gamma1_controller=run.gamma1_controller(self.draft.has_tier0) if replay is None else None,
                             speculation_gate=run.speculation_gate(),
                             sync_counter=SyncCounter() if self.config.count_syncs else None,
                             **self._rank_agreement())

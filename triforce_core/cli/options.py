@@ -210,8 +210,9 @@ def speculation_options(default_method: str):
             click.option("--chunk-size", type=INT, default=None,
                          help=f"Retrieval chunk size in tokens (default: chosen with the budget, else {d.chunk_size})."),
             click.option("--gamma1", type=INT, default=None,
-                         help=f"Drafts per retrieval-tier check (triforce; default: chosen by the cost model, "
-                              f"else {d.gamma1})."),
+                         help=f"Tier-0 drafts per retrieval-tier check (triforce; default: chosen by the cost "
+                              f"model, else {d.gamma1}, and lowered, to none, while they are mostly refused where "
+                              "a wider check costs more, as on a CPU; a value given here is kept)."),
             click.option("--gamma2", type=INT, default=None,
                          help="Tokens proposed to each full-cache verify (default: chosen by the cost model "
                               "and adapted to the acceptance seen while generating; a value given here is kept)."),

@@ -59,7 +59,8 @@ class Engine:
         ahead = wanted(draft_ahead, self.levels, hooks.agree is not None, hooks.sync_counter is not None)
         self.ahead = AheadRunner(lm.device) if ahead else None
         self._carried = None  # drafts made during the last verify
-        self.policy = SpeculationPolicy(spec, hooks.gamma2_controller if len(self.levels) > 1 else None, ahead)
+        self.policy = SpeculationPolicy(spec, hooks.gamma2_controller if len(self.levels) > 1 else None, ahead,
+                                        hooks.gamma1_controller if len(self.levels) > 2 else None)
         self.upkeep = SparseUpkeep(self.sparse_tiers, self.full, self.policy, spec.selection_window)
         # drafts each verifying level checks per round: the full tier gamma2, a middle one gamma1
         self.gammas = [0] + [spec.gamma1] * (len(self.levels) - 2) + [spec.gamma2]
@@ -225,7 +226,8 @@ class Engine:
             return self._propose_bottom(1), None
         tier = self.levels[level]
         base = len(self.seq)
-        want = min(self.gammas[level], limit - 1)
+        checks_tier0 = level == 1 and len(self.levels) > 2  # the retrieval tier checking tier 0's drafts
+        want = min(self.policy.next_gamma1() if checks_tier0 else self.gammas[level], limit - 1)
         draft_dists = self._carried_drafts(want) if tier is self.full else []
         if want > len(draft_dists):
             draft_dists += self._propose(level - 1, want - len(draft_dists))
@@ -262,6 +264,8 @@ class Engine:
             lower.truncate(len(self.seq) - 1)
         self.rounds.append((tier.name, len(drafts), verdict.accepted))
         self.stats[level].add(len(drafts), verdict.accepted)
+        if checks_tier0:
+            self.policy.tier0_checked(len(drafts), verdict.accepted)
         if tier is self.full:
             self.policy.full_verified(len(drafts), verdict.accepted)
             if ahead is not None:

@@ -9,6 +9,9 @@ from triforce.config import SpecParams
 from triforce.decoding.full_tier import latest
 
 ROLLING_ROUNDS = 8  # full verifies in the rolling acceptance that can trigger a rebuild
+TIER0_CHECKS = 8    # the retrieval tier's latest checks of tier-0 drafts that estimate their rate
+TIER0_EVIDENCE = 8  # drafts whose fate is known (kept, or the refused one) before that rate speaks
+GAMMA1_PROBE = 8    # where checking tier-0 drafts does not pay: one draft every this many checks
 
 
 class SpeculationPolicy:
@@ -20,12 +23,16 @@ class SpeculationPolicy:
     follows the controller (the cost model's choice at the rolling acceptance) when there is one,
     else stays where it started."""
 
-    def __init__(self, spec: SpecParams, gamma2_controller=None, drafts_ahead: bool = False):
+    def __init__(self, spec: SpecParams, gamma2_controller=None, drafts_ahead: bool = False, gamma1_controller=None):
         self.spec = spec
         self.drafts_ahead = drafts_ahead  # the tier below the full one drafts a second cycle during each verify
         self.controller = gamma2_controller
+        self.gamma1_controller = gamma1_controller
         self.gamma2 = spec.gamma2
         self._rolling: deque[tuple[int, int]] = deque(maxlen=ROLLING_ROUNDS)
+        self._tier0: deque[tuple[int, int]] = deque(maxlen=TIER0_CHECKS)  # (drafts kept, 1 if one was refused)
+        self._without_drafts = 0  # checks since tier 0's last draft was offered, where none pays
+        self._probe = False       # the check under way is such a single draft
 
     def full_verified(self, proposed: int, accepted: int) -> None:
         self._rolling.append((proposed, accepted))
@@ -49,6 +56,33 @@ class SpeculationPolicy:
     def rebuilt(self) -> None:
         """A fresh selection: the acceptance seen with the old one no longer speaks for it."""
         self._rolling.clear()
+
+    def tier0_checked(self, proposed: int, accepted: int) -> None:
+        """The retrieval tier's check of `proposed` tier-0 drafts kept `accepted` of them."""
+        if proposed:
+            self._tier0.append((accepted, int(accepted < proposed)))
+            if self._probe and accepted == proposed:
+                self._without_drafts = GAMMA1_PROBE  # a kept probe: the next check probes again
+        self._probe = False
+
+    def next_gamma1(self) -> int:
+        """Tier-0 drafts for the retrieval tier's next check: the controller's pick at their rate
+        (kept / (kept + refused): a check stops at its first refusal), the planned gamma1 until
+        TIER0_EVIDENCE drafts speak. Where it picks none, one draft every GAMMA1_PROBE checks (and
+        after each kept one) keeps watch for text that starts repeating itself."""
+        if self.gamma1_controller is None:
+            return self.spec.gamma1
+        kept = sum(k for k, _ in self._tier0)
+        seen = kept + sum(refused for _, refused in self._tier0)
+        if seen < TIER0_EVIDENCE:
+            return self.spec.gamma1
+        gamma1 = min(self.gamma1_controller.choose(kept / seen), self.spec.gamma1)
+        if gamma1 == 0:
+            self._without_drafts += 1
+            self._probe = self._without_drafts >= GAMMA1_PROBE
+            if self._probe:
+                self._without_drafts, gamma1 = 0, 1
+        return gamma1
 
     def next_gamma2(self) -> int:
         rolling = self.rolling_acceptance

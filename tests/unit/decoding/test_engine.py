@@ -124,3 +124,28 @@ def test_the_summary_is_the_engines_own(lm):
     assert result.stats["tiers"] == engine.describe() == "lookup -> retrieval -> full"
     assert result.stats["full_verifies"] == engine.stats[-1].rounds
     assert "auto_fallbacks" not in result.stats and "host_syncs" not in result.stats  # no gate, no counter
+
+
+def test_a_gamma1_controller_that_picks_none_leaves_the_retrieval_tier_drafting_alone(lm):
+    """Where checking tier 0's drafts does not pay, the retrieval tier takes none of them but a
+    single one now and then (policy.GAMMA1_PROBE), and the tokens stay ar's."""
+    from triforce.decoding.hooks import EngineHooks
+    from triforce.decoding.policy import TIER0_EVIDENCE
+
+    class NonePays:
+        def choose(self, alpha):
+            return 0
+
+    ar = engine_over(lm, SpecParams(method="ar"), new_tokens=40).generate(40, GREEDY)
+    engine = Engine(lm, SPEC, len(PROMPT) + 40, "lookup", hooks=EngineHooks(gamma1_controller=NonePays()))
+    engine.set_sequence(PROMPT)
+    checked = []
+    engine.policy.tier0_checked = lambda proposed, accepted, record=engine.policy.tier0_checked: (
+        checked.append(proposed), record(proposed, accepted))
+    result = engine.generate(40, GREEDY)
+    assert result.tokens == ar.tokens
+    seen, start = 0, 0
+    while seen < TIER0_EVIDENCE:  # the planned gamma1 until enough drafts have spoken
+        seen, start = seen + (checked[start] > 0), start + 1
+    assert max(checked[:start]) == SPEC.gamma1
+    assert checked[start + 1:] and max(checked[start + 1:]) == 1 and 0 in checked[start + 1:]

@@ -1,7 +1,7 @@
 """The speculation policy's decisions, without a model: rebuilds when stale or struggling, the
-rolling window, and gamma2 following its controller."""
+rolling window, gamma2 following its controller, and gamma1 following the rate of tier 0's drafts."""
 from triforce.config import SpecParams
-from triforce.decoding.policy import ROLLING_ROUNDS, SpeculationPolicy
+from triforce.decoding.policy import GAMMA1_PROBE, ROLLING_ROUNDS, TIER0_EVIDENCE, SpeculationPolicy
 
 
 def spec(**kw):
@@ -67,3 +67,41 @@ def test_gamma2_follows_the_controller_at_the_rolling_acceptance():
 
 def test_room_needed_covers_a_round_at_the_largest_gamma2():
     assert SpeculationPolicy(spec(gamma1=3, gamma2_min=2, gamma2_max=8)).room_needed() == 3 + 8 + 2
+
+
+class ByRate:
+    """A gamma1 controller: none below half kept, else 6 (more than the plan's gamma1)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def choose(self, alpha):
+        self.seen.append(alpha)
+        return 6 if alpha >= 0.5 else 0
+
+
+def test_gamma1_follows_the_rate_of_tier0_drafts_and_watches_while_at_none():
+    controller = ByRate()
+    policy = SpeculationPolicy(spec(gamma1=3), gamma1_controller=controller)
+    policy.tier0_checked(0, 0)  # tier 0 had nothing to propose: no word on its rate
+    for _ in range(TIER0_EVIDENCE):
+        assert policy.next_gamma1() == 3  # too little seen: the planned gamma1
+        policy.tier0_checked(3, 0)
+    assert controller.seen == []
+    picks = [policy.next_gamma1() for _ in range(GAMMA1_PROBE)]
+    assert picks == [0] * (GAMMA1_PROBE - 1) + [1]  # none, then a single draft keeps watch
+    assert controller.seen[-1] == 0.0
+    policy.tier0_checked(1, 1)  # the probe was kept: the next check probes again
+    assert policy.next_gamma1() == 1
+    policy.tier0_checked(1, 0)  # refused: back to none
+    assert policy.next_gamma1() == 0
+    for _ in range(8):
+        policy.tier0_checked(3, 3)  # text that repeats itself: kept drafts fill the window
+    assert policy.next_gamma1() == 3  # the controller's 6, capped at the planned gamma1 (the room)
+
+
+def test_gamma1_stays_as_planned_without_a_controller():
+    policy = SpeculationPolicy(spec(gamma1=3))
+    for _ in range(20):
+        policy.tier0_checked(3, 0)
+    assert policy.next_gamma1() == 3

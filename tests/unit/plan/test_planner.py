@@ -3,7 +3,8 @@ import pytest
 
 from triforce.config import SpecParams
 from triforce.model.architectures import arch_config
-from triforce.plan.cost_model import (GAMMA2_RANGE, TIE_FRACTION, Acceptance, Gamma2Controller, Hardware, StepCosts, best_gammas,
+from triforce.plan.cost_model import (GAMMA2_RANGE, TIE_FRACTION, Acceptance, Gamma1Controller, Gamma2Controller,
+                                      Hardware, StepCosts, best_gammas,
                                       expected_tokens, full_verify_ms, gamma2_bounds, tier0_ms, tier1_ms,
                                       rate_from_fraction, static_tree_part, triforce_ms_per_token)
 from triforce.offload.errors import OffloadError
@@ -242,6 +243,20 @@ def test_predictions_favour_triforce_at_long_context():
     assert result.step_costs.host_kv_bytes > 40 * GiB  # read every verify: streamed, or the CPU's share in place
     assert p["pcie_bytes_per_full_verify"] == pytest.approx(result.step_costs.host_kv_bytes
                                                             * (1 - p["hybrid_cpu_share_verify"]), rel=2e-3)
+
+
+def test_gamma1_controller_drops_refused_drafts_only_where_a_wider_check_costs():
+    """A CPU's projections are arithmetic-bound: a 5-token check of the retrieval tier costs about
+    twice a 1-token one, so drafts mostly refused cost more than they give; on a memory-bound
+    device a wider check costs nearly nothing more, and every draft is worth checking."""
+    c = costs(draft_bytes=0)  # prompt lookup: its drafts cost nothing to make
+    cpu = Hardware(hbm_gbps=30, h2d_gbps=10, compute_tflops=0.08)
+    gpu = Hardware(hbm_gbps=1000, h2d_gbps=10)
+    assert tier1_ms(c, cpu, 5) > 2 * tier1_ms(c, cpu, 1)
+    on_cpu = Gamma1Controller(c, cpu, 4)
+    picks = [on_cpu.choose(a) for a in (0.0, 0.2, 0.6, 0.9, 1.0)]
+    assert picks[0] == picks[1] == 0 and picks[-2] >= 1 and picks[-1] == 4 and picks == sorted(picks)
+    assert [Gamma1Controller(c, gpu, 4).choose(a) for a in (0.0, 0.2, 0.9)] == [4, 4, 4]
 
 
 @pytest.mark.parametrize("alpha, gamma", [(0.3, 1), (0.7, 4), (0.91, 8), (0.99, 15)])

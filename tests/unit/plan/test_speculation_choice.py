@@ -56,3 +56,21 @@ def test_nothing_fits_gives_none_and_the_plan_says_why():
 def test_ar_chooses_nothing():
     plan, spec, choice = plan_with_choice(MODEL, PROFILE, 130048, SpecParams(method="ar"), frozenset(), dtype_bytes=2)
     assert choice is None and plan.feasible
+
+
+def test_gamma1_adapts_while_decoding_unless_the_user_named_it():
+    """`--gamma1 N` is kept as given; left open, the engine lowers it while tier 0's drafts are
+    mostly refused (plan.cost_model.Gamma1Controller), where there are tier-0 drafts to check."""
+    import torch
+
+    from triforce.app.plan_and_cache import plan_run
+    from triforce.plan.cost_model import Gamma1Controller
+
+    def run(spec, fixed=frozenset()):
+        return plan_run(arch_config("smollm2-135m"), load_profile("cpu"), 8192, spec, fixed, torch.float32,
+                        has_tier0=True)
+
+    assert isinstance(run(SpecParams(method="triforce")).gamma1_controller(True), Gamma1Controller)
+    assert run(SpecParams(method="triforce", gamma1=2), frozenset({"gamma1"})).gamma1_controller(True) is None
+    assert run(SpecParams(method="triforce")).gamma1_controller(False) is None  # two tiers: no tier-0 drafts
+    assert run(SpecParams(method="retrieval")).gamma1_controller(True) is None

@@ -29,6 +29,7 @@ from triforce.bench.harness import emit, markdown, output_option, spread
 
 
 MIN_AR_STEPS = 8  # ar steps a run must take for its own ar rate to be read from them
+NAMEABLE = ("gamma1", "gamma2", "budget", "chunk_size")  # speculation flags a --methods entry may name
 
 
 def decode(runtime, ids: list[int], new_tokens: int, method: str, sampling=None):
@@ -47,8 +48,9 @@ def decode(runtime, ids: list[int], new_tokens: int, method: str, sampling=None)
             self.rounds.append((plan.speculate, plan.emitted, plan.seconds))
 
     max_len = len(ids) + new_tokens
-    spec = None if method == "auto" else replace(runtime.config.spec, method=method)
-    run = runtime.plan(max_len, spec=spec, fixed=frozenset())
+    name, named = method_and_flags(method)
+    spec = None if name == "auto" else replace(runtime.config.spec, method=name, **named)
+    run = runtime.plan(max_len, spec=spec, fixed=frozenset(named))
     engine, clock = runtime.engine(max_len, run), RoundClock()
     engine.observers.append(clock)
     started = time.perf_counter()
@@ -56,6 +58,21 @@ def decode(runtime, ids: list[int], new_tokens: int, method: str, sampling=None)
     print(f"{method}: {len(ids)} tokens prefilled in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     result = engine.generate(new_tokens, sampling or SamplingParams(), frozenset())
     return result, run, engine, clock.rounds
+
+
+def method_and_flags(method: str) -> tuple[str, dict[str, int]]:
+    """`triforce:gamma1=4:gamma2=8` -> ("triforce", {"gamma1": 4, "gamma2": 8}): a method with
+    speculation flags named as a user names them (kept as given, where the plain method lets the
+    cost model choose them and the engine adapt them)."""
+    name, *flags = method.split(":")
+    named = {}
+    for flag in flags:
+        key, _, value = flag.partition("=")
+        if key not in NAMEABLE or not value.isdigit():
+            raise click.BadParameter(f"'{flag}' in '{method}': name one of {', '.join(NAMEABLE)} as KEY=N",
+                                     param_hint="--methods")
+        named[key] = int(value)
+    return name, named
 
 
 def against_its_ar_steps(rounds: list[tuple[bool, int, float]]) -> float | None:
@@ -75,7 +92,9 @@ def against_its_ar_steps(rounds: list[tuple[bool, int, float]]) -> float | None:
 @click.option("--contexts", default="512,2048,4096,8000", show_default=True, help="Prompt lengths in tokens.")
 @click.option("--new-tokens", type=int, default=64, show_default=True)
 @click.option("--repeats", type=click.IntRange(1, 10), default=2, show_default=True)
-@click.option("--methods", default="ar,auto,triforce", show_default=True, help="ar first: the others are compared with it.")
+@click.option("--methods", default="ar,auto,triforce", show_default=True,
+              help="ar first: the others are compared with it. A method may name speculation flags, kept as "
+                   "given: triforce:gamma1=4:gamma2=8 (gamma1, gamma2, budget, chunk_size).")
 @click.option("--dtype", default="auto", show_default=True)
 @click.option("--profile", default=None, help="Memory profile (default: cpu).")
 @click.option("--max-context", type=int, default=None, help="With --rope-scaling: stretch the model this far.")
@@ -105,6 +124,8 @@ def main(model, quantize, contexts, new_tokens, repeats, methods, dtype, profile
     tok = runtime.lm.tokenizer
     rows = []
     drawn = {"chat": CHAT_SAMPLING, "chat-seeded": replace(CHAT_SAMPLING, seed=0)}.get(sampling)  # None: greedy
+    for method in methods.split(","):
+        method_and_flags(method)  # a misspelt flag stops here, before any prefill
     for n in (int(c) for c in contexts.split(",")):
         ids = tok(prompt_text(prompt_kind, tok, n + 8), add_special_tokens=False).input_ids[:n - new_tokens]
         rates, tokens, row, paired = {}, {}, {"context": n, "prompt_tokens": len(ids)}, []

@@ -36,6 +36,25 @@ def test_speed_by_context_same_tokens_for_each_method(capsys):
     assert report["weights"] == "float" and report["provenance"]["cpu_flags"]
 
 
+def test_speed_by_context_of_a_method_with_named_flags(capsys, monkeypatch):
+    """`triforce:gamma1=2` keeps gamma1 as named (no controller adapts it), beside the plain
+    method whose gamma1 the engine adapts; a flag that is not one stops before any prefill."""
+    from triforce.bench import method_auto
+
+    engines, real = [], method_auto.decode
+    monkeypatch.setattr(method_auto, "decode", lambda *args: (lambda out: engines.append(out[2]) or out)(real(*args)))
+    report = json.loads(run(capsys, "bench", "context", "--contexts", "160", "--new-tokens", "6", "--repeats", "1",
+                            "--methods", "ar,triforce,triforce:gamma1=2", "--dtype", "float32", "--format", "json"))
+    row, = report["rows"]
+    assert row["triforce:gamma1=2_tok_s"] > 0 and row["triforce_tok_s"] > 0 and row["same_tokens"]
+    _, adapting, named = engines
+    assert adapting.policy.gamma1_controller is not None and adapting.spec.gamma1 == 4
+    assert named.policy.gamma1_controller is None and named.spec.gamma1 == 2
+    err = run_failing(capsys, "bench", "context", "--contexts", "160", "--methods", "ar,triforce:gamma=2")
+    assert "'gamma=2' in 'triforce:gamma=2'" in err and "gamma1, gamma2, budget, chunk_size" in err
+    assert not engines[3:]
+
+
 def test_speed_by_context_sampled_as_chat_samples(capsys, monkeypatch):
     from triforce.bench import method_auto
     from triforce.config import CHAT_SAMPLING

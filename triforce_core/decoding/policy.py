@@ -21,7 +21,8 @@ class SpeculationPolicy:
     (stale), or when the rolling acceptance, over at least a full round's drafts, falls below
     `rebuild_threshold` once it has taken at least two verifies' worth (struggling). gamma2
     follows the controller (the cost model's choice at the rolling acceptance) when there is one,
-    else stays where it started."""
+    else stays where it started; gamma1 likewise follows its own controller at the rate of tier 0's
+    drafts in the retrieval tier's latest checks."""
 
     def __init__(self, spec: SpecParams, gamma2_controller=None, drafts_ahead: bool = False, gamma1_controller=None):
         self.spec = spec

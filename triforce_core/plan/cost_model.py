@@ -242,14 +242,14 @@ class Gamma1Controller:
     lookup's drafts are mostly refused (15% kept there), checking them cost more than they gave."""
 
     def __init__(self, costs: StepCosts, hw: Hardware, most: int):
-        self.costs, self.hw, self.most = costs, hw, most
+        # each check's price, by its tier-0 drafts: asked before every retrieval check, priced once
+        self.check_ms = [tier1_ms(costs, hw, g1 + 1) + g1 * tier0_ms(costs, hw) for g1 in range(most + 1)]
 
     def choose(self, alpha: float) -> int:
-        def ms_per_token(g1: int) -> float:
-            passes = tier1_ms(self.costs, self.hw, g1 + 1) + g1 * tier0_ms(self.costs, self.hw)
-            return passes / expected_tokens(min(max(alpha, 0.0), 1.0), g1)
-        fastest = min(ms_per_token(g1) for g1 in range(self.most + 1))
-        return max(g1 for g1 in range(self.most + 1) if ms_per_token(g1) <= fastest * (1 + TIE_FRACTION))
+        alpha = min(max(alpha, 0.0), 1.0)
+        per_token = [ms / expected_tokens(alpha, g1) for g1, ms in enumerate(self.check_ms)]
+        fastest = min(per_token)
+        return max(g1 for g1, ms in enumerate(per_token) if ms <= fastest * (1 + TIE_FRACTION))
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,16 @@ import time
 from test_cli import run_cli
 
 
-def _entry(folder, files: dict[str, bytes], source=None):
+def _entry(folder, files: dict[str, bytes], source=None, made_by=None):
     from triforce.model.cache_entry import record_sizes
+    from triforce.model.gguf_convert import conversion_digest
     from triforce.model.gguf_weights import GgufSource
 
     folder.mkdir(parents=True)
     for name, data in files.items():
         (folder / name).write_bytes(data)
     if source is not None:
-        GgufSource.of(source, "llama", 4, 2).write(folder)
+        GgufSource.of(source, "llama", 4, 2, conversion_digest() if made_by is None else made_by).write(folder)
     record_sizes(folder)
     return folder
 
@@ -40,6 +41,7 @@ def test_list_and_prune_remove_exactly_the_stale_entries(tmp_path, monkeypatch, 
     stale = {
         _entry(cache / "models" / "smollm2-135m-instruct", {"config.json": b"{}", "model.safetensors": b"w" * 5000}),
         _entry(cache / "converted" / "gone-2", {"config.json": b"{}"}, source=gone_file),
+        _entry(cache / "converted" / "kept-by-older-reading", {"config.json": b"{}"}, source=kept_file, made_by=""),
         cache / "numba" / "0123456789abcdef",
         cache / "gguf-index" / "other-10-99.json",
         cache / "converted" / ".partial-killed-long-ago",
@@ -62,6 +64,8 @@ def test_list_and_prune_remove_exactly_the_stale_entries(tmp_path, monkeypatch, 
     assert {e["path"] for e in listed["entries"] if e["stale"]} == {str(p) for p in stale}
     float_copy = next(e for e in listed["entries"] if e["path"].endswith("smollm2-135m-instruct"))
     assert "older triforce's float32 copy" in float_copy["stale"] and float_copy["bytes"] > 5000
+    older = next(e for e in listed["entries"] if e["path"].endswith("kept-by-older-reading"))
+    assert older["stale"] == "made by another version of triforce's GGUF reading"
 
     code, out, _ = run_cli(capsys, "cache")
     assert code == 0 and "STALE: an older triforce's float32 copy" in out and "`triforce cache prune`" in out

@@ -95,7 +95,7 @@ def test_a_converted_entry_is_checked_and_rebuilt_when_damaged(cache, tmp_path, 
         built.append(folder)
         (folder / "config.json").write_text("{}")
         (folder / "tokenizer.json").write_bytes(b"t" * 4096)
-        GgufSource.of(gguf_path, architecture, 4, 2).write(folder)
+        GgufSource.of(gguf_path, architecture, 4, 2, gguf_convert.conversion_digest()).write(folder)
 
     monkeypatch.setattr(gguf_convert, "_convert_into", convert)
     monkeypatch.setattr(gguf_convert, "_check_header", lambda path: "llama")
@@ -111,11 +111,17 @@ def test_a_converted_entry_is_checked_and_rebuilt_when_damaged(cache, tmp_path, 
     gguf.write_bytes(b"g" * 65)  # the file changed: its tensors may lie elsewhere now
     gguf_convert.convert_gguf(gguf, out)
     assert len(built) == 3 and f"was made from {gguf.resolve()} as it was then" in capsys.readouterr().err
+    GgufSource.of(gguf, "llama", 4, 2, "an older reading").write(out)  # e.g. a Qwen3 head dim read wrong
+    record_sizes(out)
+    gguf_convert.convert_gguf(gguf, out)
+    assert len(built) == 4 and "made by another version of triforce's GGUF reading" in capsys.readouterr().err
+    gguf_convert.convert_gguf(gguf, out)
+    assert len(built) == 4  # its own record now
     (out / "gguf-source.json").unlink()  # an older triforce's entry, with a float32 copy beside
     (out / "model.safetensors").write_bytes(b"w" * 4096)
     record_sizes(out)
     gguf_convert.convert_gguf(gguf, out)
-    assert len(built) == 4 and "older triforce's float32 copy" in capsys.readouterr().err
+    assert len(built) == 5 and "older triforce's float32 copy" in capsys.readouterr().err
     assert not (out / "model.safetensors").exists() and not list(out.parent.glob(".partial-*"))
 
 
@@ -289,6 +295,6 @@ def test_the_default_models_older_float_copy_is_replaced(cache, monkeypatch, cap
     record_sizes(old)
     monkeypatch.setattr(gguf_convert, "_check_header", lambda path: "llama")
     monkeypatch.setattr(gguf_convert, "_convert_into", lambda gguf, folder, arch: (
-        (folder / "config.json").write_text("{}"), GgufSource.of(gguf, arch, 4, 2).write(folder)))
+        (folder / "config.json").write_text("{}"), GgufSource.of(gguf, arch, 4, 2, gguf_convert.conversion_digest()).write(folder)))
     assert default_model_dir() == old and not (old / "model.safetensors").exists()
     assert GgufSource.read(old) is not None and "older triforce's float32 copy" in capsys.readouterr().err

@@ -117,6 +117,7 @@ def _remove_own(entry: Entry) -> None:
 def _model_entry(folder: Path) -> tuple[Entry, Path | None]:
     from triforce.errors import UserError
     from triforce.model.cache_entry import MANIFEST, damage, recorded_files
+    from triforce.model.gguf_convert import conversion_digest
     from triforce.model.gguf_weights import GgufSource
 
     size = _size(folder)
@@ -136,7 +137,8 @@ def _model_entry(folder: Path) -> tuple[Entry, Path | None]:
         return Entry(folder, size, "a converted GGUF", "an older triforce's float32 copy (weights are now "
                                                         "read from the file)", own, foreign, lock), None
     what = f"tokenizer and config of {source.path} (the weights stay in the file)"
-    problem = damage(folder) or source.changed()
+    problem = damage(folder) or source.changed() or (
+        None if source.made_by == conversion_digest() else "made by another version of triforce's GGUF reading")
     return Entry(folder, size, what, problem, own, foreign, lock), source.path
 
 

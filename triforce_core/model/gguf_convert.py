@@ -10,6 +10,8 @@ import shutil
 import sys
 import tempfile
 import time
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from triforce.errors import UserError
@@ -18,6 +20,25 @@ from triforce.paths import cache_root
 
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")  # GGUF names of the decoders triforce runs
 _METADATA_BYTES = 64 << 20  # room for a tokenizer and config, with a margin
+
+
+@cache
+def conversion_digest() -> str:
+    """A digest of what decides a converted folder's contents: this module and the sampling
+    defaults' (the configs llama.cpp's way, the file's sampling fields) and the versions of the
+    readers they call (transformers, gguf). A folder another one wrote is converted again: an
+    older triforce's Qwen3 config, say, held the wrong head dimension."""
+    from triforce.model import sampling_defaults
+
+    digest = hashlib.sha256()
+    for module in (Path(__file__), Path(sampling_defaults.__file__)):
+        digest.update(module.read_bytes())
+    for package in ("transformers", "gguf"):
+        try:
+            digest.update(f"|{package} {version(package)}".encode())
+        except PackageNotFoundError:
+            digest.update(f"|{package} none".encode())
+    return digest.hexdigest()[:16]
 
 
 def converted_dir_for(gguf_path: Path) -> Path:
@@ -87,7 +108,8 @@ def _convert_into(gguf_path: Path, folder: Path, architecture: str) -> None:
     generation.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     heads = config.num_attention_heads
-    GgufSource.of(gguf_path, architecture, heads, getattr(config, "num_key_value_heads", None) or heads).write(folder)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    GgufSource.of(gguf_path, architecture, heads, kv_heads, conversion_digest()).write(folder)
 
 
 def _metadata(reader, architecture: str):
@@ -172,6 +194,8 @@ def _stale(folder: Path, gguf_path: Path) -> str | None:
         return "is an older triforce's float32 copy (the weights are now read from the file)"
     if source.path != gguf_path.resolve() or source.changed() is not None:
         return f"was made from {source.path} as it was then"
+    if source.made_by != conversion_digest():
+        return "was made by another version of triforce's GGUF reading (or of transformers or gguf)"
     return None
 
 

@@ -48,12 +48,13 @@ class GgufSource:
     heads: int
     kv_heads: int
     architecture: str = "llama"  # the file's (records written before it was kept name no Gemma)
+    made_by: str = ""  # a digest of the conversion that wrote the folder (gguf_convert.conversion_digest)
 
     @classmethod
-    def of(cls, gguf_path: Path, architecture: str, heads: int, kv_heads: int) -> "GgufSource":
+    def of(cls, gguf_path: Path, architecture: str, heads: int, kv_heads: int, made_by: str = "") -> "GgufSource":
         stat = gguf_path.stat()
         return cls(gguf_path.resolve(), stat.st_size, stat.st_mtime_ns, architecture in _PERMUTING, heads, kv_heads,
-                   architecture)
+                   architecture, made_by)
 
     def write(self, folder: Path) -> None:
         fields = {**self.__dict__, "path": str(self.path)}
@@ -69,7 +70,7 @@ class GgufSource:
         except (UserError, OSError, ValueError) as e:
             raise DamagedFileError(f"cannot read {folder / SOURCE}: {e}") from None
         return cls(Path(fields["path"]), fields["size"], fields["mtime_ns"], fields["permute_qk"],
-                   fields["heads"], fields["kv_heads"], fields.get("architecture", "llama"))
+                   fields["heads"], fields["kv_heads"], fields.get("architecture", "llama"), fields.get("made_by", ""))
 
     def changed(self) -> str | None:
         """Why the file is no longer the one converted (None: it is)."""

@@ -70,9 +70,10 @@ def test_kernels_equal_dequantize_then_matmul(kind, dtype, wide, monkeypatch):
         expected = x[:rows] @ reference.T + bias.to(dtype)
         assert got.dtype == dtype
         torch.testing.assert_close(got, expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-5)
-    nine = linear(x[:9])
-    for i in range(9):  # a token's numbers do not depend on the rest of its pass
-        assert torch.equal(linear(x[i:i + 1])[0], nine[i])
+    for rows in (2, 3, 7, 9):  # groups of 4, then 1, 2 or 3 rows sharing a block's unpacking
+        together = linear(x[:rows])
+        for i in range(rows):  # a token's numbers do not depend on the rest of its pass
+            assert torch.equal(linear(x[i:i + 1])[0], together[i]), (rows, i)
 
 
 @pytest.mark.parametrize("bf16_gemm", [True, False])

@@ -70,24 +70,19 @@ def _dot(builder, weights, xs, lanes):
     return dot
 
 
-def _scaled_dot(context, builder, signature, args, weights, lanes):
-    """acc + d * (sum over k of weights[k] * x[xstart + lanes k : + lanes])."""
-    acc, x, xstart, d = args[0], args[3], args[4], args[5]
-    xs = _inputs(context, builder, signature.args[3], x, xstart, lanes, len(weights))
-    return builder.call(_fma(builder, lanes), [splat(builder, d, _floats(lanes)), _dot(builder, weights, xs, lanes), acc])
-
-
-def _scaled_dots4(context, builder, signature, args, weights, lanes):
-    """_scaled_dot for four input rows at once, the weights unpacked once: args are
-    (a0, a1, a2, a3, quants, qstart, x, xstart, width, d), row k's inputs from xstart + k width;
-    each row takes the steps it would take alone."""
-    x_type, x, xstart, width = signature.args[6], args[6], args[7], args[8]
-    d = splat(builder, args[9], _floats(lanes))
+def _scaled_dots(context, builder, signature, args, weights, lanes):
+    """Every input row's acc + d * (sum over k of weights[k] * x[row's start + lanes k : + lanes]),
+    the weights unpacked once: args are (accs, quants, qstart, x, xstart, width, d), accs a tuple
+    of one accumulator per row, row k's inputs from xstart + k width. Each row takes the steps it
+    would take alone (a product, fused multiply-adds in order, then d into its accumulator)."""
+    accs, x_type, x, xstart, width = args[0], signature.args[3], args[3], args[4], args[5]
+    d = splat(builder, args[6], _floats(lanes))
     out = []
-    for row in range(4):
+    for row in range(len(signature.args[0])):
         start = builder.add(xstart, builder.mul(width, ir.Constant(width.type, row)))
         xs = _inputs(context, builder, x_type, x, start, lanes, len(weights))
-        out.append(builder.call(_fma(builder, lanes), [d, _dot(builder, weights, xs, lanes), args[row]]))
+        acc = builder.extract_value(accs, row)
+        out.append(builder.call(_fma(builder, lanes), [d, _dot(builder, weights, xs, lanes), acc]))
     return context.make_tuple(builder, signature.return_type, out)
 
 
@@ -116,64 +111,59 @@ def _is_c_array(a, dtype) -> bool:
 
 
 _I8x16 = ir.VectorType(ir.IntType(8), 16)
+_MOST_ROWS = 4  # input rows a block's unpacked weights serve: accumulators and weights fill AVX2's 16 registers
 
 
-@intrinsic
-def q4_block4(typingctx, a0, a1, a2, a3, quants, qstart, x, xstart, width, d):
-    """q4_block for four input rows (x's from flat index xstart, `width` apart), the block's
-    nibbles unpacked once."""
-    lanes = _lanes_of(a0)
-    if lanes is None or any(a != a0 for a in (a1, a2, a3)) or not _is_c_array(quants, types.uint8) \
-            or not _is_c_array(x, types.float32) or not isinstance(width, types.Integer) or d != types.float32:
+def _rows_fit(accs, quants, quant_type, x, width, d) -> int | None:
+    """The lanes of a call's accumulators where its arguments fit a block intrinsic, else None."""
+    if not isinstance(accs, types.UniTuple) or not 1 <= len(accs) <= _MOST_ROWS:
         return None
-
-    def codegen(context, builder, signature, args):
-        raw = _load(context, builder, signature.args[4], args[4], args[5], _I8x16)
-        return _scaled_dots4(context, builder, signature, args, _nibbles(builder, raw, lanes), lanes)
-
-    return types.UniTuple(a0, 4)(a0, a1, a2, a3, quants, qstart, x, xstart, width, d), codegen
+    lanes = _lanes_of(accs.dtype)
+    if lanes is None or not (_is_c_array(quants, quant_type) and _is_c_array(x, types.float32)) \
+            or not isinstance(width, types.Integer) or d != types.float32:
+        return None
+    return lanes
 
 
 @intrinsic
-def q4_block(typingctx, acc, quants, qstart, x, xstart, d):
-    """acc + d * (q . x[xstart:xstart + 32]), the block's 32 nibbles at quants[qstart:qstart + 16]
-    (uint8: weight j low, j + 16 high), unsigned (the caller subtracts a bias through x's sum);
-    starts are flat indices into the C-contiguous arrays."""
-    lanes = _lanes_of(acc)
-    if lanes is None or not (_is_c_array(quants, types.uint8) and _is_c_array(x, types.float32)) \
-            or d != types.float32:
+def q4_rows(typingctx, accs, quants, qstart, x, xstart, width, d):
+    """(acc + d * (q . x[row's 32 inputs]) for each accumulator in accs, 1 to _MOST_ROWS input
+    rows, row k's inputs at flat index xstart + k width): the block's 32 nibbles at
+    quants[qstart:qstart + 16] (uint8: weight j low, j + 16 high), unpacked once, unsigned (the
+    caller subtracts a bias through x's sum); starts are flat indices into C-contiguous arrays."""
+    lanes = _rows_fit(accs, quants, types.uint8, x, width, d)
+    if lanes is None:
         return None
 
     def codegen(context, builder, signature, args):
         raw = _load(context, builder, signature.args[1], args[1], args[2], _I8x16)
-        return _scaled_dot(context, builder, signature, args, _nibbles(builder, raw, lanes), lanes)
+        return _scaled_dots(context, builder, signature, args, _nibbles(builder, raw, lanes), lanes)
 
-    return acc(acc, quants, qstart, x, xstart, d), codegen
+    return accs(accs, quants, qstart, x, xstart, width, d), codegen
 
 
-def _signed_bytes_block(width: int):
-    """An intrinsic (acc, quants, qstart, x, xstart, d) -> acc + d * (q . x[xstart:xstart + width])
-    for `width` (32 or 16) signed bytes at quants[qstart:] (flat indices, as q4_block)."""
+def _signed_bytes_rows(width: int):
+    """An intrinsic (accs, quants, qstart, x, xstart, row_width, d) -> q4_rows' sums for `width`
+    (32 or 16) signed bytes at quants[qstart:], converted once for every row."""
     vector = ir.VectorType(ir.IntType(8), width)
 
-    def block(typingctx, acc, quants, qstart, x, xstart, d):
-        lanes = _lanes_of(acc)
-        if lanes is None or not (_is_c_array(quants, types.int8) and _is_c_array(x, types.float32)) \
-                or d != types.float32:
+    def block(typingctx, accs, quants, qstart, x, xstart, row_width, d):
+        lanes = _rows_fit(accs, quants, types.int8, x, row_width, d)
+        if lanes is None:
             return None
 
         def codegen(context, builder, signature, args):
             raw = _load(context, builder, signature.args[1], args[1], args[2], vector)
-            return _scaled_dot(context, builder, signature, args, _signed_bytes(builder, raw, width, lanes), lanes)
+            return _scaled_dots(context, builder, signature, args, _signed_bytes(builder, raw, width, lanes), lanes)
 
-        return acc(acc, quants, qstart, x, xstart, d), codegen
+        return accs(accs, quants, qstart, x, xstart, row_width, d), codegen
 
-    block.__name__ = f"q8_block{width}"
+    block.__name__ = f"q8_rows{width}"
     return intrinsic(block)
 
 
-q8_block = _signed_bytes_block(32)     # a Q8_0 block
-q8_block16 = _signed_bytes_block(16)   # a Q6_K block (a scale per 16 weights)
+q8_rows = _signed_bytes_rows(32)     # Q8_0 blocks
+q8_rows16 = _signed_bytes_rows(16)   # Q6_K blocks (a scale per 16 weights)
 
 
 @intrinsic

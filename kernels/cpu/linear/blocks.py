@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from numba import prange, types
 from numba.extending import overload
 
-from triforce.kernels.cpu.linear.block_dot import WIDE_BLOCKS, block_total, q4_block, q4_block4, q8_block, q8_block16
+from triforce.kernels.cpu.linear.block_dot import WIDE_BLOCKS, block_total, q4_rows, q8_rows, q8_rows16
 from triforce.kernels.cpu.linear.block_formats import BLOCK, BYTE_QUANTS, Q4_BIAS, BlockWeight
 from triforce.kernels.cpu.linear.dense import SMALL_ROWS, WIDEN_BYTES, small_rows_linear
 from triforce.kernels.cpu.row_jobs import job_span, row_jobs
@@ -48,25 +48,32 @@ def block_sums(x):
 @numba.njit(inline="always")
 def _q4_row(x, quants, scales, offsets, r, bias, sums, has_offsets, zero, out):
     """Output column r of every input row over weight row r's 4-bit blocks; zero: an empty
-    accumulator of the lanes to use (8 or 16). Flat indices, no row views (block_dot says why)."""
-    rows, width = x.shape
-    blocks = scales.shape[1]
-    q = r * quants.shape[1]
+    accumulator of the lanes to use (8 or 16). Rows go four at a time, then the 1 to 3 left in
+    one group: a group shares each block's unpacking (2 rows alone cost 2.0x one, bench/RESULTS.md
+    "Rows that share a block's unpacking") and each of its rows sums as alone."""
+    rows = x.shape[0]
     i = 0
-    while i + 4 <= rows:  # four rows share each block's unpacking; each sums as alone
-        a0, a1, a2, a3 = zero, zero, zero, zero
-        for b in range(blocks):
-            a0, a1, a2, a3 = q4_block4(a0, a1, a2, a3, quants, q + b * (BLOCK // 2), x, i * width + b * BLOCK,
-                                       width, scales[r, b])
-        out[i, r] = block_total(a0) + _rest(scales, offsets, r, bias, sums, i, has_offsets)
-        out[i + 1, r] = block_total(a1) + _rest(scales, offsets, r, bias, sums, i + 1, has_offsets)
-        out[i + 2, r] = block_total(a2) + _rest(scales, offsets, r, bias, sums, i + 2, has_offsets)
-        out[i + 3, r] = block_total(a3) + _rest(scales, offsets, r, bias, sums, i + 3, has_offsets)
+    while i + 4 <= rows:
+        _q4_group(x, quants, scales, offsets, r, bias, sums, has_offsets, (zero, zero, zero, zero), i, out)
         i += 4
-    while i < rows:
-        acc = zero
-        for b in range(blocks):
-            acc = q4_block(acc, quants, q + b * (BLOCK // 2), x, i * width + b * BLOCK, scales[r, b])
+    if rows - i == 3:
+        _q4_group(x, quants, scales, offsets, r, bias, sums, has_offsets, (zero, zero, zero), i, out)
+    elif rows - i == 2:
+        _q4_group(x, quants, scales, offsets, r, bias, sums, has_offsets, (zero, zero), i, out)
+    elif rows - i == 1:
+        _q4_group(x, quants, scales, offsets, r, bias, sums, has_offsets, (zero,), i, out)
+
+
+@numba.njit(inline="always")
+def _q4_group(x, quants, scales, offsets, r, bias, sums, has_offsets, accs, first, out):
+    """Output column r of input rows first .. first + len(accs) (accs: that many empty accumulators).
+    Flat indices, no row views (block_dot says why)."""
+    width = x.shape[1]
+    q = r * quants.shape[1]
+    for b in range(scales.shape[1]):
+        accs = q4_rows(accs, quants, q + b * (BLOCK // 2), x, first * width + b * BLOCK, width, scales[r, b])
+    i = first
+    for acc in accs:
         out[i, r] = block_total(acc) + _rest(scales, offsets, r, bias, sums, i, has_offsets)
         i += 1
 
@@ -127,21 +134,38 @@ def _short_dot(a, ra, b, rb):
 @numba.njit(inline="always")
 def _q8_row(x, quants, scales, zero, r, out):
     """Output column r of every input row over weight row r's signed-byte blocks (Q8_0's 32 or
-    Q6_K's 16 weights a scale); zero: an empty accumulator of the lanes to use. Flat indices."""
-    rows, width = x.shape
+    Q6_K's 16 weights a scale); zero: an empty accumulator of the lanes to use. Rows in groups as
+    _q4_row's."""
+    rows = x.shape[0]
+    i = 0
+    while i + 4 <= rows:
+        _q8_group(x, quants, scales, r, (zero, zero, zero, zero), i, out)
+        i += 4
+    if rows - i == 3:
+        _q8_group(x, quants, scales, r, (zero, zero, zero), i, out)
+    elif rows - i == 2:
+        _q8_group(x, quants, scales, r, (zero, zero), i, out)
+    elif rows - i == 1:
+        _q8_group(x, quants, scales, r, (zero,), i, out)
+
+
+@numba.njit(inline="always")
+def _q8_group(x, quants, scales, r, accs, first, out):
+    """Output column r of input rows first .. first + len(accs), each block's bytes converted once."""
+    width = x.shape[1]
     blocks = scales.shape[1]
     group = quants.shape[1] // blocks
     q = r * quants.shape[1]
-    for i in range(rows):
-        xi = i * width
-        acc = zero
-        if group == BLOCK:
-            for b in range(blocks):
-                acc = q8_block(acc, quants, q + b * BLOCK, x, xi + b * BLOCK, scales[r, b])
-        else:
-            for b in range(blocks):
-                acc = q8_block16(acc, quants, q + b * 16, x, xi + b * 16, scales[r, b])
+    if group == BLOCK:
+        for b in range(blocks):
+            accs = q8_rows(accs, quants, q + b * BLOCK, x, first * width + b * BLOCK, width, scales[r, b])
+    else:
+        for b in range(blocks):
+            accs = q8_rows16(accs, quants, q + b * 16, x, first * width + b * 16, width, scales[r, b])
+    i = first
+    for acc in accs:
         out[i, r] = block_total(acc)
+        i += 1
 
 
 @numba.njit(parallel=True, cache=True)

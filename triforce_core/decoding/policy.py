@@ -101,12 +101,15 @@ class SpeculationPolicy:
 class SparseUpkeep:
     """Keeps the sparse tiers in step with the full cache: the exact KV of committed tokens after
     each full verify, a rebuild from the latest committed tokens' queries when the policy says so
-    or a tier runs out of room (the last token's for retrieval, SnapKV's observation window)."""
+    or a tier runs out of room (the last token's for retrieval, SnapKV's observation window). A
+    rebuild the policy asks for waits for the next round that drafts through the tiers: where
+    --method auto's gate goes to ar next, it is not made at all."""
 
     def __init__(self, tiers: list, full, policy: SpeculationPolicy, window: int = 1):
         self.tiers, self.full, self.policy, self.window = tiers, full, policy, window
         self.latest_queries = None  # per layer [B, H, <= window, D], of the last committed tokens
         self.behind: int | None = None  # committed tokens from here on are not in the tiers yet
+        self.due: list = []  # tiers the policy found due a rebuild, rebuilt before they next draft
 
     def start(self, queries) -> None:
         """A new sequence: select from the whole full cache with its last tokens' queries."""
@@ -118,6 +121,9 @@ class SparseUpkeep:
         """Before a round; catch_up: the committed length, where the round drafts through the tiers."""
         if catch_up is not None:
             self.catch_up(catch_up)
+            for tier in list(self.due):
+                self._rebuild(tier)
+                self.policy.rebuilt()
         for tier in self.tiers:
             if tier.cache.room < self.policy.room_needed():
                 self._rebuild(tier)
@@ -154,11 +160,12 @@ class SparseUpkeep:
 
     def _commit(self, tier, start: int, end: int) -> None:
         tier.commit(self.full.cache, start, end)
-        if self.policy.should_rebuild(tier.cache.appended):
-            self._rebuild(tier)
-            self.policy.rebuilt()
+        if tier not in self.due and self.policy.should_rebuild(tier.cache.appended):
+            self.due.append(tier)
 
     def _rebuild(self, tier) -> None:
+        if tier in self.due:
+            self.due.remove(tier)
         queries = self.latest_queries
         if queries is not None and not tier.cache.policy.by_window:
             queries = [q[:, :, -1] for q in queries]  # retrieval (and top-k) select by the last token

@@ -1,11 +1,14 @@
-"""The speculation policy's decisions, without a model: rebuilds when stale or struggling, the
-rolling window, gamma2 following its controller, and gamma1 following the rate of tier 0's drafts."""
+"""The speculation policy's decisions, without a model: rebuilds when stale or struggling (made
+before the next round that drafts), the rolling window, gamma2 following its controller, and
+gamma1 following the rate of tier 0's drafts."""
+from types import SimpleNamespace
+
 from triforce.config import SpecParams
-from triforce.decoding.policy import GAMMA1_PROBE, ROLLING_ROUNDS, TIER0_EVIDENCE, SpeculationPolicy
+from triforce.decoding.policy import GAMMA1_PROBE, ROLLING_ROUNDS, TIER0_EVIDENCE, SparseUpkeep, SpeculationPolicy
 
 
 def spec(**kw):
-    return SpecParams(method="triforce", rebuild_stride=100, rebuild_threshold=0.5, gamma2=4, **kw)
+    return SpecParams(**{"method": "triforce", "rebuild_stride": 100, "rebuild_threshold": 0.5, "gamma2": 4, **kw})
 
 
 def test_a_stale_cache_is_rebuilt_whatever_the_acceptance():
@@ -14,6 +17,42 @@ def test_a_stale_cache_is_rebuilt_whatever_the_acceptance():
     assert policy.should_rebuild(100)
     policy.full_verified(4, 4)
     assert policy.should_rebuild(100) and not policy.should_rebuild(20)
+
+
+class CountingTier:
+    """A sparse tier's upkeep calls: committed tokens since its selection, and its rebuilds."""
+
+    def __init__(self):
+        self.cache = SimpleNamespace(appended=0, room=1000, policy=SimpleNamespace(by_window=False))
+        self.rebuilds = 0
+
+    def commit(self, full, start, end):
+        self.cache.appended += end - start
+
+    def rebuild(self, full, queries):
+        self.rebuilds, self.cache.appended = self.rebuilds + 1, 0
+
+
+def test_a_due_rebuild_waits_for_the_next_round_that_drafts():
+    """--method auto's gate may go to ar after the verify that made a rebuild due: the rebuild
+    (68-100 ms at 26K keys on a CPU, about an ar step) then waits for speculation's return."""
+    tier = CountingTier()
+    upkeep = SparseUpkeep([tier], SimpleNamespace(cache=None), SpeculationPolicy(spec(rebuild_stride=6)))
+    upkeep.start(None)
+    upkeep.make_room(catch_up=0)
+    upkeep.after_full_verify(0, 5, None)
+    upkeep.make_room(catch_up=5)
+    upkeep.after_full_verify(5, 10, None)  # 10 tokens since the selection: due
+    assert tier.rebuilds == 1 and tier.cache.appended == 10
+    for length in range(10, 14):  # ar steps: nothing rebuilt, nothing fed
+        upkeep.make_room()
+        upkeep.after_full_verify(length, length + 1, None, drafted=False)
+    assert tier.rebuilds == 1 and tier.cache.appended == 10
+    upkeep.make_room(catch_up=14)  # speculation again: caught up, then rebuilt once
+    assert tier.rebuilds == 2 and tier.cache.appended == 0 and not upkeep.due
+    upkeep.after_full_verify(14, 16, None)
+    upkeep.make_room(catch_up=16)
+    assert tier.rebuilds == 2 and tier.cache.appended == 2
 
 
 def test_a_struggling_cache_is_rebuilt_once_it_has_taken_two_verifies():
